@@ -1,0 +1,271 @@
+"""Reparameterise a CNN into a T-CNN (seed 001 section 2) and verify that it computes the same function."""
+import contextlib
+import copy
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from .errors import TcnnError
+from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
+
+__all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'check_equivalence', 'exact_configuration',
+           'gpsa_layers', 'gpsa_summary', 'find_convertible_convs', 'resolve_stages']
+
+StageSpec = Union[None, int, str, Sequence[Union[int, str]]]
+
+STAGE_NAMES = ('layer1', 'layer2', 'layer3', 'layer4')
+DEFAULT_TOLERANCE = 1e-4
+
+
+class ConversionError(TcnnError, ValueError):
+    """A model or layer cannot be turned into an exactly equivalent T-CNN."""
+
+
+@dataclasses.dataclass
+class EquivalenceReport:
+    """Logit errors of a T-CNN against its CNN, in eval mode on the same random input.
+
+    Relative errors are ``max |t - c| / max |c|`` over the whole logit tensor (element-wise ratios blow up on
+    logits near zero). ``max_*`` are measured with every GPSA layer in the exact configuration, ``init_*`` with the
+    T-CNN's actual parameters (e.g. the paper's alpha = lambda = 1 fine-tuning init, which is *not* the CNN).
+    """
+    max_abs_err: float
+    max_rel_err: float
+    init_max_abs_err: float
+    init_max_rel_err: float
+    input_size: Tuple[int, ...]
+    batch_size: int
+    dtype: str
+    num_gpsa: int
+
+    def passed(self, tol: float = DEFAULT_TOLERANCE) -> bool:
+        return self.max_rel_err <= tol
+
+    def __str__(self) -> str:
+        return (f'exact configuration: max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}; '
+                f'at init: max abs err {self.init_max_abs_err:.3g}, max rel err {self.init_max_rel_err:.3g} '
+                f'({self.num_gpsa} GPSA layers, input {self.batch_size}x{"x".join(map(str, self.input_size))}, '
+                f'{self.dtype})')
+
+
+def _model_name(model: nn.Module) -> str:
+    source = getattr(model, 'tcnn_source', None)
+    if source:
+        return source['model']
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    return cfg.get('architecture') or type(model).__name__
+
+
+def resolve_stages(model: nn.Module, stages: StageSpec = None) -> List[str]:
+    """Names of the submodules whose convs get replaced.
+
+    Args:
+        model: The CNN.
+        stages: ``None`` for the last ResNet stage (``layer4``); an int ``i`` for ``layer{i}``; a submodule name
+            (``'layer3'``, ``'layer4.2'``); or a list of those.
+    """
+    if stages is None:
+        present = [n for n in STAGE_NAMES if isinstance(getattr(model, n, None), nn.Module)]
+        if not present:
+            raise ConversionError(
+                f'{_model_name(model)} has no ResNet stages (searched for {", ".join(STAGE_NAMES)}): tcnn converts '
+                'ResNet-style CNNs (timm ResNet/ResNet-D/ResNet-RS/SE-ResNet/ResNeXt, torchvision ResNet); for '
+                'other CNNs pass stages=[...] naming the submodules whose k x k convs to replace')
+        return [present[-1]]
+    if isinstance(stages, (int, str)):
+        stages = [stages]
+    names = []
+    for s in stages:
+        name = f'layer{s}' if isinstance(s, int) else str(s)
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            raise ConversionError(f'{_model_name(model)} has no submodule {name!r} (stage given as {s!r})') from None
+        names.append(name)
+    return names
+
+
+def _unsupported_reason(conv: nn.Conv2d) -> Optional[str]:
+    if type(conv).forward is not nn.Conv2d.forward or type(conv)._conv_forward is not nn.Conv2d._conv_forward:
+        return f'{type(conv).__name__} overrides nn.Conv2d.forward (e.g. weight standardisation or dynamic padding)'
+    if conv.padding == 'same' and any(d * (k - 1) % 2 for k, d in zip(conv.kernel_size, conv.dilation)):
+        return 'padding="same" with an even kernel pads asymmetrically'
+    return None
+
+
+def find_convertible_convs(model: nn.Module, stages: StageSpec = None) -> List[Tuple[str, nn.Conv2d]]:
+    """The ``(name, conv)`` pairs that ``reparameterize`` would replace; raises on any it cannot do exactly."""
+    found = []
+    for stage in resolve_stages(model, stages):
+        for name, module in model.get_submodule(stage).named_modules():
+            if not isinstance(module, nn.Conv2d) or module.kernel_size[0] * module.kernel_size[1] <= 1:
+                continue
+            full_name = f'{stage}.{name}' if name else stage
+            reason = _unsupported_reason(module)
+            if reason:
+                raise ConversionError(f'{_model_name(model)}: cannot reproduce {full_name} exactly: {reason}')
+            found.append((full_name, module))
+    if not found:
+        raise ConversionError(
+            f'{_model_name(model)}: no k x k convolution (k > 1) in {", ".join(resolve_stages(model, stages))}; '
+            'nothing to reparameterise')
+    return found
+
+
+def gpsa_layers(model: nn.Module) -> List[Tuple[str, GPSA]]:
+    """All ``(name, GPSA)`` pairs of a model, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, GPSA)]
+
+
+@torch.no_grad()
+def gpsa_summary(model: nn.Module) -> Dict[str, Dict[str, Any]]:
+    """Per GPSA layer: per-head gate sigmoid(lambda), locality strength alpha, span 1/alpha, centre (row, col),
+    and the layer means, as plain Python values (JSON-ready; seed 001 Fig. 4 plots these over training)."""
+    summary = {}
+    for name, layer in gpsa_layers(model):
+        gate, alpha = layer.gate(), layer.locality_strength()
+        summary[name] = {
+            'gate': gate.tolist(), 'alpha': alpha.tolist(), 'span': (1.0 / alpha).tolist(),
+            'center': layer.pos_centers.float().tolist(),
+            'gate_mean': gate.mean().item(), 'span_mean': (1.0 / alpha).mean().item(),
+        }
+    return summary
+
+
+@contextlib.contextmanager
+def exact_configuration(model: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily put every GPSA layer in the exact configuration (alpha = 50, lambda = 25, centres on the taps).
+
+    In that configuration a GPSA layer computes its conv (design.md section 2). Parameters are restored on exit.
+    """
+    saved = []
+    with torch.no_grad():
+        for _, layer in gpsa_layers(model):
+            saved.append((layer, layer.pos_locality.clone(), layer.gating.clone(), layer.pos_centers.clone()))
+            layer.set_locality_strength(EXACT_LOCALITY)
+            layer.set_gating(EXACT_GATING)
+            layer.pos_centers.copy_(layer.kernel_centers().to(layer.pos_centers))
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for layer, loc, gate, centers in saved:
+                layer.pos_locality.copy_(loc)
+                layer.gating.copy_(gate)
+                layer.pos_centers.copy_(centers)
+
+
+def _default_input_size(model: nn.Module) -> Tuple[int, int, int]:
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    return tuple(cfg.get('input_size', (3, 224, 224)))
+
+
+def _errors(reference: torch.Tensor, other: torch.Tensor) -> Tuple[float, float]:
+    diff = (other.double() - reference.double()).abs().max().item()
+    scale = reference.double().abs().max().item()
+    return diff, diff / max(scale, 1e-30)
+
+
+@torch.no_grad()
+def check_equivalence(
+        cnn: nn.Module,
+        t_cnn: nn.Module,
+        input_size: Optional[Sequence[int]] = None,
+        batch_size: int = 2,
+        seed: int = 0,
+        device: Optional[Union[str, torch.device]] = None,
+        dtype: Optional[torch.dtype] = None,
+) -> EquivalenceReport:
+    """Compare the logits of a CNN and its T-CNN in eval mode on the same random input.
+
+    The T-CNN is measured twice: in the exact configuration (which must reproduce the CNN) and at its actual
+    parameters. Both models are left as they were (parameters and train/eval mode).
+
+    Args:
+        cnn: The source CNN.
+        t_cnn: The converted model.
+        input_size: ``(C, H, W)``; defaults to the model's ``pretrained_cfg['input_size']`` or ``(3, 224, 224)``.
+        batch_size: Number of random images.
+        seed: Seed of the random input.
+        device: Where to run; defaults to the device of the T-CNN's parameters.
+        dtype: Input dtype; defaults to the dtype of the T-CNN's parameters.
+    """
+    param = next(t_cnn.parameters())
+    device = torch.device(device) if device is not None else param.device
+    dtype = dtype or param.dtype
+    input_size = tuple(input_size or _default_input_size(cnn))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((batch_size, *input_size), generator=gen).to(device=device, dtype=dtype)
+
+    modes = (cnn.training, t_cnn.training)
+    cnn.eval()
+    t_cnn.eval()
+    try:
+        ref = cnn(x)
+        with exact_configuration(t_cnn):
+            exact = t_cnn(x)
+        init = t_cnn(x)
+    finally:
+        cnn.train(modes[0])
+        t_cnn.train(modes[1])
+    abs_err, rel_err = _errors(ref, exact)
+    init_abs, init_rel = _errors(ref, init)
+    return EquivalenceReport(abs_err, rel_err, init_abs, init_rel, input_size, batch_size, str(dtype).replace(
+        'torch.', ''), len(gpsa_layers(t_cnn)))
+
+
+def reparameterize(
+        model: nn.Module,
+        *,
+        stages: StageSpec = None,
+        locality_strength: float = 1.0,
+        gating_init: float = 1.0,
+        qk_dim: Optional[int] = None,
+        verify: bool = True,
+        input_size: Optional[Sequence[int]] = None,
+        tol: float = DEFAULT_TOLERANCE,
+) -> nn.Module:
+    """Return a T-CNN: a copy of ``model`` whose k x k convs (k > 1) in ``stages`` are GPSA layers.
+
+    The input model is left untouched. Each GPSA layer holds its conv's filter (seed 001 eq. 6) and starts at
+    ``locality_strength``/``gating_init`` (the paper's fine-tuning init is 1.0/1.0, on the verge of locality; use
+    ``locality_strength=50, gating_init=25`` for a T-CNN that *is* the CNN).
+
+    Args:
+        model: A timm or torchvision ResNet (or any module with the named stages).
+        stages: Which stages to convert (see ``resolve_stages``); default the last one, ``layer4``.
+        locality_strength: Initial alpha of every head.
+        gating_init: Initial lambda of every head.
+        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``).
+        verify: Run ``check_equivalence`` in the exact configuration and raise ``ConversionError`` if the relative
+            logits error exceeds ``tol``. The report is stored as ``t_model.tcnn_report``.
+        input_size: ``(C, H, W)`` for the verification; default the model's pretrained input size.
+        tol: Tolerance of the verification.
+
+    Raises:
+        ConversionError: The model has no convertible conv, a conv cannot be reproduced exactly, or the verification
+            fails.
+    """
+    targets = [name for name, _ in find_convertible_convs(model, stages)]
+    t_model = copy.deepcopy(model)
+    for name in targets:
+        conv = t_model.get_submodule(name)
+        t_model.set_submodule(name, GPSA.from_conv(conv, locality_strength, gating_init, qk_dim=qk_dim))
+    t_model.tcnn_config = {
+        'architecture': _model_name(model),
+        'stages': resolve_stages(model, stages),
+        'layers': targets,
+        'locality_strength': float(locality_strength),
+        'gating_init': float(gating_init),
+        'qk_dim': qk_dim,
+    }
+    if verify:
+        report = check_equivalence(model, t_model, input_size=input_size)
+        t_model.tcnn_report = report
+        if not report.passed(tol):
+            raise ConversionError(
+                f'{_model_name(model)}: the T-CNN does not reproduce the CNN (max relative logits error '
+                f'{report.max_rel_err:.3g} > {tol:g} in the exact configuration)')
+    return t_model

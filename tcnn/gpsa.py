@@ -1,0 +1,336 @@
+"""Gated Positional Self-Attention (GPSA) that can reproduce a k x k convolution exactly.
+
+The layer follows seed 001 section 2 (T-CNN) on top of ConViT's GPSA (seed 000 section 3):
+
+* one head per kernel tap, head ``h = ky * kw + kx`` (row-major, the order of ``conv.weight.flatten(1)``);
+* positional attention ``softmax_k(-alpha_h * |delta_qk - Delta_h|^2)`` with ``delta = key - query``
+  (seed 001 eq. 4, seed 000 eq. 5), ``alpha_h = softplus(alpha_raw_h, beta=5)`` (seed 001 footnote 1);
+* content attention ``softmax(Q_h K_h^T / sqrt(d_qk))`` with its own q/k width ``d_qk``;
+* gating ``A_h = (1 - sigmoid(lambda_h)) * content_h + sigmoid(lambda_h) * positional_h`` (seed 001 eq. 7);
+* values ``X W_val`` with one ``C_in x C_in`` matrix shared by all heads (identity at init) and the output
+  projection holding the filter taps, ``out = sum_h A_h X W_val W_out^h`` (seed 001 eqs. 5-6).
+
+Borders and strides are exact: the input is padded like the conv pads it (the padded tokens are keys and values),
+and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
+"""
+import math
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw']
+
+# Locality strength and gate of the exact configuration (design.md section 2: alpha >= 30, lambda >= 20).
+# With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(25) rounds to 1.0 in float32,
+# so the layer is the conv up to matmul rounding.
+EXACT_LOCALITY = 50.0
+EXACT_GATING = 25.0
+SOFTPLUS_BETA = 5.0
+
+_PairInt = Union[int, Tuple[int, int]]
+
+
+def _pair(v: _PairInt) -> Tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def locality_to_raw(alpha: float) -> float:
+    """Inverse of ``softplus(raw, beta=5)``: the raw parameter value that gives locality strength ``alpha``."""
+    if alpha <= 0:
+        raise ValueError(f'locality strength must be > 0, got {alpha}')
+    return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
+
+
+class GPSA(nn.Module):
+    """Gated positional self-attention with one head per tap of a ``kh x kw`` kernel.
+
+    Computation is kept channel-first (NCHW) so that no large tensor is ever permuted:
+
+    * ``V = W_val X`` is ``(B, C_in, N_k)``, the attention ``A`` is ``(B, N_h, N_q, N_k)``;
+    * ``H = V A^T`` is ``(B, C_in, N_h * N_q)``, whose memory order ``[c][h][q]`` is exactly the conv's im2col
+      layout, so the output projection is one GEMM with the conv filter flattened as ``(C_out, C_in * kh * kw)``.
+      In the exact configuration ``H`` *is* im2col(X W_val) and the layer is literally the conv.
+
+    Why the mixed attention matrix and not ``scaled_dot_product_attention``: the two attentions are mixed into one
+    ``N_h x N_q x N_k`` matrix (``torch.lerp``) and applied to the values once. SDPA would apply the content part
+    per head with the value width C_in (above the flash kernels' head-dim limit) and the positional part would need
+    a second value product: ~2% more FLOPs for ResNet last stages, and measured slower on CPU at these token
+    counts (<= 256 keys): see ``benchmarks/`` and design.md section 2.
+
+    Why the positional softmax is separable: the logit ``-alpha |d - Delta|^2`` splits into a row term plus a
+    column term, and keys form a full grid, so the 2-D softmax is the outer product of a row softmax and a column
+    softmax. That is exact (not an approximation), cheaper, and computed once per forward in float32 for the whole
+    batch, from the input's shape only (any size, different call after call, nothing cached on the module).
+
+    Args:
+        in_chs: Input channels C_in.
+        out_chs: Output channels C_out.
+        kernel_size: Kernel size of the conv the layer stands for; ``kh * kw`` heads.
+        stride: Stride of the conv; queries are the conv's output positions.
+        padding: Symmetric padding (rows, cols) of the conv.
+        dilation: Dilation of the conv; it spaces the attention centres.
+        bias: Whether to add an output bias (the conv's bias).
+        padding_mode: ``'zeros'``, ``'reflect'``, ``'replicate'`` or ``'circular'``, as in ``nn.Conv2d``.
+        qk_dim: Per-head width of content queries/keys; default ``max(C_in // N_h, 1)`` (56 for 512 channels,
+            which reproduces the parameter counts of seed 001 Table 2).
+        locality_strength: Initial alpha of every head (1.0 is the paper's fine-tuning init).
+        gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
+    """
+
+    def __init__(
+            self,
+            in_chs: int,
+            out_chs: int,
+            kernel_size: _PairInt = 3,
+            stride: _PairInt = 1,
+            padding: _PairInt = 1,
+            dilation: _PairInt = 1,
+            bias: bool = False,
+            padding_mode: str = 'zeros',
+            qk_dim: Optional[int] = None,
+            locality_strength: float = 1.0,
+            gating_init: float = 1.0,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        kh, kw = _pair(kernel_size)
+        if padding_mode not in ('zeros', 'reflect', 'replicate', 'circular'):
+            raise ValueError(f'unknown padding_mode {padding_mode!r}')
+        self.in_chs = in_chs
+        self.out_chs = out_chs
+        self.kernel_size = (kh, kw)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.padding_mode = padding_mode
+        self.num_heads = kh * kw
+        self.qk_dim = qk_dim or max(in_chs // self.num_heads, 1)
+        self.scale = self.qk_dim ** -0.5
+        # Query (anchor) position inside the receptive field, in padded coordinates: the centre tap for odd kernels.
+        self.anchor = ((kh - 1) // 2 * self.dilation[0], (kw - 1) // 2 * self.dilation[1])
+
+        qk_out = self.num_heads * self.qk_dim
+        self.q_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
+        self.k_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
+        self.v_weight = nn.Parameter(torch.empty(in_chs, in_chs, **dd))
+        self.proj_weight = nn.Parameter(torch.empty(out_chs, in_chs * self.num_heads, **dd))
+        self.proj_bias = nn.Parameter(torch.zeros(out_chs, **dd)) if bias else None
+        self.pos_centers = nn.Parameter(torch.empty(self.num_heads, 2, **dd))
+        self.pos_locality = nn.Parameter(torch.empty(self.num_heads, **dd))
+        self.gating = nn.Parameter(torch.empty(self.num_heads, **dd))
+        self.reset_parameters(locality_strength, gating_init)
+
+    # ------------------------------------------------------------------ construction
+
+    def reset_parameters(self, locality_strength: float = 1.0, gating_init: float = 1.0) -> None:
+        """Random q/k/proj, identity values, centres on the kernel taps, the given alpha and lambda."""
+        nn.init.trunc_normal_(self.q_weight, std=0.02)
+        nn.init.trunc_normal_(self.k_weight, std=0.02)
+        nn.init.kaiming_uniform_(self.proj_weight, a=math.sqrt(5))
+        with torch.no_grad():
+            self.v_weight.copy_(torch.eye(self.in_chs))
+            self.pos_centers.copy_(self.kernel_centers())
+        self.set_locality_strength(locality_strength)
+        self.set_gating(gating_init)
+
+    def kernel_centers(self) -> torch.Tensor:
+        """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
+        kh, kw = self.kernel_size
+        ky = torch.arange(kh, dtype=torch.float32) * self.dilation[0] - self.anchor[0]
+        kx = torch.arange(kw, dtype=torch.float32) * self.dilation[1] - self.anchor[1]
+        return torch.stack(torch.meshgrid(ky, kx, indexing='ij'), dim=-1).reshape(-1, 2)
+
+    @torch.no_grad()
+    def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
+        """Set alpha of every head (a float, or a ``(N_h,)`` tensor)."""
+        if isinstance(alpha, torch.Tensor):
+            raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
+            self.pos_locality.copy_(raw.to(self.pos_locality))
+        else:
+            self.pos_locality.fill_(locality_to_raw(float(alpha)))
+
+    @torch.no_grad()
+    def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
+        """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
+        if isinstance(gating, torch.Tensor):
+            self.gating.copy_(gating.to(self.gating))
+        else:
+            self.gating.fill_(float(gating))
+
+    @classmethod
+    def from_conv(
+            cls,
+            conv: nn.Conv2d,
+            locality_strength: float = 1.0,
+            gating_init: float = 1.0,
+            qk_dim: Optional[int] = None,
+    ) -> 'GPSA':
+        """Build a GPSA layer that holds the filter of ``conv`` (seed 001 eq. 6: W_val = I, W_out^h = tap h).
+
+        A grouped conv is loaded as its dense block-diagonal equivalent (exact; the filter grows by the group
+        count). ``padding='same'``/``'valid'`` and every ``padding_mode`` are supported. The result lives on the
+        conv's device and dtype.
+        """
+        if isinstance(conv.padding, str):
+            padding = _string_padding(conv)
+        else:
+            padding = _pair(conv.padding)
+        weight = conv.weight.detach()
+        gpsa = cls(
+            conv.in_channels, conv.out_channels, kernel_size=conv.kernel_size, stride=conv.stride,
+            padding=padding, dilation=conv.dilation, bias=conv.bias is not None,
+            padding_mode=conv.padding_mode, qk_dim=qk_dim, locality_strength=locality_strength,
+            gating_init=gating_init, device=weight.device, dtype=weight.dtype,
+        )
+        if conv.groups > 1:
+            weight = _dense_grouped_weight(weight, conv.groups)
+        with torch.no_grad():
+            # (C_out, C_in, kh, kw) -> (C_out, C_in * kh * kw): index c * N_h + h with h = ky * kw + kx.
+            gpsa.proj_weight.copy_(weight.reshape(conv.out_channels, -1))
+            if conv.bias is not None:
+                gpsa.proj_bias.copy_(conv.bias.detach())
+        return gpsa
+
+    # ------------------------------------------------------------------ introspection
+
+    def gate(self) -> torch.Tensor:
+        """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""
+        return torch.sigmoid(self.gating.float())
+
+    def locality_strength(self) -> torch.Tensor:
+        """Per-head locality strength alpha, ``(N_h,)``."""
+        return F.softplus(self.pos_locality.float(), beta=5.0)  # SOFTPLUS_BETA (literal for TorchScript)
+
+    def span(self) -> torch.Tensor:
+        """Per-head attention span 1 / alpha, ``(N_h,)`` (seed 001 Fig. 4)."""
+        return 1.0 / self.locality_strength()
+
+    def extra_repr(self) -> str:
+        s = (f'{self.in_chs}, {self.out_chs}, kernel_size={self.kernel_size}, stride={self.stride}, '
+             f'padding={self.padding}, dilation={self.dilation}, heads={self.num_heads}, qk_dim={self.qk_dim}')
+        if self.padding_mode != 'zeros':
+            s += f', padding_mode={self.padding_mode}'
+        if self.proj_bias is None:
+            s += ', bias=False'
+        return s
+
+    # ------------------------------------------------------------------ forward
+
+    def output_size(self, height: int, width: int) -> Tuple[int, int]:
+        """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
+        hp = height + 2 * self.padding[0]
+        wp = width + 2 * self.padding[1]
+        h_out = (hp - self.dilation[0] * (self.kernel_size[0] - 1) - 1) // self.stride[0] + 1
+        w_out = (wp - self.dilation[1] * (self.kernel_size[1] - 1) - 1) // self.stride[1] + 1
+        return h_out, w_out
+
+    def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
+        """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32.
+
+        Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
+        """
+        hp = height + 2 * self.padding[0]
+        wp = width + 2 * self.padding[1]
+        h_out, w_out = self.output_size(height, width)
+        alpha = F.softplus(self.pos_locality.float(), beta=5.0)  # SOFTPLUS_BETA (literal for TorchScript)
+        centers = self.pos_centers.float()
+        py = _axis_softmax(hp, h_out, self.stride[0], self.anchor[0], alpha, centers[:, 0], device)
+        px = _axis_softmax(wp, w_out, self.stride[1], self.anchor[1], alpha, centers[:, 1], device)
+        pos = py[:, :, None, :, None] * px[:, None, :, None, :]  # (N_h, h_out, w_out, hp, wp)
+        return pos.reshape(self.num_heads, h_out * w_out, hp * wp)
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        ph, pw = self.padding
+        if ph == 0 and pw == 0:
+            return x
+        mode = 'constant' if self.padding_mode == 'zeros' else self.padding_mode
+        return F.pad(x, (pw, pw, ph, ph), mode=mode)
+
+    def _content_attention(self, x_pad: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
+        """Content attention ``(B, N_h, N_q, N_k)``: queries at output positions, keys at every padded token."""
+        b, c = x_pad.shape[0], x_pad.shape[1]
+        ay, ax = self.anchor
+        sy, sx = self.stride
+        x_q = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].reshape(b, c, h_out * w_out)
+        q = torch.matmul(self.q_weight, x_q).view(b, self.num_heads, self.qk_dim, -1)  # (B, N_h, d, N_q)
+        k = torch.matmul(self.k_weight, x_pad.flatten(2)).view(b, self.num_heads, self.qk_dim, -1)
+        scores = torch.matmul(q.transpose(-1, -2), k) * self.scale  # (B, N_h, N_q, N_k)
+        return scores.softmax(dim=-1)
+
+    def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
+        ``(N_h, N_q, N_k)`` and ``mixed`` ``(B, N_h, N_q, N_k)``, plus the grid sizes as 0-d tensors.
+
+        Keys index the padded grid ``(H + 2 p_h) x (W + 2 p_w)``, queries the ``H_out x W_out`` output grid.
+        """
+        x_pad = self._pad(x)
+        h_out, w_out = self.output_size(x.shape[-2], x.shape[-1])
+        content = self._content_attention(x_pad, h_out, w_out).float()
+        pos = self.positional_attention(x.shape[-2], x.shape[-1], x.device)
+        mixed = torch.lerp(content, pos, self.gate()[:, None, None])
+        return {
+            'content': content, 'positional': pos, 'mixed': mixed,
+            'out_size': torch.tensor([h_out, w_out]), 'key_size': torch.tensor(list(x_pad.shape[-2:])),
+        }
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        h_out, w_out = self.output_size(x.shape[-2], x.shape[-1])
+        x_pad = self._pad(x)
+
+        content = self._content_attention(x_pad, h_out, w_out)
+        pos = self.positional_attention(x.shape[-2], x.shape[-1], x.device).to(content.dtype)
+        gate = torch.sigmoid(self.gating.float()).to(content.dtype)[:, None, None]
+        attn = torch.lerp(content, pos, gate)  # seed 001 eq. 7, one matrix for both attentions
+
+        v = torch.matmul(self.v_weight, x_pad.flatten(2))  # (B, C_in, N_k), W_val shared by the heads
+        # (B, C_in, N_k) @ (B, N_k, N_h * N_q) -> (B, C_in, N_h * N_q): the im2col layout [c][h][q].
+        heads = torch.bmm(v, attn.reshape(b, -1, attn.shape[-1]).transpose(1, 2).to(v.dtype))
+        out = torch.matmul(self.proj_weight, heads.view(b, -1, h_out * w_out))  # (B, C_out, N_q)
+        if self.proj_bias is not None:
+            out = out + self.proj_bias[:, None].to(out.dtype)
+        return out.view(b, self.out_chs, h_out, w_out)
+
+
+def _axis_softmax(
+        size: int,
+        n_out: int,
+        stride: int,
+        anchor: int,
+        alpha: torch.Tensor,
+        centers: torch.Tensor,
+        device: torch.device,
+) -> torch.Tensor:
+    """1-D factor of the positional softmax along one axis: ``(N_h, n_out, size)``, float32."""
+    query = torch.arange(n_out, device=device, dtype=torch.float32) * stride + anchor
+    key = torch.arange(size, device=device, dtype=torch.float32)
+    delta = key[None, :] - query[:, None]  # (n_out, size), key - query
+    logits = -alpha[:, None, None] * (delta[None] - centers[:, None, None]) ** 2
+    return logits.softmax(dim=-1)
+
+
+def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:
+    if conv.padding == 'valid':
+        return 0, 0
+    # 'same' (stride 1 only, as nn.Conv2d enforces): total padding d * (k - 1) per axis, symmetric when even.
+    pads = []
+    for k, d in zip(conv.kernel_size, conv.dilation):
+        total = d * (k - 1)
+        if total % 2:
+            raise ValueError('padding="same" with an even effective kernel pads asymmetrically; not supported')
+        pads.append(total // 2)
+    return pads[0], pads[1]
+
+
+def _dense_grouped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """Dense ``(C_out, C_in, kh, kw)`` block-diagonal equivalent of a grouped conv filter."""
+    c_out, c_in_g = weight.shape[:2]
+    out_g = c_out // groups
+    dense = weight.new_zeros(c_out, c_in_g * groups, *weight.shape[2:])
+    for g in range(groups):
+        dense[g * out_g:(g + 1) * out_g, g * c_in_g:(g + 1) * c_in_g] = weight[g * out_g:(g + 1) * out_g]
+    return dense

@@ -1,0 +1,224 @@
+"""Create source CNNs by name (timm or torchvision) with pretrained, local or random weights.
+
+Offline behaviour matters here: timm alone retries a download for about 50 s before failing. We look in the local
+caches first, then probe the weight host with a short timeout, and fail within seconds with a message that names
+``--weights`` and ``--no-pretrained`` (the ``weights=``/``pretrained=False`` arguments in Python).
+"""
+import difflib
+import os
+import socket
+import urllib.parse
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from .errors import TcnnError
+
+__all__ = ['TORCHVISION_PREFIX', 'split_model_name', 'create_cnn', 'load_state_dict_file', 'clean_state_dict',
+           'OFFLINE_HINT']
+
+TORCHVISION_PREFIX = 'torchvision:'
+OFFLINE_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
+PROBE_TIMEOUT_S = 3.0
+_WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')
+
+
+def split_model_name(name: str) -> Tuple[str, str]:
+    """``'torchvision:resnet50'`` -> ``('torchvision', 'resnet50')``; anything else is a timm name."""
+    if name.startswith(TORCHVISION_PREFIX):
+        return 'torchvision', name[len(TORCHVISION_PREFIX):]
+    return 'timm', name
+
+
+def _close_matches(name: str, candidates: List[str]) -> str:
+    matches = difflib.get_close_matches(name, candidates, n=5, cutoff=0.6)
+    return f' (did you mean: {", ".join(matches)}?)' if matches else ''
+
+
+def _check_known(source: str, arch: str) -> None:
+    if source == 'torchvision':
+        import torchvision
+        names = torchvision.models.list_models(module=torchvision.models)
+        if arch not in names:
+            raise TcnnError(f'unknown torchvision model {arch!r}{_close_matches(arch, names)}')
+        return
+    import timm
+    if not timm.is_model(arch):
+        names = timm.list_models()
+        hint = _close_matches(arch, names)
+        if not hint and arch.split('.')[0] != arch and timm.is_model(arch.split('.')[0]):
+            return  # a tagged name ('resnet50d.ra2_in1k') of a known architecture
+        raise TcnnError(f'unknown timm model {arch!r}{hint}; torchvision models are named torchvision:NAME')
+
+
+def _host_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    parsed = urllib.parse.urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == 'https' else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _offline_env() -> bool:
+    return os.environ.get('HF_HUB_OFFLINE', '0').lower() in ('1', 'true', 'yes', 'on')
+
+
+def _cached_timm_file(pretrained_cfg: Dict[str, Any]) -> Optional[str]:
+    """A locally cached weight file for a timm pretrained config, if any (hub cache or torch hub cache)."""
+    hub_id = pretrained_cfg.get('hf_hub_id')
+    if hub_id:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            for filename in ('open_clip_model.safetensors', 'model.safetensors', 'pytorch_model.bin'):
+                path = try_to_load_from_cache(hub_id, filename)
+                if isinstance(path, str):
+                    return path
+        except ImportError:
+            pass
+    url = pretrained_cfg.get('url')
+    if url:
+        path = os.path.join(torch.hub.get_dir(), 'checkpoints', os.path.basename(urllib.parse.urlparse(url).path))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _create_timm(arch: str, pretrained: bool, **kwargs) -> nn.Module:
+    import timm
+    if not pretrained:
+        return timm.create_model(arch, pretrained=False, **kwargs)
+    cfg = timm.models.get_pretrained_cfg(arch.split('.')[0] if '.' not in arch else arch)
+    cfg = cfg.to_dict() if cfg is not None else {}
+    if not (cfg.get('hf_hub_id') or cfg.get('url') or cfg.get('file')):
+        raise TcnnError(f'timm has no pretrained weights for {arch!r}: {OFFLINE_HINT}')
+    cached = _cached_timm_file(cfg)
+    if cached:
+        overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {}, file=cached)
+        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    host = 'https://huggingface.co' if cfg.get('hf_hub_id') else cfg['url']
+    host = os.environ.get('HF_ENDPOINT', host) if cfg.get('hf_hub_id') else host
+    if _offline_env() or not _host_reachable(host):
+        raise TcnnError(f'cannot download pretrained weights for {arch!r} (offline, not in the local cache): '
+                        f'{OFFLINE_HINT}')
+    try:
+        return timm.create_model(arch, pretrained=True, **kwargs)
+    except Exception as e:  # network errors come in many types (requests, urllib, hub)
+        raise TcnnError(f'downloading pretrained weights for {arch!r} failed ({type(e).__name__}: {e}): '
+                        f'{OFFLINE_HINT}') from e
+
+
+def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] = None) -> nn.Module:
+    import torchvision
+    if not pretrained:
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes or 1000)
+    weights = torchvision.models.get_model_weights(arch).DEFAULT
+    cached = os.path.join(torch.hub.get_dir(), 'checkpoints', os.path.basename(weights.url))
+    if not os.path.isfile(cached) and not _host_reachable(weights.url):
+        raise TcnnError(f'cannot download pretrained weights for torchvision:{arch} (offline, not in the local '
+                        f'cache): {OFFLINE_HINT}')
+    try:
+        model = torchvision.models.get_model(arch, weights=weights)
+    except Exception as e:
+        raise TcnnError(f'downloading pretrained weights for torchvision:{arch} failed ({e}): {OFFLINE_HINT}') from e
+    if num_classes is not None and num_classes != model.fc.out_features:
+        model.fc = nn.Linear(model.fc.in_features, num_classes)
+    return model
+
+
+def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
+    """Unwrap a checkpoint into a plain state_dict: ``state_dict_ema``/``model_ema``/``state_dict``/``model``
+    wrappers and ``module.`` (DDP) / ``_orig_mod.`` (torch.compile) prefixes are handled."""
+    sd = checkpoint
+    for _ in range(3):  # wrappers can nest (e.g. {'model': {'state_dict': ...}})
+        if not isinstance(sd, dict):
+            break
+        key = next((k for k in _WRAPPER_KEYS if isinstance(sd.get(k), dict)), None)
+        if key is None:
+            break
+        sd = sd[key]
+    if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise TcnnError('the checkpoint holds no state_dict (expected a dict of tensors, possibly under '
+                        f'{"/".join(_WRAPPER_KEYS)})')
+    out = {}
+    for k, v in sd.items():
+        for prefix in ('module.', '_orig_mod.'):
+            if k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
+    """Load a ``.pt``/``.pth``/``.bin``/``.safetensors`` checkpoint safely (no unpickling of code)."""
+    if not os.path.isfile(path):
+        raise TcnnError(f'weights file not found: {path}')
+    try:
+        if path.endswith('.safetensors'):
+            from safetensors.torch import load_file
+            return clean_state_dict(load_file(path, device='cpu'))
+        return clean_state_dict(torch.load(path, map_location='cpu', weights_only=True))
+    except TcnnError:
+        raise
+    except Exception as e:
+        raise TcnnError(f'cannot read weights from {path}: {type(e).__name__}: {str(e).splitlines()[0]}') from e
+
+
+def _load_weights(model: nn.Module, path: str, name: str) -> None:
+    sd = load_state_dict_file(path)
+    model_sd = model.state_dict()
+    head = getattr(model, 'pretrained_cfg', {}).get('classifier', 'fc')
+    mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
+    if mismatched and all(k.startswith(head + '.') for k in mismatched):
+        # a checkpoint with another class count: keep the backbone, leave the new head at its init
+        sd = {k: v for k, v in sd.items() if k not in mismatched}
+    elif mismatched:
+        raise TcnnError(f'{path} does not fit {name}: shape mismatch for {", ".join(mismatched[:3])}')
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.startswith(head + '.')]
+    if missing or unexpected:
+        detail = (f'missing {len(missing)} keys (e.g. {missing[:2]})' if missing else '') + \
+                 (f' unexpected {len(unexpected)} keys (e.g. {unexpected[:2]})' if unexpected else '')
+        raise TcnnError(f'{path} does not fit {name}: {detail.strip()}')
+
+
+def create_cnn(
+        name: str,
+        *,
+        pretrained: bool = True,
+        weights: Optional[str] = None,
+        num_classes: Optional[int] = None,
+        **kwargs,
+) -> nn.Module:
+    """Create a source CNN by name, failing fast and clearly when weights cannot be had.
+
+    Args:
+        name: A timm model name (``'resnet50d'``, ``'resnetrs50'``, tags allowed) or ``'torchvision:NAME'``.
+        pretrained: Load the library's pretrained weights (from the local cache, else the network).
+        weights: Path of a local checkpoint to load instead (``.pt``/``.pth``/``.safetensors``; plain or wrapped
+            state_dict). Takes precedence over ``pretrained``.
+        num_classes: Classifier size; a checkpoint head of another size is dropped and re-initialised.
+        **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``).
+
+    Raises:
+        TcnnError: Unknown name (with close matches), weights unavailable offline, unreadable/mismatched file.
+    """
+    source, arch = split_model_name(name)
+    _check_known(source, arch)
+    if source == 'torchvision':
+        if kwargs:
+            raise TcnnError(f'options {sorted(kwargs)} are timm-only; not supported for {name}')
+        model = _create_torchvision(arch, pretrained and weights is None, num_classes)
+    else:
+        if num_classes is not None:
+            kwargs['num_classes'] = num_classes
+        model = _create_timm(arch, pretrained and weights is None, **kwargs)
+    if weights is not None:
+        _load_weights(model, weights, name)
+    # What it takes to rebuild this architecture offline (tcnn.load uses it): name and creation kwargs.
+    model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs)}
+    model.tcnn_source['kwargs'].pop('num_classes', None)
+    model.tcnn_source['kwargs'].pop('pretrained_cfg_overlay', None)
+    return model
