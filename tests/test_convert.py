@@ -1,0 +1,141 @@
+"""reparameterize / check_equivalence on whole timm and torchvision ResNets (random weights, no network)."""
+import pytest
+import timm
+import torch
+import torch.nn as nn
+import torchvision
+from timm.layers import StdConv2d
+from timm.models.resnet import Bottleneck, ResNet
+
+import tcnn
+from tcnn.convert import ConversionError, find_convertible_convs
+
+
+def _nontrivial_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random BN statistics and affine parameters, so that BN folding mistakes cannot hide."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+    return model.eval()
+
+
+MODELS = {
+    'resnet18d': lambda: timm.create_model('resnet18d'),
+    'resnet50d': lambda: timm.create_model('resnet50d'),
+    'resnetrs50': lambda: timm.create_model('resnetrs50', drop_path_rate=0.1),
+    'torchvision-resnet50': lambda: torchvision.models.resnet50(),
+}
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_whole_model_equivalence_at_two_sizes(name):
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(MODELS[name]())
+    before = {k: v.clone() for k, v in cnn.state_dict().items()}
+    t_cnn = tcnn.reparameterize(cnn)  # verify=True: raises above 1e-4
+    assert t_cnn.tcnn_report.max_rel_err <= 1e-5
+    for size in [(3, 160, 160), (3, 97, 131)]:
+        report = tcnn.check_equivalence(cnn, t_cnn, input_size=size)
+        assert report.max_rel_err <= 1e-5, report
+        assert report.init_max_rel_err > 1e-3, report  # the paper init is a different function
+    # the original is untouched
+    assert not tcnn.gpsa_layers(cnn)
+    for k, v in cnn.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    layers = [n for n, _ in tcnn.gpsa_layers(t_cnn)]
+    assert layers == t_cnn.tcnn_config['layers'] and all(n.startswith('layer4.') for n in layers)
+    assert len(layers) == (4 if name == 'resnet18d' else 3)
+
+
+def test_exact_init_is_the_cnn_without_temporary_configuration():
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet26d'))
+    t_cnn = tcnn.reparameterize(cnn, locality_strength=50, gating_init=25)
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        ref, out = cnn(x), t_cnn(x)
+    assert ((out - ref).abs().max() / ref.abs().max()) < 1e-5
+    assert t_cnn.tcnn_report.init_max_rel_err < 1e-5
+
+
+def test_paper_table2_parameter_counts():
+    # seed 001 Table 2 (millions, rounded): built on the meta device, no memory or weights needed
+    expected = {'resnetrs50': (36, 38), 'resnetrs101': (64, 66), 'resnetrs152': (87, 89), 'resnetrs200': (93, 96),
+                'resnetrs270': (130, 133), 'resnetrs350': (164, 167)}
+    for name, (cnn_m, t_m) in expected.items():
+        with torch.device('meta'):
+            cnn = timm.create_model(name)
+            t_cnn = tcnn.reparameterize(cnn, verify=False)
+        count = lambda m: round(sum(p.numel() for p in m.parameters()) / 1e6)  # noqa: E731
+        assert (count(cnn), count(t_cnn)) == (cnn_m, t_m), name
+
+
+def test_every_parameter_gets_a_gradient_in_train_mode():
+    # non-trivial BN: timm zero-inits each block's last BN gamma, which would block the branch gradients
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=10))
+    t_cnn = tcnn.reparameterize(cnn, verify=False).train()
+    t_cnn(torch.randn(2, 3, 64, 64)).logsumexp(-1).mean().backward()
+    missing = [n for n, p in t_cnn.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_size_change_and_dtype_change_after_first_forward():
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    t_cnn = tcnn.reparameterize(cnn)
+    with torch.no_grad():
+        assert t_cnn(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+        assert t_cnn(torch.randn(1, 3, 75, 50)).shape == (1, 1000)
+    report = tcnn.check_equivalence(cnn.double(), t_cnn.double(), input_size=(3, 70, 90))
+    assert report.dtype == 'float64' and report.max_rel_err < 1e-12
+
+
+def test_several_stages_and_stage_names():
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    t_cnn = tcnn.reparameterize(cnn, stages=[3, 'layer4'], input_size=(3, 96, 96))
+    layers = [n for n, _ in tcnn.gpsa_layers(t_cnn)]
+    assert len(layers) == 8 and layers[0].startswith('layer3.')
+    assert t_cnn.tcnn_report.max_rel_err < 1e-5
+
+
+def test_grouped_convs_resnext_are_exact():
+    cnn = _nontrivial_batchnorm(ResNet(Bottleneck, [1, 1, 1, 1], cardinality=8, base_width=4, num_classes=10))
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+    assert t_cnn.tcnn_report.max_rel_err < 1e-5
+
+
+def test_vit_gets_a_clear_error():
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=8)
+    with pytest.raises(ConversionError, match=r'vit_tiny_patch16_224.*layer4'):
+        tcnn.reparameterize(vit)
+    with pytest.raises(ConversionError, match='no k x k convolution'):
+        tcnn.reparameterize(vit, stages=['blocks.0'])
+
+
+def test_unsupported_conv_names_the_layer():
+    cnn = timm.create_model('resnet18d')
+    cnn.layer4[1].conv2 = StdConv2d(512, 512, 3, padding=1, bias=False)
+    with pytest.raises(ConversionError, match=r'layer4\.1\.conv2.*StdConv2d'):
+        tcnn.reparameterize(cnn)
+    with pytest.raises(ConversionError, match="no submodule 'layer9'"):
+        find_convertible_convs(timm.create_model('resnet18d'), stages=9)
+
+
+def test_verification_catches_a_wrong_conversion(monkeypatch):
+    # a conversion bug (filter taps transposed) must be caught by verify=True, not silently returned
+    from_conv = tcnn.GPSA.from_conv.__func__
+
+    def transposed_from_conv(cls, conv, *args, **kwargs):
+        layer = from_conv(cls, conv, *args, **kwargs)
+        with torch.no_grad():
+            w = layer.proj_weight.view(conv.out_channels, conv.in_channels, 3, 3)
+            layer.proj_weight.copy_(w.transpose(2, 3).reshape_as(layer.proj_weight))
+        return layer
+
+    monkeypatch.setattr(tcnn.GPSA, 'from_conv', classmethod(transposed_from_conv))
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    with pytest.raises(ConversionError, match='does not reproduce'):
+        tcnn.reparameterize(cnn, input_size=(3, 64, 64))

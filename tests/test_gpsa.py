@@ -1,0 +1,162 @@
+"""The GPSA layer against F.conv2d, its attention geometry, gradients, dtypes and scripting."""
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
+
+CASES = [
+    # kernel, stride, padding, dilation, bias, groups, padding_mode, (H, W)
+    pytest.param(3, 1, 1, 1, False, 1, 'zeros', (7, 7), id='k3-s1'),
+    pytest.param(3, 2, 1, 1, True, 1, 'zeros', (14, 14), id='k3-s2-bias'),
+    pytest.param(3, 2, 1, 1, False, 1, 'zeros', (11, 9), id='k3-s2-odd-nonsquare'),
+    pytest.param(3, 1, 2, 2, False, 1, 'zeros', (10, 13), id='k3-dil2'),
+    pytest.param(3, 2, 2, 2, True, 1, 'zeros', (9, 12), id='k3-s2-dil2'),
+    pytest.param(5, 1, 2, 1, True, 1, 'zeros', (9, 6), id='k5-s1'),
+    pytest.param(5, 2, 2, 1, False, 1, 'zeros', (13, 10), id='k5-s2'),
+    pytest.param(3, 2, 0, 1, False, 1, 'zeros', (9, 9), id='k3-s2-nopad'),
+    pytest.param((3, 5), 1, (1, 2), 1, True, 1, 'zeros', (8, 7), id='k3x5'),
+    pytest.param(3, 1, 1, 1, False, 4, 'zeros', (7, 8), id='grouped'),
+    pytest.param(3, 2, 1, 1, False, 1, 'reflect', (9, 10), id='reflect'),
+    pytest.param(3, 1, 1, 1, True, 1, 'circular', (6, 6), id='circular'),
+    pytest.param(3, 1, 'same', 1, False, 1, 'zeros', (5, 7), id='same'),
+]
+
+
+def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize('kernel,stride,padding,dilation,bias,groups,mode,size', CASES)
+def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias, groups, mode, size):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 24, kernel, stride, padding, dilation, groups=groups, bias=bias, padding_mode=mode)
+    x = torch.randn(3, 16, *size)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    ref, out = conv(x), gpsa(x)
+    assert out.shape == ref.shape
+    assert _rel_err(ref, out) < 1e-5
+
+
+def test_tap_order_with_single_tap_filter():
+    # A filter with one non-zero tap at (row 0, col 2) is a pure shift: catches a transposed head order, which a
+    # symmetric filter would hide.
+    conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[:, :, 0, 2] = torch.eye(4)
+    x = torch.randn(2, 4, 6, 7)
+    out = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)(x)
+    shifted = F.pad(x, (1, 1, 1, 1))[:, :, 0:6, 2:9]  # out[i, j] = x[i - 1, j + 1]
+    torch.testing.assert_close(out, shifted, atol=1e-6, rtol=0)
+    transposed = F.pad(x, (1, 1, 1, 1))[:, :, 2:8, 0:7]
+    assert (out - transposed).abs().max() > 0.1
+
+
+def test_paper_init_is_not_the_conv_but_close_to_it():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+    x = torch.randn(2, 32, 8, 8)
+    err = _rel_err(conv(x), GPSA.from_conv(conv, 1.0, 1.0)(x))
+    assert 0.05 < err < 2.0  # "on the verge of locality" (seed 001 section 2): a real but bounded deviation
+
+
+def test_positional_attention_geometry():
+    conv = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    h, w = 9, 6
+    pos = gpsa.positional_attention(h, w, torch.device('cpu'))
+    h_out, w_out = gpsa.output_size(h, w)
+    assert pos.shape == (9, h_out * w_out, (h + 2) * (w + 2))
+    assert pos.dtype == torch.float32
+    torch.testing.assert_close(pos.sum(-1), torch.ones(9, h_out * w_out))
+    # one-hot on key = query + centre, in padded coordinates
+    for head, (dy, dx) in enumerate(gpsa.kernel_centers().int().tolist()):
+        for i in range(h_out):
+            for j in range(w_out):
+                key = (2 * i + 1 + dy) * (w + 2) + (2 * j + 1 + dx)
+                assert pos[head, i * w_out + j, key] > 1 - 1e-6
+
+
+def test_paper_init_positional_mass_on_own_tap():
+    gpsa = GPSA(8, 8, 3, padding=1, locality_strength=1.0)
+    pos = gpsa.positional_attention(7, 7, torch.device('cpu'))
+    centre_query = 3 * 7 + 3
+    own_tap = pos[4, centre_query, (3 + 1) * 9 + (3 + 1)].item()
+    assert 0.25 < own_tap < 0.4  # design.md: about 32% of a head's positional mass sits on its own tap
+
+
+def test_batch_shared_attention_does_not_mix_samples():
+    gpsa = GPSA(16, 16, 3, padding=1)
+    x = torch.randn(4, 16, 6, 6)
+    torch.testing.assert_close(gpsa(x)[1:2], gpsa(x[1:2]), atol=1e-5, rtol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient():
+    gpsa = GPSA.from_conv(nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=True))
+    gpsa.train()
+    gpsa(torch.randn(2, 16, 9, 9)).square().mean().backward()
+    for name, p in gpsa.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_size_changes_between_calls():
+    conv = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    for size in [(10, 10), (5, 5), (12, 7), (3, 4)]:
+        x = torch.randn(1, 8, *size)
+        assert _rel_err(conv(x), gpsa(x)) < 1e-5
+
+
+def test_dtype_change_after_first_forward():
+    conv = nn.Conv2d(8, 8, 3, padding=1).double()
+    gpsa = GPSA.from_conv(conv.float(), EXACT_LOCALITY, EXACT_GATING)
+    gpsa(torch.randn(1, 8, 5, 5))
+    gpsa = gpsa.double()
+    x = torch.randn(2, 8, 6, 5, dtype=torch.float64)
+    out = gpsa(x)
+    assert out.dtype == torch.float64
+    assert _rel_err(conv.double()(x), out) < 1e-12  # float64 all the way: exact to double precision
+
+
+def test_autocast_bf16_keeps_positional_softmax_in_float32():
+    conv = nn.Conv2d(16, 16, 3, padding=1)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    x = torch.randn(2, 16, 7, 7)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = gpsa(x)
+    assert out.dtype == torch.bfloat16
+    assert _rel_err(conv(x), out.float()) < 3e-2
+    assert gpsa.bfloat16().positional_attention(7, 7, torch.device('cpu')).dtype == torch.float32
+
+
+def test_torchscript_and_fx():
+    gpsa = GPSA.from_conv(nn.Conv2d(8, 12, 3, stride=2, padding=1))
+    x = torch.randn(2, 8, 9, 7)
+    ref = gpsa(x)
+    torch.testing.assert_close(torch.jit.script(gpsa)(x), ref)
+    torch.testing.assert_close(torch.fx.symbolic_trace(gpsa)(x), ref)
+
+
+def test_init_setters_and_introspection():
+    gpsa = GPSA(8, 8, 5, padding=2, locality_strength=3.0, gating_init=-2.0)
+    assert gpsa.num_heads == 25 and gpsa.qk_dim == 1
+    torch.testing.assert_close(gpsa.locality_strength(), torch.full((25,), 3.0))
+    torch.testing.assert_close(gpsa.span(), torch.full((25,), 1 / 3.0))
+    torch.testing.assert_close(gpsa.gate(), torch.sigmoid(torch.full((25,), -2.0)))
+    assert gpsa.kernel_centers()[0].tolist() == [-2.0, -2.0] and gpsa.kernel_centers()[7].tolist() == [-1.0, 0.0]
+    gpsa.set_locality_strength(torch.linspace(0.5, 5, 25))
+    torch.testing.assert_close(gpsa.locality_strength(), torch.linspace(0.5, 5, 25))
+    assert abs(locality_to_raw(1.0) - 0.99865) < 1e-4
+    with pytest.raises(ValueError):
+        locality_to_raw(0.0)
+
+
+def test_attention_maps_dict():
+    gpsa = GPSA(8, 8, 3, stride=2, padding=1)
+    maps = gpsa.attention(torch.randn(2, 8, 8, 6))
+    assert maps['content'].shape == (2, 9, 12, 80) and maps['positional'].shape == (9, 12, 80)
+    torch.testing.assert_close(maps['mixed'].sum(-1), torch.ones(2, 9, 12))
+    assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 8]

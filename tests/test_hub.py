@@ -1,0 +1,86 @@
+"""Creating source CNNs by name with local, random or (unavailable offline) pretrained weights."""
+import time
+
+import pytest
+import safetensors.torch
+import timm
+import torch
+
+from tcnn.errors import TcnnError
+from tcnn.hub import create_cnn, load_state_dict_file
+
+
+def test_offline_pretrained_fails_fast_and_names_the_flags(monkeypatch):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    start = time.perf_counter()
+    with pytest.raises(TcnnError, match=r'--weights.*--no-pretrained'):
+        create_cnn('resnet18d', pretrained=True)
+    assert time.perf_counter() - start < 10
+
+
+def test_unreachable_host_fails_fast(monkeypatch):
+    # no HF_HUB_OFFLINE: the short connection probe must stop us before timm's ~50 s of retries
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    monkeypatch.setenv('HF_ENDPOINT', 'http://127.0.0.1:9')  # discard port: nothing listens
+    monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)
+    start = time.perf_counter()
+    with pytest.raises(TcnnError, match='offline'):
+        create_cnn('resnet18d', pretrained=True)
+    assert time.perf_counter() - start < 10
+
+
+def test_unknown_names_suggest_close_matches():
+    with pytest.raises(TcnnError, match=r"unknown timm model 'resnet50dd'.*resnet50d"):
+        create_cnn('resnet50dd', pretrained=False)
+    with pytest.raises(TcnnError, match=r'unknown torchvision model.*resnet50'):
+        create_cnn('torchvision:resnet5O', pretrained=False)
+
+
+def test_random_init_records_the_source():
+    model = create_cnn('resnet18d', pretrained=False, num_classes=7, drop_path_rate=0.1)
+    assert model.num_classes == 7
+    assert model.tcnn_source == {'model': 'resnet18d', 'num_classes': 7, 'kwargs': {'drop_path_rate': 0.1}}
+    tv = create_cnn('torchvision:resnet18', pretrained=False, num_classes=5)
+    assert tv.fc.out_features == 5 and tv.tcnn_source['model'] == 'torchvision:resnet18'
+
+
+@pytest.mark.parametrize('wrap', ['plain', 'state_dict', 'model', 'state_dict_ema', 'ddp', 'safetensors'])
+def test_local_weights_in_common_layouts(tmp_path, wrap):
+    src = timm.create_model('resnet18d', num_classes=4)
+    sd = src.state_dict()
+    if wrap == 'safetensors':
+        path = tmp_path / 'w.safetensors'
+        safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    else:
+        if wrap == 'ddp':
+            payload = {'state_dict': {f'module.{k}': v for k, v in sd.items()}, 'epoch': 3}
+        else:
+            payload = sd if wrap == 'plain' else {wrap: sd, 'epoch': 3}
+        path = tmp_path / 'w.pth'
+        torch.save(payload, path)
+    model = create_cnn('resnet18d', weights=str(path), num_classes=4)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+
+
+def test_checkpoint_with_another_head_keeps_the_backbone(tmp_path):
+    src = timm.create_model('resnet18d', num_classes=1000)
+    torch.save(src.state_dict(), tmp_path / 'w.pt')
+    model = create_cnn('resnet18d', weights=str(tmp_path / 'w.pt'), num_classes=10)
+    assert model.fc.out_features == 10
+    assert torch.equal(model.conv1[0].weight, src.conv1[0].weight)
+
+
+def test_bad_weight_files_are_rejected_clearly(tmp_path):
+    with pytest.raises(TcnnError, match='not found'):
+        create_cnn('resnet18d', weights=str(tmp_path / 'missing.pt'))
+    junk = tmp_path / 'junk.pt'
+    junk.write_bytes(b'not a checkpoint at all')
+    with pytest.raises(TcnnError, match='cannot read weights'):
+        load_state_dict_file(str(junk))
+    torch.save(timm.create_model('resnet26d').state_dict(), tmp_path / 'other.pt')
+    with pytest.raises(TcnnError, match='does not fit resnet18d'):
+        create_cnn('resnet18d', weights=str(tmp_path / 'other.pt'))
+    torch.save({'epoch': 1}, tmp_path / 'empty.pt')
+    with pytest.raises(TcnnError, match='no state_dict'):
+        load_state_dict_file(str(tmp_path / 'empty.pt'))
