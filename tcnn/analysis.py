@@ -272,11 +272,13 @@ def summarize(model: nn.Module, images: Optional[Images] = None) -> Dict[str, An
 
 def image_data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None
                       ) -> Dict[str, Any]:
-    """timm eval data config of a model (its saved data config if it has one), optionally at another size."""
+    """timm eval data config of a model, optionally at another size / crop fraction.
+
+    ``tcnn.io.load`` puts the data config stored in a T-CNN file into ``model.pretrained_cfg``, where timm's
+    ``resolve_data_config`` reads it; a model without one gets timm's ImageNet defaults.
+    """
     from timm.data import resolve_data_config
-    base = dict(getattr(model, 'tcnn_data_config', None) or {})
-    args: Dict[str, Any] = {k: v for k, v in base.items() if k in (
-        'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')}
+    args: Dict[str, Any] = {}
     if img_size is not None:
         args['input_size'] = (3, int(img_size), int(img_size))
     if crop_pct is not None:

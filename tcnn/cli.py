@@ -51,6 +51,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f'tcnn {args.command}: interrupted', file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `tcnn info --json FILE | head`: the reader left, nothing to report
+        sys.stdout = None  # stop the interpreter flushing into the closed pipe at exit
+        return 0
 
 
 if __name__ == '__main__':

@@ -139,3 +139,35 @@ def test_verification_catches_a_wrong_conversion(monkeypatch):
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
     with pytest.raises(ConversionError, match='does not reproduce'):
         tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+
+
+def test_vacuous_check_is_flagged():
+    # timm's random init zeroes the last BN of every residual block: layer4's convs then do not reach the logits
+    with pytest.warns(UserWarning, match='proves nothing'):
+        report = tcnn.reparameterize(timm.create_model('resnet18d'), input_size=(3, 64, 64)).tcnn_report
+    assert report.vacuous and 'vacuous' in str(report)
+    report = tcnn.reparameterize(_nontrivial_batchnorm(timm.create_model('resnet18d')),
+                                 input_size=(3, 64, 64)).tcnn_report
+    assert not report.vacuous and report.sensitivity > 1e-3
+
+
+def test_in_place_reparameterization_keeps_other_parameters():
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    reference = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+    kept = {n: p for n, p in cnn.named_parameters() if not n.startswith(('layer4.0.conv', 'layer4.1.conv'))}
+    out = tcnn.reparameterize_(cnn, input_size=(3, 64, 64))
+    assert out is cnn and len(tcnn.gpsa_layers(cnn)) == 4
+    assert cnn.tcnn_report.max_rel_err < 1e-5
+    params = dict(cnn.named_parameters())
+    assert all(params[n] is p for n, p in kept.items())  # same objects: an optimiser keeps its state
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad(), tcnn.exact_configuration(cnn), tcnn.exact_configuration(reference):
+        torch.testing.assert_close(cnn.eval()(x), reference.eval()(x))  # q/k are random: compare the conv function
+
+
+def test_failed_in_place_verification_restores_the_cnn(monkeypatch):
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    with pytest.raises(ConversionError):
+        tcnn.reparameterize_(cnn, tol=-1.0, input_size=(3, 64, 64))  # a tolerance nothing can meet
+    assert not tcnn.gpsa_layers(cnn) and not hasattr(cnn, 'tcnn_config')
+    assert isinstance(cnn.layer4[0].conv1, nn.Conv2d)

@@ -1,0 +1,302 @@
+"""Machine description, the results file ``<device>-<date>.json`` and the markdown summary ``README.md``."""
+import datetime
+import glob
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = ['machine_info', 'config_tag', 'result_name', 'load_average', 'write_json', 'render_result', 'write_readme']
+
+SCHEMA = 'tcnn-benchmark/1'
+MIB = 2 ** 20
+
+
+def _cpu_model() -> str:
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> Optional[float]:
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemTotal'):
+                    return round(int(line.split()[1]) / 2 ** 20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True, timeout=5,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_average() -> Optional[List[float]]:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info(device: torch.device) -> Dict[str, Any]:
+    """CPU model, cores and threads, memory, software versions, the GPU if any, and the load at start."""
+    import timm
+    import tcnn
+    info = {
+        'cpu': _cpu_model(),
+        'logical_cpus': os.cpu_count(),
+        'usable_cpus': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(),
+        'torch_threads': torch.get_num_threads(),
+        'memory_gib': _memory_gib(),
+        'os': platform.platform(),
+        'python': platform.python_version(),
+        'torch': torch.__version__,
+        'timm': timm.__version__,
+        'tcnn': tcnn.__version__,
+        'git_commit': _git_commit(),
+        'loadavg_start': load_average(),
+    }
+    if device.type == 'cuda':
+        props = torch.cuda.get_device_properties(device)
+        info['gpu'] = {'name': props.name, 'memory_gib': round(props.total_memory / 2 ** 30, 1),
+                       'capability': f'{props.major}.{props.minor}', 'cuda': torch.version.cuda,
+                       'cudnn': torch.backends.cudnn.version()}
+    return info
+
+
+def config_tag(settings) -> str:
+    """``<device>[-cputime][-bf16][-channels_last][-compile]``: what makes runs comparable."""
+    tag = [settings.torch_device.type]
+    if settings.timer == 'cpu':
+        tag.append('cputime')
+    if settings.amp:
+        tag.append('bf16')
+    if settings.channels_last:
+        tag.append('channels_last')
+    if settings.compile:
+        tag.append('compile')
+    return '-'.join(tag)
+
+
+def result_name(settings) -> str:
+    """``<config tag>-<date>``: the results file name (without ``.json``), one per configuration and day."""
+    return f'{config_tag(settings)}-{datetime.date.today().isoformat()}'
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-', suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(results: Dict[str, Any], path: str) -> None:
+    _atomic_write(path, json.dumps(results, indent=1, sort_keys=False) + '\n')
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+
+
+def _f(v: Optional[float], digits: int = 1) -> str:
+    return '-' if v is None else f'{v:.{digits}f}'
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    lines += ['| ' + ' | '.join(r) + ' |' for r in rows]
+    return lines + ['']
+
+
+def _describe(res: Dict[str, Any]) -> List[str]:
+    m, s = res['machine'], res['settings']
+    cpu = (f'{m["cpu"]}, {m["usable_cpus"]} usable of {m["logical_cpus"]} logical CPUs, {m["torch_threads"]} torch '
+           f'threads, {_f(m["memory_gib"], 0)} GiB')
+    gpu = f'; GPU {m["gpu"]["name"]} ({m["gpu"]["memory_gib"]} GiB, CUDA {m["gpu"]["cuda"]})' if 'gpu' in m else ''
+    mode = ', '.join([('bf16 autocast' if s['amp'] else 'fp32'), ('torch.compile' if s['compile'] else 'eager'),
+                      ('channels_last' if s['channels_last'] else 'contiguous')])
+    clock = 'CPU-time clock, one thread' if s.get('timer') == 'cpu' else 'wall clock'
+    load = f'load average {m["loadavg_start"][0]} at start, {res["loadavg_end"][0]} at end' \
+        if m.get('loadavg_start') and res.get('loadavg_end') else ''
+    return [
+        f'Machine: {cpu}{gpu}. torch {m["torch"]}, timm {m["timm"]}, tcnn {m["tcnn"]}'
+        f'{" @ " + m["git_commit"] if m.get("git_commit") else ""}.',
+        f'Run: {mode}; {clock}; {s["repeats"]} repeats after {s["warmup"]} warm-up, {s["iters"]} call(s) per repeat, '
+        'medians; '
+        f'{load}; {res["wall_time_s"] / 60:.1f} min in all.', '',
+    ]
+
+
+def _goals(res: Dict[str, Any]) -> List[str]:
+    goals = res.get('goals', [])
+    if not goals:
+        return []
+    rows = [[g['goal'], g['subject'], _f(g['value'], 3), g['target'], 'pass' if g['passed'] else '**MISS**']
+            for g in goals]
+    return ['### Goals (issue 5)', ''] + _table(['goal', 'measured on', 'value', 'target', ''], rows)
+
+
+def _models(res: Dict[str, Any]) -> List[str]:
+    rows, alt = [], []
+    for r in res.get('models', []):
+        inf, tr, mem = r['inference'], r['train'], r['memory']
+        rows.append([
+            r['model'], str(r['size']), str(r['batch_size']),
+            _f(inf['cnn']['img_s']), _f(inf['tcnn']['img_s']), f'**{_f(r["inference_ratio"]["tcnn"], 2)}**',
+            _f(tr['cnn']['img_s']), _f(tr['tcnn']['img_s']), f'**{_f(r["train_ratio"]["tcnn"], 2)}**',
+            _f(mem['cnn']['train']['peak_bytes'] / MIB, 0), _f(mem['tcnn']['train']['peak_bytes'] / MIB, 0),
+            _f(r['memory_ratio']['tcnn']['train'], 3),
+            _f(r['gflops']['cnn'], 2), _f(r['gflops']['tcnn'], 2), _f(r['flops_ratio']['tcnn'], 3),
+            _f(r['params']['cnn'] / 1e6, 1), _f(r['params']['tcnn'] / 1e6, 1),
+        ])
+        for k in r['inference_ratio']:
+            if k != 'tcnn':
+                alt.append([r['model'], str(r['size']), str(r['batch_size']), k.replace('tcnn_', 'T-CNN, '),
+                            _f(r['inference_ratio'][k], 2), _f(r['train_ratio'][k], 2),
+                            _f(r['memory_ratio'][k]['train'], 3), _f(r['flops_ratio'][k], 3)])
+    if not rows:
+        return []
+    out = ['### Whole models: T-CNN against its own CNN', '',
+           'img/s of the inference forward and of the training step (forward, backward, AdamW step); peak memory '
+           'of the training step; forward GFLOPs per image (`torch.utils.flop_counter`, 2 per multiply-add); '
+           'ratios are T-CNN / CNN (speed: > 1 is faster).', '']
+    out += _table(['model', 'px', 'batch', 'infer CNN', 'infer T-CNN', 'ratio', 'train CNN', 'train T-CNN', 'ratio',
+                   'mem CNN MiB', 'mem T-CNN MiB', 'ratio', 'GFLOPs CNN', 'GFLOPs T-CNN', 'ratio', 'params CNN M',
+                   'params T-CNN M'], rows)
+    if alt:
+        out += ['Other designs of the GPSA layer in the same model (ratios to the CNN, same run): `sdpa` = content '
+                'attention through `scaled_dot_product_attention` + separate positional matmul, `reference` = the '
+                'straightforward GPSA (`benchmarks/reference_gpsa.py`).', '']
+        out += _table(['model', 'px', 'batch', 'design', 'infer ratio', 'train ratio', 'mem ratio', 'FLOPs ratio'],
+                      alt)
+    return out
+
+
+def _layers(res: Dict[str, Any]) -> List[str]:
+    layers = res.get('layers', [])
+    if not layers:
+        return []
+    rows = []
+    for r in layers:
+        ms = lambda k: f'{_f(r["fwd"][k]["ms"], 2)} / {_f(r["fwd_bwd"][k]["ms"], 2)}'  # noqa: E731
+        sp = lambda k: f'{_f(r["fwd_speedup"][k], 2)} / {_f(r["fwd_bwd_speedup"][k], 2)}'  # noqa: E731
+        rows.append([
+            f'{r["in_size"]}->{r["grid"]}', str(r['stride']), ms('conv'), ms('gpsa'), ms('gpsa_sdpa'),
+            ms('reference'), f'**{sp("gpsa_vs_reference")}**', sp('gpsa_vs_sdpa'), sp('gpsa_vs_conv'),
+            ' / '.join(_f(r['gflops'][k], 3) for k in ('conv', 'gpsa', 'gpsa_sdpa', 'reference')),
+            ' / '.join(_f(r['memory_fwd_bwd'][k] / MIB, 1) for k in ('conv', 'gpsa', 'gpsa_sdpa', 'reference')),
+        ])
+    first = layers[0]
+    return ['### One last-stage layer', '',
+            f'{first["channels"]} -> {first["channels"]} channels, 3x3, batch {first["batch_size"]}; milliseconds '
+            'per call as forward / forward+backward; speed-ups > 1 mean ours is faster; GFLOPs per image and peak '
+            'forward+backward MiB as conv / ours / SDPA / reference.', ''] + _table(
+        ['grid in->out', 'stride', 'conv ms', 'ours ms', 'SDPA ms', 'reference ms', 'ours vs reference',
+         'ours vs SDPA', 'ours vs conv', 'GFLOPs', 'peak MiB'], rows)
+
+
+def _conversion(res: Dict[str, Any]) -> List[str]:
+    rows = [[r['model'], _f(r['seconds']['no_verify'], 2), _f(r['seconds']['verify'], 2),
+             f'{r["verify_batch_size"]}x{"x".join(map(str, r["verify_input_size"]))}', f'{r["max_rel_err"]:.1e}']
+            for r in res.get('conversion', [])]
+    if not rows:
+        return []
+    return ['### Conversion time (`tcnn.reparameterize`)', ''] + _table(
+        ['model', 'seconds', 'seconds with verification', 'verification input', 'verified max rel logits error'],
+        rows)
+
+
+def _paper(res: Dict[str, Any]) -> List[str]:
+    ours = {}
+    for r in res.get('models', []):
+        ours.setdefault(r['model'], r)
+        if r['size'] == res['settings']['goal_size']:
+            ours[r['model']] = r
+    rows = []
+    for name, p in res.get('paper', {}).items():
+        o = ours.get(name)
+        rows.append([
+            name, f'{p["cnn"]["res"]} / {p["tcnn"]["res"]}', f'{p["cnn"]["params_m"]} / {p["tcnn"]["params_m"]}',
+            f'{p["cnn"]["gmacs"]} / {p["tcnn"]["gmacs"]}', f'{p["cnn"]["img_s"]} / {p["tcnn"]["img_s"]}',
+            _f(p['gmacs_ratio_same_res'], 2), _f(p['finetune_speed_ratio'], 2),
+            f'{_f(o["params"]["cnn"] / 1e6)} / {_f(o["params"]["tcnn"] / 1e6)}' if o else '-',
+            f'{_f(o["gflops"]["cnn"] / 2, 2)} / {_f(o["gflops"]["tcnn"] / 2, 2)} @ {o["size"]}' if o else '-',
+            _f(o['flops_ratio']['tcnn'], 2) if o else '-', _f(o['train_ratio']['tcnn'], 2) if o else '-',
+        ])
+    if not rows:
+        return []
+    return ['### Beside the paper', '',
+            'Left: **the paper\'s figures** (seed 001 Table 2: V100, batch 32, CNN at its training resolution, '
+            'T-CNN at its fine-tuning resolution; "GMACs" is the paper\'s "Flops" column, multiply-adds; the '
+            'same-resolution ratio scales the CNN by pixel count, an approximation; fine-tuning speed SA / no-SA from '
+            'Table 1 times). Right: **ours**, this run (GMACs = our FLOPs / 2, same resolution for both).', ''] + \
+        _table(['model', 'paper res CNN / T', 'paper params M', 'paper GMACs', 'paper img/s V100',
+                'paper T/CNN GMACs same res', 'paper fine-tune speed SA/no-SA', 'our params M', 'our GMACs',
+                'our T/CNN FLOPs', 'our train speed T/CNN'], rows)
+
+
+def _profiles(res: Dict[str, Any]) -> List[str]:
+    out = []
+    for p in res.get('profiles', []):
+        head = (f'#### Profile of a missed goal: {p["model"]} {p["size"]}px batch {p["batch_size"]}, {p["mode"]} '
+                f'(eager, `torch.profiler`): CNN {_f(p["total_ms"]["cnn"])} ms, T-CNN {_f(p["total_ms"]["tcnn"])} ms '
+                'per step; ops whose self time grew most')
+        rows = [[f'`{o["op"]}`', _f(o['cnn_ms']), _f(o['tcnn_ms']), _f(o['delta_ms'])]
+                for o in p['top_increases_ms']]
+        out += [head, ''] + _table(['op', 'CNN ms', 'T-CNN ms', 'delta ms'], rows)
+    return out
+
+
+def render_result(res: Dict[str, Any]) -> str:
+    """Markdown section of one results file."""
+    title = f'## {res["name"]}'
+    lines = [title, '', f'`{res["command"]}`', ''] + _describe(res)
+    for part in (_goals, _models, _layers, _conversion, _paper, _profiles):
+        lines += part(res)
+    return '\n'.join(lines)
+
+
+def write_readme(directory: str) -> str:
+    """(Re)write ``README.md`` of a results folder from its JSON files: the newest file of each configuration."""
+    newest: Dict[str, Dict[str, Any]] = {}
+    for path in sorted(glob.glob(os.path.join(directory, '*.json'))):
+        with open(path) as f:
+            res = json.load(f)
+        if res.get('schema') != SCHEMA:
+            continue
+        key = res['config']
+        if key not in newest or res['date'] >= newest[key]['date']:
+            newest[key] = res
+    parts = [
+        '# Benchmark results', '',
+        'Generated by `benchmarks/run.py` from the JSON files of this folder (the newest of each configuration); '
+        'what is measured and how: [docs/benchmarks.md](../../docs/benchmarks.md). Ratios compare things measured '
+        'side by side, interleaved, in one process; absolute img/s depend on the machine and its load.', '',
+    ]
+    for key in sorted(newest):
+        parts.append(render_result(newest[key]))
+    path = os.path.join(directory, 'README.md')
+    _atomic_write(path, '\n'.join(parts).rstrip() + '\n')
+    return path

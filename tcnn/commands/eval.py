@@ -1,0 +1,108 @@
+"""``tcnn eval MODEL [MODEL ...] --suite SUITE [SUITE ...] --data DIR [DIR ...]``: accuracy and robustness suites.
+
+Several models give one table with a column per model (seed 001 Table 2, sideways); several suites are paired with
+their data directories in order.
+"""
+import argparse
+import os
+from typing import Dict, List, Sequence
+
+import torch.nn as nn
+
+from ..errors import TcnnError
+
+MODEL_FILE_EXTENSIONS = ('.pt', '.pth', '.safetensors', '.bin', '.ckpt')
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('models', nargs='+', metavar='MODEL',
+                        help='T-CNN files (tcnn convert), training checkpoints (last.pt/best.pt), or timm/torchvision '
+                             'model names with pretrained weights (e.g. resnet50d) for the CNN baseline')
+    parser.add_argument('--suite', nargs='+', required=True, choices=['imagenet', 'imagenet-c', 'imagenet-a',
+                                                                      'imagenet-r'],
+                        help='benchmark(s); one --data directory per suite, in the same order')
+    parser.add_argument('--data', nargs='+', required=True, metavar='DIR',
+                        help='data directory per suite: imagenet DIR/<class>/<img>, imagenet-c '
+                             'DIR/<corruption>/<1-5>/<class>/<img>, imagenet-a/-r DIR/<wnid>/<img>')
+    parser.add_argument('--names', nargs='+', metavar='NAME', help='column names of the models (default: file names)')
+    parser.add_argument('--img-size', type=int, metavar='N',
+                        help='input resolution (default: the model\'s; 224 for imagenet-c)')
+    parser.add_argument('--crop-pct', type=float, metavar='F',
+                        help='centre-crop fraction (default: the model\'s; 1.0 for imagenet-c, 224 px images)')
+    parser.add_argument('--batch-size', type=int, default=64, metavar='N', help='images per batch (default 64)')
+    parser.add_argument('--workers', type=int, metavar='N', help='data loading processes (default min(8, CPUs))')
+    parser.add_argument('--device', help='cuda, cuda:1, cpu, ... (default: cuda when available)')
+    parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
+    parser.add_argument('--out', metavar='JSON', help='write the results as JSON here (and a markdown table beside it)')
+    parser.add_argument('--markdown', metavar='MD', help='markdown table path (default: --out with .md)')
+    parser.add_argument('--no-progress', action='store_true', help='no progress bars')
+
+
+def load_model(spec: str) -> nn.Module:
+    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint) or a pretrained model name."""
+    if os.path.exists(spec):
+        from .. import io as tio
+        return tio.load(spec, map_location='cpu')
+    if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
+        raise TcnnError(f'model file not found: {spec}')
+    from ..hub import OFFLINE_HINT, create_cnn
+    try:
+        return create_cnn(spec, pretrained=True)
+    except TcnnError as e:
+        # create_cnn's hint names options of tcnn convert/train, which tcnn eval does not have
+        raise TcnnError(str(e).replace(OFFLINE_HINT, 'give a model file instead (a CNN saved with tcnn.io.save, a '
+                                                     'tcnn convert file or a checkpoint)')) from e
+
+
+def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]:
+    """Unique short names: the file stem, else ``parent/stem``, else the path as given."""
+    if names:
+        if len(names) != len(specs) or len(set(names)) != len(names):
+            raise TcnnError(f'--names needs {len(specs)} distinct names, one per model')
+        return list(names)
+    if len(set(specs)) != len(specs):
+        raise TcnnError('the same model is given twice')
+
+    def stem(s: str, parents: int) -> str:
+        parts = os.path.normpath(os.path.splitext(s)[0] if s.endswith(MODEL_FILE_EXTENSIONS) else s).split(os.sep)
+        return '/'.join(parts[-1 - parents:])
+    for parents in range(3):
+        out = [stem(s, parents) for s in specs]
+        if len(set(out)) == len(out):
+            return out
+    return list(specs)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import robustness as rb
+    if len(args.suite) != len(args.data):
+        raise TcnnError(f'{len(args.suite)} suites but {len(args.data)} --data directories: give one per suite, '
+                        'in the same order')
+    if len(set(args.suite)) != len(args.suite):
+        raise TcnnError('a suite is given twice')
+    names = column_names(args.models, args.names)
+    # scan every folder before loading models: a layout mistake should cost seconds, not a model load
+    data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
+    models: Dict[str, nn.Module] = {name: load_model(spec) for name, spec in zip(names, args.models)}
+
+    report = {'format': 'tcnn-eval', 'version': 1,
+              'models': {name: {'source': spec} for name, spec in zip(names, args.models)}, 'suites': {}}
+    for suite, d in data.items():
+        results = rb.evaluate(models, suite, d.root, img_size=args.img_size, crop_pct=args.crop_pct,
+                              batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
+                              progress=not args.no_progress, data=d)
+        report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'results': results}
+
+    header, rows = rb.results_table(report)
+    print(rb.format_table(header, rows))
+    for suite, block in report['suites'].items():
+        if suite == 'imagenet-c':
+            missing = next(iter(block['results'].values()))['mce_missing']
+            if missing:
+                print(f'imagenet-c: no mCE ({len(missing)} of the 15 corruptions lack some of the 5 severities, '
+                      f'e.g. {missing[0]})')
+    if args.out or args.markdown:
+        md = args.markdown or os.path.splitext(args.out)[0] + '.md'
+        rb.write_results(report, args.out, md)
+        print('wrote ' + ' and '.join(p for p in (args.out, md) if p))
+    return 0

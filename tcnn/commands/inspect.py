@@ -1,0 +1,119 @@
+"""``tcnn inspect FILE [--image IMG ...] [--images-dir DIR] --out DIR``: gates, spans, nonlocality, attention maps.
+
+Writes ``DIR/summary.json`` (per layer and head: gate, alpha, span, centre, nonlocality), ``DIR/heads.png`` (the
+per-layer chart) and, per ``--image``, ``DIR/attention_<name>.png`` (seed 001 Fig. 5 layout).
+"""
+import argparse
+import json
+import os
+from typing import List, Optional, Tuple
+
+from ..atomic import atomic_write_text
+from ..errors import TcnnError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('model', metavar='FILE', help='a T-CNN file (tcnn convert) or a training checkpoint')
+    parser.add_argument('--image', nargs='+', default=[], metavar='IMG',
+                        help='images to draw the attention maps of (and to measure the nonlocality on)')
+    parser.add_argument('--images-dir', metavar='DIR', help='a folder of images (searched recursively) to average '
+                                                             'the nonlocality over, in addition to --image')
+    parser.add_argument('--max-images', type=int, default=256, metavar='N',
+                        help='at most this many images from --images-dir (default 256)')
+    parser.add_argument('--query', metavar='Y,X', help='query pixel (row, column) in the model input image after '
+                                                       'resizing/cropping (default: the centre)')
+    parser.add_argument('--img-size', type=int, metavar='N',
+                        help='input resolution (default: the model\'s eval resolution)')
+    parser.add_argument('--parts', default='mixed,content,positional',
+                        help='attention parts to draw, comma-separated (default mixed,content,positional)')
+    parser.add_argument('--batch-size', type=int, default=32, metavar='N', help='images per batch for the nonlocality')
+    parser.add_argument('--device', default='cpu', help='cpu (default), cuda, ...')
+    parser.add_argument('--out', required=True, metavar='DIR', help='output folder')
+
+
+def parse_query(text: Optional[str]) -> Optional[Tuple[float, float]]:
+    if text is None:
+        return None
+    try:
+        y, x = (float(v) for v in text.split(','))
+    except ValueError:
+        raise TcnnError(f'--query takes Y,X (pixel row and column), got {text!r}') from None
+    return y, x
+
+
+def _parts(text: str) -> List[str]:
+    from ..analysis import ATTENTION_PARTS
+    parts = [p.strip() for p in text.split(',') if p.strip()]
+    bad = [p for p in parts if p not in ATTENTION_PARTS]
+    if bad or not parts:
+        raise TcnnError(f'--parts: unknown part {bad[0] if bad else text!r}; choose from {", ".join(ATTENTION_PARTS)}')
+    return parts
+
+
+def _figure_names(paths: List[str]) -> List[str]:
+    """``attention_<stem>.png`` per image, made unique when two images share a stem."""
+    names, seen = [], {}
+    for p in paths:
+        stem = os.path.splitext(os.path.basename(p))[0]
+        seen[stem] = seen.get(stem, 0) + 1
+        names.append(f'attention_{stem}.png' if seen[stem] == 1 else f'attention_{stem}_{seen[stem]}.png')
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import analysis, plots
+    from .. import io as tio
+    from ..convert import gpsa_layers
+    query = parse_query(args.query)
+    parts = _parts(args.parts)
+    if not os.path.exists(args.model):
+        raise TcnnError(f'model file not found: {args.model}')
+    model = tio.load(args.model, map_location='cpu')
+    try:
+        model.to(args.device).eval()
+    except RuntimeError as e:
+        raise TcnnError(f'cannot use device {args.device!r}: {str(e).splitlines()[0]}') from e
+    if not gpsa_layers(model):
+        raise TcnnError(f'{args.model} has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect')
+    cfg = analysis.image_data_config(model, args.img_size)
+
+    extra = analysis.find_images(args.images_dir, args.max_images) if args.images_dir else []
+    all_paths = list(args.image) + [p for p in extra if p not in args.image]
+    batches = (analysis.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
+               for i in range(0, len(all_paths), args.batch_size))
+    summary = analysis.summarize(model, batches if all_paths else None)
+    summary.update({'source': os.path.abspath(args.model), 'images': all_paths, 'data_config': {
+        k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}})
+
+    os.makedirs(args.out, exist_ok=True)
+    written = [atomic_write_text(os.path.join(args.out, 'summary.json'), json.dumps(summary, indent=2) + '\n'),
+               plots.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
+    if args.image:
+        x = analysis.load_images(args.image, cfg).to(args.device)
+        maps = analysis.attention_maps(model, x, query)
+        images = analysis.denormalize(x.cpu(), cfg)
+        for i, (path, fig_name) in enumerate(zip(args.image, _figure_names(args.image))):
+            written.append(plots.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
+                                                parts=parts, title=f'{os.path.basename(path)}: attention of the '
+                                                                   r'query pixel (red: gate $\sigma(\lambda_h)$)'))
+
+    _print_summary(summary)
+    if not all_paths:
+        print('nonlocality: not measured (give --image or --images-dir)')
+    for path in written:
+        print(f'wrote {path}')
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    rows = [('layer', 'gate', 'span', 'nonlocality')]
+    for name, entry in summary['layers'].items():
+        nl = entry['nonlocality_mean']
+        nl = '-' if nl is None else f'{nl:.3f}'
+        rows.append((name, f'{entry["gate_mean"]:.3f}', f'{entry["span_mean"]:.3f}', nl))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    if summary['num_images']:
+        print(f'(layer means over heads; nonlocality averaged over {summary["num_images"]} images)')
+

@@ -1,0 +1,421 @@
+"""The T-CNN file format: save a (converted or plain) CNN with what it takes to rebuild it offline, and load it.
+
+``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
+
+    {'format': 'tcnn', 'version': 1, 'tcnn_version': '0.1.0',
+     'source': {'model': 'resnet50d', 'num_classes': 1000, 'kwargs': {...}},   # tcnn.hub.create_cnn arguments
+     'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
+     'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
+     'num_classes': 1000,
+     'state_dict': {name: tensor}}
+
+``FILE.safetensors`` holds the state dict as its tensors and everything else as JSON in the metadata entry
+``'tcnn'``. Only tensors and plain Python values are stored, never pickled code. ``load`` also reads training
+checkpoints (a dict whose ``'model_file'`` entry is such a dict).
+"""
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from .atomic import atomic_write
+from .errors import TcnnError
+
+__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
+           'model_from_dict', 'data_config_of', 'check_extension']
+
+FORMAT_NAME = 'tcnn'
+FORMAT_VERSION = 1
+EXTENSIONS = ('.pt', '.pth', '.safetensors')
+DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
+_METADATA_KEY = 'tcnn'
+_ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
+_PICKLE_MAGIC = b'\x80'  # torch.save's legacy format starts with a pickle protocol opcode
+
+
+class NotTcnnFileError(TcnnError):
+    """A readable weights file that is not a T-CNN file (e.g. a plain state_dict)."""
+
+
+# ---------------------------------------------------------------------------------------------- model -> dict
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The raw model inside DDP / DataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, '_orig_mod', None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as JSON-compatible Python (tuples become lists); raises on anything else."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, f'{where}.{k}') for k, v in value.items()}
+    raise TcnnError(f'cannot store {where} = {value!r} in a T-CNN file (only plain values: numbers, strings, lists, '
+                    'dicts); create the model with plain keyword arguments')
+
+
+def _source_of(model: nn.Module) -> Dict[str, Any]:
+    """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.hub.create_cnn`` and the ``t_*``
+    registry), else the timm architecture name and factory kwargs that timm records."""
+    source = getattr(model, 'tcnn_source', None)
+    if source:
+        return {'model': source['model'], 'kwargs': dict(source.get('kwargs') or {})}
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    arch = cfg.get('architecture')
+    if not arch:
+        raise TcnnError(f'cannot tell which architecture this {type(model).__name__} is: create it with '
+                        'tcnn.hub.create_cnn (or timm.create_model), or set model.tcnn_source = {"model": NAME, '
+                        '"kwargs": {...}}')
+    from .models import source_model_name
+    if source_model_name(arch) is not None:
+        raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
+    name = f'{arch}.{cfg["tag"]}' if cfg.get('tag') else arch
+    skip = ('num_classes', 'device', 'dtype', 'pretrained_cfg', 'pretrained_cfg_overlay', 'features_only',
+            'out_indices', 'feature_cls', 'cache_dir')
+    kwargs = {k: v for k, v in (getattr(model, '_model_args', None) or {}).items() if k not in skip}
+    return {'model': name, 'kwargs': kwargs}
+
+
+def _num_classes(model: nn.Module) -> int:
+    if isinstance(getattr(model, 'num_classes', None), int):
+        return model.num_classes
+    fc = getattr(model, 'fc', None)
+    if isinstance(fc, nn.Linear):
+        return fc.out_features
+    raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no fc)')
+
+
+def _torchvision_data_config(arch: str) -> Optional[Dict[str, Any]]:
+    """The eval transform of torchvision's default weights for ``arch`` (resize, crop, mean/std), timm-style."""
+    import torchvision
+    try:
+        transform = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    except (ValueError, AttributeError, KeyError):
+        return None
+    crop, resize = transform.crop_size[0], transform.resize_size[0]
+    return {'input_size': (3, crop, crop), 'interpolation': transform.interpolation.value,
+            'mean': tuple(transform.mean), 'std': tuple(transform.std), 'crop_pct': crop / resize,
+            'crop_mode': 'center'}
+
+
+def data_config_of(model: nn.Module) -> Dict[str, Any]:
+    """The data config (input size, interpolation, mean/std, crop) of a model, from its pretrained config (timm's
+    ``resolve_data_config``) or, for torchvision models, from their default weights' eval transform."""
+    from timm.data import resolve_data_config
+    model = _unwrap(model)
+    source = (getattr(model, 'tcnn_source', None) or {}).get('model', '')
+    config = None
+    if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):
+        config = _torchvision_data_config(source.split(':', 1)[1])
+    if config is None:
+        config = resolve_data_config({}, model=model)
+    return {k: _plain(config[k], f'data_config.{k}') for k in DATA_CONFIG_KEYS if k in config}
+
+
+def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The plain dict that ``save`` writes to ``.pt``: format, version, source architecture, conversion settings
+    (None for a plain CNN), data config, class count and state_dict.
+
+    Args:
+        model: A T-CNN (``tcnn.reparameterize``, ``t_*`` models, ``tcnn.load``) or a plain CNN; DDP and
+            ``torch.compile`` wrappers are unwrapped.
+        data_config: Overrides of the data config (default: the model's, see ``data_config_of``).
+    """
+    from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
+    from timm.models._features_fx import FeatureGraphNet
+    from . import __version__
+    from .convert import gpsa_layers
+
+    model = _unwrap(model)
+    if isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet)):
+        raise TcnnError('cannot save a features_only model: save the classification model it was made from')
+    layers = [name for name, _ in gpsa_layers(model)]
+    conversion = getattr(model, 'tcnn_config', None)
+    if layers and not conversion:
+        raise TcnnError('the model has GPSA layers but no tcnn_config: convert it with tcnn.reparameterize')
+    if conversion:
+        conversion = _plain(dict(conversion), 'conversion')
+        if conversion['layers'] != layers:
+            raise TcnnError(f'the model\'s GPSA layers {layers} differ from its tcnn_config {conversion["layers"]}')
+    config = data_config_of(model)
+    config.update(_plain(dict(data_config or {}), 'data_config'))
+    return {
+        'format': FORMAT_NAME,
+        'version': FORMAT_VERSION,
+        'tcnn_version': __version__,
+        'source': _plain(_source_of(model), 'source'),
+        'conversion': conversion or None,
+        'data_config': config,
+        'num_classes': _num_classes(model),
+        'state_dict': {k: v.detach() for k, v in model.state_dict().items()},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- dict -> model
+
+
+def _check_dict(d: Any, where: str) -> Dict[str, Any]:
+    """Validate a T-CNN dict (format, version, fields); a training checkpoint yields its ``model_file``."""
+    if isinstance(d, dict) and isinstance(d.get('model_file'), dict) and 'format' not in d:
+        training = {k: d[k] for k in ('epoch', 'best_top1') if k in d and not isinstance(d[k], torch.Tensor)}
+        d = dict(d['model_file'], training=training)
+    if not isinstance(d, dict):
+        raise NotTcnnFileError(f'{where} is not a T-CNN file (it holds a {type(d).__name__}, not a dict)')
+    if d.get('format') != FORMAT_NAME:
+        if d and all(isinstance(v, torch.Tensor) for v in d.values()):
+            raise NotTcnnFileError(f'{where} is a plain state_dict, not a T-CNN file: convert it with '
+                                   f'`tcnn convert MODEL --weights {where} --out FILE`')
+        raise NotTcnnFileError(f'{where} is not a T-CNN file (format {d.get("format")!r}, expected {FORMAT_NAME!r}; '
+                               f'keys: {", ".join(sorted(map(str, d))[:8])})')
+    version = d.get('version')
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TcnnError(f'{where}: invalid T-CNN format version {version!r}')
+    if version > FORMAT_VERSION:
+        raise TcnnError(f'{where} was written in T-CNN format version {version} (by tcnn '
+                        f'{d.get("tcnn_version", "?")}); this tcnn reads versions up to {FORMAT_VERSION}: upgrade tcnn')
+    source, state_dict = d.get('source'), d.get('state_dict')
+    if not isinstance(source, dict) or not isinstance(source.get('model'), str):
+        raise TcnnError(f'{where}: corrupt T-CNN file (no source architecture)')
+    if not isinstance(state_dict, dict) or not state_dict or \
+            not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise TcnnError(f'{where}: corrupt T-CNN file (no state_dict of tensors)')
+    conversion = d.get('conversion')
+    if conversion is not None and not (isinstance(conversion, dict) and isinstance(conversion.get('layers'), list)):
+        raise TcnnError(f'{where}: corrupt T-CNN file (bad conversion settings)')
+    return d
+
+
+def _build(d: Dict[str, Any]) -> nn.Module:
+    """The architecture of a T-CNN dict with untrained weights: the ``t_*`` registry model for timm ResNets (a
+    ``TransformedResNet``), else ``create_cnn`` + ``reparameterize``."""
+    from .convert import reparameterize
+    from .hub import create_cnn, split_model_name
+    from .models import source_model_name, transformed_model_name
+
+    source, conversion = d['source'], d['conversion']
+    name, kwargs = source['model'], dict(source.get('kwargs') or {})
+    num_classes = d.get('num_classes')
+    kind, arch = split_model_name(name)
+    try:
+        if conversion and kind == 'timm' and source_model_name(transformed_model_name(arch)) is not None:
+            import timm
+            return timm.create_model(
+                transformed_model_name(arch), pretrained=False, num_classes=num_classes,
+                stages=conversion['stages'], qk_dim=conversion.get('qk_dim'),
+                locality_strength=conversion.get('locality_strength', 1.0),
+                gating_init=conversion.get('gating_init', 1.0), **kwargs)
+        model = create_cnn(name, pretrained=False, num_classes=num_classes, **kwargs)
+        if conversion:
+            model = reparameterize(model, stages=conversion['stages'], qk_dim=conversion.get('qk_dim'),
+                                   locality_strength=conversion.get('locality_strength', 1.0),
+                                   gating_init=conversion.get('gating_init', 1.0), verify=False)
+        return model
+    except TcnnError:
+        raise
+    except (TypeError, ValueError, RuntimeError, AssertionError, KeyError) as e:
+        raise TcnnError(f'cannot rebuild {name} with {kwargs}: {type(e).__name__}: {e}') from e
+
+
+def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    mismatched = [k for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape]
+    if missing or unexpected or mismatched:
+        parts = [f'{label} {len(keys)} (e.g. {", ".join(keys[:3])})'
+                 for label, keys in (('missing', missing), ('unexpected', unexpected), ('mismatched', mismatched))
+                 if keys]
+        raise TcnnError(f'{where}: the weights do not fit the rebuilt model: {"; ".join(parts)}')
+    model.load_state_dict(state_dict, strict=True, assign=assign)
+
+
+def model_from_dict(
+        d: Dict[str, Any],
+        map_location: Union[str, torch.device, None] = 'cpu',
+        *,
+        where: str = 'the T-CNN dict',
+) -> nn.Module:
+    """Rebuild the model of a T-CNN dict (``model_to_dict``'s output, or a training checkpoint) offline and load
+    its weights strictly.
+
+    Args:
+        d: The dict.
+        map_location: Device of the weights (None: keep the dict's tensors where they are).
+        where: Name of the dict's origin in error messages (e.g. its file).
+
+    Returns:
+        The model in eval mode.
+    """
+    from .convert import gpsa_layers
+
+    d = _check_dict(d, where)
+    state_dict = d['state_dict']
+    if map_location is not None:
+        state_dict = {k: v.to(map_location) for k, v in state_dict.items()}
+    # Build on the meta device (no random init, no memory) and adopt the file's tensors (assign=True); rebuild for
+    # real if some tensor is not in the state dict (non-persistent buffers) and would stay on meta.
+    with torch.device('meta'):
+        model = _build(d)
+    assign = not any(b.is_meta for n, b in model.named_buffers() if n not in state_dict)
+    if not assign:
+        model = _build(d).to(next(iter(state_dict.values())).device)
+    layers = [name for name, _ in gpsa_layers(model)]
+    expected_layers = (d['conversion'] or {}).get('layers', [])
+    if layers != expected_layers:
+        raise TcnnError(f'{where}: this tcnn/timm builds GPSA layers {layers}, the file has {expected_layers}')
+    _load_weights(model, state_dict, where, assign)
+    model.tcnn_source = {'model': d['source']['model'], 'num_classes': d.get('num_classes'),
+                         'kwargs': dict(d['source'].get('kwargs') or {})}
+    if d['conversion']:
+        model.tcnn_config = dict(d['conversion'])
+    config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
+    # timm's resolve_data_config(model=...) reads pretrained_cfg: make it return the file's data config.
+    model.pretrained_cfg = dict(getattr(model, 'pretrained_cfg', None) or {}, **config)
+    model.default_cfg = model.pretrained_cfg
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def check_extension(path: str) -> str:
+    """The extension of a T-CNN file path (``.pt``, ``.pth`` or ``.safetensors``); raises on anything else."""
+    ext = os.path.splitext(str(path))[1].lower()
+    if ext not in EXTENSIONS:
+        raise TcnnError(f'{path}: unsupported extension {ext or "(none)"!r}: T-CNN files end in '
+                        f'{", ".join(EXTENSIONS)}')
+    return ext
+
+
+def _save_safetensors(d: Dict[str, Any], path: str) -> None:
+    from safetensors.torch import save_file
+    settings = {k: v for k, v in d.items() if k != 'state_dict'}
+    tensors, seen = {}, set()
+    for k, v in d['state_dict'].items():
+        v = v.detach().to('cpu').contiguous()
+        if v.untyped_storage().data_ptr() in seen and v.numel():
+            v = v.clone()  # safetensors refuses shared storage
+        seen.add(v.untyped_storage().data_ptr())
+        tensors[k] = v
+    # 'format': 'pt' is the safetensors convention for torch tensors; our settings go under 'tcnn'.
+    save_file(tensors, path, metadata={'format': 'pt', _METADATA_KEY: json.dumps(settings)})
+
+
+def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] = None) -> str:
+    """Write a T-CNN file atomically: ``.pt``/``.pth`` (a plain dict, see the module docstring) or
+    ``.safetensors`` (settings as JSON in the metadata). Works for T-CNNs and plain CNNs.
+
+    Args:
+        model: The model (DDP / compiled wrappers are unwrapped).
+        path: Output path; its extension picks the format; missing folders are created.
+        data_config: Overrides of the stored data config.
+
+    Returns:
+        The absolute path written.
+    """
+    ext = check_extension(path)
+    if os.path.isdir(path):
+        raise TcnnError(f'{path} is a folder: pass a file name ending in {", ".join(EXTENSIONS)}')
+    d = model_to_dict(model, data_config=data_config)
+    try:
+        if ext == '.safetensors':
+            atomic_write(path, lambda tmp: _save_safetensors(d, tmp))
+        else:
+            atomic_write(path, lambda tmp: torch.save(d, tmp))
+    except OSError as e:  # disk full, no permission, ...: nothing was left at path
+        raise TcnnError(f'cannot write {path}: {e.strerror or e}') from e
+    return os.path.abspath(path)
+
+
+def _reason(e: BaseException) -> str:
+    """The first sentence of an exception's message (torch's are paragraphs)."""
+    text = ' '.join(str(e).split())
+    for end in ('. ', ': '):
+        if end in text[20:]:
+            text = text[:20 + text[20:].index(end)]
+            break
+    return f'{type(e).__name__}: {text[:160]}'
+
+
+def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -> Dict[str, Any]:
+    from safetensors import safe_open
+    device = str(map_location) if map_location is not None else 'cpu'
+    try:
+        with safe_open(path, framework='pt', device=device) as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
+        raise TcnnError(f'cannot read {path}: not a valid safetensors file (truncated or corrupt?): '
+                        f'{_reason(e)}') from e
+    if _METADATA_KEY not in metadata:
+        raise NotTcnnFileError(f'{path} is a safetensors file without T-CNN settings (a plain state_dict?): '
+                               f'convert it with `tcnn convert MODEL --weights {path} --out FILE`')
+    try:
+        settings = json.loads(metadata[_METADATA_KEY])
+    except json.JSONDecodeError as e:
+        raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata ({e})') from e
+    if not isinstance(settings, dict):
+        raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata')
+    return dict(settings, state_dict=tensors)
+
+
+def _read_torch(path: str, map_location: Union[str, torch.device, None]) -> Any:
+    import pickle
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise TcnnError(f'{path} is not a T-CNN file: it holds pickled Python objects other than tensors and plain '
+                        'values, which tcnn refuses to load (weights_only=True)') from e
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, IndexError, KeyError) as e:
+        raise TcnnError(f'cannot read {path}: truncated or corrupt torch file ({_reason(e)})') from e
+
+
+def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
+    path = str(path)
+    if not os.path.exists(path):
+        raise TcnnError(f'file not found: {path}')
+    if os.path.isdir(path):
+        raise TcnnError(f'{path} is a folder, not a T-CNN file')
+    with open(path, 'rb') as f:
+        head = f.read(8)
+    if path.lower().endswith('.safetensors') and not head.startswith(_ZIP_MAGIC):
+        return _read_safetensors(path, map_location)
+    if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
+        raise TcnnError(f'{path} is not a T-CNN file: neither a torch file nor (by its name) a safetensors file')
+    return _read_torch(path, map_location)
+
+
+def read(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> Dict[str, Any]:
+    """The validated T-CNN dict stored in ``path`` (a T-CNN file or a training checkpoint), without building the
+    model. For a training checkpoint, ``'training'`` holds its ``epoch`` and ``best_top1``.
+
+    Raises:
+        NotTcnnFileError: A readable file that is not a T-CNN file (e.g. a plain state_dict).
+        TcnnError: Missing, junk or truncated file; unknown format version.
+    """
+    return _check_dict(_read_any(path, map_location), str(path))
+
+
+def load(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
+    """Rebuild the model stored in a T-CNN file (or training checkpoint) without network, load its weights strictly
+    and return it in eval mode.
+
+    Args:
+        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``save`` (or ``OUTPUT/last.pt``/``best.pt``).
+        map_location: Where the weights go (as in ``torch.load``).
+
+    Raises:
+        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit.
+    """
+    return model_from_dict(read(path, map_location), map_location=None, where=str(path))

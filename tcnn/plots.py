@@ -1,0 +1,313 @@
+"""Figures of the T-CNN analysis (seed 001 Figs. 4-5): gate/span charts, attention-map grids, training curves.
+
+Figures are drawn on matplotlib's Agg canvas directly (``matplotlib.figure.Figure``, no pyplot), so importing this
+module never changes the user's matplotlib backend and works on headless machines. Files are written atomically.
+"""
+import json
+import math
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
+
+from .analysis import ATTENTION_PARTS, AttentionMaps
+from .atomic import atomic_open
+from .errors import TcnnError
+
+__all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure']
+
+PART_TITLES = {'mixed': 'gated mix', 'content': 'content', 'positional': 'positional'}
+
+
+def save_figure(fig: Figure, path: str, dpi: int = 110) -> str:
+    """Write ``fig`` to ``path`` (format from the extension) atomically; returns ``path``."""
+    FigureCanvasAgg(fig)
+    fmt = os.path.splitext(path)[1].lstrip('.').lower() or 'png'
+    with atomic_open(path, 'wb') as f:
+        fig.savefig(f, format=fmt, dpi=dpi, bbox_inches='tight')
+    return path
+
+
+def _short(name: str) -> str:
+    return name.replace('.conv', '.c')
+
+
+# ---------------------------------------------------------------------- per-layer gates / spans / nonlocality
+
+
+def _heat(ax, values: np.ndarray, rows: Sequence[str], title: str, fmt: str, cmap: str, vmin=None, vmax=None,
+          log: bool = False) -> None:
+    from matplotlib.colors import LogNorm
+    masked = np.ma.masked_invalid(values)
+    finite = values[np.isfinite(values)]
+    norm = None
+    # log scale only when the values spread over more than a decade (spans do once heads leave locality)
+    if log and finite.size and finite.min() > 0 and finite.max() / finite.min() > 10:
+        norm = LogNorm(vmin=finite.min(), vmax=finite.max())
+        vmin = vmax = None
+    elif vmin is None and finite.size and np.ptp(finite) <= 1e-3 * np.abs(finite).max():
+        # (nearly) equal values, e.g. spans at init: a colour scale over float noise would invent differences
+        centre = float(finite.mean())
+        vmin, vmax = centre - 0.5 * max(abs(centre), 1.0), centre + 0.5 * max(abs(centre), 1.0)
+    im = ax.imshow(masked, cmap=cmap, vmin=vmin, vmax=vmax, norm=norm, aspect='auto')
+    n_cols = values.shape[1]
+    ax.set_xticks(range(n_cols), [f'h{h}' for h in range(n_cols - 1)] + ['mean'], fontsize=8)
+    ax.set_yticks(range(len(rows)), [_short(r) for r in rows], fontsize=8)
+    ax.axvline(n_cols - 1.5, color='white', lw=2)
+    ax.set_title(title, fontsize=10)
+    for (r, c), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(c, r, format(v, fmt), ha='center', va='center', fontsize=7, color='white',
+                    path_effects=_outline())
+    ax.figure.colorbar(im, ax=ax, fraction=0.025, pad=0.01)
+
+
+def _outline():
+    from matplotlib import patheffects
+    return [patheffects.withStroke(linewidth=1.5, foreground='black')]
+
+
+def _matrix(layers: Mapping[str, Mapping[str, Any]], key: str, mean_key: Optional[str] = None) -> np.ndarray:
+    """``(layers, max_heads + 1)`` matrix of a per-head value with the layer mean in the last column (NaN pads)."""
+    width = max(len(v[key]) for v in layers.values())
+    out = np.full((len(layers), width + 1), np.nan)
+    for r, entry in enumerate(layers.values()):
+        vals = np.asarray(entry[key], dtype=float)
+        out[r, :len(vals)] = vals
+        out[r, -1] = entry[mean_key] if mean_key and entry.get(mean_key) is not None else vals.mean()
+    return out
+
+
+def plot_summary(summary: Mapping[str, Any], path: str) -> str:
+    """Heat charts (layer x head) of the gates sigmoid(lambda_h), spans 1/alpha_h and, when measured, nonlocality.
+
+    Args:
+        summary: ``tcnn.analysis.summarize`` output (or a ``tcnn.gpsa_summary`` dict of layers).
+        path: Output image path (``.png``, ``.pdf``, ``.svg``).
+    """
+    layers = summary.get('layers', summary)
+    if not layers:
+        raise TcnnError('no GPSA layer in the summary: nothing to plot')
+    has_nl = all(entry.get('nonlocality') for entry in layers.values())
+    panels = 3 if has_nl else 2
+    n_heads = max(len(v['gate']) for v in layers.values())
+    fig = Figure(figsize=(1.0 + 0.62 * (n_heads + 1) * panels, 1.1 + 0.45 * len(layers)), layout='constrained')
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    rows = list(layers)
+    _heat(axes[0], _matrix(layers, 'gate', 'gate_mean'), rows, r'gate $\sigma(\lambda_h)$ (1 = positional)',
+          '.2f', 'viridis', 0.0, 1.0)
+    _heat(axes[1], _matrix(layers, 'span', 'span_mean'), rows, r'span $1/\alpha_h$', '.2g', 'magma', log=True)
+    if has_nl:
+        _heat(axes[2], _matrix(layers, 'nonlocality', 'nonlocality_mean'), rows,
+              f'nonlocality (eq. 8, {summary.get("num_images", "?")} images)', '.2f', 'cividis')
+    for ax in axes[1:]:
+        ax.set_yticks([])
+    fig.suptitle('GPSA heads per layer', fontsize=11)
+    return save_figure(fig, path)
+
+
+# ---------------------------------------------------------------------- attention maps (Fig. 5)
+
+
+def plot_attention(
+        maps: Mapping[str, AttentionMaps],
+        image: torch.Tensor,
+        path: str,
+        index: int = 0,
+        parts: Sequence[str] = ATTENTION_PARTS,
+        title: Optional[str] = None,
+) -> str:
+    """Attention maps of every head of every GPSA layer for one query, laid out like seed 001 Fig. 5.
+
+    One row per (part, layer), one column per head, the input image with the query pixel on the left. Each panel
+    shows the head's attention over the layer's input grid (padding tokens cropped) with the query cell boxed, and
+    the gate sigmoid(lambda_h) in red.
+
+    Args:
+        maps: ``tcnn.analysis.attention_maps`` output.
+        image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.analysis.denormalize``).
+        path: Output image path.
+        index: Which image of the batch the maps belong to.
+        parts: Attention parts to show, rows in this order.
+        title: Figure title.
+    """
+    if not maps:
+        raise TcnnError('no attention maps to plot')
+    layers = list(maps.values())
+    n_heads = max(m.gate.numel() for m in layers)
+    rows = [(part, m) for part in parts for m in layers]
+    # square panels of `cell` inches: size the figure from the grid so that no space is left over
+    cell, wspace, hspace, top = 1.1, 0.06, 0.12, 0.5
+    width = cell * (n_heads + 1.6) * (1 + wspace)
+    height = cell * len(rows) * (1 + hspace) + top
+    fig = Figure(figsize=(width, height))
+    grid = fig.add_gridspec(len(rows), n_heads + 1, width_ratios=[1.6] + [1] * n_heads, wspace=wspace,
+                            hspace=hspace, left=0.0, right=1.0, bottom=0.0, top=1 - top / height)
+
+    ax = fig.add_subplot(grid[0:min(2, len(rows)), 0])
+    ax.set_anchor('N')
+    img = image.detach().float().cpu().permute(1, 2, 0).numpy()
+    ax.imshow(img)
+    first = layers[0]
+    h_img, w_img = img.shape[:2]
+    # the query cell of the first layer, in image pixels
+    cy, cx = h_img / first.out_size[0], w_img / first.out_size[1]
+    ax.add_patch(Rectangle((first.query[1] * cx, first.query[0] * cy), cx, cy, fill=False, ec='red', lw=1.5))
+    ax.set_title('query', fontsize=8)
+    ax.axis('off')
+
+    for r, (part, m) in enumerate(rows):
+        data = m.unpadded(m.part(part, index)).numpy()
+        qy, qx = m.query_key[0] - m.padding[0], m.query_key[1] - m.padding[1]
+        for h in range(n_heads):
+            ax = fig.add_subplot(grid[r, h + 1])
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h >= data.shape[0]:
+                ax.axis('off')
+                continue
+            ax.imshow(data[h], cmap='viridis', interpolation='nearest')
+            ax.add_patch(Rectangle((qx - 0.5, qy - 0.5), 1, 1, fill=False, ec='red', lw=1))
+            ax.text(0.03, 0.97, f'{m.gate[h].item():.2f}', transform=ax.transAxes, ha='left', va='top',
+                    color='red', fontsize=7, fontweight='bold', path_effects=_outline_white())
+            if r == 0:
+                ax.set_title(f'head {h}', fontsize=8)
+            if h == n_heads - 1:  # row label on the right: the left column holds the input image
+                ax.yaxis.set_label_position('right')
+                ax.set_ylabel(f'{_short(m.layer)}\n{PART_TITLES[part]}', fontsize=7, rotation=270, labelpad=18)
+    fig.suptitle(title or r'attention of the query pixel (red: gate $\sigma(\lambda_h)$)', fontsize=10,
+                 y=1 - 0.15 / height)
+    return save_figure(fig, path)
+
+
+def _outline_white():
+    from matplotlib import patheffects
+    return [patheffects.withStroke(linewidth=1.5, foreground='white')]
+
+
+# ---------------------------------------------------------------------- training curves (Fig. 4)
+
+
+def load_metrics(path: str) -> List[Dict[str, Any]]:
+    """Read ``metrics.jsonl`` (a file, or the run directory holding it): one record per epoch, sorted by epoch.
+
+    A resumed run may log an epoch twice: the last record wins. A truncated last line (a run still writing) is
+    skipped; any other malformed line is an error.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, 'metrics.jsonl')
+    if not os.path.isfile(path):
+        raise TcnnError(f'no metrics file at {path} (tcnn train writes RUN_DIR/metrics.jsonl)')
+    with open(path, encoding='utf-8') as f:
+        lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
+    lines = [(n, line) for n, line in lines if line]
+    by_epoch: Dict[int, Dict[str, Any]] = {}
+    for k, (n, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            epoch = int(record['epoch'])
+        except (ValueError, KeyError, TypeError) as e:
+            if k == len(lines) - 1 and k > 0:
+                continue  # the run is writing this line right now
+            raise TcnnError(f'{path}, line {n}: not a metrics record ({type(e).__name__}: {e})') from e
+        by_epoch[epoch] = record
+    if not by_epoch:
+        raise TcnnError(f'{path} holds no epoch yet')
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def _series(records: Sequence[Mapping[str, Any]], key: str) -> Tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for rec in records:
+        v = rec.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            xs.append(rec['epoch'] + 1)
+            ys.append(float(v))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def _head_series(records: Sequence[Mapping[str, Any]], layer: str, key: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Epochs ``(E,)`` and per-head values ``(E, N_h)`` of one layer (epochs without the layer are skipped)."""
+    xs, ys = [], []
+    for rec in records:
+        entry = (rec.get('gpsa') or {}).get(layer)
+        if entry and entry.get(key):
+            xs.append(rec['epoch'] + 1)
+            ys.append(entry[key])
+    return np.asarray(xs), np.asarray(ys, dtype=float)
+
+
+def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title: Optional[str] = None) -> str:
+    """Seed 001 Fig. 4 from per-epoch metrics: A train/val top-1, B span 1/alpha_h, C gate sigmoid(lambda_h).
+
+    In B and C thin lines are heads and thick lines the layer means, one colour per GPSA layer. A run without GPSA
+    layers (the no-SA baseline) gets panel A only.
+
+    Args:
+        records: ``load_metrics`` output (``epoch``, ``train_top1``, ``val_top1``, ``gpsa`` per record).
+        path: Output image path.
+        title: Figure title.
+    """
+    if not records:
+        raise TcnnError('no epochs to plot')
+    layers: List[str] = []
+    for rec in records:
+        for name in rec.get('gpsa') or {}:
+            if name not in layers:
+                layers.append(name)
+    n_panels = 3 if layers else 1
+    fig = Figure(figsize=(4.6 * n_panels, 3.6))
+    axes = fig.subplots(1, n_panels, squeeze=False, sharex=True)[0]
+
+    ax = axes[0]
+    for key, label, style in (('train_top1', 'train', '--'), ('val_top1', 'val', '-'),
+                              ('ema_val_top1', 'val (EMA)', ':')):
+        xs, ys = _series(records, key)
+        if len(xs):
+            ax.plot(xs, ys, style, marker='o' if len(xs) < 20 else None, ms=3, label=label)
+    first = next((r['epoch'] for r in records if r.get('gpsa')), None)
+    if first is not None and first > records[0]['epoch']:  # late reparameterisation (seed 001 Table 3)
+        for panel in axes:
+            panel.axvline(first + 0.5, color='grey', lw=0.8, ls='--')
+        ax.annotate('reparameterised', (first + 0.5, 0.02), xycoords=('data', 'axes fraction'), fontsize=7,
+                    color='grey', rotation=90, ha='right', va='bottom')
+    ax.set_xlabel('epoch')
+    ax.set_ylabel('top-1 (%)')
+    ax.set_title('A: accuracy', fontsize=10)
+    if ax.lines:
+        ax.legend(fontsize=8)
+
+    colors = [f'C{i % 10}' for i in range(len(layers))]
+    head_panels = [(axes[1], 'span', r'B: span $1/\alpha_h$', True),
+                   (axes[2], 'gate', r'C: gate $\sigma(\lambda_h)$', False)] if layers else []
+    for ax, key, label, log in head_panels:
+        for name, color in zip(layers, colors):
+            xs, ys = _head_series(records, name, key)
+            if not len(xs):
+                continue
+            ax.plot(xs, ys, color=color, lw=0.6, alpha=0.45)
+            ax.plot(xs, ys.mean(axis=1), color=color, lw=2.4, label=_short(name))
+        ax.set_xlabel('epoch')
+        ax.set_title(label, fontsize=10)
+        if log:
+            ax.set_yscale('log')
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            lo, hi = ax.get_ylim()
+            if hi / lo < 4:  # spans that barely move: show at least a factor 4, not float noise
+                mid = math.sqrt(lo * hi)
+                ax.set_ylim(mid / 2, mid * 2)
+        else:
+            ax.set_ylim(-0.03, 1.03)
+        ax.legend(fontsize=7)
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return save_figure(fig, path)

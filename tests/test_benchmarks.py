@@ -1,0 +1,208 @@
+"""The benchmark's reference GPSA and SDPA variant compute the conv / our GPSA, and the harness runs end to end."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside tcnn/, outside the installed package
+
+from benchmarks.measure import PeakTensorMemory, interleaved_times, paired_ratio, storage_bytes  # noqa: E402
+from benchmarks.reference_gpsa import ReferenceGPSA, to_reference  # noqa: E402
+from benchmarks.sdpa_gpsa import SdpaGPSA, to_sdpa  # noqa: E402
+from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA  # noqa: E402
+
+
+def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def _asymmetric_conv(c_in: int, c_out: int, stride: int, dilation: int = 1, bias: bool = True) -> nn.Conv2d:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(c_in, c_out, 3, stride, padding=dilation, dilation=dilation, bias=bias)
+    with torch.no_grad():
+        conv.weight[:, :, 0, 2] += 1.0  # an asymmetric filter: a transposed tap order cannot hide
+    return conv
+
+
+def _off_exact(gpsa: GPSA) -> GPSA:
+    """Move a GPSA far from the conv: random q/k, gates and shifted centres (content and positional both matter)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        gpsa.q_weight.normal_(generator=gen)
+        gpsa.k_weight.normal_(generator=gen)
+        gpsa.gating.normal_(generator=gen)
+        gpsa.pos_centers.add_(torch.randn(gpsa.pos_centers.shape, generator=gen) * 0.5)
+        gpsa.v_weight.add_(torch.randn(gpsa.v_weight.shape, generator=gen) * 0.1)
+    return gpsa
+
+
+@pytest.mark.parametrize('stride,size,dilation', [(1, (7, 9), 1), (2, (14, 11), 1), (2, (9, 10), 1), (1, (8, 8), 2),
+                                                  (2, (12, 12), 2)])
+def test_reference_in_exact_configuration_is_the_conv(stride, size, dilation):
+    # Stride 2 is computed by attention at full resolution then subsampling, which is the strided conv.
+    conv = _asymmetric_conv(16, 24, stride, dilation)
+    ref = ReferenceGPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    x = torch.randn(2, 16, *size)
+    expected = F.conv2d(x, conv.weight, conv.bias, stride, dilation, dilation)
+    out = ref(x)
+    assert out.shape == expected.shape
+    assert _rel_err(expected, out) < 1e-5
+
+
+@pytest.mark.parametrize('stride,size', [(1, (7, 6)), (2, (14, 14)), (2, (9, 11))])
+def test_reference_and_sdpa_compute_our_gpsa_away_from_the_conv(stride, size):
+    gpsa = _off_exact(GPSA.from_conv(_asymmetric_conv(18, 12, stride)))
+    x = torch.randn(3, 18, *size)
+    out = gpsa(x)
+    assert _rel_err(F.conv2d(x, gpsa.proj_weight.view(12, 18, 3, 3), gpsa.proj_bias, stride, 1), out) > 0.1
+    ref = ReferenceGPSA.from_gpsa(gpsa)
+    sdpa = SdpaGPSA.from_conv(_asymmetric_conv(18, 12, stride))
+    sdpa.load_state_dict(gpsa.state_dict())
+    assert _rel_err(out, ref(x)) < 1e-5
+    assert _rel_err(out, sdpa(x)) < 1e-5
+
+
+def test_reference_avgpool_is_botnet_and_not_the_conv():
+    conv = _asymmetric_conv(8, 8, 2)
+    x = torch.randn(2, 8, 10, 10)
+    out = ReferenceGPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING, downsample='avgpool')(x)
+    stride1 = F.conv2d(x, conv.weight, conv.bias, 1, 1)
+    torch.testing.assert_close(out, F.avg_pool2d(stride1, 2), rtol=1e-5, atol=1e-5)
+    assert _rel_err(conv(x), out) > 0.1
+
+
+def test_reference_rejects_what_it_cannot_compute():
+    with pytest.raises(ValueError, match='zero padding'):
+        ReferenceGPSA.from_conv(nn.Conv2d(4, 4, 3, padding=1, padding_mode='reflect'))
+    with pytest.raises(ValueError, match='downsample'):
+        ReferenceGPSA(4, 4, downsample='maxpool')
+
+
+def test_whole_model_designs_keep_the_function():
+    import tcnn
+    from benchmarks.suites import _create_cnn
+    cnn = _create_cnn('resnet18d', seed=0).eval()  # random BN: the last stage matters for the logits
+    t_cnn = tcnn.reparameterize(cnn, verify=False).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        out = t_cnn(x)
+        assert _rel_err(cnn(x), out) > 1e-3  # the paper init: the GPSA layers are not the convs
+        for model, cls in ((to_reference(tcnn.reparameterize(cnn, verify=False)), ReferenceGPSA),
+                           (to_sdpa(tcnn.reparameterize(cnn, verify=False)), SdpaGPSA)):
+            assert sum(isinstance(m, cls) for m in model.modules()) == 4
+            assert not any(type(m) is GPSA for m in model.modules())
+            model.load_state_dict(t_cnn.state_dict())  # same names and shapes; q/k were drawn anew
+            assert _rel_err(out, model.eval()(x)) < 1e-5
+
+
+def test_peak_tensor_memory_counts_live_storages():
+    with PeakTensorMemory() as tracker:
+        a = torch.ones(1000)  # 4000 bytes
+        b = a * 2  # +4000, peak 8000
+        del a  # -4000
+        c = b.view(10, 100)  # a view: no new memory
+        d = torch.ones(250)  # +1000: current 5000
+        b.add_(1)  # in place: no new memory
+    assert tracker.peak == 8000
+    assert tracker.current == 5000
+    del b, c, d
+    assert tracker.current == 0
+    w = torch.ones(10)
+    assert storage_bytes([w, w[2:], w.view(2, 5), None]) == 40
+
+
+def test_peak_tensor_memory_sees_backward_and_optimizer():
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with PeakTensorMemory() as first:
+        step()  # creates gradients and AdamW's two moment buffers per parameter
+    params = storage_bytes(model.parameters())
+    assert first.peak >= 3 * params  # grads + exp_avg + exp_avg_sq alive at once
+    with torch.no_grad(), PeakTensorMemory() as inference:
+        model(x)
+    assert inference.peak < first.peak
+
+
+def test_interleaved_timing_and_ratio():
+    calls = []
+    fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    times = interleaved_times(fns, torch.device('cpu'), warmup=1, repeats=4, iters=2)
+    assert {k: len(v) for k, v in times.items()} == {'a': 4, 'b': 4}
+    assert calls[:2] == ['a', 'b']  # warm-up
+    assert calls[2:] == ['a'] * 2 + ['b'] * 2 + ['b'] * 2 + ['a'] * 2 + ['a'] * 2 + ['b'] * 2 + ['b'] * 2 + ['a'] * 2
+    assert paired_ratio([2.0, 4.0, 6.0], [1.0, 1.0, 3.0]) == 2.0
+
+
+def test_cpu_timer_needs_one_thread():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match='one CPU thread'):
+            interleaved_times({'a': lambda: None}, torch.device('cpu'), timer='cpu')
+        torch.set_num_threads(1)
+        times = interleaved_times({'a': lambda: sum(range(10000))}, torch.device('cpu'), repeats=2, timer='cpu')
+        assert all(t > 0 for t in times['a'])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_smoke_run_writes_results_and_readme(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE='1')
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'run.py'), '--smoke', '--out', str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(tmp_path.glob('cpu-*.json'))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    for key in ('machine', 'settings', 'models', 'layers', 'conversion', 'goals', 'profiles', 'paper'):
+        assert key in res, key
+    assert res['machine']['torch'] == torch.__version__ and res['machine']['torch_threads'] >= 1
+    (row,) = res['models']
+    assert row['model'] == 'resnet18d' and row['size'] == 64
+    assert set(row['inference']) == {'cnn', 'tcnn', 'tcnn_sdpa', 'tcnn_reference'}
+    for mode in ('inference', 'train'):
+        assert all(v['img_s'] > 0 for v in row[mode].values())
+        assert set(row[mode + '_ratio']) == {'tcnn', 'tcnn_sdpa', 'tcnn_reference'}
+    assert row['params']['tcnn'] > row['params']['cnn']
+    assert row['gflops']['tcnn'] > row['gflops']['cnn'] > 0
+    assert row['memory']['tcnn']['train']['peak_bytes'] > row['memory']['tcnn']['inference']['peak_bytes'] > 0
+    assert {(r['grid'], r['stride']) for r in res['layers']} == {(4, 1), (4, 2)}
+    for r in res['layers']:
+        assert set(r['fwd']) == {'conv', 'gpsa', 'gpsa_sdpa', 'reference'}
+        assert r['gflops']['reference'] > r['gflops']['gpsa']  # the reference attends at full resolution
+    (conv,) = res['conversion']
+    assert 0 < conv['seconds']['no_verify'] < conv['seconds']['verify'] and conv['max_rel_err'] < 1e-4
+    names = {g['goal'] for g in res['goals']}
+    assert {'inference img/s T-CNN / CNN', 'training step img/s T-CNN / CNN', 'peak training memory T-CNN / CNN',
+            'forward FLOPs T-CNN / CNN', 'GPSA speed vs reference (forward)'} <= names
+    assert all(isinstance(g['passed'], bool) for g in res['goals'])
+    missed_speed = [g for g in res['goals'] if not g['passed'] and 'img/s' in g['goal']]
+    assert len(res['profiles']) == len(missed_speed)
+    readme = (tmp_path / 'README.md').read_text()
+    assert 'resnet18d' in readme and '| goal |' in readme and res['machine']['cpu'] in readme
+
+
+def test_cli_rejects_bad_arguments(tmp_path):
+    from benchmarks import run
+    with pytest.raises(SystemExit):
+        run.main(['--smoke', '--models', 'not_a_model', '--out', str(tmp_path)])
+    with pytest.raises(SystemExit):
+        run.main(['--smoke', '--timer', 'cpu', '--threads', '2', '--out', str(tmp_path)])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            run.main(['--smoke', '--device', 'cuda', '--out', str(tmp_path)])
+    assert not list(tmp_path.iterdir())

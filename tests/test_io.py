@@ -1,0 +1,242 @@
+"""tcnn.io: the T-CNN file format (save / load / model_to_dict / model_from_dict / read)."""
+import argparse
+import copy
+import json
+import os
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import tcnn
+from tcnn import io as tio
+from tcnn.errors import TcnnError
+from tcnn.hub import create_cnn
+
+
+def _x(size: int = 64, chans: int = 3) -> torch.Tensor:
+    return torch.randn(2, chans, size, size, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope='module')
+def t_model() -> nn.Module:
+    """A converted resnet18d with non-default settings whose GPSA parameters moved away from their init."""
+    torch.manual_seed(0)
+    cnn = create_cnn('resnet18d', pretrained=False, num_classes=10, zero_init_last=False, drop_path_rate=0.05)
+    model = tcnn.reparameterize(cnn, stages=[3, 4], qk_dim=16, gating_init=0.5, verify=False).eval()
+    with torch.no_grad():  # as after fine-tuning: per-head gates, moved centres, other localities
+        for _, layer in tcnn.gpsa_layers(model):
+            layer.gating.uniform_(-2, 2)
+            layer.pos_centers.add_(0.3 * torch.randn_like(layer.pos_centers))
+            layer.pos_locality.uniform_(0.2, 3)
+    return model
+
+
+def _plain_types(value, path='') -> None:
+    """Everything outside the state_dict is JSON-compatible Python."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert isinstance(k, str), path
+            _plain_types(v, f'{path}.{k}')
+    elif isinstance(value, list):
+        for v in value:
+            _plain_types(v, path)
+    else:
+        assert value is None or isinstance(value, (bool, int, float, str)), (path, type(value))
+
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_round_trip_identical_outputs(t_model, tmp_path, ext):
+    path = str(tmp_path / f'model{ext}')
+    assert tcnn.save(t_model, path) == path
+    loaded = tcnn.load(path)
+    assert not loaded.training
+    with torch.no_grad():
+        assert torch.equal(loaded(_x()), t_model(_x()))
+    assert [(n, m.qk_dim) for n, m in tcnn.gpsa_layers(loaded)] == [(n, 16) for n, _ in tcnn.gpsa_layers(t_model)]
+    assert loaded.tcnn_config == t_model.tcnn_config
+    assert tcnn.gpsa_summary(loaded) == tcnn.gpsa_summary(t_model)
+    # timm's tooling on the loaded model sees the saved data config
+    assert timm.data.resolve_data_config(model=loaded) == timm.data.resolve_data_config(model=t_model)
+    assert os.listdir(tmp_path) == [f'model{ext}']  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # not the 0600 of the temporary file
+
+
+def test_pt_file_is_a_plain_dict(t_model, tmp_path):
+    path = tmp_path / 'model.pt'
+    tcnn.save(t_model, str(path))
+    d = torch.load(path, weights_only=True)
+    state_dict = d.pop('state_dict')
+    assert d['format'] == 'tcnn' and d['version'] == tio.FORMAT_VERSION == 1
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05}}
+    assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 16
+    assert d['conversion']['gating_init'] == 0.5 and d['num_classes'] == 10
+    assert d['data_config']['input_size'] == [3, 224, 224] and len(d['data_config']['mean']) == 3
+    _plain_types(d)
+    json.dumps(d)
+    assert set(state_dict) == set(t_model.state_dict())
+    assert all(isinstance(v, torch.Tensor) for v in state_dict.values())
+
+
+def test_safetensors_holds_the_same_settings(t_model, tmp_path):
+    tcnn.save(t_model, str(tmp_path / 'model.pt'))
+    tcnn.save(t_model, str(tmp_path / 'model.safetensors'))
+    d = torch.load(tmp_path / 'model.pt', weights_only=True)
+    with safe_open(str(tmp_path / 'model.safetensors'), framework='pt') as f:
+        settings = json.loads(f.metadata()['tcnn'])
+        assert set(f.keys()) == set(d['state_dict'])
+    assert settings == {k: v for k, v in d.items() if k != 'state_dict'}
+
+
+def test_model_from_dict_is_the_inverse(t_model):
+    d = tio.model_to_dict(t_model, data_config={'input_size': (3, 160, 160), 'crop_pct': 1.0})
+    model = tio.model_from_dict(d)
+    with torch.no_grad():
+        assert torch.equal(model(_x()), t_model(_x()))
+    assert model.pretrained_cfg['input_size'] == (3, 160, 160) and model.pretrained_cfg['crop_pct'] == 1.0
+    assert tio.model_to_dict(nn.DataParallel(t_model))['source'] == d['source']  # wrappers are unwrapped
+
+
+def test_plain_cnn_round_trip(tmp_path):
+    """The no-SA baseline (an unconverted CNN) is saved and loaded the same way."""
+    torch.manual_seed(0)
+    cnn = create_cnn('resnet18d', pretrained=False, num_classes=4).eval()
+    path = str(tmp_path / 'cnn.pt')
+    tcnn.save(cnn, path)
+    assert torch.load(path, weights_only=True)['conversion'] is None
+    loaded = tcnn.load(path)
+    assert not tcnn.gpsa_layers(loaded)
+    with torch.no_grad():
+        assert torch.equal(loaded(_x()), cnn(_x()))
+
+
+def test_registry_and_timm_models_round_trip(tmp_path):
+    """t_* models record their source; plain timm models are described by timm's own records."""
+    torch.manual_seed(0)
+    registry = timm.create_model('t_resnet18d.ra4_e3600_r224_in1k', num_classes=3, drop_path_rate=0.1).eval()
+    timm_model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5, drop_rate=0.2), verify=False)
+    for name, model in (('registry', registry), ('timm', timm_model.eval())):
+        path = str(tmp_path / f'{name}.safetensors')
+        tcnn.save(model, path)
+        loaded = tcnn.load(path)
+        with torch.no_grad():
+            assert torch.equal(loaded(_x()), model(_x()))
+        assert loaded.num_classes == model.num_classes
+    assert tio.read(str(tmp_path / 'registry.safetensors'))['source'] == \
+        {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}}
+    default_tag = timm.models.get_pretrained_cfg('resnet18d').tag
+    assert tio.read(str(tmp_path / 'timm.safetensors'))['source'] == {'model': f'resnet18d.{default_tag}',
+                                                                      'kwargs': {'drop_rate': 0.2}}
+
+
+def test_torchvision_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = tcnn.reparameterize(create_cnn('torchvision:resnet18', pretrained=False, num_classes=5),
+                                verify=False).eval()
+    path = str(tmp_path / 'tv.pt')
+    tcnn.save(model, path)
+    d = tio.read(path)
+    assert d['source']['model'] == 'torchvision:resnet18'
+    # the eval transform of torchvision's weights (bilinear), not timm's generic default (bicubic)
+    assert d['data_config']['interpolation'] == 'bilinear' and d['data_config']['input_size'] == [3, 224, 224]
+    loaded = tcnn.load(path)
+    assert type(loaded).__module__.startswith('torchvision')
+    with torch.no_grad():
+        assert torch.equal(loaded(_x()), model(_x()))
+
+
+def test_training_checkpoint(t_model, tmp_path):
+    """OUTPUT/last.pt of tcnn train: the model is under 'model_file'."""
+    path = tmp_path / 'last.pt'
+    torch.save({'model_file': tio.model_to_dict(t_model), 'ema': None, 'optimizer': {'state': {}}, 'scheduler': {},
+                'scaler': None, 'epoch': 4, 'rng': {}, 'config': {'lr': 1e-4}, 'best_top1': 51.5}, path)
+    loaded = tcnn.load(str(path))
+    with torch.no_grad():
+        assert torch.equal(loaded(_x()), t_model(_x()))
+    assert tio.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
+
+
+def test_atomic_save_leaves_no_partial_file(t_model, tmp_path, monkeypatch):
+    path = tmp_path / 'model.pt'
+    path.write_bytes(b'previous file')
+
+    def failing_save(obj, f, *args, **kwargs):
+        with open(f, 'wb') as fh:
+            fh.write(b'partial')
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(torch, 'save', failing_save)
+    with pytest.raises(TcnnError, match='No space left'):
+        tcnn.save(t_model, str(path))
+    assert path.read_bytes() == b'previous file' and os.listdir(tmp_path) == ['model.pt']
+    with pytest.raises(TcnnError, match='No space left'):
+        tcnn.save(t_model, str(tmp_path / 'new.pt'))
+    assert os.listdir(tmp_path) == ['model.pt']
+
+
+def test_save_rejects_what_it_cannot_store(t_model, tmp_path):
+    with pytest.raises(TcnnError, match=r'\.safetensors'):
+        tcnn.save(t_model, str(tmp_path / 'model.bin'))
+    weird = copy.deepcopy(t_model)
+    weird.tcnn_source = dict(weird.tcnn_source, kwargs={'act_layer': nn.ReLU})
+    with pytest.raises(TcnnError, match='act_layer'):
+        tcnn.save(weird, str(tmp_path / 'weird.pt'))
+    with pytest.raises(TcnnError, match='features_only'):
+        tcnn.save(timm.create_model('t_resnet18d', features_only=True), str(tmp_path / 'features.pt'))
+    assert os.listdir(tmp_path) == []
+
+
+def _write(path, kind: str, t_model: nn.Module) -> str:
+    """Files that are not loadable T-CNN files."""
+    good = tio.model_to_dict(t_model)
+    if kind == 'junk':
+        path.write_bytes(os.urandom(4096))
+    elif kind == 'empty':
+        path.write_bytes(b'')
+    elif kind in ('truncated', 'truncated_safetensors'):
+        full = path.with_name('full' + path.suffix)
+        tcnn.save(t_model, str(full))
+        path.write_bytes(full.read_bytes()[:full.stat().st_size // 2])
+    elif kind == 'state_dict':
+        torch.save(good['state_dict'], path)
+    elif kind == 'state_dict_safetensors':
+        save_file({k: v.contiguous() for k, v in good['state_dict'].items()}, str(path))
+    elif kind == 'pickled_object':
+        torch.save({'args': argparse.Namespace(lr=0.1), 'state_dict': good['state_dict']}, path)
+    elif kind == 'other_format':
+        torch.save(dict(good, format='something-else'), path)
+    elif kind == 'future_version':
+        torch.save(dict(good, version=tio.FORMAT_VERSION + 1), path)
+    elif kind == 'missing_weight':
+        torch.save(dict(good, state_dict={k: v for k, v in list(good['state_dict'].items())[1:]}), path)
+    return str(path)
+
+
+@pytest.mark.parametrize('kind, suffix, message', [
+    ('junk', '.pt', 'not a T-CNN file'),
+    ('empty', '.pt', 'not a T-CNN file'),
+    ('truncated', '.pt', 'truncated or corrupt'),
+    ('truncated_safetensors', '.safetensors', 'truncated or corrupt'),
+    ('state_dict', '.pt', 'plain state_dict.*tcnn convert'),
+    ('state_dict_safetensors', '.safetensors', 'without T-CNN settings.*tcnn convert'),
+    ('pickled_object', '.pt', 'pickled Python objects'),
+    ('other_format', '.pt', "not a T-CNN file \\(format 'something-else'"),
+    ('future_version', '.pt', 'format version 2.*upgrade tcnn'),
+    ('missing_weight', '.pt', 'missing 1'),
+])
+def test_load_rejects_bad_files_clearly(t_model, tmp_path, kind, suffix, message):
+    path = _write(tmp_path / f'bad{suffix}', kind, t_model)
+    with pytest.raises(TcnnError, match=message):
+        tcnn.load(path)
+
+
+def test_load_missing_path_and_folder(tmp_path):
+    with pytest.raises(TcnnError, match='not found'):
+        tcnn.load(str(tmp_path / 'nope.pt'))
+    with pytest.raises(TcnnError, match='folder'):
+        tcnn.load(str(tmp_path))

@@ -1,0 +1,378 @@
+"""``t_*`` models in timm's registry, checked the way timm's own suite (``tests/test_models.py`` of timm's sdist)
+checks its models: forward/backward, default-cfg consistency, features_only, forward_intermediates, grad
+checkpointing, TorchScript, FX; plus what is ours: pretrained conversion, converted files, no_weight_decay.
+
+Inputs are 96-128 px, so the last (GPSA) stage sees 3x3 and 4x4 grids.
+"""
+import copy
+import math
+import time
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+from timm.models import get_notrace_functions, get_notrace_modules
+from timm.optim import create_optimizer_v2
+
+import tcnn
+import tcnn.hub
+from tcnn import GPSA, exact_configuration, gpsa_layers
+from tcnn.errors import TcnnError
+from tcnn.models import SOURCE_MODELS, TransformedResNet
+
+REQUIRED = ['t_resnet18d', 't_resnet26d', 't_resnet50d', 't_resnet101d', 't_resnet152d', 't_resnet200d',
+            't_resnetrs50', 't_resnetrs101', 't_resnetrs152', 't_resnetrs200', 't_resnetrs270', 't_resnetrs350',
+            't_resnetrs420']
+# BasicBlock, Bottleneck, SE + conv stem pool (RS), grouped 3x3 (ResNeXt)
+SMALL = ['t_resnet18d', 't_resnet50d', 't_resnetrs50', 't_seresnext26d_32x4d']
+DATA_KEYS = ('input_size', 'test_input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'test_crop_pct',
+             'crop_mode', 'num_classes', 'pool_size', 'first_conv', 'classifier')
+
+
+def _x(batch: int = 1, size: int = 128, chans: int = 3) -> torch.Tensor:
+    return torch.randn(batch, chans, size, size, generator=torch.Generator().manual_seed(0))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def test_required_models_registered_under_their_own_names():
+    registered = set(timm.list_models('t_*'))
+    assert set(REQUIRED) <= registered
+    for name in REQUIRED:
+        assert timm.is_model(name)
+        assert timm.models.model_entrypoint(name).__name__ == name
+    # one per ResNet of timm's resnet module (ResNet-D/-RS/-T, SE, ECA, ResNeXt, wide, blur/aa), nothing else
+    assert registered == {f't_{s}' for s in SOURCE_MODELS} and len(registered) >= 70
+    assert {'t_seresnext26d_32x4d', 't_wide_resnet50_2', 't_resnet50', 't_ecaresnet50d'} <= registered
+
+
+@pytest.mark.parametrize('name', REQUIRED)
+def test_pretrained_cfg_inherits_source(name):
+    source = name[2:]
+    for tagged, src_cfg in timm.models.get_arch_pretrained_cfgs(source).items():
+        cfg = timm.models.get_pretrained_cfg('t_' + tagged)
+        assert cfg.architecture == name and cfg.tag == src_cfg.tag
+        for key in DATA_KEYS:
+            assert getattr(cfg, key) == getattr(src_cfg, key), (tagged, key)
+        assert not cfg.has_weights  # nothing to download: pretrained=True converts the source's weights
+    assert timm.models.get_pretrained_cfg(name).tag == timm.models.get_pretrained_cfg(source).tag
+    assert sorted(timm.list_models(name, include_tags=True)) == \
+        sorted('t_' + n for n in timm.list_models(source, include_tags=True))
+
+
+def test_no_class_named_tresnet():
+    assert TransformedResNet.__name__ != 'TResNet'
+    assert issubclass(TransformedResNet, timm.models.resnet.ResNet)
+
+
+# ---------------------------------------------------------------------------------------------- timm's checks
+
+
+@pytest.mark.parametrize('name', REQUIRED)
+def test_required_models_build(name):
+    """Every required t_* model builds (on the meta device: no memory, no init) with GPSA layers in its last stage,
+    and its unpooled features match the pool size of its pretrained config."""
+    with torch.device('meta'):
+        model = timm.create_model(name, device='meta').eval()
+    assert isinstance(model, TransformedResNet)
+    assert [n.split('.')[0] for n, _ in gpsa_layers(model)] == ['layer4'] * len(gpsa_layers(model)) != []
+    cfg = model.pretrained_cfg
+    features = model.forward_features(torch.randn(1, *cfg['input_size'], device='meta'))
+    assert features.shape[1:] == (model.num_features, *cfg['pool_size'])
+
+
+@pytest.mark.parametrize('name', SMALL)
+def test_model_default_cfgs(name):
+    """timm's test_model_default_cfgs (on the meta device, at the default input size)."""
+    with torch.device('meta'):
+        model = timm.create_model(name, device='meta', dtype=torch.float32).eval()
+    cfg, state_dict = model.pretrained_cfg, model.state_dict()
+    assert model.in_chans == cfg['input_size'][0] and model.num_classes == cfg['num_classes']
+    x = torch.randn(1, *cfg['input_size'], device='meta')
+    features = model.forward_features(x)
+    pre = model.forward_head(features, pre_logits=True)
+    assert features.shape[1:] == (model.num_features, *cfg['pool_size'])
+    assert pre.shape[1] == model.head_hidden_size
+    model.reset_classifier(0)
+    assert model.num_classes == 0 and model(x).shape == pre.shape
+    model.reset_classifier(0, '')
+    assert model(x).shape[-2:] == tuple(cfg['pool_size'])
+    for kwargs, shape in ((dict(num_classes=0), pre.shape), (dict(num_classes=0, global_pool=''), features.shape)):
+        assert timm.create_model(name, device='meta', **kwargs)(x).shape == shape
+    assert cfg['classifier'] + '.weight' in state_dict and cfg['first_conv'] + '.weight' in state_dict
+    assert all(t.device.type == 'meta' for t in state_dict.values())  # factory device honoured (GPSA too)
+    with pytest.raises(TypeError):
+        timm.create_model(name, device='meta', not_a_model_arg=1)
+    # timm's _assert_dtype_change_after_forward
+    model.to(torch.bfloat16)
+    assert model(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
+def test_model_api_contract(name):
+    """timm's _assert_model_api_contract and the optimizer factory's use of no_weight_decay()."""
+    model = timm.create_model(name, num_classes=10)
+    names = {n for n, _ in model.named_parameters()}
+    nwd = model.no_weight_decay()
+    expected = {f'{layer}.{p}' for layer, _ in gpsa_layers(model) for p in ('pos_centers', 'pos_locality', 'gating')}
+    assert nwd == expected and nwd <= names
+    groups = timm.models.group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    assert len(set(groups.values())) > 1
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05)
+    params = {id(p): n for n, p in model.named_parameters()}
+    no_decay = {params[id(p)] for g in optimizer.param_groups if g['weight_decay'] == 0 for p in g['params']}
+    decay = {params[id(p)] for g in optimizer.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    assert nwd <= no_decay  # pos_centers is 2-D: only no_weight_decay() keeps it out of the decayed group
+    assert any(n.endswith('q_weight') for n in decay) and any(n.endswith('proj_weight') for n in decay)
+
+
+_MODELS = {}
+
+
+def _model(name: str) -> nn.Module:
+    """A fresh copy of a shared eval-mode model (creation dominates these tests' runtime)."""
+    if name not in _MODELS:
+        torch.manual_seed(0)
+        _MODELS[name] = timm.create_model(name, zero_init_last=False).eval()
+    return copy.deepcopy(_MODELS[name])
+
+
+@pytest.mark.parametrize('name', SMALL)
+def test_model_forward(name):
+    """timm's test_model_forward at 96 and 128 px (3x3 and 4x4 GPSA grids; 160-px RS-50 sees 5x5 by default),
+    plus: grad checkpointing leaves the output unchanged."""
+    model = _model(name)
+    with torch.no_grad():
+        for size in (96, 128):
+            x = _x(1, size)
+            model.set_grad_checkpointing(False)
+            out = model(x)
+            assert out.shape == (1, 1000) and not torch.isnan(out).any()
+            model.set_grad_checkpointing()
+            torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_seresnext26d_32x4d'])
+def test_model_backward(name):
+    """timm's test_model_backward: every parameter (GPSA q/k/v, centres, locality, gating too) gets a gradient."""
+    model = timm.create_model(name, num_classes=42).train()
+    out = model(_x(2, 96))
+    out.mean().backward()
+    assert out.shape == (2, 42) and not torch.isnan(out).any()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+
+
+def test_timm_kwargs():
+    """num_classes, drop_path_rate, in_chans, global_pool and our conversion kwargs reach the model."""
+    model = timm.create_model('t_resnet18d', num_classes=7, drop_path_rate=0.1, in_chans=1, global_pool='catavgmax',
+                              stages=[3, 4], qk_dim=8, locality_strength=2.0, gating_init=-1.0)
+    assert model.num_classes == 7 and model.head_hidden_size == 2 * model.num_features
+    assert [m.drop_prob for m in model.modules() if type(m).__name__ == 'DropPath'][-1] == pytest.approx(0.1)
+    layers = gpsa_layers(model)
+    assert {n.split('.')[0] for n, _ in layers} == {'layer3', 'layer4'}
+    assert all(layer.qk_dim == 8 for _, layer in layers)
+    layer = layers[0][1]
+    torch.testing.assert_close(layer.locality_strength(), torch.full((9,), 2.0))
+    torch.testing.assert_close(layer.gate(), torch.sigmoid(torch.full((9,), -1.0)))
+    assert model.tcnn_config['stages'] == ['layer3', 'layer4']
+    assert model.eval()(_x(2, 96, chans=1)).shape == (2, 7)
+
+
+def test_features_only():
+    """timm's test_model_forward_features (+ out_indices and the getter wrapper)."""
+    name, size = 't_resnet50d', 96
+    model = timm.create_model(name, features_only=True).eval()
+    channels, reductions = model.feature_info.channels(), model.feature_info.reduction()
+    assert len(channels) == 5 and reductions == [2, 4, 8, 16, 32]
+    with torch.no_grad():
+        outputs = model(_x(1, size))
+    assert len(outputs) == len(channels)
+    for c, r, o in zip(channels, reductions, outputs):
+        assert o.shape[1] == c and size / (2 * r) < o.shape[-1] <= math.ceil(size / r) + 1
+        assert not torch.isnan(o).any()
+    assert isinstance(dict(model.named_modules())['layer4.0.conv2'], GPSA)
+    picked = timm.create_model('t_resnet18d', features_only=True, out_indices=(3, 4))
+    assert picked.feature_info.channels() == [256, 512] and len(gpsa_layers(picked)) == 4
+    getter = timm.create_model('t_resnet18d', features_only=True, feature_cls='getter').eval()
+    with torch.no_grad():
+        assert [o.shape[-1] for o in getter(_x(1, size))] == [48, 24, 12, 6, 3]
+
+
+def test_features_only_grad_checkpointing_backward():
+    """timm's test_features_only_grad_checkpointing_backward."""
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = timm.create_model('t_resnet18d', features_only=True).train()
+        model.set_grad_checkpointing(checkpointing)
+        sum(f.pow(2).mean() for f in model(_x(2, 64))).backward()
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) == len(list(model.parameters()))
+    for g0, g1 in zip(*grads):
+        torch.testing.assert_close(g1, g0)
+
+
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
+def test_forward_intermediates(name):
+    """timm's test_model_forward_intermediates (+ pruning the GPSA stage away)."""
+    model = _model(name)
+    info = timm.models.FeatureInfo(model.feature_info, len(model.feature_info))
+    x = _x(1, 96)
+    with torch.no_grad():
+        final, intermediates = model.forward_intermediates(x)
+        assert [o.shape[1] for o in intermediates] == info.channels()
+        for r, o in zip(info.reduction(), intermediates):
+            assert o.shape[-1] <= math.ceil(96 / r) + 1
+        torch.testing.assert_close(final, model.forward_features(x), rtol=1e-5, atol=1e-8)
+        model.set_grad_checkpointing()
+        torch.testing.assert_close(model.forward_intermediates(x)[0], final, rtol=1e-4, atol=1e-5)
+        # pruning the GPSA stage away leaves a plain CNN trunk with nothing to exempt from weight decay
+        model.prune_intermediate_layers([3])
+        assert not gpsa_layers(model) and model.no_weight_decay() == set()
+
+
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
+def test_torchscript(name):
+    """timm's test_model_forward_torchscript, plus equality with eager."""
+    model = _model(name)
+    scripted = torch.jit.script(model)
+    x = _x(1, 128)
+    with torch.no_grad():
+        out = scripted(x)
+        torch.testing.assert_close(out, model(x))
+    assert out.shape == (1, 1000) and not torch.isnan(out).any()
+
+
+def _fx_model(model: nn.Module) -> nn.Module:
+    """timm's _create_fx_model: torchvision's FX feature extractor with timm's leaf modules / autowrapped fns."""
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+    tracer_kwargs = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions(),
+                         param_shapes_constant=True)
+    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(model, train_return_nodes=[train_nodes[-1]], eval_return_nodes=[eval_nodes[-1]],
+                                    tracer_kwargs=tracer_kwargs)
+
+
+def test_fx_forward_backward_and_features():
+    """timm's test_model_forward_fx / test_model_backward_fx and FX feature extraction (feature_cls='fx')."""
+    model = _model('t_resnet18d')
+    fx_model = _fx_model(model)
+    x = _x(2, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(list(fx_model.eval()(x).values())[0], model(x), rtol=1e-4, atol=1e-5)
+    out = list(fx_model.train()(x).values())[0]
+    out.mean().backward()
+    assert out.shape == (2, 1000)
+    assert all(p.grad is not None for p in fx_model.parameters())
+    graph = timm.create_model('t_resnet18d', features_only=True, feature_cls='fx', out_indices=(3, 4)).eval()
+    with torch.no_grad():
+        feats = graph(_x(1, 96))
+    assert [f.shape[1] for f in feats] == [256, 512] and feats[-1].shape[-1] == 3
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def _source_cnn(name: str = 'resnet18d') -> nn.Module:
+    """A CNN whose residual branches all matter (timm zero-initialises the last BN of each block)."""
+    torch.manual_seed(0)
+    return timm.create_model(name, zero_init_last=False).eval()
+
+
+def test_pretrained_offline_fails_fast(monkeypatch):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setattr(tcnn.hub, '_cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    start = time.perf_counter()
+    with pytest.raises(TcnnError, match='--weights.*--no-pretrained'):
+        timm.create_model('t_resnet18d', pretrained=True)  # offline: asserts the fast failure, downloads nothing
+    assert time.perf_counter() - start < 10
+
+
+def test_pretrained_converts_source_weights(monkeypatch):
+    """pretrained=True loads the source's pretrained weights (stubbed here: no download) and converts them: in the
+    exact configuration the T-CNN is the CNN; a new class count re-initialises the head only."""
+    cnn = _source_cnn()
+    asked = []
+
+    def fake_create_cnn(name, *, pretrained=True, **kwargs):
+        asked.append((name, pretrained, kwargs))
+        return cnn
+
+    monkeypatch.setattr(tcnn.hub, 'create_cnn', fake_create_cnn)
+    model = timm.create_model('t_resnet18d.ra4_e3600_r224_in1k', pretrained=True).eval()
+    assert asked == [('resnet18d.ra4_e3600_r224_in1k', True, {})]
+    assert 'state_dict' not in model.pretrained_cfg and model.pretrained_cfg['tag'] == 'ra4_e3600_r224_in1k'
+    conv = cnn.layer4[1].conv2
+    torch.testing.assert_close(model.layer4[1].conv2.proj_weight, conv.weight.reshape(conv.out_channels, -1))
+    x = _x(2, 96)
+    with torch.no_grad(), exact_configuration(model):
+        torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        assert (model(x) - cnn(x)).abs().max() > 1e-3  # the paper's init (alpha = lambda = 1) is not the CNN
+    head = timm.create_model('t_resnet18d', pretrained=True, num_classes=10)
+    assert head.fc.out_features == 10
+    torch.testing.assert_close(head.layer4[0].conv2.proj_weight, model.layer4[0].conv2.proj_weight)
+    feats = timm.create_model('t_resnet18d', pretrained=True, features_only=True, out_indices=(4,)).eval()
+    with torch.no_grad(), exact_configuration(feats), exact_configuration(model):  # q/k are drawn anew
+        torch.testing.assert_close(feats(x)[0], model.forward_features(x), rtol=1e-4, atol=1e-4)
+
+
+def test_pretrained_cfg_overlay_file_and_checkpoint_path(tmp_path):
+    """A converted file loads through pretrained_cfg_overlay=dict(file=...) (its class count and conversion
+    settings are adopted) and through timm's checkpoint_path."""
+    torch.manual_seed(1)
+    model = timm.create_model('t_resnet18d', num_classes=5, stages=[3, 4], qk_dim=16, gating_init=0.5).eval()
+    x = _x(2, 96)
+    with torch.no_grad():
+        expected = model(x)
+    path, st_path = str(tmp_path / 'model.pt'), str(tmp_path / 'model.safetensors')
+    tcnn.save(model, path)
+    tcnn.save(model, st_path)
+    loaded = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=path)).eval()
+    assert loaded.num_classes == 5 and loaded.tcnn_config['stages'] == ['layer3', 'layer4']
+    via_checkpoint = timm.create_model('t_resnet18d', num_classes=5, stages=[3, 4], qk_dim=16,
+                                       checkpoint_path=st_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(via_checkpoint(x), expected, rtol=0, atol=0)
+    features = timm.create_model('t_resnet18d', pretrained=True, features_only=True,
+                                 pretrained_cfg_overlay=dict(file=st_path)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(features(x)[-1], model.forward_features(x), rtol=0, atol=0)
+    with pytest.raises(TcnnError, match='qk_dim'):
+        timm.create_model('t_resnet18d', pretrained=True, qk_dim=8, pretrained_cfg_overlay=dict(file=path))
+    with pytest.raises(TcnnError, match='t_resnet18d'):
+        timm.create_model('t_resnet26d', pretrained=True, pretrained_cfg_overlay=dict(file=path))
+
+
+def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
+    """A plain checkpoint of the source CNN (wrapped, DDP prefixes) is converted on the fly."""
+    cnn = _source_cnn()
+    path = tmp_path / 'cnn.pth'
+    torch.save({'state_dict': {f'module.{k}': v for k, v in cnn.state_dict().items()}, 'epoch': 3}, path)
+    model = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()
+    x = _x(2, 96)
+    with torch.no_grad(), exact_configuration(model):
+        torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
+    one_channel = timm.create_model('t_resnet18d', pretrained=True, in_chans=1,
+                                    pretrained_cfg_overlay=dict(file=str(path)))
+    assert one_channel.conv1[0].in_channels == 1
+    assert isinstance(one_channel.layer4[0].conv2, GPSA)
+
+
+def test_grouped_source_converts_exactly(monkeypatch):
+    """ResNeXt's grouped 3x3 convs become dense GPSA filters (block diagonal): still the CNN exactly."""
+    cnn = _source_cnn('seresnext26d_32x4d')
+    monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda name, **kwargs: cnn)
+    model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()
+    x = _x(1, 96)
+    with torch.no_grad(), exact_configuration(model):
+        torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
+    conv, proj = cnn.layer4[0].conv2, model.layer4[0].conv2.proj_weight
+    c, group = conv.out_channels, conv.out_channels // conv.groups
+    assert conv.groups == 32 and proj.shape == (c, c * 9)
+    proj = proj.view(c, c, 9)  # block diagonal: the first group's outputs read only the first group's inputs
+    assert proj[:group, group:].abs().max() == 0 and proj[:group, :group].abs().max() > 0

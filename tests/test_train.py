@@ -1,0 +1,445 @@
+"""Tests of ``tcnn train`` (issue 4): recipes, parameter groups and schedule, training, checkpoints, resume,
+torchrun, the no-SA baseline, late reparameterisation and bad input. CPU only, no network: random-init resnet18d on
+a generated 3-class ImageFolder of 64 px shapes."""
+import glob
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+import yaml
+
+import tcnn
+import tcnn.train as tcnn_train
+from tcnn.errors import TcnnError
+from tcnn.optim import create_optimizer, create_scheduler, group_lrs, param_groups
+from tcnn.recipe import RECIPE_KEYS, default_recipe, load_recipe, parse_set, resolve_recipe, scaled_lrs
+
+from imagegen import make_image_folder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(REPO, 'recipes')
+TRAIN_IMAGES, VAL_IMAGES = 24, 12  # 3 classes x 8 / x 4
+METRIC_KEYS = {'epoch', 'lr', 'gating_lr', 'train_loss', 'train_top1', 'val_loss', 'val_top1', 'val_top5',
+               'img_per_s', 'epoch_time_s', 'gpsa'}
+CHECKPOINT_KEYS = {'model_file', 'ema', 'optimizer', 'scheduler', 'scaler', 'epoch', 'rng', 'config', 'best_top1'}
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    # Several intra-op threads on a shared, loaded 2-core CI machine slow these tiny models down 10x or more.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
+                             val_per_class=4, size=64)
+
+
+def common(data_dir, output, epochs=2):
+    # lr 1e-3 without batch scaling so that a few updates change the weights visibly; gating lr stays 1000x
+    return ['--data', data_dir, '--output', str(output), '--model', 'resnet18d', '--no-pretrained',
+            '--epochs', str(epochs), '--batch-size', '4', '--img-size', '64', '--workers', '0', '--no-progress',
+            '--lr', '1e-3', '--gating-lr', '1.0', '--set', f'warmup_epochs={min(epochs - 1, 1)}',
+            '--set', 'scale_lr=false']
+
+
+def metrics(output):
+    with open(os.path.join(output, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def load(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+class _InterruptingLoader:
+    """Yields ``after`` batches of a loader, then raises KeyboardInterrupt (a Ctrl-C in the middle of an epoch)."""
+
+    def __init__(self, loader, after):
+        self.loader, self.after = loader, after
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == self.after:
+                raise KeyboardInterrupt
+            yield batch
+
+
+def interrupt_in_epoch(monkeypatch, epoch, after=2):
+    original = tcnn_train.train_one_epoch
+
+    def patched(model, loader, *args, **kwargs):
+        if kwargs['epoch'] == epoch:
+            loader = _InterruptingLoader(loader, after)
+        return original(model, loader, *args, **kwargs)
+
+    monkeypatch.setattr(tcnn_train, 'train_one_epoch', patched)
+
+
+def assert_same_weights(ckpt_a, ckpt_b):
+    sd_a, sd_b = ckpt_a['model_file']['state_dict'], ckpt_b['model_file']['state_dict']
+    assert sd_a.keys() == sd_b.keys()
+    for k in sd_a:
+        assert torch.equal(sd_a[k], sd_b[k]), k
+
+
+def same_numbers(rows_a, rows_b, keys=('train_loss', 'val_loss', 'val_top1', 'lr', 'gating_lr')):
+    return [[r[k] for k in keys] for r in rows_a] == [[r[k] for k in keys] for r in rows_b]
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+
+PAPER = {  # recipe: (timm model, fine-tuning resolution, stochastic depth); Tables 1 and 5 of seed 001
+    't_resnet50_rs': ('resnetrs50', 224, 0.1), 't_resnet101_rs': ('resnetrs101', 224, 0.1),
+    't_resnet152_rs': ('resnetrs152', 320, 0.2), 't_resnet200_rs': ('resnetrs200', 320, 0.2),
+    't_resnet270_rs': ('resnetrs270', 320, 0.2), 't_resnet350_rs': ('resnetrs350', 320, 0.2),
+    't_resnet50_d': ('resnet50d', 320, 0.1), 't_resnet101_d': ('resnet101d', 384, 0.1),
+    't_resnet152_d': ('resnet152d', 384, 0.2), 't_resnet200_d': ('resnet200d', 384, 0.2),
+}
+
+
+@pytest.mark.parametrize('name', sorted(PAPER))
+def test_paper_recipes(name):
+    recipe = resolve_recipe(os.path.join(RECIPES, f'{name}.yaml'))
+    model, size, dpr = PAPER[name]
+    assert timm.is_model(recipe['model']) and recipe['model'] == model
+    assert (recipe['img_size'], recipe['drop_path_rate']) == (size, dpr)
+    shared = {'epochs': 50, 'opt': 'adamw', 'lr': 1e-4, 'gating_lr': 0.1, 'lr_base_batch': 1024, 'scale_lr': True,
+              'warmup_epochs': 5, 'sched': 'cosine', 'aa': 'rand-m9-mstd0.5-inc1', 'mixup': 0.8, 'cutmix': 1.0,
+              'reprob': 0.25, 'smoothing': 0.1, 'locality_strength': 1.0, 'gating_init': 1.0, 'no_sa': False}
+    assert {k: recipe[k] for k in shared} == shared
+    assert isinstance(recipe['lr'], float)  # '1.0e-4' in YAML, checked as a float
+
+
+def test_every_recipe_file_is_listed():
+    files = {os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(RECIPES, '*.yaml'))}
+    assert files == set(PAPER) | {'base'}
+
+
+def test_recipe_precedence_and_coercion(tmp_path):
+    path = tmp_path / 'r.yaml'
+    path.write_text(f'base: {os.path.join(RECIPES, "t_resnet50_rs.yaml")}\nlr: 2e-4\nepochs: 7\n')
+    recipe = load_recipe(str(path))
+    assert recipe['lr'] == 2e-4 and recipe['model'] == 'resnetrs50' and recipe['epochs'] == 7  # PyYAML: '2e-4' str
+    resolved = resolve_recipe(str(path), {'lr': 3e-4, 'epochs': 9}, ['lr=5e-4', 'stages=[3, 4]', 'qk_dim=null'])
+    assert resolved['lr'] == 5e-4 and resolved['epochs'] == 9 and resolved['stages'] == [3, 4]
+    assert resolved['gating_lr'] == 0.1 and resolved['qk_dim'] is None
+    assert set(default_recipe()) == set(RECIPE_KEYS)
+
+
+@pytest.mark.parametrize('text, message', [
+    ('lr_warmup: 3\n', "unknown recipe key 'lr_warmup'"),
+    ('warmpu_epochs: 3\n', 'did you mean warmup_epochs'),
+    ('epochs: many\n', "'epochs'"),
+    ('amp: fp8\n', 'must be one of'),
+    ('- a list\n', 'must be a mapping'),
+    ('reparam_epoch: 60\n', 'must be smaller than epochs'),
+    ('epochs: 5\n', 'warmup_epochs 5 must be smaller than epochs 5'),
+    ('no_sa: true\nreparam_epoch: 2\n', 'exclude each other'),
+    ('batch_size: 3\n', 'even batch_size'),
+])
+def test_bad_recipe_files(tmp_path, text, message):
+    path = tmp_path / 'bad.yaml'
+    path.write_text(text)
+    with pytest.raises(TcnnError, match=message):
+        resolve_recipe(str(path))
+
+
+@pytest.mark.parametrize('item, message', [
+    ('lrr=1', "unknown recipe key 'lrr'"), ('epochs', 'KEY=VALUE'), ('epochs=1.5', "'epochs'"),
+    ('pretrained=maybe', "'pretrained'"),
+])
+def test_bad_set_items(item, message):
+    with pytest.raises(TcnnError, match=message):
+        parse_set([item])
+
+
+def test_print_config(capsys):
+    rc = tcnn_train.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
+                          'mixup=0', '--print-config'])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert rc == 0
+    assert printed['model'] == 'resnet152d' and printed['img_size'] == 384 and printed['mixup'] == 0
+    assert float(printed['lr']) == 2e-4 and printed['output'] == os.path.join('runs', 't_resnet152_d')
+
+
+# ------------------------------------------------------------------------------------------------ optimiser
+
+def test_param_groups_and_gating_lr_ratio():
+    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), verify=False)
+    recipe = dict(default_recipe(), epochs=4, warmup_epochs=2)
+    lrs = scaled_lrs(recipe, global_batch=256)
+    assert lrs['factor'] == 0.25 and math.isclose(lrs['lr'], 2.5e-5) and math.isclose(lrs['gating_lr'], 0.025)
+
+    optimizer = create_optimizer(model, recipe, lrs['lr'], lrs['gating_lr'])
+    groups = {g['group_name']: g for g in optimizer.param_groups}
+    names = {id(p): n for n, p in model.named_parameters()}
+    members = {k: {names[id(p)] for p in g['params']} for k, g in groups.items()}
+    assert members['gating'] == {n for n in names.values() if n.endswith('.gating')} and len(members['gating']) == 4
+    assert all(n.endswith(('pos_centers', 'pos_locality')) or model.get_parameter(n).ndim <= 1
+               for n in members['no_decay'])
+    assert {n for n in names.values() if 'pos_' in n} <= members['no_decay']
+    assert 'layer4.0.conv1.q_weight' in members['decay'] and 'fc.weight' in members['decay']
+    assert (groups['decay']['weight_decay'], groups['no_decay']['weight_decay'], groups['gating']['weight_decay']) \
+        == (0.05, 0.0, 0.0)
+    assert sum(len(m) for m in members.values()) == len(names)
+
+    updates_per_epoch = 5
+    scheduler = create_scheduler(optimizer, recipe, updates_per_epoch, lrs['warmup_lr'], lrs['min_lr'])
+    trace = []
+    for step in range(recipe['epochs'] * updates_per_epoch + 1):
+        scheduler.step_update(step)
+        t = group_lrs(optimizer)
+        trace.append(t)
+        # the warm-up and the decay move both learning rates together: 1000x at every update
+        assert math.isclose(t['gating_lr'] / t['lr'], 1000.0, rel_tol=1e-9)
+        assert all(math.isclose(g['lr'], t['lr']) for g in optimizer.param_groups if g['group_name'] != 'gating')
+    base = [t['lr'] for t in trace]
+    peak = recipe['warmup_epochs'] * updates_per_epoch
+    assert math.isclose(base[0], lrs['warmup_lr']) and math.isclose(base[peak], lrs['lr'])
+    assert all(a < b for a, b in zip(base[:peak], base[1:peak + 1]))  # warm-up rises
+    assert all(a > b for a, b in zip(base[peak:-1], base[peak + 1:]))  # cosine decays
+    assert math.isclose(base[-1], lrs['min_lr'])
+
+
+def test_param_groups_of_plain_cnn_have_no_gating():
+    model = timm.create_model('resnet18d', num_classes=3)
+    groups = param_groups(model, 0.05, 1000.0)
+    assert [g['group_name'] for g in groups] == ['decay', 'no_decay']
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+
+def test_train_interrupt_and_exact_resume(data_dir, tmp_path, monkeypatch, capsys):
+    """Two epochs write metrics and checkpoints; Ctrl-C in the third keeps them; --resume finishes the third epoch
+    exactly as an uninterrupted run does."""
+    straight, run = tmp_path / 'straight', tmp_path / 'run'
+    assert tcnn_train.main(common(data_dir, straight, epochs=3)) == 0
+
+    interrupt_in_epoch(monkeypatch, epoch=2)
+    assert tcnn_train.main(common(data_dir, run, epochs=3)) == 130
+    assert 'continue with --resume' in capsys.readouterr().err
+    rows = metrics(run)
+    assert [r['epoch'] for r in rows] == [0, 1]
+    for row in rows:
+        assert METRIC_KEYS <= row.keys()
+        assert math.isclose(row['gating_lr'] / row['lr'], 1000.0, rel_tol=1e-9)
+        assert row['train_images'] == TRAIN_IMAGES and row['val_images'] == VAL_IMAGES
+        assert sorted(row['gpsa']) == ['layer4.0.conv1', 'layer4.0.conv2', 'layer4.1.conv1', 'layer4.1.conv2']
+        layer = row['gpsa']['layer4.0.conv2']
+        assert len(layer['gate']) == len(layer['span']) == len(layer['center']) == 9
+        assert math.isclose(layer['gate_mean'], sum(layer['gate']) / 9, rel_tol=1e-6)
+    assert rows[0]['lr'] > rows[1]['lr']  # past the 1-epoch warm-up, cosine decay
+    last, best = load(run / 'last.pt'), load(run / 'best.pt')
+    assert CHECKPOINT_KEYS <= last.keys() and last['epoch'] == 1 and last['converted'] is True
+    assert best['epoch'] in (0, 1) and best['best_top1'] == max(r['val_top1'] for r in rows)
+    assert isinstance(last['rng'][0]['python'][1], list) and last['ema'] is None
+    with open(run / 'config.yaml') as f:
+        config = yaml.safe_load(f)
+    assert config['epochs'] == 3 and config['num_classes'] == 3 and config['model'] == 'resnet18d'
+    assert not [p for p in os.listdir(run) if 'tmp' in p]
+    model = tcnn.load(str(run / 'last.pt'))  # the model file inside a checkpoint (tcnn.io)
+    assert len(tcnn.gpsa_layers(model)) == 4
+
+    monkeypatch.undo()
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert 'resuming after epoch 2/3' in capsys.readouterr().out
+    rows = metrics(run)
+    assert [r['epoch'] for r in rows] == [0, 1, 2]
+    assert same_numbers(rows, metrics(straight))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+
+    # a finished run has nothing left to do; another fresh run into the same folder is refused
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert len(metrics(run)) == 3
+    assert tcnn_train.main(common(data_dir, run)) == 2
+    assert 'already holds a run' in capsys.readouterr().err
+
+
+def test_resume_to_a_third_epoch_with_more_epochs(data_dir, tmp_path, capsys):
+    run = tmp_path / 'run'
+    assert tcnn_train.main(common(data_dir, run, epochs=2)) == 0
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--model', 'resnet26d']) == 2
+    assert 'cannot change model when resuming' in capsys.readouterr().err
+    resume = ['--resume', str(run / 'last.pt'), '--epochs', '3', '--gating-lr', '2.0', '--no-progress']
+    assert tcnn_train.main(resume) == 0
+    rows = metrics(run)
+    assert [r['epoch'] for r in rows] == [0, 1, 2]
+    assert [round(r['gating_lr'] / r['lr']) for r in rows] == [1000, 1000, 2000]  # overrides apply on resume
+    last = load(run / 'last.pt')
+    assert last['epoch'] == 2 and last['num_updates'] == 3 * TRAIN_IMAGES // 4 and last['config']['epochs'] == 3
+
+
+def test_no_sa_baseline_with_accumulation(data_dir, tmp_path):
+    run = tmp_path / 'nosa'
+    args = common(data_dir, run, epochs=1) + ['--no-sa', '--batch-size', '2', '--accum-steps', '2']
+    assert tcnn_train.main(args) == 0
+    (row,) = metrics(run)
+    assert row['gpsa'] == {} and row['gating_lr'] is None and row['train_images'] == TRAIN_IMAGES
+    last = load(run / 'last.pt')
+    assert last['model_file']['conversion'] is None and last['converted'] is False
+    assert last['num_updates'] == TRAIN_IMAGES // 4 and last['global_batch'] == 4
+    assert [g['group_name'] for g in last['optimizer']['param_groups']] == ['decay', 'no_decay']
+    assert not tcnn.gpsa_layers(tcnn.load(str(run / 'last.pt')))
+
+
+def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeypatch):
+    """--reparam-epoch 1: one CNN epoch, then the same optimiser gains the GPSA groups; resume works before and
+    after the conversion point and matches an uninterrupted run."""
+    straight, run = tmp_path / 'straight', tmp_path / 'run'
+    extra = ['--reparam-epoch', '1', '--model-ema', '--set', 'model_ema_decay=0.5']
+    assert tcnn_train.main(common(data_dir, straight, epochs=3) + extra) == 0
+    rows = metrics(straight)
+    assert rows[0]['gpsa'] == {} and rows[0]['gating_lr'] is None
+    for row in rows[1:]:
+        assert len(row['gpsa']) == 4 and math.isclose(row['gating_lr'] / row['lr'], 1000.0, rel_tol=1e-9)
+        assert 'ema_val_top1' in row
+    last = load(straight / 'last.pt')
+    groups = last['optimizer']['param_groups']
+    assert [g['group_name'] for g in groups] == ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay', 'gating']
+    # same optimiser: CNN parameters kept their Adam state through the conversion, GPSA ones started at it
+    updates = TRAIN_IMAGES // 4
+    steps = {int(s['step']) for i, s in last['optimizer']['state'].items() if i in groups[0]['params']}
+    gpsa_steps = {int(last['optimizer']['state'][i]['step']) for g in groups[2:] for i in g['params']}
+    assert steps == {3 * updates} and gpsa_steps == {2 * updates}
+    assert any('gating' in k for k in last['ema'])
+
+    interrupt_in_epoch(monkeypatch, epoch=1)  # before the conversion reaches a checkpoint
+    assert tcnn_train.main(common(data_dir, run, epochs=3) + extra) == 130
+    assert load(run / 'last.pt')['converted'] is False
+    monkeypatch.undo()
+    interrupt_in_epoch(monkeypatch, epoch=2)
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 130
+    assert load(run / 'last.pt')['converted'] is True
+    monkeypatch.undo()
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert same_numbers(metrics(run), rows, keys=('train_loss', 'val_loss', 'ema_val_loss', 'lr'))
+    assert_same_weights(load(run / 'last.pt'), last)
+
+
+def test_bf16_channels_last_on_cpu(data_dir, tmp_path):
+    run = tmp_path / 'bf16'
+    assert tcnn_train.main(common(data_dir, run, epochs=1) + ['--amp', 'bf16', '--set', 'channels_last=true']) == 0
+    (row,) = metrics(run)
+    assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    run = tmp_path / 'nan'
+    original = tcnn_train.train_one_epoch
+
+    def poisoned(model, *args, **kwargs):
+        if kwargs['epoch'] == 1:
+            with torch.no_grad():
+                model.get_submodule('layer4.1.bn2').weight.fill_(float('nan'))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(tcnn_train, 'train_one_epoch', poisoned)
+    assert tcnn_train.main(common(data_dir, run, epochs=2)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'non-finite training loss (nan) in epoch 2, update 1' in err[0]
+    assert 'last.pt (epoch 1/2) is kept' in err[0]
+    last = load(run / 'last.pt')
+    assert last['epoch'] == 0 and len(metrics(run)) == 1
+    assert all(torch.isfinite(v).all() for v in last['model_file']['state_dict'].values() if v.is_floating_point())
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_processes(data_dir, tmp_path):
+    run = tmp_path / 'ddp'
+    env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', '--master_addr=127.0.0.1',
+           f'--master_port={_free_port()}', '-m', 'tcnn.train', *common(data_dir, run, epochs=1)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count('epoch 1/1:') == 1 and proc.stdout.count('2 process(es)') == 2  # rank 0 prints only
+    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl']
+    (row,) = metrics(run)
+    # each rank trains on its half (3 updates of 4 images) and evaluates a disjoint shard; metrics are global
+    assert row['train_images'] == TRAIN_IMAGES and row['val_images'] == VAL_IMAGES
+    last = load(run / 'last.pt')
+    assert last['world_size'] == 2 and len(last['rng']) == 2 and last['global_batch'] == 8
+    assert last['num_updates'] == TRAIN_IMAGES // 8
+    assert not torch.equal(last['rng'][0]['torch'], last['rng'][1]['torch'])
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+def test_bad_data_folders(data_dir, tmp_path, capsys):
+    base = common(data_dir, tmp_path / 'out', epochs=1)
+    cases = []
+    missing = base.copy()
+    missing[1] = str(tmp_path / 'nowhere')
+    cases.append((missing, 'data folder not found'))
+    no_val = tmp_path / 'no_val'
+    make_image_folder(str(no_val), num_classes=2, train_per_class=4, val_per_class=0)
+    os.rmdir(no_val / 'val' / 'circle')
+    os.rmdir(no_val / 'val' / 'square')
+    os.rmdir(no_val / 'val')
+    cases.append(([*base[:1], str(no_val), *base[2:]], f'data folder not found: {no_val / "val"}'))
+    empty = tmp_path / 'empty'
+    for split in ('train', 'val'):
+        (empty / split / 'circle').mkdir(parents=True)
+    cases.append(([*base[:1], str(empty), *base[2:]], 'no images in'))
+    extra_class = tmp_path / 'extra'
+    make_image_folder(str(extra_class), num_classes=2, train_per_class=4, val_per_class=2)
+    make_image_folder(str(tmp_path / 'more'), num_classes=3, train_per_class=0, val_per_class=2)
+    os.rename(tmp_path / 'more' / 'val' / 'triangle', extra_class / 'val' / 'triangle')
+    cases.append(([*base[:1], str(extra_class), *base[2:]], 'classes that the training set lacks: triangle'))
+    cases.append((base + ['--batch-size', '32'], 'smaller than one update'))
+    for args, message in cases:
+        assert tcnn_train.main(args) == 2, message
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith('tcnn train: error:') and message in err[0], err
+
+
+def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text('base: ' + os.path.join(RECIPES, 'base.yaml') + '\nmodle: resnet50d\n')
+    base = common(data_dir, tmp_path / 'out', epochs=1)
+    cases = [
+        (['--recipe', str(bad)] + base, "unknown recipe key 'modle'"),
+        (['--recipe', str(tmp_path / 'none.yaml')] + base, 'recipe file not found'),
+        (base + ['--set', 'wight_decay=0.1'], 'did you mean weight_decay'),
+        (base + ['--model', 'mobilenetv3_small_050'], 'has no ResNet stages'),
+        (base + ['--set', 'stages=layer9'], "no submodule 'layer9'"),
+        (base + ['--model', 'resnet18q'], 'unknown timm model'),
+        (['--resume', str(tmp_path / 'none.pt')], 'checkpoint not found'),
+    ]
+    for args, message in cases:
+        assert tcnn_train.main(args) == 2, message
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / 'out' / 'last.pt').exists()
+
+
+def test_cli_error_is_one_line(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE='1')
+    proc = subprocess.run([sys.executable, '-m', 'tcnn.cli', 'train', '--data', str(tmp_path / 'nowhere'),
+                           '--no-pretrained', '--output', str(tmp_path / 'out')],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f'tcnn train: error: data folder not found: {tmp_path / "nowhere"}']
+
+
+def test_docs_list_every_recipe_key():
+    with open(os.path.join(REPO, 'docs', 'train.md')) as f:
+        docs = f.read()
+    assert [k for k in RECIPE_KEYS if f'`{k}`' not in docs] == []
