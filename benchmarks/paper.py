@@ -1,8 +1,10 @@
 """Figures from the T-CNN paper (seed 001), printed beside our measurements. They are the paper's, not ours.
 
-Table 2: parameters (million), throughput (images/s on a V100 at batch 32) and "Flops" (multiply-adds, 1e9: the
-paper's ResNet50 at 224 is 4.1, i.e. 8.2 GFLOPs in ``torch.utils.flop_counter``'s 2-per-multiply-add convention) of
-each ResNet-RS at its training resolution and of its T-CNN at the fine-tuning resolution. Table 1: total training
+Table 2: parameters (million), throughput (images/s on a V100 at batch 32) and GFLOPs of each ResNet-RS at its
+training resolution and of its T-CNN at the fine-tuning resolution. The ResNet-RS "Flops" are in the convention of
+``torch.utils.flop_counter`` (2 per multiply-add): it gives 12.02 G for resnetrs101 at 192 px and 31.06 G for
+resnetrs152 at 256 px, where the table says 12.1 and 31.2. (The table's ResNet50 row, 4.1 at 224, quoted from
+another paper, counts multiply-adds instead; we do not use it.) Table 1: total training
 time (TTT) normalised to ResNet50-RS, for the original training and after fine-tuning without and with
 self-attention; the fine-tuning epochs being the same, their time ratio is a throughput ratio of SA to no-SA.
 The paper has no such figures for ResNet-D (Table 5 has accuracies only).
@@ -15,18 +17,18 @@ SOURCE = 'seed 001 (Transformed CNNs), Tables 1-2; V100, batch 32; the paper\'s 
 
 # timm name -> (CNN row, T-CNN row) of Table 2.
 TABLE2 = {
-    'resnetrs50': ({'res': 160, 'params_m': 36, 'img_s': 938, 'gmacs': 4.6},
-                   {'res': 224, 'params_m': 38, 'img_s': 447, 'gmacs': 17.6}),
-    'resnetrs101': ({'res': 192, 'params_m': 64, 'img_s': 674, 'gmacs': 12.1},
-                    {'res': 224, 'params_m': 66, 'img_s': 334, 'gmacs': 25.1}),
-    'resnetrs152': ({'res': 256, 'params_m': 87, 'img_s': 304, 'gmacs': 31.2},
-                    {'res': 320, 'params_m': 89, 'img_s': 128, 'gmacs': 65.8}),
-    'resnetrs200': ({'res': 256, 'params_m': 93, 'img_s': 225, 'gmacs': 40.4},
-                    {'res': 320, 'params_m': 96, 'img_s': 105, 'gmacs': 80.2}),
-    'resnetrs270': ({'res': 256, 'params_m': 130, 'img_s': 152, 'gmacs': 54.2},
-                    {'res': 320, 'params_m': 133, 'img_s': 75, 'gmacs': 107.2}),
-    'resnetrs350': ({'res': 288, 'params_m': 164, 'img_s': 89, 'gmacs': 87.5},
-                    {'res': 320, 'params_m': 167, 'img_s': 61, 'gmacs': 130.5}),
+    'resnetrs50': ({'res': 160, 'params_m': 36, 'img_s': 938, 'gflops': 4.6},
+                   {'res': 224, 'params_m': 38, 'img_s': 447, 'gflops': 17.6}),
+    'resnetrs101': ({'res': 192, 'params_m': 64, 'img_s': 674, 'gflops': 12.1},
+                    {'res': 224, 'params_m': 66, 'img_s': 334, 'gflops': 25.1}),
+    'resnetrs152': ({'res': 256, 'params_m': 87, 'img_s': 304, 'gflops': 31.2},
+                    {'res': 320, 'params_m': 89, 'img_s': 128, 'gflops': 65.8}),
+    'resnetrs200': ({'res': 256, 'params_m': 93, 'img_s': 225, 'gflops': 40.4},
+                    {'res': 320, 'params_m': 96, 'img_s': 105, 'gflops': 80.2}),
+    'resnetrs270': ({'res': 256, 'params_m': 130, 'img_s': 152, 'gflops': 54.2},
+                    {'res': 320, 'params_m': 133, 'img_s': 75, 'gflops': 107.2}),
+    'resnetrs350': ({'res': 288, 'params_m': 164, 'img_s': 89, 'gflops': 87.5},
+                    {'res': 320, 'params_m': 167, 'img_s': 61, 'gflops': 130.5}),
 }
 
 # timm name -> (TTT of the original training, after fine-tuning without SA, after fine-tuning with SA), Table 1.
@@ -43,7 +45,7 @@ TABLE1_TTT = {
 def paper_figures(model: str) -> Optional[Dict[str, Any]]:
     """The paper's figures for a timm model name, with the ratios derived from them; ``None`` if it has none.
 
-    ``gmacs_ratio_same_res`` and ``img_s_ratio_same_res`` scale the CNN's figures to the T-CNN's resolution by
+    ``gflops_ratio_same_res`` and ``img_s_ratio_same_res`` scale the CNN's figures to the T-CNN's resolution by
     pixel count (exact for convolutions, an approximation only): T-CNN / CNN at equal resolution.
     ``finetune_speed_ratio`` is (fine-tuning time without SA) / (with SA) from Table 1.
     """
@@ -57,7 +59,7 @@ def paper_figures(model: str) -> Optional[Dict[str, Any]]:
         'source': SOURCE,
         'cnn': dict(cnn),
         'tcnn': dict(t_cnn),
-        'gmacs_ratio_same_res': t_cnn['gmacs'] / (cnn['gmacs'] * pixels),
+        'gflops_ratio_same_res': t_cnn['gflops'] / (cnn['gflops'] * pixels),
         'img_s_ratio_same_res': t_cnn['img_s'] / (cnn['img_s'] / pixels),
         'finetune_speed_ratio': (no_sa - base) / (sa - base),
     }

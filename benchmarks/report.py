@@ -5,10 +5,11 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from typing import Any, Dict, List, Optional
 
 import torch
+
+from tcnn.atomic import atomic_write_text
 
 __all__ = ['machine_info', 'config_tag', 'result_name', 'load_average', 'write_json', 'render_result', 'write_readme']
 
@@ -99,22 +100,8 @@ def result_name(settings) -> str:
     return f'{config_tag(settings)}-{datetime.date.today().isoformat()}'
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-', suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(results: Dict[str, Any], path: str) -> None:
-    _atomic_write(path, json.dumps(results, indent=1, sort_keys=False) + '\n')
+    atomic_write_text(path, json.dumps(results, indent=1) + '\n')
 
 
 # ---------------------------------------------------------------------------------------------- markdown
@@ -234,27 +221,31 @@ def _paper(res: Dict[str, Any]) -> List[str]:
         ours.setdefault(r['model'], r)
         if r['size'] == res['settings']['goal_size']:
             ours[r['model']] = r
+    by_size = {(r['model'], r['size']): r for r in res.get('models', [])}
     rows = []
     for name, p in res.get('paper', {}).items():
         o = ours.get(name)
+        at_paper = [by_size.get((name, p[k]['res'])) for k in ('cnn', 'tcnn')]
         rows.append([
             name, f'{p["cnn"]["res"]} / {p["tcnn"]["res"]}', f'{p["cnn"]["params_m"]} / {p["tcnn"]["params_m"]}',
-            f'{p["cnn"]["gmacs"]} / {p["tcnn"]["gmacs"]}', f'{p["cnn"]["img_s"]} / {p["tcnn"]["img_s"]}',
-            _f(p['gmacs_ratio_same_res'], 2), _f(p['finetune_speed_ratio'], 2),
+            f'{p["cnn"]["gflops"]} / {p["tcnn"]["gflops"]}', f'{p["cnn"]["img_s"]} / {p["tcnn"]["img_s"]}',
+            _f(p['gflops_ratio_same_res'], 2), _f(p['finetune_speed_ratio'], 2),
             f'{_f(o["params"]["cnn"] / 1e6)} / {_f(o["params"]["tcnn"] / 1e6)}' if o else '-',
-            f'{_f(o["gflops"]["cnn"] / 2, 2)} / {_f(o["gflops"]["tcnn"] / 2, 2)} @ {o["size"]}' if o else '-',
+            ' / '.join(_f(r['gflops'][k], 2) if r else '-' for r, k in zip(at_paper, ('cnn', 'tcnn'))),
+            f'{_f(o["gflops"]["cnn"], 2)} / {_f(o["gflops"]["tcnn"], 2)} @ {o["size"]}' if o else '-',
             _f(o['flops_ratio']['tcnn'], 2) if o else '-', _f(o['train_ratio']['tcnn'], 2) if o else '-',
         ])
     if not rows:
         return []
     return ['### Beside the paper', '',
             'Left: **the paper\'s figures** (seed 001 Table 2: V100, batch 32, CNN at its training resolution, '
-            'T-CNN at its fine-tuning resolution; "GMACs" is the paper\'s "Flops" column, multiply-adds; the '
+            'T-CNN at its fine-tuning resolution; GFLOPs in the same 2-per-multiply-add convention as ours; the '
             'same-resolution ratio scales the CNN by pixel count, an approximation; fine-tuning speed SA / no-SA from '
-            'Table 1 times). Right: **ours**, this run (GMACs = our FLOPs / 2, same resolution for both).', ''] + \
-        _table(['model', 'paper res CNN / T', 'paper params M', 'paper GMACs', 'paper img/s V100',
-                'paper T/CNN GMACs same res', 'paper fine-tune speed SA/no-SA', 'our params M', 'our GMACs',
-                'our T/CNN FLOPs', 'our train speed T/CNN'], rows)
+            'Table 1 times). Right: **ours**, this run, both at the same resolution.', ''] + \
+        _table(['model', 'paper res CNN / T', 'paper params M', 'paper GFLOPs', 'paper img/s V100',
+                'paper T/CNN GFLOPs same res', 'paper fine-tune speed SA/no-SA', 'our params M',
+                'our GFLOPs at the paper\'s res', 'our GFLOPs same res', 'our T/CNN FLOPs', 'our train speed T/CNN'],
+               rows)
 
 
 def _profiles(res: Dict[str, Any]) -> List[str]:
@@ -262,9 +253,9 @@ def _profiles(res: Dict[str, Any]) -> List[str]:
     for p in res.get('profiles', []):
         head = (f'#### Profile of a missed goal: {p["model"]} {p["size"]}px batch {p["batch_size"]}, {p["mode"]} '
                 f'(eager, `torch.profiler`): CNN {_f(p["total_ms"]["cnn"])} ms, T-CNN {_f(p["total_ms"]["tcnn"])} ms '
-                'per step; ops whose self time grew most')
+                'per step; the ops whose self time grew most, then those that shrank most')
         rows = [[f'`{o["op"]}`', _f(o['cnn_ms']), _f(o['tcnn_ms']), _f(o['delta_ms'])]
-                for o in p['top_increases_ms']]
+                for o in p['top_increases_ms'] + p.get('top_decreases_ms', [])]
         out += [head, ''] + _table(['op', 'CNN ms', 'T-CNN ms', 'delta ms'], rows)
     return out
 
@@ -298,5 +289,10 @@ def write_readme(directory: str) -> str:
     for key in sorted(newest):
         parts.append(render_result(newest[key]))
     path = os.path.join(directory, 'README.md')
-    _atomic_write(path, '\n'.join(parts).rstrip() + '\n')
+    atomic_write_text(path, '\n'.join(parts).rstrip() + '\n')
     return path
+
+
+if __name__ == '__main__':  # python -m benchmarks.report [DIR]: rewrite DIR/README.md from its JSON files
+    import sys
+    print(write_readme(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), 'results')))

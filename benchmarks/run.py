@@ -43,7 +43,7 @@ def presets(preset: str, device: str) -> Dict[str, Any]:
                     repeats=10 if cuda else 5, warmup=5 if cuda else 1, iters=5 if cuda else 1,
                     variants=['sdpa', 'reference'], variant_sizes=[224], layer_grids=[5, 7, 12])
     return dict(models=FULL_MODELS, sizes=[160, 224, 320], batch_sizes=[32, 256] if cuda else [8],
-                repeats=20 if cuda else 7, warmup=10 if cuda else 2, iters=5 if cuda else 1,
+                repeats=10 if cuda else 7, warmup=5 if cuda else 2, iters=3 if cuda else 1,
                 variants=['sdpa', 'reference'], variant_sizes=None, layer_grids=[5, 7, 10, 12])
 
 
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--warmup', type=int, help='untimed calls before timing')
     p.add_argument('--iters', type=int, help='calls per timed repeat')
     p.add_argument('--variants', nargs='*', choices=['sdpa', 'reference'],
-                   help='other GPSA designs to run in the whole models (default: both; --quick: at 224 only)')
+                   help='other GPSA designs to run in the whole models (default: both; --quick: at 224 only; '
+                        'the option alone: none)')
     p.add_argument('--layer-grids', type=int, nargs='+', help='output grids of the layer benchmark (5 7 10 12)')
     p.add_argument('--layer-batch', type=int, help='batch size of the layer benchmark (default: first --batch-size)')
     p.add_argument('--sections', nargs='+', choices=SECTIONS, default=list(SECTIONS), help='what to run')
@@ -90,8 +91,8 @@ def make_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                  'warmup': args.warmup, 'iters': args.iters, 'variants': args.variants,
                  'layer_grids': args.layer_grids, 'layer_batch': args.layer_batch}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if args.sizes is not None and values.get('variant_sizes'):
-        values['variant_sizes'] = [s for s in values['variant_sizes'] if s in args.sizes] or None
+    if values.get('variant_sizes') is not None:  # keep the preset's sizes that are run (possibly none)
+        values['variant_sizes'] = [s for s in values['variant_sizes'] if s in values['sizes']]
     for key in ('repeats', 'iters'):
         if values[key] < 1:
             parser.error(f'--{key} must be >= 1')

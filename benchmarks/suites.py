@@ -47,7 +47,7 @@ class Settings:
     warmup: int = 1
     iters: int = 1
     variants: List[str] = dataclasses.field(default_factory=list)  # extra T-CNN designs: 'sdpa', 'reference'
-    variant_sizes: Optional[List[int]] = None  # sizes at which the extra designs run (default: all)
+    variant_sizes: Optional[List[int]] = None  # sizes at which the extra designs run (None: all)
     layer_grids: List[int] = dataclasses.field(default_factory=lambda: [5, 7, 10, 12])
     layer_channels: int = 512
     layer_batch: Optional[int] = None  # default: the first batch size
@@ -130,11 +130,11 @@ class _Runner:
         return [*self.model.parameters(), *self.model.buffers(), *grads, *state, *inputs]
 
 
-def _model_variants(name: str, settings: Settings, size: Optional[int] = None) -> Dict[str, nn.Module]:
+def _model_variants(name: str, settings: Settings) -> Dict[str, nn.Module]:
     cnn = _create_cnn(name, settings.seed)
     t_cnn = tcnn.reparameterize(cnn, verify=False)
     variants = {'cnn': cnn, 'tcnn': t_cnn}
-    if size is None or settings.variant_sizes is None or size in settings.variant_sizes:
+    if settings.variant_sizes is None or any(s in settings.variant_sizes for s in settings.sizes):
         if 'sdpa' in settings.variants:
             variants['tcnn_sdpa'] = to_sdpa(copy.deepcopy(t_cnn))
         if 'reference' in settings.variants:
@@ -359,9 +359,10 @@ def profile_gap(model: str, size: int, batch: int, mode: str, settings: Settings
         settings: Device, precision and memory format.
         top: How many ops to keep.
     """
-    variants = _model_variants(model, settings, size=None)
-    runners = {k: _Runner(settings.prepare(variants[k]), dataclasses.replace(settings, compile=False))
-               for k in ('cnn', 'tcnn')}
+    cnn = _create_cnn(model, settings.seed)
+    eager = dataclasses.replace(settings, compile=False)
+    runners = {'cnn': _Runner(settings.prepare(cnn), eager),
+               'tcnn': _Runner(settings.prepare(tcnn.reparameterize(cnn, verify=False)), eager)}
     torch.manual_seed(settings.seed)
     x = settings.tensor(batch, 3, size, size)
     y = torch.randint(0, 1000, (batch,), device=settings.torch_device)
@@ -375,6 +376,10 @@ def profile_gap(model: str, size: int, batch: int, mode: str, settings: Settings
     return {
         'model': model, 'size': size, 'batch_size': batch, 'mode': mode, 'eager': True,
         'total_ms': total,
-        'top_increases_ms': [{'op': n, 'cnn_ms': ops['cnn'].get(n, 0.0), 'tcnn_ms': ops['tcnn'].get(n, 0.0),
-                              'delta_ms': d} for d, n in diff[:top]],
+        'top_increases_ms': [_op_row(n, d, ops) for d, n in diff[:top] if d > 0],
+        'top_decreases_ms': [_op_row(n, d, ops) for d, n in diff[::-1][:3] if d < 0],  # e.g. the replaced convs
     }
+
+
+def _op_row(name: str, delta: float, ops: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
+    return {'op': name, 'cnn_ms': ops['cnn'].get(name, 0.0), 'tcnn_ms': ops['tcnn'].get(name, 0.0), 'delta_ms': delta}

@@ -6,6 +6,7 @@ and are printed as one line (exit 2); ``--debug`` shows the traceback instead.
 import argparse
 import importlib
 import sys
+import warnings
 from typing import List, Optional
 
 from .errors import TcnnError
@@ -33,8 +34,14 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f'tcnn: warning: {message}\n'
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if '--debug' not in argv:
+        warnings.formatwarning = _one_line_warning  # users get a line, not a source location
     command = next((a for a in argv if not a.startswith('-')), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
