@@ -147,10 +147,31 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     return value
 
 
+BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipes')
+
+
+def bundled_recipes() -> List[str]:
+    """Names of the recipes shipped with the package (``tcnn/recipes/*.yaml``, also ``recipes/`` in the repo)."""
+    return sorted(f[:-5] for f in os.listdir(BUNDLED_DIR) if f.endswith('.yaml') and f != 'base.yaml')
+
+
+def find_recipe(name_or_path: str) -> str:
+    """A recipe path: an existing file, else a bundled recipe by name (``t_resnet50_rs`` or ``t_resnet50_rs.yaml``),
+    so that ``--recipe t_resnet50_rs`` works from any folder after ``pip install``."""
+    if os.path.isfile(name_or_path) or os.sep in name_or_path:
+        return name_or_path
+    name = name_or_path[:-5] if name_or_path.endswith('.yaml') else name_or_path
+    bundled = os.path.join(BUNDLED_DIR, f'{name}.yaml')
+    if os.path.isfile(bundled):
+        return bundled
+    raise TcnnError(f'recipe {name_or_path!r} is neither a file nor a bundled recipe '
+                    f'({", ".join(bundled_recipes())})')
+
+
 def load_recipe(path: str, _seen: Optional[List[str]] = None) -> Dict[str, Any]:
     """Read a recipe YAML file (following its ``base`` chain) into a dict of checked keys (not merged with the
-    defaults)."""
-    path = os.path.abspath(path)
+    defaults). ``path`` may also name a bundled recipe (see ``find_recipe``)."""
+    path = os.path.abspath(find_recipe(path) if _seen is None else path)
     seen = list(_seen or [])
     if path in seen:
         raise TcnnError(f'recipe {path} includes itself through "{BASE_KEY}"')

@@ -77,8 +77,9 @@ _FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``tcnn train`` and ``python -m tcnn.train`` (one definition for both)."""
-    parser.add_argument('--recipe', metavar='YAML', help='recipe file (recipes/*.yaml); default: the paper\'s '
-                        'shared settings with model resnet50d')
+    parser.add_argument('--recipe', metavar='YAML', help='recipe file, or the name of a bundled one (t_resnet50_rs ... '
+                        't_resnet350_rs, t_resnet50_d ... t_resnet200_d); default: the paper\'s shared settings with '
+                        'model resnet50d')
     parser.add_argument('--resume', metavar='PATH', help='continue a run from its OUTPUT/last.pt (the recipe comes '
                         'from the checkpoint; flags and --set still override it)')
     parser.add_argument('--set', dest='set_items', action='append', default=[], metavar='KEY=VALUE',

@@ -18,7 +18,8 @@ import tcnn
 import tcnn.train as tcnn_train
 from tcnn.errors import TcnnError
 from tcnn.optim import create_optimizer, create_scheduler, group_lrs, param_groups
-from tcnn.recipe import RECIPE_KEYS, default_recipe, load_recipe, parse_set, resolve_recipe, scaled_lrs
+from tcnn.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
+    scaled_lrs
 
 from imagegen import make_image_folder
 
@@ -124,6 +125,15 @@ def test_paper_recipes(name):
 def test_every_recipe_file_is_listed():
     files = {os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(RECIPES, '*.yaml'))}
     assert files == set(PAPER) | {'base'}
+
+
+def test_bundled_recipes_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # e.g. after `pip install`, far from the repository's recipes/
+    assert bundled_recipes() == sorted(PAPER)
+    assert load_recipe('t_resnet152_d')['model'] == 'resnet152d'
+    assert resolve_recipe('t_resnet50_rs.yaml')['img_size'] == 224
+    with pytest.raises(TcnnError, match=r"'t_resnet51_rs' is neither a file nor a bundled recipe.*t_resnet50_rs"):
+        load_recipe('t_resnet51_rs')
 
 
 def test_recipe_precedence_and_coercion(tmp_path):
