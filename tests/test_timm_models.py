@@ -56,7 +56,7 @@ def test_pretrained_cfg_inherits_source(name):
         assert cfg.architecture == name and cfg.tag == src_cfg.tag
         for key in DATA_KEYS:
             assert getattr(cfg, key) == getattr(src_cfg, key), (tagged, key)
-        assert not cfg.has_weights  # nothing to download: pretrained=True converts the source's weights
+        assert not cfg.has_weights  # nothing to download: pretrained=True converts the source's weights (offline)
     assert timm.models.get_pretrained_cfg(name).tag == timm.models.get_pretrained_cfg(source).tag
     assert sorted(timm.list_models(name, include_tags=True)) == \
         sorted('t_' + n for n in timm.list_models(source, include_tags=True))
@@ -292,17 +292,18 @@ def test_pretrained_offline_fails_fast(monkeypatch):
 
 
 def test_pretrained_converts_source_weights(monkeypatch):
-    """pretrained=True loads the source's pretrained weights (stubbed here: no download) and converts them: in the
-    exact configuration the T-CNN is the CNN; a new class count re-initialises the head only."""
+    """Asking for pretrained weights loads the source's (stubbed here: no download) and converts them: in the exact
+    configuration the T-CNN is the CNN; a new class count re-initialises the head only."""
     cnn = _source_cnn()
     asked = []
 
-    def fake_create_cnn(name, *, pretrained=True, **kwargs):
+    def fake_create_cnn(name, *, pretrained=True, **kwargs):  # offline: stubbed source weights
         asked.append((name, pretrained, kwargs))
         return cnn
 
     monkeypatch.setattr(tcnn.hub, 'create_cnn', fake_create_cnn)
-    model = timm.create_model('t_resnet18d.ra4_e3600_r224_in1k', pretrained=True).eval()
+    model = timm.create_model(
+        't_resnet18d.ra4_e3600_r224_in1k', pretrained=True).eval()  # offline: stubbed source weights
     assert asked == [('resnet18d.ra4_e3600_r224_in1k', True, {})]
     assert 'state_dict' not in model.pretrained_cfg and model.pretrained_cfg['tag'] == 'ra4_e3600_r224_in1k'
     conv = cnn.layer4[1].conv2
@@ -312,10 +313,11 @@ def test_pretrained_converts_source_weights(monkeypatch):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         assert (model(x) - cnn(x)).abs().max() > 1e-3  # the paper's init (alpha = lambda = 1) is not the CNN
-    head = timm.create_model('t_resnet18d', pretrained=True, num_classes=10)
+    head = timm.create_model('t_resnet18d', pretrained=True, num_classes=10)  # offline: stubbed source weights
     assert head.fc.out_features == 10
     torch.testing.assert_close(head.layer4[0].conv2.proj_weight, model.layer4[0].conv2.proj_weight)
-    feats = timm.create_model('t_resnet18d', pretrained=True, features_only=True, out_indices=(4,)).eval()
+    feats = timm.create_model(
+        't_resnet18d', pretrained=True, features_only=True, out_indices=(4,)).eval()  # offline: stubbed source weights
     with torch.no_grad(), exact_configuration(feats), exact_configuration(model):  # q/k are drawn anew
         torch.testing.assert_close(feats(x)[0], model.forward_features(x), rtol=1e-4, atol=1e-4)
 
@@ -331,21 +333,24 @@ def test_pretrained_cfg_overlay_file_and_checkpoint_path(tmp_path):
     path, st_path = str(tmp_path / 'model.pt'), str(tmp_path / 'model.safetensors')
     tcnn.save(model, path)
     tcnn.save(model, st_path)
-    loaded = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=path)).eval()
+    loaded = timm.create_model(
+        't_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=path)).eval()  # offline: a local file
     assert loaded.num_classes == 5 and loaded.tcnn_config['stages'] == ['layer3', 'layer4']
     via_checkpoint = timm.create_model('t_resnet18d', num_classes=5, stages=[3, 4], qk_dim=16,
                                        checkpoint_path=st_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
         torch.testing.assert_close(via_checkpoint(x), expected, rtol=0, atol=0)
-    features = timm.create_model('t_resnet18d', pretrained=True, features_only=True,
+    features = timm.create_model('t_resnet18d', pretrained=True, features_only=True,  # offline: a local file
                                  pretrained_cfg_overlay=dict(file=st_path)).eval()
     with torch.no_grad():
         torch.testing.assert_close(features(x)[-1], model.forward_features(x), rtol=0, atol=0)
     with pytest.raises(TcnnError, match='qk_dim'):
-        timm.create_model('t_resnet18d', pretrained=True, qk_dim=8, pretrained_cfg_overlay=dict(file=path))
+        timm.create_model(
+            't_resnet18d', pretrained=True, qk_dim=8, pretrained_cfg_overlay=dict(file=path))  # offline: a local file
     with pytest.raises(TcnnError, match='t_resnet18d'):
-        timm.create_model('t_resnet26d', pretrained=True, pretrained_cfg_overlay=dict(file=path))
+        timm.create_model(
+            't_resnet26d', pretrained=True, pretrained_cfg_overlay=dict(file=path))  # offline: a local file
 
 
 def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
@@ -353,11 +358,12 @@ def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
     cnn = _source_cnn()
     path = tmp_path / 'cnn.pth'
     torch.save({'state_dict': {f'module.{k}': v for k, v in cnn.state_dict().items()}, 'epoch': 3}, path)
-    model = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()
+    model = timm.create_model(
+        't_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()  # offline: a local file
     x = _x(2, 96)
     with torch.no_grad(), exact_configuration(model):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
-    one_channel = timm.create_model('t_resnet18d', pretrained=True, in_chans=1,
+    one_channel = timm.create_model('t_resnet18d', pretrained=True, in_chans=1,  # offline: a local file
                                     pretrained_cfg_overlay=dict(file=str(path)))
     assert one_channel.conv1[0].in_channels == 1
     assert isinstance(one_channel.layer4[0].conv2, GPSA)
@@ -367,7 +373,7 @@ def test_grouped_source_converts_exactly(monkeypatch):
     """ResNeXt's grouped 3x3 convs become dense GPSA filters (block diagonal): still the CNN exactly."""
     cnn = _source_cnn('seresnext26d_32x4d')
     monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda name, **kwargs: cnn)
-    model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()
+    model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()  # offline: a local file
     x = _x(1, 96)
     with torch.no_grad(), exact_configuration(model):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
