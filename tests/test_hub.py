@@ -14,7 +14,7 @@ def test_offline_pretrained_fails_fast_and_names_the_flags(monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     start = time.perf_counter()
     with pytest.raises(TcnnError, match=r'--weights.*--no-pretrained'):
-        create_cnn('resnet18d', pretrained=True)
+        create_cnn('resnet18d', pretrained=True)  # offline: must fail fast
     assert time.perf_counter() - start < 10
 
 
@@ -25,7 +25,7 @@ def test_unreachable_host_fails_fast(monkeypatch):
     monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)
     start = time.perf_counter()
     with pytest.raises(TcnnError, match='offline'):
-        create_cnn('resnet18d', pretrained=True)
+        create_cnn('resnet18d', pretrained=True)  # offline: must fail fast
     assert time.perf_counter() - start < 10
 
 
