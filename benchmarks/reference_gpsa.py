@@ -79,7 +79,7 @@ class ReferenceGPSA(nn.Module):
         self.q_weight = nn.Parameter(torch.randn(qk_out, in_chs) * 0.02)
         self.k_weight = nn.Parameter(torch.randn(qk_out, in_chs) * 0.02)
         self.v_weight = nn.Parameter(torch.eye(in_chs))
-        self.proj_weight = nn.Parameter(torch.randn(out_chs, in_chs * self.num_heads) * in_chs ** -0.5)
+        self.proj_weight = nn.Parameter(torch.randn(out_chs, self.num_heads, in_chs) * in_chs ** -0.5)
         self.proj_bias = nn.Parameter(torch.zeros(out_chs)) if bias else None
         self.pos_centers = nn.Parameter(_kernel_centers(self.kernel_size, self.dilation, self.anchor))
         self.pos_locality = nn.Parameter(torch.full((self.num_heads,), locality_to_raw(locality_strength)))
@@ -138,9 +138,9 @@ class ReferenceGPSA(nn.Module):
 
         v = F.linear(tokens, self.v_weight)  # (B, N_k, C_in), W_val shared by the heads
         heads = attn @ v[:, None]  # (B, N_h, N_q, C_in): every head gathers its own values
-        # Concatenate heads in the filter's [c][h] order (seed 001 eq. 5) and project.
-        heads = heads.permute(0, 2, 3, 1).reshape(b, n_q, self.in_chs * n_h)
-        out = F.linear(heads, self.proj_weight, self.proj_bias).transpose(1, 2).reshape(b, self.out_chs, h1, w1)
+        # Concatenate the heads (seed 001 eq. 5) and project with W_out = [W_out^1 ... W_out^N_h].
+        heads = heads.permute(0, 2, 1, 3).reshape(b, n_q, n_h * self.in_chs)
+        out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias).transpose(1, 2).reshape(b, self.out_chs, h1, w1)
 
         sy, sx = self.stride
         if sy == 1 and sx == 1:

@@ -82,8 +82,8 @@ def machine_info(device: torch.device) -> Dict[str, Any]:
 
 
 def config_tag(settings) -> str:
-    """``<device>[-cputime][-bf16][-channels_last][-compile]``: what makes runs comparable."""
-    tag = [settings.torch_device.type]
+    """``<device>-<preset>[-cputime][-bf16][-channels_last][-compile]``: what makes runs comparable."""
+    tag = [settings.torch_device.type, settings.preset]
     if settings.timer == 'cpu':
         tag.append('cputime')
     if settings.amp:

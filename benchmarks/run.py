@@ -27,6 +27,7 @@ from benchmarks.paper import paper_figures  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 SECTIONS = ('models', 'layers', 'conversion')
+COMPILE_WARMUP = 3  # untimed calls of each compiled function, at least
 FULL_MODELS = ['resnet50d', 'resnetrs50', 'resnet101d', 'resnetrs101', 'resnet152d', 'resnetrs152', 'resnet200d',
                'resnetrs200', 'resnetrs270', 'resnetrs350']
 
@@ -42,9 +43,13 @@ def presets(preset: str, device: str) -> Dict[str, Any]:
         return dict(models=['resnet50d', 'resnetrs50'], sizes=[160, 224, 320], batch_sizes=[32 if cuda else 4],
                     repeats=10 if cuda else 5, warmup=5 if cuda else 1, iters=5 if cuda else 1,
                     variants=['sdpa', 'reference'], variant_sizes=[224], layer_grids=[5, 7, 12])
-    return dict(models=FULL_MODELS, sizes=[160, 224, 320], batch_sizes=[32, 256] if cuda else [8],
-                repeats=10 if cuda else 7, warmup=5 if cuda else 2, iters=3 if cuda else 1,
-                variants=['sdpa', 'reference'], variant_sizes=None, layer_grids=[5, 7, 10, 12])
+    if cuda:
+        return dict(models=FULL_MODELS, sizes=[160, 224, 320], batch_sizes=[32, 256], repeats=10, warmup=5, iters=3,
+                    variants=['sdpa', 'reference'], variant_sizes=None, layer_grids=[5, 7, 10, 12])
+    # On a CPU the GPU preset would take hours (resnetrs350 alone is ~8x resnet50's work): every model at 224 px,
+    # the other designs left to --quick, which measures them on the 50-layer models.
+    return dict(models=FULL_MODELS, sizes=[224], batch_sizes=[4], repeats=5, warmup=1, iters=1, variants=[],
+                variant_sizes=None, layer_grids=[5, 7, 10, 12])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--models', nargs='+', help=f'timm model names (full run: {" ".join(FULL_MODELS)})')
     p.add_argument('--sizes', type=int, nargs='+', help='input resolutions (default 160 224 320)')
     p.add_argument('--repeats', type=int, help='timed repeats per measurement (medians are reported)')
-    p.add_argument('--warmup', type=int, help='untimed calls before timing')
+    p.add_argument('--warmup', type=int, help=f'untimed calls before timing (at least {COMPILE_WARMUP} with --compile)')
     p.add_argument('--iters', type=int, help='calls per timed repeat')
     p.add_argument('--variants', nargs='*', choices=['sdpa', 'reference'],
                    help='other GPSA designs to run in the whole models (default: both; --quick: at 224 only; '
@@ -86,11 +91,16 @@ def make_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error('--device cuda: no CUDA device is available')
     if args.timer == 'cpu' and (args.device != 'cpu' or (args.threads or 1) != 1):
         parser.error('--timer cpu measures one CPU thread: use it with --device cpu and without --threads > 1')
-    values = presets('smoke' if args.smoke else 'quick' if args.quick else 'full', args.device)
+    preset = 'smoke' if args.smoke else 'quick' if args.quick else 'full'
+    values = presets(preset, args.device)
     overrides = {'models': args.models, 'sizes': args.sizes, 'batch_sizes': args.batch_size, 'repeats': args.repeats,
                  'warmup': args.warmup, 'iters': args.iters, 'variants': args.variants,
                  'layer_grids': args.layer_grids, 'layer_batch': args.layer_batch}
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if args.compile and values['warmup'] < COMPILE_WARMUP:
+        # The first calls of a compiled function trace and compile it (and may recompile once for a new grad mode):
+        # timing them would measure the compiler, not the model.
+        values['warmup'] = COMPILE_WARMUP
     if values.get('variant_sizes') is not None:  # keep the preset's sizes that are run (possibly none)
         values['variant_sizes'] = [s for s in values['variant_sizes'] if s in values['sizes']]
     for key in ('repeats', 'iters'):
@@ -102,7 +112,7 @@ def make_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     unknown = [m for m in values['models'] if not timm.is_model(m)]
     if unknown:
         parser.error(f'unknown timm model(s): {", ".join(unknown)}')
-    return suites.Settings(device=args.device, amp=args.amp, channels_last=args.channels_last, compile=args.compile,
+    return suites.Settings(device=args.device, preset=preset, amp=args.amp, channels_last=args.channels_last, compile=args.compile,
                            sections=list(args.sections), timer=args.timer, **values)
 
 

@@ -38,12 +38,10 @@ class SdpaGPSA(GPSA):
         positional = torch.matmul(pos, v[:, None])  # (B, N_h, N_q, C_in): the batch-shared map, second product
         gate = torch.sigmoid(self.gating.float()).to(v.dtype)[:, None, None]
         heads = torch.lerp(content, positional, gate)
-        # [c][h][q] order for the flattened conv filter, as in GPSA.forward.
-        heads = heads.permute(0, 3, 1, 2).reshape(b, c * self.num_heads, h_out * w_out)
-        out = torch.matmul(self.proj_weight, heads)
-        if self.proj_bias is not None:
-            out = out + self.proj_bias[:, None].to(out.dtype)
-        return out.view(b, self.out_chs, h_out, w_out)
+        # Per query the N_h head outputs side by side, [h][c] as the filter (C_out, N_h, C_in), as in GPSA.forward.
+        heads = heads.transpose(1, 2).reshape(b, h_out * w_out, self.num_heads * c)
+        out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias)  # (B, N_q, C_out)
+        return out.transpose(1, 2).reshape(b, self.out_chs, h_out, w_out)
 
 
 def to_sdpa(model: torch.nn.Module) -> torch.nn.Module:

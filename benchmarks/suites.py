@@ -37,6 +37,7 @@ GOAL_VS_REFERENCE = 2.0  # our GPSA vs the reference, stride-2 first block
 class Settings:
     """What to run and how (``run.py`` fills it from the command line and the presets)."""
     device: str = 'cpu'
+    preset: str = 'full'  # 'smoke', 'quick' or 'full': which models, sizes and repeats (run.py's presets)
     amp: bool = False
     channels_last: bool = False
     compile: bool = False

@@ -5,6 +5,6 @@ from .convert import ConversionError, EquivalenceReport, check_equivalence, exac
 from .gpsa import GPSA
 from .io import load, save
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 __all__ = ['GPSA', 'reparameterize', 'reparameterize_', 'check_equivalence', 'exact_configuration', 'gpsa_layers',
            'gpsa_summary', 'ConversionError', 'EquivalenceReport', 'load', 'save', 'models']

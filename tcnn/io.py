@@ -2,7 +2,7 @@
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
-    {'format': 'tcnn', 'version': 1, 'tcnn_version': '0.1.0',
+    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.2.0',
      'source': {'model': 'resnet50d', 'num_classes': 1000, 'kwargs': {...}},   # tcnn.hub.create_cnn arguments
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
@@ -22,12 +22,13 @@ import torch.nn as nn
 
 from .atomic import atomic_write
 from .errors import TcnnError
+from .gpsa import upgrade_proj_weight
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
            'model_from_dict', 'data_config_of', 'check_extension']
 
 FORMAT_NAME = 'tcnn'
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: GPSA filters as (C_out, N_h, C_in); version 1 files (2-D filters) are read and upgraded
 EXTENSIONS = ('.pt', '.pth', '.safetensors')
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
 _METADATA_KEY = 'tcnn'
@@ -229,6 +230,8 @@ def _build(d: Dict[str, Any]) -> nn.Module:
 
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
     expected = model.state_dict()
+    state_dict = {k: upgrade_proj_weight(v, expected[k].shape) if k.endswith('proj_weight') and k in expected else v
+                  for k, v in state_dict.items()}  # format version 1 (tcnn 0.1.0) stored GPSA filters in 2-D
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
     mismatched = [k for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape]

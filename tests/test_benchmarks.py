@@ -61,7 +61,7 @@ def test_reference_and_sdpa_compute_our_gpsa_away_from_the_conv(stride, size):
     gpsa = _off_exact(GPSA.from_conv(_asymmetric_conv(18, 12, stride)))
     x = torch.randn(3, 18, *size)
     out = gpsa(x)
-    assert _rel_err(F.conv2d(x, gpsa.proj_weight.view(12, 18, 3, 3), gpsa.proj_bias, stride, 1), out) > 0.1
+    assert _rel_err(F.conv2d(x, gpsa.conv_filter(), gpsa.proj_bias, stride, 1), out) > 0.1
     ref = ReferenceGPSA.from_gpsa(gpsa)
     sdpa = SdpaGPSA.from_conv(_asymmetric_conv(18, 12, stride))
     sdpa.load_state_dict(gpsa.state_dict())
@@ -166,7 +166,7 @@ def test_smoke_run_writes_results_and_readme(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(tmp_path.glob('cpu-*.json'))
-    assert len(files) == 1
+    assert len(files) == 1 and files[0].name.startswith('cpu-smoke-')
     res = json.loads(files[0].read_text())
     for key in ('machine', 'settings', 'models', 'layers', 'conversion', 'goals', 'profiles', 'paper'):
         assert key in res, key
@@ -206,3 +206,17 @@ def test_cli_rejects_bad_arguments(tmp_path):
         with pytest.raises(SystemExit):
             run.main(['--smoke', '--device', 'cuda', '--out', str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_presets_and_compile_warmup():
+    from benchmarks import run, report
+    parser = run.build_parser()
+    quick = run.make_settings(parser.parse_args(['--quick']), parser)
+    assert quick.preset == 'quick' and quick.models == ['resnet50d', 'resnetrs50'] and quick.warmup == 1
+    assert report.config_tag(quick) == 'cpu-quick'
+    full = run.make_settings(parser.parse_args(['--timer', 'cpu', '--warmup', '0']), parser)
+    assert full.preset == 'full' and full.models == run.FULL_MODELS and full.sizes == [224] and full.warmup == 0
+    assert report.config_tag(full) == 'cpu-full-cputime'
+    # Compiled functions compile on their first calls: those are never timed, whatever --warmup says.
+    compiled = run.make_settings(parser.parse_args(['--smoke', '--compile', '--warmup', '1']), parser)
+    assert compiled.warmup == run.COMPILE_WARMUP >= 2 and report.config_tag(compiled) == 'cpu-smoke-compile'

@@ -63,7 +63,7 @@ def test_convert_weights_exact_init(cnn_checkpoint, tmp_path, capsys):
     assert f'weights {ckpt}' in out and 'within tolerance' in out and 'note' not in out
     model = tcnn.load(out_path)
     conv = cnn.layer4[0].conv2
-    torch.testing.assert_close(model.layer4[0].conv2.proj_weight, conv.weight.reshape(conv.out_channels, -1))
+    torch.testing.assert_close(model.layer4[0].conv2.conv_filter(), conv.weight)
     with torch.no_grad():
         torch.testing.assert_close(model(_x()), cnn(_x()), rtol=1e-4, atol=1e-4)
 
@@ -83,7 +83,7 @@ def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):
     model = tcnn.load(out_path)
     gate = torch.sigmoid(torch.tensor(1.0)).item()
     assert all(g == pytest.approx(gate) for layer in tcnn.gpsa_summary(model).values() for g in layer['gate'])
-    torch.testing.assert_close(model.layer3[0].conv1.proj_weight, cnn.layer3[0].conv1.weight.reshape(256, -1))
+    torch.testing.assert_close(model.layer3[0].conv1.conv_filter(), cnn.layer3[0].conv1.weight)
 
 
 def test_convert_vacuous_check_is_flagged(tmp_path, capsys):
@@ -101,7 +101,7 @@ def test_info(cnn_checkpoint, tmp_path, capsys):
     assert rc == 0, err
     cnn_params = sum(p.numel() for p in create_cnn('resnet18d', pretrained=False).parameters())
     t_params = sum(p.numel() for p in tcnn.load(out_path).parameters())
-    for text in ('format tcnn v1', 'source      resnet18d, 1000 classes', 'layer4: 4 GPSA layers',
+    for text in ('format tcnn v2', 'source      resnet18d, 1000 classes', 'layer4: 4 GPSA layers',
                  f'{t_params / 1e6:.2f}M (CNN {cnn_params / 1e6:.2f}M', 'layer4.1.conv2', '0.731 [0.731-0.731]'):
         assert text in out, (text, out)
     rc, out, _ = _run(['info', out_path, '--json'], capsys)

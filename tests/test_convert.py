@@ -131,8 +131,8 @@ def test_verification_catches_a_wrong_conversion(monkeypatch):
     def transposed_from_conv(cls, conv, *args, **kwargs):
         layer = from_conv(cls, conv, *args, **kwargs)
         with torch.no_grad():
-            w = layer.proj_weight.view(conv.out_channels, conv.in_channels, 3, 3)
-            layer.proj_weight.copy_(w.transpose(2, 3).reshape_as(layer.proj_weight))
+            w = layer.proj_weight.view(conv.out_channels, 3, 3, conv.in_channels)  # taps (ky, kx)
+            layer.proj_weight.copy_(w.transpose(1, 2).reshape_as(layer.proj_weight))
         return layer
 
     monkeypatch.setattr(tcnn.GPSA, 'from_conv', classmethod(transposed_from_conv))

@@ -40,6 +40,84 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     assert _rel_err(ref, out) < 1e-5
 
 
+def _naive_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
+    """seed 001 eqs. 5-7 written out on the padded grid: every attention matrix materialised, nothing skipped."""
+    mode = 'constant' if gpsa.padding_mode == 'zeros' else gpsa.padding_mode
+    (ph, pw), (ay, ax), (sy, sx) = gpsa.padding, gpsa.anchor, gpsa.stride
+    h_out, w_out = gpsa.output_size(x.shape[-2], x.shape[-1])
+    x_pad = F.pad(x, (pw, pw, ph, ph), mode=mode)
+    keys = x_pad.flatten(2)  # (B, C, N_k)
+    queries = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].flatten(2)  # (B, C, N_q)
+    n_h, d = gpsa.num_heads, gpsa.qk_dim
+    q = torch.einsum('oc,bcn->bon', gpsa.q_weight, queries)
+    k = torch.einsum('oc,bcn->bon', gpsa.k_weight, keys)
+    q, k = q.view(q.shape[0], n_h, d, -1), k.view(k.shape[0], n_h, d, -1)
+    content = (torch.einsum('bhdq,bhdk->bhqk', q, k) * d ** -0.5).softmax(-1)
+    pos = gpsa.positional_attention(x.shape[-2], x.shape[-1], x.device)
+    gate = torch.sigmoid(gpsa.gating)[:, None, None]
+    attn = (1 - gate) * content + gate * pos  # (B, N_h, N_q, N_k)
+    values = torch.einsum('oc,bck->bko', gpsa.v_weight, keys)
+    heads = torch.einsum('bhqk,bkc->bhcq', attn, values)  # (B, N_h, C_in, N_q)
+    out = torch.einsum('ohc,bhcq->boq', gpsa.proj_weight, heads)  # seed 001 eq. 5: sum over heads of A_h V W_out^h
+    if gpsa.proj_bias is not None:
+        out = out + gpsa.proj_bias[:, None]
+    return out.view(x.shape[0], -1, h_out, w_out)
+
+
+@pytest.mark.parametrize('kernel,stride,padding,dilation,mode,size,channels_last', [
+    pytest.param(3, 1, 1, 1, 'zeros', (7, 6), False, id='k3-s1'),
+    pytest.param(3, 2, 1, 1, 'zeros', (11, 9), False, id='k3-s2-odd'),
+    pytest.param(3, 1, 1, 1, 'zeros', (6, 7), True, id='k3-s1-channels-last'),
+    pytest.param(3, 2, 1, 1, 'zeros', (10, 10), True, id='k3-s2-channels-last'),
+    pytest.param(3, 1, 2, 1, 'zeros', (5, 6), False, id='padding-beyond-anchor'),
+    pytest.param(3, 2, 3, 2, 'zeros', (9, 8), False, id='s2-dil2-padding-beyond-anchor'),
+    pytest.param(3, 2, 0, 1, 'zeros', (9, 8), False, id='no-padding'),
+    pytest.param(4, 1, 1, 1, 'zeros', (6, 7), False, id='even-kernel'),
+    pytest.param((3, 5), 2, (1, 2), 1, 'zeros', (9, 10), False, id='k3x5-s2'),
+    pytest.param(3, 1, 1, 1, 'reflect', (6, 5), False, id='reflect'),
+    pytest.param(3, 2, 1, 1, 'replicate', (9, 7), True, id='replicate-s2-channels-last'),
+    pytest.param(3, 1, 2, 1, 'circular', (6, 6), False, id='circular-padding-beyond-anchor'),
+])
+def test_general_parameters_match_the_naive_definition(kernel, stride, padding, dilation, mode, size, channels_last):
+    # Away from the exact configuration every branch matters: content attention, gates, shifted centres, values.
+    torch.manual_seed(0)
+    gpsa = GPSA(12, 10, kernel, stride, padding, dilation, bias=True, padding_mode=mode, qk_dim=5,
+                locality_strength=0.7)
+    with torch.no_grad():
+        gpsa.q_weight.normal_()
+        gpsa.k_weight.normal_()
+        gpsa.gating.normal_()
+        gpsa.pos_centers.add_(torch.randn_like(gpsa.pos_centers) * 0.5)
+        gpsa.v_weight.add_(torch.randn_like(gpsa.v_weight) * 0.2)
+        gpsa.proj_bias.normal_()
+    x = torch.randn(2, 12, *size)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = gpsa(x)
+    expected = _naive_gpsa(gpsa, x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    content = gpsa.attention(x)['content']
+    assert content.shape[-1] == (size[0] + 2 * gpsa.padding[0]) * (size[1] + 2 * gpsa.padding[1])
+    torch.testing.assert_close(content.sum(-1), torch.ones(content.shape[:-1]))
+
+
+def test_conv_filter_and_the_old_2d_filter_layout():
+    conv = nn.Conv2d(6, 5, (3, 2), padding=1, bias=True)
+    x = torch.randn(2, 6, 7, 6)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    assert gpsa.proj_weight.shape == (5, 6, 6)  # (C_out, N_h, C_in): per head its tap
+    torch.testing.assert_close(gpsa.conv_filter(), conv.weight)
+    torch.testing.assert_close(gpsa.proj_weight[:, 3], conv.weight[:, :, 1, 1])  # head 3 = tap (1, 1)
+    # tcnn 0.1.0 stored conv.weight.reshape(C_out, -1); such state dicts still load, also onto the meta device.
+    state = dict(gpsa.state_dict(), proj_weight=conv.weight.detach().reshape(5, -1))
+    for device, assign in (('cpu', False), ('meta', True)):
+        old = GPSA(6, 5, (3, 2), padding=1, bias=True, device=device)
+        old.load_state_dict(state, assign=assign)
+        torch.testing.assert_close(old(x), conv(x), rtol=1e-5, atol=1e-5)
+    assert state['proj_weight'].shape == (5, 36)  # the caller's dict is left alone
+
+
 def test_tap_order_with_single_tap_filter():
     # A filter with one non-zero tap at (row 0, col 2) is a pure shift: catches a transposed head order, which a
     # symmetric filter would hide.

@@ -67,12 +67,28 @@ def test_round_trip_identical_outputs(t_model, tmp_path, ext):
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # not the 0600 of the temporary file
 
 
+def test_version_1_file_with_2d_filters_loads(t_model, tmp_path):
+    # tcnn 0.1.0 wrote format version 1, with each GPSA filter as conv.weight.reshape(C_out, -1) ([c][h] order).
+    d = tio.model_to_dict(t_model)
+    old = {}
+    for k, v in d['state_dict'].items():
+        if k.endswith('proj_weight'):
+            v = v.transpose(1, 2).reshape(v.shape[0], -1)  # (C_out, N_h, C_in) -> (C_out, C_in * N_h)
+        old[k] = v
+    path = tmp_path / 'v1.pt'
+    torch.save(dict(d, version=1, state_dict=old), path)
+    loaded = tcnn.load(str(path)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), t_model(x))
+
+
 def test_pt_file_is_a_plain_dict(t_model, tmp_path):
     path = tmp_path / 'model.pt'
     tcnn.save(t_model, str(path))
     d = torch.load(path, weights_only=True)
     state_dict = d.pop('state_dict')
-    assert d['format'] == 'tcnn' and d['version'] == tio.FORMAT_VERSION == 1
+    assert d['format'] == 'tcnn' and d['version'] == tio.FORMAT_VERSION == 2
     assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05}}
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 16
     assert d['conversion']['gating_init'] == 0.5 and d['num_classes'] == 10
@@ -226,7 +242,7 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
     ('state_dict_safetensors', '.safetensors', 'without T-CNN settings.*tcnn convert'),
     ('pickled_object', '.pt', 'pickled Python objects'),
     ('other_format', '.pt', "not a T-CNN file \\(format 'something-else'"),
-    ('future_version', '.pt', 'format version 2.*upgrade tcnn'),
+    ('future_version', '.pt', 'format version 3.*upgrade tcnn'),
     ('missing_weight', '.pt', 'missing 1'),
 ])
 def test_load_rejects_bad_files_clearly(t_model, tmp_path, kind, suffix, message):

@@ -307,7 +307,7 @@ def test_pretrained_converts_source_weights(monkeypatch):
     assert asked == [('resnet18d.ra4_e3600_r224_in1k', True, {})]
     assert 'state_dict' not in model.pretrained_cfg and model.pretrained_cfg['tag'] == 'ra4_e3600_r224_in1k'
     conv = cnn.layer4[1].conv2
-    torch.testing.assert_close(model.layer4[1].conv2.proj_weight, conv.weight.reshape(conv.out_channels, -1))
+    torch.testing.assert_close(model.layer4[1].conv2.conv_filter(), conv.weight)
     x = _x(2, 96)
     with torch.no_grad(), exact_configuration(model):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
@@ -379,6 +379,6 @@ def test_grouped_source_converts_exactly(monkeypatch):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
     conv, proj = cnn.layer4[0].conv2, model.layer4[0].conv2.proj_weight
     c, group = conv.out_channels, conv.out_channels // conv.groups
-    assert conv.groups == 32 and proj.shape == (c, c * 9)
-    proj = proj.view(c, c, 9)  # block diagonal: the first group's outputs read only the first group's inputs
-    assert proj[:group, group:].abs().max() == 0 and proj[:group, :group].abs().max() > 0
+    assert conv.groups == 32 and proj.shape == (c, 9, c)
+    # block diagonal: the first group's outputs read only the first group's inputs
+    assert proj[:group, :, group:].abs().max() == 0 and proj[:group, :, :group].abs().max() > 0
