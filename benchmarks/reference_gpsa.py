@@ -140,7 +140,8 @@ class ReferenceGPSA(nn.Module):
         heads = attn @ v[:, None]  # (B, N_h, N_q, C_in): every head gathers its own values
         # Concatenate the heads (seed 001 eq. 5) and project with W_out = [W_out^1 ... W_out^N_h].
         heads = heads.permute(0, 2, 1, 3).reshape(b, n_q, n_h * self.in_chs)
-        out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias).transpose(1, 2).reshape(b, self.out_chs, h1, w1)
+        out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias)  # (B, N_q, C_out)
+        out = out.transpose(1, 2).reshape(b, self.out_chs, h1, w1)
 
         sy, sx = self.stride
         if sy == 1 and sx == 1:

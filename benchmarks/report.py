@@ -215,6 +215,13 @@ def _conversion(res: Dict[str, Any]) -> List[str]:
         rows)
 
 
+def _gflops_at(row_at_res: Optional[Dict[str, Any]], row: Optional[Dict[str, Any]], key: str) -> Optional[float]:
+    """GFLOPs of ``key`` at the paper's resolution: from the run's row at that size, or counted apart."""
+    if row_at_res is not None:
+        return row_at_res['gflops'][key]
+    return (row or {}).get('gflops_at_paper_res', {}).get(key)
+
+
 def _paper(res: Dict[str, Any]) -> List[str]:
     ours = {}
     for r in res.get('models', []):
@@ -225,13 +232,13 @@ def _paper(res: Dict[str, Any]) -> List[str]:
     rows = []
     for name, p in res.get('paper', {}).items():
         o = ours.get(name)
-        at_paper = [by_size.get((name, p[k]['res'])) for k in ('cnn', 'tcnn')]
+        at_paper = [_gflops_at(by_size.get((name, p[k]['res'])), o, k) for k in ('cnn', 'tcnn')]
         rows.append([
             name, f'{p["cnn"]["res"]} / {p["tcnn"]["res"]}', f'{p["cnn"]["params_m"]} / {p["tcnn"]["params_m"]}',
             f'{p["cnn"]["gflops"]} / {p["tcnn"]["gflops"]}', f'{p["cnn"]["img_s"]} / {p["tcnn"]["img_s"]}',
             _f(p['gflops_ratio_same_res'], 2), _f(p['finetune_speed_ratio'], 2),
             f'{_f(o["params"]["cnn"] / 1e6)} / {_f(o["params"]["tcnn"] / 1e6)}' if o else '-',
-            ' / '.join(_f(r['gflops'][k], 2) if r else '-' for r, k in zip(at_paper, ('cnn', 'tcnn'))),
+            ' / '.join(_f(v, 2) for v in at_paper),
             f'{_f(o["gflops"]["cnn"], 2)} / {_f(o["gflops"]["tcnn"], 2)} @ {o["size"]}' if o else '-',
             _f(o['flops_ratio']['tcnn'], 2) if o else '-', _f(o['train_ratio']['tcnn'], 2) if o else '-',
         ])
@@ -269,6 +276,40 @@ def render_result(res: Dict[str, Any]) -> str:
     return '\n'.join(lines)
 
 
+_GLANCE = [  # (column, goal names): the worst value over every row that measures the goal
+    ('inference T/CNN', ('inference img/s T-CNN / CNN',)),
+    ('training step T/CNN', ('training step img/s T-CNN / CNN',)),
+    ('train memory T/CNN', ('peak training memory T-CNN / CNN',)),
+    ('FLOPs T/CNN', ('forward FLOPs T-CNN / CNN',)),
+    ('GPSA vs reference, stride 2',
+     ('GPSA speed vs reference (forward)', 'GPSA speed vs reference (forward+backward)')),
+]
+
+
+def _at_a_glance(results: List[Dict[str, Any]]) -> List[str]:
+    """One line per run: the worst value of each goal (lowest speed ratio, highest cost ratio) and where."""
+    rows = []
+    for res in results:
+        m, cells = res['machine'], []
+        device = m['gpu']['name'] if 'gpu' in m else f'{m["cpu"]}, {m["torch_threads"]} thread(s)'
+        for _, names in _GLANCE:
+            goals = [g for g in res.get('goals', []) if g['goal'] in names]
+            if not goals:
+                cells.append('-')
+                continue
+            worst = min(goals, key=lambda g: g['value'] if g['target'].startswith('>=') else -g['value'])
+            mark = '' if worst['passed'] else ' **MISS**'
+            cells.append(f'{_f(worst["value"], 3)}{mark} ({worst["subject"].split(" batch")[0]})')
+        passed = sum(g['passed'] for g in res.get('goals', []))
+        anchor = res['name'].lower()
+        rows.append([f'[{res["name"]}](#{anchor})', device, str(len(res.get('models', []))), *cells,
+                     f'{passed} / {len(res.get("goals", []))}'])
+    header = ['run', 'device', 'model rows', *(c for c, _ in _GLANCE), 'goals met']
+    return ['## At a glance', '', 'Worst value of each goal in each run (lowest speed ratio, highest cost ratio), and '
+            'where it was measured; targets: speed >= 0.9, memory <= 1.15, FLOPs <= 1.1 (all at 224 px), GPSA vs '
+            'reference >= 2.', ''] + _table(header, rows) + ['']
+
+
 def write_readme(directory: str) -> str:
     """(Re)write ``README.md`` of a results folder from its JSON files: the newest file of each configuration."""
     newest: Dict[str, Dict[str, Any]] = {}
@@ -286,6 +327,7 @@ def write_readme(directory: str) -> str:
         'what is measured and how: [docs/benchmarks.md](../../docs/benchmarks.md). Ratios compare things measured '
         'side by side, interleaved, in one process; absolute img/s depend on the machine and its load.', '',
     ]
+    parts += _at_a_glance([newest[k] for k in sorted(newest)])
     for key in sorted(newest):
         parts.append(render_result(newest[key]))
     path = os.path.join(directory, 'README.md')

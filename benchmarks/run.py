@@ -112,8 +112,8 @@ def make_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     unknown = [m for m in values['models'] if not timm.is_model(m)]
     if unknown:
         parser.error(f'unknown timm model(s): {", ".join(unknown)}')
-    return suites.Settings(device=args.device, preset=preset, amp=args.amp, channels_last=args.channels_last, compile=args.compile,
-                           sections=list(args.sections), timer=args.timer, **values)
+    return suites.Settings(device=args.device, preset=preset, amp=args.amp, channels_last=args.channels_last,
+                           compile=args.compile, sections=list(args.sections), timer=args.timer, **values)
 
 
 def _log(start: float):

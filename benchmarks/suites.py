@@ -19,6 +19,7 @@ from tcnn.gpsa import GPSA
 
 from .measure import count_flops, interleaved_times, op_profile, paired_ratio, peak_memory, synchronize, \
     timing_summary
+from .paper import paper_figures
 from .reference_gpsa import ReferenceGPSA, to_reference
 from .sdpa_gpsa import SdpaGPSA, to_sdpa
 
@@ -143,6 +144,17 @@ def _model_variants(name: str, settings: Settings) -> Dict[str, nn.Module]:
     return variants
 
 
+def _flops_at_paper_resolutions(name: str, models: Dict[str, nn.Module], settings: Settings) -> Dict[str, float]:
+    """GFLOPs of the CNN at the paper's CNN resolution and of the T-CNN at its fine-tuning resolution (Table 2),
+    whatever sizes the run times; empty for models the paper does not list."""
+    paper = paper_figures(name)
+    if paper is None:
+        return {}
+    device = settings.torch_device
+    return {k: count_flops(models[k].eval().to(device), torch.randn(1, 3, paper[k]['res'], paper[k]['res'],
+                                                                    device=device)) / 1e9 for k in ('cnn', 'tcnn')}
+
+
 def _memory_eager(settings: Settings) -> bool:
     # On CPU the tracker sees ATen ops only; compiled (inductor) kernels allocate behind its back, so the memory
     # of a compiled run is measured on the same model in eager mode there. CUDA's allocator sees everything.
@@ -192,6 +204,7 @@ def bench_models(settings: Settings, log: Log) -> List[Dict[str, Any]]:
         log(f'model {name}')
         full = _model_variants(name, settings)
         params = {k: _num_params(m) for k, m in full.items()}
+        at_paper_res = _flops_at_paper_resolutions(name, full, settings)
         for size in settings.sizes:
             variants = {k: m for k, m in full.items()
                         if k in ('cnn', 'tcnn') or settings.variant_sizes is None or size in settings.variant_sizes}
@@ -204,6 +217,8 @@ def bench_models(settings: Settings, log: Log) -> List[Dict[str, Any]]:
             for batch in settings.batch_sizes:
                 row = {'model': name, 'params': params, 'gflops': {k: v / 1e9 for k, v in flops.items()},
                        'flops_ratio': {k: v / flops['cnn'] for k, v in flops.items() if k != 'cnn'}}
+                if at_paper_res:
+                    row['gflops_at_paper_res'] = at_paper_res
                 try:
                     row.update(_bench_case(runners, size, batch, settings, log))
                 except torch.OutOfMemoryError:

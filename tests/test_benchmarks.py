@@ -194,6 +194,9 @@ def test_smoke_run_writes_results_and_readme(tmp_path):
     assert len(res['profiles']) == len(missed_speed)
     readme = (tmp_path / 'README.md').read_text()
     assert 'resnet18d' in readme and '| goal |' in readme and res['machine']['cpu'] in readme
+    glance = readme.split('## At a glance')[1].split('\n## ')[0]  # one row for the run, its goals counted
+    met = sum(g['passed'] for g in res['goals'])
+    assert f'[{files[0].stem}](#{files[0].stem})' in glance and f'{met} / {len(res["goals"])}' in glance
 
 
 def test_cli_rejects_bad_arguments(tmp_path):
@@ -220,3 +223,13 @@ def test_presets_and_compile_warmup():
     # Compiled functions compile on their first calls: those are never timed, whatever --warmup says.
     compiled = run.make_settings(parser.parse_args(['--smoke', '--compile', '--warmup', '1']), parser)
     assert compiled.warmup == run.COMPILE_WARMUP >= 2 and report.config_tag(compiled) == 'cpu-smoke-compile'
+
+
+def test_flops_at_the_papers_resolutions():
+    from benchmarks import suites
+    settings = suites.Settings(models=['resnetrs50'])
+    models = suites._model_variants('resnetrs50', settings)
+    got = suites._flops_at_paper_resolutions('resnetrs50', models, settings)
+    assert abs(got['cnn'] - 4.6) / 4.6 < 0.02  # Table 2: ResNet50-RS, 4.6 GFLOPs at 160 px
+    assert 9.0 < got['tcnn'] < 10.0  # ours at the paper's 224 px (the paper's T-ResNet50-RS: 17.6)
+    assert suites._flops_at_paper_resolutions('resnet18d', models, settings) == {}
