@@ -137,8 +137,23 @@ def test_verification_catches_a_wrong_conversion(monkeypatch):
 
     monkeypatch.setattr(tcnn.GPSA, 'from_conv', classmethod(transposed_from_conv))
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
-    with pytest.raises(ConversionError, match='does not reproduce'):
+    with pytest.raises(ConversionError, match='does not reproduce.*in float64'):
         tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+
+
+def test_float32_miss_is_rechecked_in_float64():
+    # A tolerance below float32 rounding stands in for an ill-conditioned network: the float64 check tells rounding
+    # from a wrong conversion, and the model comes back in float32 with the same parameter objects.
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    params = dict(cnn.named_parameters())
+    with pytest.warns(UserWarning, match='amplifies float32 rounding'):
+        model = tcnn.reparameterize_(cnn, input_size=(3, 64, 64), tol=1e-10)
+    report = model.tcnn_report
+    assert report.max_rel_err > 1e-10 > report.float64_max_rel_err and report.passed(1e-10)
+    assert 'float64' in str(report)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    kept = [(params[name], p) for name, p in model.named_parameters() if name in params]
+    assert len(kept) > 50 and all(old is new for old, new in kept)  # every parameter but the replaced convs'
 
 
 def test_vacuous_check_is_flagged():

@@ -143,6 +143,9 @@ def _print_summary(args: argparse.Namespace, cnn: nn.Module, t_model: nn.Module,
         shape = 'x'.join(map(str, (report.batch_size, *report.input_size)))
         out.append(f'  verified    exact configuration: max rel err {report.max_rel_err:.2g} (max abs '
                    f'{report.max_abs_err:.2g}) on {shape} logits, tolerance {args.tol:g}')
+        if report.float64_max_rel_err is not None:
+            out.append(f'  float64     max rel err {report.float64_max_rel_err:.2g}: the float32 error above is '
+                       'rounding amplified by the network, not the conversion')
         if report.vacuous:
             # e.g. a random-init timm ResNet: zero-initialised last BNs silence every residual branch
             out.append('  note        the replaced layers do not affect these logits (zero-initialised residual '
