@@ -2,189 +2,238 @@
 
 Metrics are reduced across processes (sums of losses, counts and correct predictions), so every rank returns the
 same global numbers. A non-finite loss raises ``NonFiniteLossError`` on every rank at the same update, before the
-optimiser step, so the model and the last checkpoint stay clean.
+optimiser step, so the model and the last checkpoint stay clean. A stop request (preemption signal, Ctrl-C) ends the
+epoch early at an update boundary on every rank at once; the returned ``EpochPosition`` lets a checkpoint resume
+the epoch exactly there.
 """
 import contextlib
+import dataclasses
 import math
 import time
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
+from tqdm import tqdm
 
+from .distributed import all_reduce_sum, world_size
 from .errors import TcnnError
 from .optim import group_lrs
 
-__all__ = ['NonFiniteLossError', 'train_one_epoch', 'evaluate', 'all_reduce_sum']
+__all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'train_one_epoch', 'evaluate', 'autocast_fn',
+           'to_device', 'DATA_BOUND_FRACTION']
+
+# A run is "data-bound" when the step waits this fraction of its time or more for the loader.
+DATA_BOUND_FRACTION = 0.1
 
 
 class NonFiniteLossError(TcnnError):
     """The training loss became NaN or infinite."""
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+def autocast_fn(device: torch.device, amp_dtype: Optional[torch.dtype]) -> Callable[[], ContextManager]:
+    """A callable returning the autocast context of ``amp_dtype`` on ``device`` (a no-op context without AMP)."""
+    if amp_dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=amp_dtype)
 
 
-def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all processes (identity when not distributed)."""
-    if _distributed():
-        values = values.clone()
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
+@dataclasses.dataclass
+class EpochPosition:
+    """How far an epoch got: updates done and this process's running sums. A mid-epoch checkpoint stores it, so the
+    resumed epoch reports the same metrics as an uninterrupted one."""
+    updates: int = 0
+    loss_sum: float = 0.0  # sum over updates of the global mean loss
+    correct: int = 0  # this process's correct predictions (against the dominant label)
+    images: int = 0  # this process's training images
+    train_time_s: float = 0.0
+    data_time_s: float = 0.0  # time spent waiting for the loader
+
+    def state_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: Optional[Dict[str, Any]]) -> 'EpochPosition':
+        return cls(**state) if state else cls()
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if _distributed() else 1
+@dataclasses.dataclass
+class UpdateStep:
+    """Everything one optimiser update needs besides the batch: optimiser, per-update scheduler, gradient scaler
+    (always present; a disabled ``GradScaler`` passes the loss through), clipping, accumulation and the EMA."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    scaler: Optional[torch.amp.GradScaler] = None
+    clip_grad: Optional[float] = None
+    accum_steps: int = 1
+    model_ema: Optional[nn.Module] = None
+    ema_source: Optional[nn.Module] = None  # the raw model the EMA averages (not the DDP/compiled wrapper)
+
+    def __post_init__(self):
+        if self.scaler is None:
+            self.scaler = torch.amp.GradScaler('cpu', enabled=False)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss / self.accum_steps).backward()
+
+    def step(self, model: nn.Module, num_updates: int) -> None:
+        """Clip, step (through the scaler), zero the gradients, advance the scheduler to ``num_updates`` and
+        update the EMA."""
+        if self.clip_grad is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=num_updates)
+        if self.model_ema is not None:
+            self.model_ema.update(self.ema_source, step=num_updates)
 
 
-def _to_device(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+def to_device(x: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """``x`` on ``device`` (asynchronously from pinned memory), channels-last if asked and 4-D."""
     x = x.to(device, non_blocking=True)
     return x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
 
 
-def _autocast(device: torch.device, amp_dtype: Optional[torch.dtype]):
-    if amp_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Dict[str, str]:
+    elapsed = max(position.train_time_s, 1e-9)
+    return {'loss': f'{position.loss_sum / max(position.updates, 1):.4f}', 'lr': f'{lr:.3g}',
+            'img_s': f'{position.images * world / elapsed:.1f}',
+            'data': f'{100 * position.data_time_s / elapsed:.0f}%'}
 
 
 def train_one_epoch(
         model: nn.Module,
-        loader: Iterable,
-        optimizer: torch.optim.Optimizer,
+        loader: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        update: UpdateStep,
         *,
-        device: torch.device,
         epoch: int,
         updates_per_epoch: int,
-        num_updates: int = 0,
-        scheduler: Any = None,
-        accum_steps: int = 1,
-        mixup_fn: Optional[Callable] = None,
-        amp_dtype: Optional[torch.dtype] = None,
-        scaler: Optional[torch.amp.GradScaler] = None,
-        clip_grad: Optional[float] = None,
-        model_ema: Optional[nn.Module] = None,
-        ema_source: Optional[nn.Module] = None,
-        channels_last: bool = False,
+        num_updates: int,
+        device: torch.device,
+        position: Optional[EpochPosition] = None,
+        prepare: Optional[Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None,
+        autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+        should_stop: Callable[[], bool] = lambda: False,
         progress: bool = False,
         desc: str = '',
-) -> Dict[str, Any]:
-    """Train for ``updates_per_epoch`` optimiser updates of ``accum_steps`` micro-batches each.
+) -> Tuple[EpochPosition, Dict[str, Any]]:
+    """Train until the epoch has ``updates_per_epoch`` optimiser updates of ``update.accum_steps`` micro-batches,
+    or until ``should_stop()`` is true on any process at an update boundary.
 
     Args:
         model: The model to call (possibly DDP-wrapped and/or compiled).
-        loader: Yields ``(images, labels)``; micro-batches past the last full update are skipped.
-        optimizer: The optimiser.
-        criterion: ``loss(logits, target)``; the target is soft when ``mixup_fn`` is given.
-        device: Where to run.
+        loader: Yields ``(images, labels)`` on the CPU; for a resumed epoch, only the batches not yet trained on.
+        criterion: ``loss(logits, target)``.
+        update: What performs an optimiser update.
         epoch: 0-based index of this epoch (messages say ``epoch + 1``).
-        updates_per_epoch: Optimiser updates in this epoch.
-        num_updates: Updates done before this epoch (the scheduler's position).
-        scheduler: A timm scheduler, stepped with ``step_update`` after every update.
-        accum_steps: Micro-batches per update (gradients of the others are not synchronised under DDP).
-        mixup_fn: timm ``Mixup``; turns labels into soft targets.
-        amp_dtype: Autocast dtype (None: full precision).
-        scaler: GradScaler for fp16 (None or disabled otherwise).
-        clip_grad: Max gradient norm (None: no clipping).
-        model_ema: timm ``ModelEmaV3``, updated after every update from ``ema_source``.
-        ema_source: The raw model (what the EMA averages).
-        channels_last: Feed channels-last images.
+        updates_per_epoch: Optimiser updates in a whole epoch.
+        num_updates: Updates done before this call (the scheduler's position).
+        device: Where to run.
+        position: Where a resumed epoch stands (None: at its start).
+        prepare: ``(images, labels) -> (images, targets)``: moves a CPU batch to ``device`` (memory format, mixup);
+            default: a plain move, labels as targets.
+        autocast: Returns the autocast context of a forward pass.
+        should_stop: Polled after every update; the stop is agreed between processes.
         progress: Show a tqdm bar (main process).
         desc: Bar description.
 
     Returns:
-        dict with the global ``train_loss``, ``train_top1`` (against the dominant label of each target),
-        ``lr``/``gating_lr`` of the last update, ``img_per_s``, ``train_images``, ``train_time_s`` and the new
-        ``num_updates``.
+        The epoch's position (``updates < updates_per_epoch`` when stopped early) and, for a whole epoch, the global
+        ``train_loss``, ``train_top1``, ``lr``/``gating_lr`` of the last update, ``img_per_s`` (whole loop),
+        ``step_img_per_s`` (excluding the wait for data), ``data_wait`` (fraction of the time spent waiting),
+        ``train_images``, ``train_time_s`` and the new ``num_updates``; an empty dict when stopped early.
 
     Raises:
         NonFiniteLossError: The mean loss of an update is NaN or infinite.
     """
-    from tqdm import tqdm
-
     model.train()
-    world = _world_size()
+    world = world_size()
+    if prepare is None:
+        prepare = lambda images, labels: (images.to(device), labels.to(device))  # noqa: E731
+    position = dataclasses.replace(position) if position is not None else EpochPosition()
     no_sync = getattr(model, 'no_sync', None)
-    optimizer.zero_grad(set_to_none=True)
-    stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum over updates, correct, images
-    bar = tqdm(total=updates_per_epoch, desc=desc, disable=not progress, dynamic_ncols=True, leave=True)
-    update_loss = torch.zeros((), device=device)
-    lrs = group_lrs(optimizer)
-    start = time.perf_counter()
-    micro, updates = 0, 0
+    update.optimizer.zero_grad(set_to_none=True)
+    update_loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    lrs = group_lrs(update.optimizer)
+    micro, stopped = 0, False
+    bar = tqdm(total=updates_per_epoch, initial=position.updates, desc=desc, disable=not progress,
+               dynamic_ncols=True, leave=True)
+    tick = time.perf_counter()
     try:
         for images, labels in loader:
-            if updates >= updates_per_epoch:
+            if position.updates >= updates_per_epoch:
                 break
-            images = _to_device(images, device, channels_last)
-            labels = labels.to(device, non_blocking=True)
-            targets = labels
-            if mixup_fn is not None:
-                images, targets = mixup_fn(images, labels)
-            last_micro = (micro + 1) % accum_steps == 0
+            now = time.perf_counter()
+            position.data_time_s += now - tick
+            images, targets = prepare(images, labels)
+            last_micro = (micro + 1) % update.accum_steps == 0
             sync = contextlib.nullcontext() if (last_micro or no_sync is None) else no_sync()
             with sync:
-                with _autocast(device, amp_dtype):
+                with autocast():
                     logits = model(images)
                     loss = criterion(logits, targets)
-                grad_loss = loss / accum_steps
-                if scaler is not None and scaler.is_enabled():
-                    scaler.scale(grad_loss).backward()
-                else:
-                    grad_loss.backward()
-            update_loss += loss.detach().float() / accum_steps
+                update.backward(loss)
+            update_loss += loss.detach().double() / update.accum_steps
             dominant = targets.argmax(dim=-1) if targets.ndim == 2 else targets
-            stats[1] += (logits.detach().argmax(dim=-1) == dominant).sum()
-            stats[2] += images.shape[0]
+            correct += (logits.detach().argmax(dim=-1) == dominant).sum()
+            position.images += images.shape[0]
             micro += 1
             if not last_micro:
+                tick = time.perf_counter()
+                position.train_time_s += tick - now
                 continue
 
-            # one optimiser update: check the global loss before stepping, so a NaN never reaches the weights
-            loss_value = all_reduce_sum(update_loss).item() / world
+            # One optimiser update. The loss is checked before stepping (a NaN never reaches the weights), and the
+            # stop request travels in the same reduction, so every process stops after the same update.
+            flags = all_reduce_sum(torch.stack([update_loss, torch.tensor(float(should_stop()), dtype=torch.float64,
+                                                                           device=device)]))
+            loss_value = flags[0].item() / world
             if not math.isfinite(loss_value):
-                raise NonFiniteLossError(
-                    f'non-finite training loss ({loss_value}) in epoch {epoch + 1}, update {updates + 1}: stopping')
-            lrs = group_lrs(optimizer)
-            if scaler is not None and scaler.is_enabled():
-                if clip_grad is not None:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                if clip_grad is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            updates += 1
+                raise NonFiniteLossError(f'non-finite training loss ({loss_value}) in epoch {epoch + 1}, update '
+                                         f'{position.updates + 1}: stopping')
+            lrs = group_lrs(update.optimizer)
             num_updates += 1
-            if scheduler is not None:
-                scheduler.step_update(num_updates=num_updates)
-            if model_ema is not None:
-                model_ema.update(ema_source, step=num_updates)
-            stats[0] += loss_value
+            update.step(model, num_updates)
+            position.updates += 1
+            position.loss_sum += loss_value
+            position.correct += int(correct.item())
+            correct.zero_()
             update_loss.zero_()
+            tick = time.perf_counter()
+            position.train_time_s += tick - now
             if progress:
-                elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(loss=f'{stats[0].item() / updates:.4f}', lr=f'{lrs["lr"]:.3g}',
-                                img_s=f'{stats[2].item() * world / elapsed:.1f}', refresh=False)
+                bar.set_postfix(_bar_postfix(position, lrs['lr'], world), refresh=False)
             bar.update(1)
+            if flags[1].item() > 0:
+                stopped = True
+                break
     finally:
         bar.close()
-    if updates < updates_per_epoch:
-        raise TcnnError(f'the training loader ended after {updates} of {updates_per_epoch} updates')
-    elapsed = time.perf_counter() - start
-    correct, seen = (int(v) for v in all_reduce_sum(stats[1:]).tolist())
+    if stopped and position.updates < updates_per_epoch:
+        return position, {}
+    if position.updates < updates_per_epoch:
+        raise TcnnError(f'the training loader ended after {position.updates} of {updates_per_epoch} updates')
+    return position, _epoch_stats(position, lrs, num_updates, device)
+
+
+def _epoch_stats(position: EpochPosition, lrs: Dict[str, Optional[float]], num_updates: int,
+                 device: torch.device) -> Dict[str, Any]:
+    sums = all_reduce_sum(torch.tensor([position.correct, position.images], dtype=torch.float64, device=device))
+    correct, seen = (int(v) for v in sums.tolist())
+    elapsed, compute = position.train_time_s, position.train_time_s - position.data_time_s
     return {
-        'train_loss': stats[0].item() / max(updates, 1),
+        'train_loss': position.loss_sum / max(position.updates, 1),
         'train_top1': 100.0 * correct / seen if seen else None,
         'lr': lrs['lr'],
         'gating_lr': lrs['gating_lr'],
         'img_per_s': seen / elapsed if elapsed > 0 else None,
+        'step_img_per_s': seen / compute if compute > 0 else None,
+        'data_wait': position.data_time_s / elapsed if elapsed > 0 else None,
         'train_images': seen,
         'train_time_s': elapsed,
         'num_updates': num_updates,
@@ -194,10 +243,10 @@ def train_one_epoch(
 @torch.no_grad()
 def evaluate(
         model: nn.Module,
-        loader: Iterable,
+        loader: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         *,
         device: torch.device,
-        amp_dtype: Optional[torch.dtype] = None,
+        autocast: Callable[[], ContextManager] = contextlib.nullcontext,
         channels_last: bool = False,
         prefix: str = 'val',
 ) -> Dict[str, Any]:
@@ -209,9 +258,9 @@ def evaluate(
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top1, top5, images
     for images, labels in loader:
-        images = _to_device(images, device, channels_last)
+        images = to_device(images, device, channels_last)
         labels = labels.to(device, non_blocking=True)
-        with _autocast(device, amp_dtype):
+        with autocast():
             logits = model(images)
         logits = logits.float()
         sums[0] += nn.functional.cross_entropy(logits, labels, reduction='sum')

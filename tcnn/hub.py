@@ -153,17 +153,17 @@ def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
 
 def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
     """Load a ``.pt``/``.pth``/``.bin``/``.safetensors`` checkpoint safely (no unpickling of code)."""
+    if not path.endswith('.safetensors'):
+        from .io import load_torch_file
+        return clean_state_dict(load_torch_file(path, 'weights file'))
     if not os.path.isfile(path):
         raise TcnnError(f'weights file not found: {path}')
     try:
-        if path.endswith('.safetensors'):
-            from safetensors.torch import load_file
-            return clean_state_dict(load_file(path, device='cpu'))
-        return clean_state_dict(torch.load(path, map_location='cpu', weights_only=True))
-    except TcnnError:
-        raise
-    except Exception as e:
-        raise TcnnError(f'cannot read weights from {path}: {type(e).__name__}: {str(e).splitlines()[0]}') from e
+        from safetensors.torch import load_file
+        return clean_state_dict(load_file(path, device='cpu'))
+    except Exception as e:  # safetensors raises its own SafetensorError, OSError and ValueError
+        reason = ' '.join(str(e).split())[:160] or type(e).__name__
+        raise TcnnError(f'cannot read weights from {path}: not a valid safetensors file ({reason})') from e
 
 
 def _load_weights(model: nn.Module, path: str, name: str) -> None:

@@ -24,7 +24,7 @@ from .atomic import atomic_write
 from .errors import TcnnError
 from .gpsa import upgrade_proj_weight
 
-__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
+__all__ = ['load_torch_file', 'FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
            'model_from_dict', 'data_config_of', 'check_extension']
 
 FORMAT_NAME = 'tcnn'
@@ -373,25 +373,53 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
     return dict(settings, state_dict=tensors)
 
 
-def _read_torch(path: str, map_location: Union[str, torch.device, None]) -> Any:
+def _read_torch(path: str, map_location: Union[str, torch.device, None], what: str = 'T-CNN file') -> Any:
     import pickle
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise TcnnError(f'{path} is not a T-CNN file: it holds pickled Python objects other than tensors and plain '
-                        'values, which tcnn refuses to load (weights_only=True)') from e
+        # torch's own message advises weights_only=False, i.e. running the file's code: never repeat that advice
+        raise TcnnError(f'{path} is not a {what}: it holds pickled Python objects other than tensors and plain '
+                        'values, which tcnn never loads (unpickling can run code); save a state_dict '
+                        '(torch.save(model.state_dict(), PATH)) or a safetensors file instead') from e
     except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, IndexError, KeyError) as e:
+        if isinstance(e, RuntimeError) and 'device' in str(e).lower() and map_location not in (None, 'cpu'):
+            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {_reason(e)}') from e
         raise TcnnError(f'cannot read {path}: truncated or corrupt torch file ({_reason(e)})') from e
+
+
+def _file_head(path: str, what: str) -> bytes:
+    """The first bytes of a user-named file, or a one-line error: missing, a folder, empty."""
+    if not os.path.exists(path):
+        raise TcnnError(f'{what} not found: {path}')
+    if os.path.isdir(path):
+        raise TcnnError(f'{what} {path} is a folder, not a file')
+    with open(path, 'rb') as f:
+        head = f.read(8)
+    if not head:
+        raise TcnnError(f'{what} {path} is empty (0 bytes): an interrupted copy or download?')
+    return head
+
+
+def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torch.device, None] = 'cpu') -> Any:
+    """``torch.load(path, weights_only=True)`` of a file a user named, with one-line ``TcnnError``s for a missing
+    path, a folder, an empty file, a file that is not a torch file and one holding pickled code.
+
+    Args:
+        path: The file.
+        what: Its role, for messages (e.g. ``'checkpoint'``, ``'weights file'``).
+        map_location: As in ``torch.load``.
+    """
+    path = str(path)
+    head = _file_head(path, what)
+    if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
+        raise TcnnError(f'{what} {path} is not a torch file (neither a torch zip archive nor a legacy torch file)')
+    return _read_torch(path, map_location, what=what)
 
 
 def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
     path = str(path)
-    if not os.path.exists(path):
-        raise TcnnError(f'file not found: {path}')
-    if os.path.isdir(path):
-        raise TcnnError(f'{path} is a folder, not a T-CNN file')
-    with open(path, 'rb') as f:
-        head = f.read(8)
+    head = _file_head(path, 'T-CNN file')
     if path.lower().endswith('.safetensors') and not head.startswith(_ZIP_MAGIC):
         return _read_safetensors(path, map_location)
     if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):

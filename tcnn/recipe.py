@@ -8,6 +8,7 @@ file, named command-line flags (``--lr``), ``--set key=value``.
 """
 import dataclasses
 import difflib
+import math
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -16,7 +17,7 @@ import yaml
 from .errors import TcnnError
 
 __all__ = ['RecipeKey', 'RECIPE_KEYS', 'default_recipe', 'load_recipe', 'parse_set', 'apply_overrides',
-           'validate_recipe', 'resolve_recipe', 'dump_recipe', 'scaled_lrs']
+           'validate_recipe', 'resolve_recipe', 'fit_warmup', 'dump_recipe', 'scaled_lrs', 'auto_workers']
 
 BASE_KEY = 'base'  # names a parent recipe file; resolved while loading, never part of the resolved recipe
 NoneType = type(None)
@@ -60,7 +61,10 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
                         ('bilinear', 'bicubic', 'nearest', 'random', None)),
     'mean': _k(None, (list, NoneType), "normalisation mean (null: the model's default)"),
     'std': _k(None, (list, NoneType), "normalisation std (null: the model's default)"),
-    'workers': _k(8, int, 'data-loading processes per training process'),
+    'workers': _k(None, (int, NoneType), 'data-loading processes per training process (null: sized to the machine, '
+                  'the CPUs of this process shared by the local training processes, at most 8)'),
+    'skip_bad_images': _k(False, bool, 'replace unreadable or truncated training/validation images by readable ones '
+                          '(logged once each) instead of stopping'),
     'pin_memory': _k(True, bool, 'pin host memory of batches (GPU only)'),
     # augmentation (DeiT)
     'aa': _k('rand-m9-mstd0.5-inc1', (str, NoneType), 'timm auto-augment policy (null: none)'),
@@ -138,6 +142,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     if int in spec.types and isinstance(value, float) and value.is_integer() and float not in spec.types:
         value = int(value)
     ok = any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in spec.types)
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        raise TcnnError(f'recipe key {key!r} in {where} must be a finite number, got {value!r}')
+    if ok and isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+        raise TcnnError(f'recipe key {key!r} in {where} must hold finite numbers, got {value!r}')
     if not ok:
         names = ' or '.join('null' if t is NoneType else t.__name__ for t in spec.types)
         raise TcnnError(f'recipe key {key!r} in {where} must be {names}, got {value!r}')
@@ -244,7 +252,7 @@ def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
                             f'{recipe["epochs"]} (it is the number of CNN epochs before the conversion)')
     if recipe['warmup_epochs'] >= recipe['epochs']:
         raise TcnnError(f'warmup_epochs {recipe["warmup_epochs"]} must be smaller than epochs {recipe["epochs"]} '
-                        '(the decay follows the warm-up)')
+                        '(the decay follows the warm-up): set a shorter one with --set warmup_epochs=N')
     mixing = recipe['mixup'] > 0 or recipe['cutmix'] > 0
     if mixing and recipe['mixup_prob'] > 0 and recipe['batch_size'] % 2:
         raise TcnnError(f'mixup/cutmix need an even batch_size, got {recipe["batch_size"]}')
@@ -261,14 +269,38 @@ def resolve_recipe(
         path: Optional[str] = None,
         flags: Optional[Mapping[str, Any]] = None,
         sets: Iterable[str] = (),
+        notes: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
-    """Defaults <- recipe file <- named flags <- ``--set`` items, validated."""
+    """Defaults <- recipe file <- named flags <- ``--set`` items, validated. Adjustments the resolution made (a
+    shortened warm-up) are appended to ``notes`` as one-line messages."""
     recipe = default_recipe()
     if path:
         recipe.update(load_recipe(path))
+    planned = dict(recipe)
+    set_items = parse_set(sets)
     apply_overrides(recipe, flags or {})
-    apply_overrides(recipe, parse_set(sets), '--set')
+    apply_overrides(recipe, set_items, '--set')
+    explicit = 'warmup_epochs' in (flags or {}) or 'warmup_epochs' in set_items
+    note = fit_warmup(recipe, planned, explicit)
+    if note and notes is not None:
+        notes.append(note)
     return validate_recipe(recipe)
+
+
+def fit_warmup(recipe: Dict[str, Any], planned: Mapping[str, Any], explicit: bool) -> Optional[str]:
+    """A run shortened below the recipe's warm-up (``--epochs 2`` with the paper's 5-epoch warm-up) keeps the
+    recipe's warm-up fraction instead of failing, as a timm user trying things expects; returns the notice, or None.
+
+    Only when the warm-up comes from the recipe: a warm-up the user set explicitly is never changed (an impossible one
+    fails in ``validate_recipe``, naming the fix).
+    """
+    epochs, warmup = recipe['epochs'], recipe['warmup_epochs']
+    if explicit or warmup < epochs or epochs >= planned['epochs'] or not isinstance(epochs, int) or epochs <= 0:
+        return None
+    fitted = min(epochs - 1, math.floor(planned['warmup_epochs'] * epochs / planned['epochs'] + 0.5))
+    recipe['warmup_epochs'] = fitted
+    return (f'warm-up shortened from {warmup} to {fitted} epochs for a {epochs}-epoch run (the recipe warms up '
+            f'{planned["warmup_epochs"]} of {planned["epochs"]} epochs); choose another with --set warmup_epochs=N')
 
 
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
@@ -288,3 +320,14 @@ def scaled_lrs(recipe: Mapping[str, Any], global_batch: int) -> Dict[str, float]
         'warmup_lr': recipe['warmup_lr'] * factor,
         'min_lr': recipe['min_lr'] * factor,
     }
+
+
+def auto_workers(local_processes: int = 1, cap: int = 8) -> int:
+    """Data-loading workers per training process when the recipe says ``workers: null``: the CPUs this process may
+    use, shared by the training processes of this machine, one left for the training process itself, at most
+    ``cap`` (more rarely help and each holds a copy of the dataset's file list)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(0, min(cap, cpus // max(local_processes, 1) - 1))

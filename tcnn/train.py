@@ -1,52 +1,65 @@
-"""Fine-tune a T-CNN (seed 001 section 3) or its no-SA baseline: ``tcnn train``, ``python -m tcnn.train`` and
-``torchrun --nproc_per_node=N -m tcnn.train`` take the same arguments.
+"""Fine-tune a T-CNN (T-CNN, arXiv:2106.05795, section 3) or its no-SA baseline: ``tcnn train``,
+``python -m tcnn.train`` and ``torchrun --nproc_per_node=N -m tcnn.train`` take the same arguments.
 
-A run: resolve the recipe (``tcnn.recipe``), set up torch.distributed from the torchrun environment (NCCL on GPU,
-gloo on CPU), build the ImageFolder datasets with timm transforms, create the CNN (``tcnn.hub.create_cnn``),
-reparameterise it (``tcnn.reparameterize``, verified in the exact configuration) unless ``no_sa``, or later for
-``reparam_epoch``, then train epoch by epoch (``tcnn.engine``). Only rank 0 writes ``OUTPUT/config.yaml``,
+A run, in order: resolve the recipe (``tcnn.recipe``) and, with ``--resume``, the checkpoint; set up
+torch.distributed from the torchrun environment (``tcnn.distributed``); open the datasets (which fixes the number of
+classes); create the CNN (``tcnn.hub.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the
+exact configuration) unless ``no_sa``, or later for ``reparam_epoch``; build the loaders with the model's
+preprocessing; then train epoch by epoch (``tcnn.engine``). Only rank 0 writes ``OUTPUT/config.yaml``,
 ``OUTPUT/metrics.jsonl`` (one JSON object per epoch) and the checkpoints ``OUTPUT/last.pt`` / ``OUTPUT/best.pt``
 (atomic, ``torch.load(weights_only=True)``-loadable; ``tcnn.load`` reads the model out of them).
+
+SIGTERM/SIGUSR1 (cluster preemption) and Ctrl-C stop every rank at the next optimiser update; ``last.pt`` then holds
+the state in the middle of the epoch and ``--resume`` continues exactly there. Exit codes: 0 done, 2 user error,
+75 stopped by SIGTERM/SIGUSR1 (requeue), 130 Ctrl-C.
 """
 import argparse
 import contextlib
-import dataclasses
+import itertools
 import json
 import math
 import os
-import random
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
+from .data import build_transforms, data_config, open_dataset
 from .convert import find_convertible_convs, gpsa_layers, gpsa_summary, reparameterize_
-from .engine import NonFiniteLossError, evaluate, train_one_epoch
+from .distributed import DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, rng_state, \
+    seed_all, set_rng_state, setup_distributed
+from .engine import DATA_BOUND_FRACTION, EpochPosition, NonFiniteLossError, UpdateStep, autocast_fn, evaluate, \
+    to_device, train_one_epoch
 from .errors import TcnnError
 from .hub import create_cnn
+from .io import load_torch_file
+from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import RECIPE_KEYS, apply_overrides, default_recipe, dump_recipe, parse_set, resolve_recipe, \
-    scaled_lrs, validate_recipe
+from .recipe import RECIPE_KEYS, apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, \
+    resolve_recipe, scaled_lrs, validate_recipe
 
-__all__ = ['add_arguments', 'run', 'main', 'CHECKPOINT_KEY', 'load_checkpoint']
+__all__ = ['add_arguments', 'run', 'main', 'CHECKPOINT_KEY', 'load_checkpoint', 'CheckpointWriteError']
 
 # Marks a training checkpoint (value: its layout version). Not 'format': tcnn.io reserves that key for T-CNN files
-# and recognises a checkpoint by its 'model_file' entry.
+# and recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
 CHECKPOINT_KEY = 'tcnn_checkpoint'
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 METRICS_FILE = 'metrics.jsonl'
 CONFIG_FILE = 'config.yaml'
+LAST, BEST = 'last.pt', 'best.pt'
 # Keys a resumed run cannot change: they define the model or the optimiser's parameter layout.
 FROZEN_ON_RESUME = ('model', 'num_classes', 'no_sa', 'reparam_epoch', 'stages', 'qk_dim', 'locality_strength',
                     'gating_init', 'opt', 'drop_path_rate')
 # If these are unchanged on resume, the saved scheduler state is loaded as is; otherwise it is rebuilt.
 SCHEDULE_KEYS = ('sched', 'epochs', 'warmup_epochs', 'warmup_lr', 'min_lr', 'lr', 'gating_lr', 'lr_base_batch',
                  'scale_lr')
+# Below this batch-scaling factor (global batch 64 for the paper's reference 1024) a small run barely moves.
+SMALL_LR_FACTOR = 1 / 16
 
 # (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
 _FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
@@ -54,7 +67,8 @@ _FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--output', 'output', {'metavar': 'DIR'}),
     ('--model', 'model', {'metavar': 'NAME'}),
     ('--weights', 'weights', {'metavar': 'PATH'}),
-    ('--no-pretrained', 'pretrained', {'action': 'store_const', 'const': False}),
+    ('--no-pretrained', 'pretrained', {'action': 'store_const', 'const': False,
+                                       'help': 'start from a random init instead of the pretrained weights'}),
     ('--epochs', 'epochs', {'type': int, 'metavar': 'N'}),
     ('--batch-size', 'batch_size', {'type': int, 'metavar': 'N'}),
     ('--accum-steps', 'accum_steps', {'type': int, 'metavar': 'N'}),
@@ -69,8 +83,14 @@ _FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--seed', 'seed', {'type': int, 'metavar': 'N'}),
     ('--compile', 'compile', {'action': 'store_const', 'const': True}),
     ('--model-ema', 'model_ema', {'action': 'store_const', 'const': True}),
-    ('--no-progress', 'progress', {'action': 'store_const', 'const': False}),
+    ('--skip-bad-images', 'skip_bad_images', {'action': 'store_const', 'const': True}),
+    ('--no-progress', 'progress', {'action': 'store_const', 'const': False,
+                                   'help': 'no progress bar (log lines only)'}),
 )
+
+
+class CheckpointWriteError(TcnnError):
+    """A checkpoint or the metrics file could not be written; the previous files are intact."""
 
 
 # ---------------------------------------------------------------------------------------------------- arguments
@@ -80,35 +100,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--recipe', metavar='YAML', help='recipe file, or the name of a bundled one (t_resnet50_rs ... '
                         't_resnet350_rs, t_resnet50_d ... t_resnet200_d); default: the paper\'s shared settings with '
                         'model resnet50d')
-    parser.add_argument('--resume', metavar='PATH', help='continue a run from its OUTPUT/last.pt (the recipe comes '
-                        'from the checkpoint; flags and --set still override it)')
+    parser.add_argument('--resume', metavar='PATH', help='continue a run: its OUTPUT/last.pt or OUTPUT folder (the '
+                        'recipe comes from the checkpoint; flags and --set still override it); "auto": continue '
+                        'OUTPUT/last.pt if it exists, else start the run (one command for the first start and every '
+                        'requeue)')
     parser.add_argument('--set', dest='set_items', action='append', default=[], metavar='KEY=VALUE',
                         help='override any recipe key (value read as YAML), e.g. --set mixup=0 --set stages=[3,4]; '
                         'applied after the named flags')
     parser.add_argument('--print-config', action='store_true', help='print the resolved recipe and exit')
     group = parser.add_argument_group('recipe overrides')
     for flag, key, kwargs in _FLAGS:
-        spec = RECIPE_KEYS[key]
-        help_text = f'{spec.help} (recipe key {key})'
-        group.add_argument(flag, dest=key, default=None, help=help_text, **kwargs)
+        kwargs = dict(kwargs)
+        help_text = kwargs.pop('help', RECIPE_KEYS[key].help)
+        group.add_argument(flag, dest=key, default=None, help=f'{help_text} (recipe key {key})', **kwargs)
 
 
 def _flag_overrides(args: argparse.Namespace) -> Dict[str, Any]:
     return {key: getattr(args, key) for _, key, _ in _FLAGS if getattr(args, key, None) is not None}
 
 
-def _resolve(args: argparse.Namespace, checkpoint: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    if checkpoint is None:
-        recipe = resolve_recipe(args.recipe, _flag_overrides(args), args.set_items)
-        if recipe['output'] is None:
-            stem = os.path.splitext(os.path.basename(args.recipe))[0] if args.recipe else recipe['model']
-            recipe['output'] = os.path.join('runs', stem.replace(':', '_'))
-        return recipe
-    if args.recipe:
-        raise TcnnError('--recipe cannot be combined with --resume: the run\'s recipe is in the checkpoint; '
-                        'override single keys with flags or --set')
+def _default_output(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
+    stem = os.path.splitext(os.path.basename(args.recipe))[0] if args.recipe else recipe['model']
+    return os.path.join('runs', stem.replace(':', '_'))
+
+
+def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Dict[str, Any]:
+    recipe = resolve_recipe(args.recipe, _flag_overrides(args), args.set_items, notes)
+    if recipe['output'] is None:
+        recipe['output'] = _default_output(args, recipe)
+    return recipe
+
+
+def _resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: str) -> Dict[str, Any]:
     recipe = default_recipe()
-    apply_overrides(recipe, checkpoint['config'], f'the checkpoint {args.resume}')
+    apply_overrides(recipe, checkpoint['config'], f'the checkpoint {path}')
     overrides = dict(_flag_overrides(args), **parse_set(args.set_items))
     changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != recipe[k]]
     if changed:
@@ -116,111 +141,45 @@ def _resolve(args: argparse.Namespace, checkpoint: Optional[Dict[str, Any]]) -> 
                         'optimiser); start a new run instead')
     apply_overrides(recipe, overrides)
     if 'output' not in overrides:
-        recipe['output'] = os.path.dirname(os.path.abspath(args.resume))
+        recipe['output'] = os.path.dirname(os.path.abspath(path))
     return validate_recipe(recipe)
 
 
-# ---------------------------------------------------------------------------------------------------- distributed
-
-@dataclasses.dataclass
-class DistContext:
-    """Where this process runs and which part of the job it is."""
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    distributed: bool
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _setup_distributed(device_name: str) -> DistContext:
-    """Device and process group from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK)."""
-    world = int(os.environ.get('WORLD_SIZE', '1'))
-    rank = int(os.environ.get('RANK', '0'))
-    local_rank = int(os.environ.get('LOCAL_RANK', '0'))
-    if device_name == 'auto':
-        device_name = 'cuda' if torch.cuda.is_available() else 'cpu'
-    if device_name.startswith('cuda'):
-        if not torch.cuda.is_available():
-            raise TcnnError(f'device {device_name} requested but CUDA is not available (use --device cpu)')
-        device = torch.device('cuda', local_rank if world > 1 or device_name == 'cuda' else
-                              torch.device(device_name).index or 0)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device('cpu')
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend='nccl' if device.type == 'cuda' else 'gloo')
-    return DistContext(rank, world, local_rank, device, world > 1)
+def _resume_path(args: argparse.Namespace, notes: List[str]) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """The checkpoint to resume from (None: a fresh run) and, for a fresh run, its recipe."""
+    if args.resume is None:
+        return None, _fresh_recipe(args, notes)
+    if args.resume == 'auto':
+        recipe = _fresh_recipe(args, notes)
+        last = os.path.join(recipe['output'], LAST)
+        return (last, None) if os.path.isfile(last) else (None, recipe)
+    if args.recipe:
+        raise TcnnError('--recipe cannot be combined with --resume PATH: the run\'s recipe is in the checkpoint; '
+                        'override single keys with flags or --set (--resume auto accepts --recipe for the first start)')
+    path = args.resume
+    if os.path.isdir(path):
+        path = os.path.join(path, LAST)
+        if not os.path.isfile(path):
+            raise TcnnError(f'{args.resume} holds no {LAST}: resume from a tcnn train output folder, or pass the '
+                            'checkpoint file itself')
+    return path, None
 
 
-def _cleanup_distributed() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _gather(obj: Any, ctx: DistContext) -> List[Any]:
-    if not ctx.distributed:
-        return [obj]
-    out = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------- rng states
-
-def _rng_state() -> Dict[str, Any]:
-    """RNG states as tensors/lists/numbers only, so checkpoints load with ``weights_only=True``."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    return {
-        'torch': torch.get_rng_state(),
-        'cuda': list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
-        'numpy': [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
-                  float(np_state[4])],
-        'python': [py_state[0], list(py_state[1]), py_state[2]],
-    }
-
-
-def _set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state['torch'])
-    if state['cuda'] and torch.cuda.is_available() and len(state['cuda']) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state['cuda'])
-    name, keys, pos, has_gauss, cached = state['numpy']
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, internal, gauss = state['python']
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2 ** 32)
-    torch.manual_seed(seed)
-
-
-# ---------------------------------------------------------------------------------------------------- files
-
-def _read_metrics(path: str) -> List[Dict[str, Any]]:
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _write_metrics(path: str, rows: Sequence[Dict[str, Any]]) -> None:
-    atomic_write_text(path, ''.join(json.dumps(r) + '\n' for r in rows))
+def _resolve(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], List[str]]:
+    """The recipe, the checkpoint to resume (or None) and notes to log."""
+    notes: List[str] = []
+    path, recipe = _resume_path(args, notes)
+    if path is None:
+        return recipe, None, notes
+    checkpoint = load_checkpoint(path)
+    return _resumed_recipe(args, checkpoint, path), checkpoint, []
 
 
 def load_checkpoint(path: str) -> Dict[str, Any]:
     """Read a training checkpoint (``OUTPUT/last.pt`` or ``best.pt``) with ``weights_only=True``."""
     if not os.path.isfile(path):
         raise TcnnError(f'checkpoint not found: {path}')
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:
-        raise TcnnError(f'cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}') from e
+    ckpt = load_torch_file(path, 'checkpoint')
     if not isinstance(ckpt, dict) or CHECKPOINT_KEY not in ckpt or 'model_file' not in ckpt:
         raise TcnnError(f'{path} is not a tcnn training checkpoint (OUTPUT/last.pt or OUTPUT/best.pt of tcnn train)')
     if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
@@ -231,52 +190,23 @@ def load_checkpoint(path: str) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------- data
 
-def _image_folder(root: str, split: str, class_map: Optional[Dict[str, int]] = None):
-    """A timm ``ImageDataset`` of ``root/split``; with ``class_map`` (the training set's), its labels use the same
-    indices and a class the map lacks is an error."""
-    from timm.data import ImageDataset
-    path = os.path.join(root, split)
-    if not os.path.isdir(path):
-        raise TcnnError(f'data folder not found: {path} (expected the ImageFolder layout DATA/{split}/CLASS/IMAGE)')
-    try:
-        dataset = ImageDataset(path)
-    except RuntimeError as e:  # timm: 'Found 0 images in subfolders of ...'
-        raise TcnnError(f'no images in {path} (expected the ImageFolder layout DATA/{split}/CLASS/IMAGE; '
-                        f'{str(e).splitlines()[0]})') from None
-    if class_map is not None and dataset.reader.class_to_idx != class_map:
-        unknown = sorted(set(dataset.reader.class_to_idx) - set(class_map))
-        if unknown:
-            raise TcnnError(f'{path} has classes that the training set lacks: {", ".join(unknown[:5])}')
-        dataset = ImageDataset(path, class_map=class_map)  # a subset of the classes: use the training indices
-    return dataset
+class EpochSampler(DistributedSampler):
+    """``DistributedSampler`` (also for one process: the order is a function of (seed, epoch), which makes resume
+    exact) that can start an epoch part-way: a mid-epoch resume skips the samples already trained on."""
 
+    def __init__(self, dataset, num_replicas: int, rank: int, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
 
-def _data_config(recipe: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
-    """Eval preprocessing: the model's pretrained config, overridden by the recipe."""
-    from timm.data import resolve_data_config
-    cfg = resolve_data_config({}, model=model)
-    size = recipe['eval_img_size'] or recipe['img_size']
-    return {
-        'input_size': [3, size, size],
-        'interpolation': recipe['interpolation'] or cfg['interpolation'],
-        'mean': list(recipe['mean'] or cfg['mean']),
-        'std': list(recipe['std'] or cfg['std']),
-        'crop_pct': recipe['crop_pct'] if recipe['crop_pct'] is not None else cfg['crop_pct'],
-        'crop_mode': cfg.get('crop_mode', 'center'),
-    }
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.start = start
 
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start, None)
 
-def _transforms(recipe: Dict[str, Any], data_cfg: Dict[str, Any]):
-    from timm.data import create_transform
-    train = create_transform(
-        recipe['img_size'], is_training=True, auto_augment=recipe['aa'], color_jitter=recipe['color_jitter'],
-        re_prob=recipe['reprob'], re_mode=recipe['remode'], re_count=recipe['recount'],
-        interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']))
-    val = create_transform(
-        data_cfg['input_size'][-1], is_training=False, interpolation=data_cfg['interpolation'],
-        mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']), crop_pct=data_cfg['crop_pct'],
-        crop_mode=data_cfg['crop_mode'])
-    return train, val
+    def __len__(self) -> int:
+        return self.num_samples - self.start
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -327,31 +257,44 @@ def _copy_gpsa_init(src: nn.Module, dst: nn.Module) -> None:
                     param.copy_(getattr(src_layers[name], pname))
 
 
-# ---------------------------------------------------------------------------------------------------- trainer
-
 def _fmt(v: Optional[float], spec: str = '.4g') -> str:
     return 'n/a' if v is None else format(v, spec)
 
 
-class Trainer:
-    """State of one training run (model, optimiser, scheduler, EMA, loaders) and its epoch loop."""
+def _loader_seed(seed: int, epoch: int, rank: int) -> int:
+    """Seed of the loader's own generator (worker seeds) for one epoch and process: the global RNG, which the
+    checkpoint holds, is not consumed by starting a loader, so a mid-epoch resume sees the same random draws."""
+    return (seed * 1_000_003 + epoch * 1009 + rank) % 2 ** 63
 
-    def __init__(self, recipe: Dict[str, Any], ctx: DistContext, checkpoint: Optional[Dict[str, Any]] = None):
+
+# ---------------------------------------------------------------------------------------------------- trainer
+
+class Trainer:
+    """State of one training run (model, optimiser, scheduler, EMA, loaders) and its epoch loop.
+
+    Set-up order: precision, datasets (the number of classes), model (created, converted or restored), loaders (the
+    model's preprocessing), optimisation, loss, wrappers (DDP, compile), then the checkpoint's state or a fresh start.
+    """
+
+    def __init__(self, recipe: Dict[str, Any], ctx: DistContext, checkpoint: Optional[Dict[str, Any]] = None,
+                 stop: Optional[StopRequest] = None):
         self.recipe = recipe
         self.ctx = ctx
         self.device = ctx.device
+        self.stop = stop or StopRequest()
         self.output = recipe['output']
         self.log = print if ctx.is_main else (lambda *a, **k: None)
         self.metrics_path = os.path.join(self.output, METRICS_FILE)
-        self.last_path = os.path.join(self.output, 'last.pt')
-        self.best_path = os.path.join(self.output, 'best.pt')
+        self.last_path = os.path.join(self.output, LAST)
+        self.best_path = os.path.join(self.output, BEST)
         self.start_epoch = 0
+        self.position = EpochPosition()
         self.best_top1 = -math.inf
         self.model_ema = None
-        self.scaler = None
         self._setup_precision()
-        self._setup_data()
+        self._setup_datasets()
         self._setup_model(checkpoint)
+        self._setup_loaders()
         self._setup_optimisation()
         self._setup_loss()
         self._wrap()
@@ -359,9 +302,9 @@ class Trainer:
             self._restore(checkpoint)
         else:
             if ctx.is_main:
-                _write_metrics(self.metrics_path, [])  # a fresh run starts a fresh file
+                self._write_metrics([])  # a fresh run starts a fresh file
             # same model init on every rank (above); different augmentation streams per rank from here on
-            _seed_all(recipe['seed'] + ctx.rank)
+            seed_all(recipe['seed'] + ctx.rank)
 
     # -------------------------------------------------------------- set-up
 
@@ -372,24 +315,24 @@ class Trainer:
         if amp == 'fp16' and self.device.type != 'cuda':
             raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
+        self.autocast = autocast_fn(self.device, self.amp_dtype)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
         cl = self.recipe['channels_last']
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
 
-    def _setup_data(self) -> None:
+    def _setup_datasets(self) -> None:
         r, ctx = self.recipe, self.ctx
         if not r['data']:
             raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/)')
-        if not os.path.isdir(r['data']):
-            raise TcnnError(f'data folder not found: {r["data"]}')
-        self.train_set = _image_folder(r['data'], r['train_split'])
-        class_map = self.train_set.reader.class_to_idx
-        self.val_set = _image_folder(r['data'], r['val_split'], class_map=class_map)
+        self.train_set = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
+        class_map = self.train_set.class_to_idx
+        self.val_set = open_dataset(r['data'], r['val_split'], class_map=class_map,
+                                    skip_bad_images=r['skip_bad_images'])
         classes = len(class_map)
         if r['num_classes'] is None:
             r['num_classes'] = classes
         elif r['num_classes'] < classes:
-            raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} class folders of the data')
+            raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} classes of the data')
         self.global_batch = r['batch_size'] * ctx.world_size * r['accum_steps']
         per_rank = len(self.train_set) // ctx.world_size
         self.updates_per_epoch = per_rank // r['batch_size'] // r['accum_steps']
@@ -398,26 +341,10 @@ class Trainer:
                             f'{self.global_batch} images (batch_size x processes x accum_steps): lower --batch-size '
                             'or --accum-steps')
 
-    def _build_loaders(self, data_cfg: Dict[str, Any]) -> None:
-        from torch.utils.data import DataLoader, DistributedSampler, Subset
-        r, ctx = self.recipe, self.ctx
-        self.train_set.transform, self.val_set.transform = _transforms(r, data_cfg)
-        # DistributedSampler also for one process: the order is a function of (seed, epoch), so resume is exact
-        self.train_sampler = DistributedSampler(self.train_set, num_replicas=ctx.world_size, rank=ctx.rank,
-                                                shuffle=True, seed=r['seed'], drop_last=True)
-        pin = r['pin_memory'] and self.device.type == 'cuda'
-        # Non-persistent workers are re-seeded from the (checkpointed) torch RNG every epoch: exact resume.
-        self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], sampler=self.train_sampler,
-                                       num_workers=r['workers'], pin_memory=pin, drop_last=True)
-        # Validation shards without padding (rank::world), so the summed metrics count every image once.
-        val_shard = Subset(self.val_set, list(range(ctx.rank, len(self.val_set), ctx.world_size)))
-        self.val_loader = DataLoader(val_shard, batch_size=r['batch_size'], shuffle=False,
-                                     num_workers=r['workers'], pin_memory=pin)
-
     def _setup_model(self, checkpoint: Optional[Dict[str, Any]]) -> None:
         r = self.recipe
         self.late = r['reparam_epoch'] is not None and r['reparam_epoch'] > 0 and not r['no_sa']
-        _seed_all(r['seed'])
+        seed_all(r['seed'])
         if checkpoint is not None:
             from .io import model_from_dict
             model = model_from_dict(checkpoint['model_file'], map_location='cpu')
@@ -431,8 +358,6 @@ class Trainer:
                 _convert_in_place(model, r)
                 self.converted = True
                 self._log_conversion(model)
-        self.data_config = _data_config(r, model)
-        self._build_loaders(self.data_config)
         if self.channels_last:
             model.to(memory_format=torch.channels_last)
         if self.device.type == 'cuda':  # TF32 for training speed (conversions are verified in full fp32)
@@ -440,6 +365,23 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
         self.model = model
+
+    def _setup_loaders(self) -> None:
+        r, ctx = self.recipe, self.ctx
+        self.data_config = data_config(r, self.model)
+        self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
+        self.workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
+        pin = r['pin_memory'] and self.device.type == 'cuda'
+        self.loader_generator = torch.Generator()
+        self.train_sampler = EpochSampler(self.train_set, ctx.world_size, ctx.rank, r['seed'])
+        # Non-persistent workers are seeded from the loader's generator, re-seeded every epoch: exact resume.
+        self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], sampler=self.train_sampler,
+                                       num_workers=self.workers, pin_memory=pin, drop_last=True,
+                                       generator=self.loader_generator)
+        # Validation shards without padding (rank::world), so the summed metrics count every image once.
+        val_shard = Subset(self.val_set, list(range(ctx.rank, len(self.val_set), ctx.world_size)))
+        self.val_loader = DataLoader(val_shard, batch_size=r['batch_size'], shuffle=False, num_workers=self.workers,
+                                     pin_memory=pin)
 
     def _log_conversion(self, model: nn.Module) -> None:
         layers = model.tcnn_config['layers']
@@ -462,6 +404,7 @@ class Trainer:
     def _setup_loss(self) -> None:
         """DeiT's: mixup/cutmix with smoothed soft targets, else label smoothing, else plain cross-entropy."""
         r = self.recipe
+        self.mixup_fn = None
         if r['mixup'] > 0 or r['cutmix'] > 0:
             from timm.data import Mixup
             from timm.loss import SoftTargetCrossEntropy
@@ -471,11 +414,15 @@ class Trainer:
             self.criterion = SoftTargetCrossEntropy()
         elif r['smoothing'] > 0:
             from timm.loss import LabelSmoothingCrossEntropy
-            self.mixup_fn = None
             self.criterion = LabelSmoothingCrossEntropy(smoothing=r['smoothing'])
         else:
-            self.mixup_fn = None
             self.criterion = nn.CrossEntropyLoss()
+
+    def _prepare(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A CPU batch on the device, in the training memory format, mixed up when the recipe says so."""
+        images = to_device(images, self.device, self.channels_last)
+        labels = labels.to(self.device, non_blocking=True)
+        return self.mixup_fn(images, labels) if self.mixup_fn is not None else (images, labels)
 
     def _wrap(self) -> None:
         """DDP and torch.compile around the raw model (again after a late reparameterisation)."""
@@ -488,38 +435,58 @@ class Trainer:
             model = torch.compile(model)
         self.train_model = model
 
+    def _update_step(self) -> UpdateStep:
+        return UpdateStep(self.optimizer, self.scheduler, self.scaler, self.recipe['clip_grad'],
+                          self.recipe['accum_steps'], self.model_ema, self.model)
+
     def _restore(self, ckpt: Dict[str, Any]) -> None:
         r = self.recipe
         self.optimizer.load_state_dict(ckpt['optimizer'])
         # load_state_dict brings back the saved group settings; the (possibly overridden) recipe decides them
         apply_group_settings(self.optimizer, self.lrs['lr'], self.lrs['gating_lr'], r['weight_decay'])
-        old = ckpt['config']
         self.start_epoch = ckpt['epoch'] + 1
-        self.num_updates = self.start_epoch * self.updates_per_epoch
-        same_schedule = (all(old.get(k) == r[k] for k in SCHEDULE_KEYS) and ckpt.get('global_batch') ==
-                         self.global_batch and ckpt.get('updates_per_epoch') == self.updates_per_epoch)
-        if same_schedule:
+        same_layout = (ckpt.get('global_batch') == self.global_batch and
+                       ckpt.get('updates_per_epoch') == self.updates_per_epoch)
+        self.position = self._restored_position(ckpt, same_layout)
+        self.num_updates = self.start_epoch * self.updates_per_epoch + self.position.updates
+        old = ckpt['config']
+        if all(old.get(k) == r[k] for k in SCHEDULE_KEYS) and same_layout:
             self.scheduler.load_state_dict(ckpt['scheduler'])
         else:
             self.log('note: the schedule or the global batch changed since the checkpoint; the learning rate follows '
-                     'the new settings from the resumed epoch on')
+                     'the new settings from the resumed position on')
         self.scheduler.step_update(self.num_updates)
         if ckpt.get('scaler'):
             self.scaler.load_state_dict(ckpt['scaler'])
         if self.model_ema is not None and ckpt.get('ema') is not None:
             self.model_ema.module.load_state_dict(ckpt['ema'])
         self.best_top1 = ckpt['best_top1'] if ckpt.get('best_top1') is not None else -math.inf
-        if self.ctx.is_main:
-            rows = [m for m in _read_metrics(self.metrics_path) if m['epoch'] < self.start_epoch]
-            _write_metrics(self.metrics_path, rows)  # drop epochs the checkpoint does not hold
+        if self.ctx.is_main:  # drop epochs the checkpoint does not hold
+            self._write_metrics([m for m in self._read_metrics() if m['epoch'] < self.start_epoch])
         rng = ckpt.get('rng') or []
         if len(rng) == self.ctx.world_size:
-            _set_rng_state(rng[self.ctx.rank])
+            set_rng_state(rng[self.ctx.rank])
         else:
             self.log(f'note: the checkpoint holds RNG states of {len(rng)} processes, this run has '
                      f'{self.ctx.world_size}: data order is kept, augmentation draws are re-seeded')
-            _seed_all(r['seed'] + self.ctx.rank + 1000 * self.start_epoch)
-        self.log(f'resuming after epoch {ckpt["epoch"] + 1}/{r["epochs"]} (update {self.num_updates})')
+            seed_all(r['seed'] + self.ctx.rank + 1000 * self.start_epoch)
+        where = (f'in epoch {self.start_epoch + 1}/{r["epochs"]} after {self.position.updates} of '
+                 f'{self.updates_per_epoch} updates' if self.position.updates else
+                 f'after epoch {self.start_epoch}/{r["epochs"]}')
+        self.log(f'resuming {where} (update {self.num_updates})')
+
+    def _restored_position(self, ckpt: Dict[str, Any], same_layout: bool) -> EpochPosition:
+        """Where a mid-epoch checkpoint stopped; an epoch-end checkpoint starts the next epoch afresh."""
+        partial = ckpt.get('partial')
+        if not partial:
+            return EpochPosition()
+        self.start_epoch = partial['epoch']
+        positions = partial['positions']
+        if same_layout and len(positions) == self.ctx.world_size:
+            return EpochPosition.from_state_dict(positions[self.ctx.rank])
+        self.log(f'note: the checkpoint stopped inside epoch {partial["epoch"] + 1}, but the process count or the '
+                 'batch changed: that epoch restarts from its beginning')
+        return EpochPosition()
 
     # -------------------------------------------------------------- late reparameterisation
 
@@ -543,7 +510,17 @@ class Trainer:
 
     # -------------------------------------------------------------- checkpoints and metrics
 
-    def _checkpoint(self, epoch: int) -> Dict[str, Any]:
+    def _read_metrics(self) -> List[Dict[str, Any]]:
+        if not os.path.isfile(self.metrics_path):
+            return []
+        with open(self.metrics_path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def _write_metrics(self, rows: Sequence[Dict[str, Any]]) -> None:
+        text = ''.join(json.dumps(r) + '\n' for r in rows)
+        self._guarded_write(self.metrics_path, lambda: atomic_write_text(self.metrics_path, text))
+
+    def _checkpoint(self, completed_epoch: int) -> Dict[str, Any]:
         from .io import model_to_dict
         return {
             CHECKPOINT_KEY: CHECKPOINT_VERSION,
@@ -553,7 +530,7 @@ class Trainer:
             'optimizer': self.optimizer.state_dict(),
             'scheduler': self.scheduler.state_dict(),
             'scaler': self.scaler.state_dict(),
-            'epoch': epoch,
+            'epoch': completed_epoch,
             'num_updates': self.num_updates,
             'updates_per_epoch': self.updates_per_epoch,
             'global_batch': self.global_batch,
@@ -562,18 +539,48 @@ class Trainer:
             'best_top1': self.best_top1 if math.isfinite(self.best_top1) else None,
         }
 
-    def _save(self, epoch: int, row: Dict[str, Any], is_best: bool) -> None:
-        rng = _gather(_rng_state(), self.ctx)  # every rank's RNG, so that each resumes its own stream
-        if not self.ctx.is_main:
-            return
-        _write_metrics(self.metrics_path, _read_metrics(self.metrics_path) + [row])
-        ckpt = self._checkpoint(epoch)
-        ckpt['rng'] = rng
-        if is_best:
-            atomic_torch_save(ckpt, self.best_path)
-            atomic_copy(self.best_path, self.last_path)
-        else:
-            atomic_torch_save(ckpt, self.last_path)
+    def _guarded_write(self, path: str, write: Callable[[], Any]) -> None:
+        """Run one atomic write; a failure (full disk, read-only folder, quota) becomes one line naming the path.
+        The atomic write leaves the previous file in place."""
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError, not OSError
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            kept = f'the previous {os.path.basename(self.last_path)} is intact' if os.path.isfile(self.last_path) \
+                else 'no checkpoint was written yet'
+            raise CheckpointWriteError(f'cannot write {path} ({type(e).__name__}: {reason}); {kept}; free disk space '
+                                       f'or fix the permissions of {self.output}, then --resume {self.output}') from e
+
+    def _all_ok(self, error: Optional[BaseException]) -> None:
+        """Rank 0 writes alone; the other ranks learn of a failed write here instead of hanging at the next
+        collective."""
+        failed = all_reduce_sum(torch.tensor([0.0 if error is None else 1.0], device=self.device)).item() > 0
+        if error is not None:
+            raise error
+        if failed:
+            raise CheckpointWriteError('rank 0 could not write the checkpoint; stopping')
+
+    def _save(self, epoch: int, row: Optional[Dict[str, Any]], is_best: bool,
+              position: Optional[EpochPosition] = None) -> None:
+        """Epoch end (``row``, ``epoch`` completed) or a stop inside ``epoch`` (``position``)."""
+        states = gather({'rng': rng_state(), 'position': position.state_dict() if position else None})
+        error = None
+        if self.ctx.is_main:
+            try:
+                ckpt = self._checkpoint(epoch - 1 if position is not None else epoch)
+                ckpt['rng'] = [s['rng'] for s in states]
+                if position is not None:
+                    ckpt['partial'] = {'epoch': epoch, 'positions': [s['position'] for s in states]}
+                if is_best:
+                    self._guarded_write(self.best_path, lambda: atomic_torch_save(ckpt, self.best_path))
+                    self._guarded_write(self.last_path, lambda: atomic_copy(self.best_path, self.last_path))
+                else:
+                    self._guarded_write(self.last_path, lambda: atomic_torch_save(ckpt, self.last_path))
+                if row is not None:
+                    self._write_metrics(self._read_metrics() + [row])
+            except CheckpointWriteError as e:
+                error = e
+        self._all_ok(error)
 
     # -------------------------------------------------------------- loop
 
@@ -586,102 +593,152 @@ class Trainer:
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
                  f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
         self.log(f'data {r["data"]}: {len(self.train_set)} train / {len(self.val_set)} val images, '
-                 f'{r["img_size"]} px; global batch {self.global_batch} = {r["batch_size"]} x {ctx.world_size} '
-                 f'process(es) x {r["accum_steps"]} accum, {self.updates_per_epoch} updates/epoch')
+                 f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
+                 f'{r["batch_size"]} x {ctx.world_size} process(es) x {r["accum_steps"]} accum, '
+                 f'{self.updates_per_epoch} updates/epoch')
         rule = (f'recipe values x {self.lrs["factor"]:.4g} = global batch {self.global_batch} / '
                 f'{r["lr_base_batch"]}' if r['scale_lr'] else 'recipe values, scale_lr off')
         self.log(f'lr {self.lrs["lr"]:.3g}, gating lr {self.lrs["gating_lr"]:.3g} ({rule}); {r["warmup_epochs"]} '
                  f'warm-up epochs from {self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
+        for warning in self.small_run_warnings():
+            self.log(f'warning: {warning}')
         self.log(f'output {self.output}')
 
+    def small_run_warnings(self) -> List[str]:
+        """What makes a small run's first try learn nothing, while the paper's recipe stays exact for ImageNet."""
+        r, out = self.recipe, []
+        if r['scale_lr'] and self.lrs['factor'] < SMALL_LR_FACTOR:
+            out.append(f'the batch rule scales every learning rate by {self.global_batch}/{r["lr_base_batch"]} = '
+                       f'{self.lrs["factor"]:.3g} (lr {self.lrs["lr"]:.2g}, gating lr {self.lrs["gating_lr"]:.2g}): '
+                       'a small run may barely move; consider --set scale_lr=false or a larger --lr')
+        return out
+
+    def _train_epoch(self, epoch: int, position: EpochPosition) -> Tuple[EpochPosition, Dict[str, Any]]:
+        r = self.recipe
+        self.loader_generator.manual_seed(_loader_seed(r['seed'], epoch, self.ctx.rank))
+        self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
+        try:
+            return train_one_epoch(
+                self.train_model, self.train_loader, self.criterion, self._update_step(), epoch=epoch,
+                updates_per_epoch=self.updates_per_epoch, num_updates=self.num_updates, device=self.device,
+                position=position, prepare=self._prepare, autocast=self.autocast,
+                should_stop=lambda: self.stop.requested, progress=r['progress'] and self.ctx.is_main,
+                desc=f'epoch {epoch + 1}/{r["epochs"]}')
+        except NonFiniteLossError as e:
+            kept = (f'the last good checkpoint {self.last_path} (epoch {epoch}/{r["epochs"]}) is kept'
+                    if os.path.isfile(self.last_path) else 'no checkpoint was written yet')
+            raise NonFiniteLossError(f'{e}; {kept}; lower --lr/--gating-lr or try --amp none') from None
+
+    def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
+        eval_start = time.perf_counter()
+        val = evaluate(self.model, self.val_loader, device=self.device, autocast=self.autocast,
+                       channels_last=self.channels_last)
+        row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
+               'train_loss': stats['train_loss'], 'train_top1': stats['train_top1'], **val,
+               'img_per_s': stats['img_per_s'], 'step_img_per_s': stats['step_img_per_s'],
+               'data_wait': stats['data_wait'], 'train_images': stats['train_images'], 'epoch_time_s': None,
+               'gpsa': gpsa_summary(self.model)}
+        if self.model_ema is not None:
+            row.update(evaluate(self.model_ema.module, self.val_loader, device=self.device, autocast=self.autocast,
+                                channels_last=self.channels_last, prefix='ema_val'))
+        row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
+        row['bad_images'] = self._bad_images()
+        return row
+
+    def _bad_images(self) -> List[str]:
+        """Images skipped (``skip_bad_images``) since the last call, over all processes, each logged once."""
+        local = self.train_set.bad_images() + self.val_set.bad_images()
+        paths = sorted(set(p for rank_paths in gather(local) for p in rank_paths))
+        for path in paths:
+            self.log(f'warning: skipped unreadable image {path}')
+        return paths
+
     def fit(self) -> int:
-        r, ctx = self.recipe, self.ctx
+        """Train the remaining epochs; returns the exit code (0, or the stop request's after its checkpoint)."""
+        r = self.recipe
         if self.start_epoch >= r['epochs']:
             self.log(f'nothing to do: the run already has {r["epochs"]} epochs (raise --epochs to continue it)')
             return 0
+        position = self.position
         for epoch in range(self.start_epoch, r['epochs']):
             if self.late and not self.converted and epoch >= r['reparam_epoch']:
                 self._late_reparameterize()
-            self.train_sampler.set_epoch(epoch)
-            try:
-                stats = train_one_epoch(
-                    self.train_model, self.train_loader, self.optimizer, self.criterion, device=self.device,
-                    epoch=epoch, updates_per_epoch=self.updates_per_epoch, num_updates=self.num_updates,
-                    scheduler=self.scheduler, accum_steps=r['accum_steps'], mixup_fn=self.mixup_fn,
-                    amp_dtype=self.amp_dtype, scaler=self.scaler, clip_grad=r['clip_grad'], model_ema=self.model_ema,
-                    ema_source=self.model, channels_last=self.channels_last, progress=r['progress'] and ctx.is_main,
-                    desc=f'epoch {epoch + 1}/{r["epochs"]}')
-            except NonFiniteLossError as e:
-                kept = (f'the last good checkpoint {self.last_path} (epoch {epoch}/{r["epochs"]}) is kept'
-                        if os.path.isfile(self.last_path) else 'no checkpoint was written yet')
-                raise NonFiniteLossError(f'{e}; {kept}; lower --lr/--gating-lr or try --amp none') from None
-            self.num_updates = stats['num_updates']
-            eval_start = time.perf_counter()
-            val = evaluate(self.model, self.val_loader, device=self.device, amp_dtype=self.amp_dtype,
-                           channels_last=self.channels_last)
-            row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
-                   'train_loss': stats['train_loss'], 'train_top1': stats['train_top1'], **val,
-                   'img_per_s': stats['img_per_s'], 'train_images': stats['train_images'],
-                   'epoch_time_s': None, 'gpsa': gpsa_summary(self.model)}
-            if self.model_ema is not None:
-                row.update(evaluate(self.model_ema.module, self.val_loader, device=self.device,
-                                    amp_dtype=self.amp_dtype, channels_last=self.channels_last, prefix='ema_val'))
-            row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
-            is_best = val['val_top1'] > self.best_top1
-            self.best_top1 = max(self.best_top1, val['val_top1'])
+            position, stats = self._train_epoch(epoch, position)
+            self.num_updates = epoch * self.updates_per_epoch + position.updates
+            if not stats:  # stopped inside the epoch at an update boundary
+                self._save(epoch, None, False, position=position)
+                return self._stopped(f'in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}')
+            position = EpochPosition()
+            row = self._validate(epoch, stats)
+            is_best = row['val_top1'] > self.best_top1
+            self.best_top1 = max(self.best_top1, row['val_top1'])
             self._save(epoch, row, is_best)
             self.log(self._summary(row, r['epochs']))
+            if self._stop_agreed() and epoch + 1 < r['epochs']:
+                return self._stopped(f'after epoch {epoch + 1}')
         self.log(f'done: best val top-1 {self.best_top1:.2f}%; checkpoints {self.last_path}, {self.best_path}')
         return 0
+
+    def _stop_agreed(self) -> bool:
+        """Whether any process was asked to stop (a signal may reach only some of them)."""
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
+        return all_reduce_sum(flag).item() > 0
+
+    def _stopped(self, where: str) -> int:
+        self.log(f'stopped by {self.stop.signal_name or "a signal to another process"} {where}: {self.last_path} holds the state; continue with '
+                 f'--resume {self.output} (exit code {self.stop.exit_code})')
+        return self.stop.exit_code
 
     @staticmethod
     def _summary(row: Dict[str, Any], epochs: int) -> str:
         gates = [v['gate_mean'] for v in row['gpsa'].values()]
         spans = [v['span_mean'] for v in row['gpsa'].values()]
         gpsa = (f', gate {np.mean(gates):.3f}, span {np.mean(spans):.3f}' if gates else '')
-        return (f'epoch {row["epoch"] + 1}/{epochs}: train loss {row["train_loss"]:.4f}, val loss '
+        line = (f'epoch {row["epoch"] + 1}/{epochs}: train loss {row["train_loss"]:.4f}, val loss '
                 f'{row["val_loss"]:.4f}, top-1 {row["val_top1"]:.2f}%, top-5 {row["val_top5"]:.2f}%, lr '
                 f'{_fmt(row["lr"], ".3g")}, gating lr {_fmt(row["gating_lr"], ".3g")}, '
-                f'{_fmt(row["img_per_s"], ".1f")} img/s, {row["epoch_time_s"]:.1f} s{gpsa}')
+                f'{_fmt(row["img_per_s"], ".1f")} img/s (step alone {_fmt(row["step_img_per_s"], ".1f")}, waiting for '
+                f'data {100 * (row["data_wait"] or 0):.0f}% of the time), {row["epoch_time_s"]:.1f} s{gpsa}')
+        if (row['data_wait'] or 0) >= DATA_BOUND_FRACTION:
+            line += '; data-bound: raise --workers or lighten the augmentation'
+        return line
 
 
 # ---------------------------------------------------------------------------------------------------- entry points
 
-def _prepare_output(recipe: Dict[str, Any], resuming: bool, ctx: DistContext) -> None:
-    output = recipe['output']
-    if not resuming and os.path.isfile(os.path.join(output, 'last.pt')):
-        raise TcnnError(f'{output} already holds a run (last.pt): continue it with --resume '
-                        f'{os.path.join(output, "last.pt")} or choose another --output')
-    if ctx.is_main:
-        os.makedirs(output, exist_ok=True)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``tcnn train`` with parsed arguments; user mistakes raise ``TcnnError``."""
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    recipe = _resolve(args, checkpoint)
+    recipe, checkpoint, notes = _resolve(args)
     if args.print_config:
         print(dump_recipe(recipe), end='')
         return 0
-    ctx = _setup_distributed(recipe['device'])
-    trainer = None
+    output = recipe['output']
+    if checkpoint is None and os.path.isfile(os.path.join(output, LAST)):
+        raise TcnnError(f'{output} already holds a run ({LAST}): continue it with --resume {output} '
+                        f'(or --resume auto) or choose another --output')
+    check_output_dir(output, '--output')
+    ctx = setup_distributed(recipe['device'])
     try:
-        _prepare_output(recipe, checkpoint is not None, ctx)
-        trainer = Trainer(recipe, ctx, checkpoint)
-        del checkpoint
-        if ctx.is_main:
-            atomic_write_text(os.path.join(recipe['output'], CONFIG_FILE), dump_recipe(recipe))
-        trainer.describe()
-        return trainer.fit()
+        with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):
+            for note in notes if ctx.is_main else ():
+                print(f'note: {note}')
+            trainer = Trainer(recipe, ctx, checkpoint, stop)
+            del checkpoint
+            if ctx.is_main:
+                trainer._guarded_write(os.path.join(output, CONFIG_FILE),
+                                       lambda: atomic_write_text(os.path.join(output, CONFIG_FILE),
+                                                                 dump_recipe(recipe)))
+            trainer.describe()
+            return trainer.fit()
     except KeyboardInterrupt:
         if ctx.is_main:
-            last = os.path.join(recipe['output'], 'last.pt')
-            where = (f'{last} holds the last completed epoch; continue with --resume {last}'
-                     if os.path.isfile(last) else 'no epoch was completed')
+            last = os.path.join(output, LAST)
+            where = (f'{last} holds the last checkpoint; continue with --resume {output}'
+                     if os.path.isfile(last) else 'no checkpoint was written')
             print(f'interrupted: {where}', file=sys.stderr)
         return 130
     finally:
-        _cleanup_distributed()
+        cleanup_distributed()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,173 @@
+"""Where a training process runs and how the processes agree: torchrun set-up, reductions, RNG state, stop requests.
+
+One process (``tcnn train``) or N processes under ``torchrun`` (NCCL on GPU, gloo on CPU) run the same code; these
+helpers are the identity in a single process.
+"""
+import dataclasses
+import os
+import random
+import signal
+import threading
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import TcnnError
+
+__all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
+           'all_reduce_sum', 'gather', 'rng_state', 'set_rng_state', 'seed_all', 'StopRequest', 'EXIT_PREEMPTED',
+           'EXIT_INTERRUPTED']
+
+# Exit codes of a run stopped by a signal after writing its checkpoint. 75 is EX_TEMPFAIL of sysexits.h ("try
+# again later"): a cluster script requeues on it. 130 = 128 + SIGINT, the shell's code for Ctrl-C.
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
+
+
+@dataclasses.dataclass
+class DistContext:
+    """Where this process runs and which part of the job it is."""
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    distributed: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _device(name: str, world: int, local_rank: int) -> torch.device:
+    if name == 'auto':
+        name = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if not name.startswith('cuda'):
+        return torch.device('cpu')
+    if not torch.cuda.is_available():
+        raise TcnnError(f'device {name} requested but CUDA is not available (use --device cpu)')
+    # under torchrun each process takes the GPU of its local rank; alone, cuda:N means GPU N
+    index = local_rank if world > 1 or name == 'cuda' else torch.device(name).index or 0
+    device = torch.device('cuda', index)
+    torch.cuda.set_device(device)
+    return device
+
+
+def setup_distributed(device_name: str) -> DistContext:
+    """Device and process group from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+    world = int(os.environ.get('WORLD_SIZE', '1'))
+    rank = int(os.environ.get('RANK', '0'))
+    local_rank = int(os.environ.get('LOCAL_RANK', '0'))
+    local_world = int(os.environ.get('LOCAL_WORLD_SIZE', str(world)))
+    device = _device(device_name, world, local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend='nccl' if device.type == 'cuda' else 'gloo')
+    return DistContext(rank, world, local_rank, local_world, device, world > 1)
+
+
+def cleanup_distributed() -> None:
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all processes (identity when not distributed)."""
+    if is_distributed():
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def gather(obj: Any) -> List[Any]:
+    """Every process's ``obj``, in rank order (``[obj]`` when not distributed)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def rng_state() -> Dict[str, Any]:
+    """RNG states as tensors/lists/numbers only, so checkpoints load with ``weights_only=True``."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        'torch': torch.get_rng_state(),
+        'cuda': list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+        'numpy': [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
+                  float(np_state[4])],
+        'python': [py_state[0], list(py_state[1]), py_state[2]],
+    }
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state['torch'])
+    if state['cuda'] and torch.cuda.is_available() and len(state['cuda']) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state['cuda'])
+    name, keys, pos, has_gauss, cached = state['numpy']
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state['python']
+    random.setstate((version, tuple(internal), gauss))
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+class StopRequest:
+    """Turns SIGTERM, SIGUSR1 (cluster preemption: SLURM, Kubernetes) and a first Ctrl-C into a request that the
+    training loop honours at its next update boundary, where the state is consistent and can be checkpointed.
+
+    A second Ctrl-C interrupts at once (``KeyboardInterrupt``). Use as a context manager around the run: the previous
+    handlers come back on exit. Outside the main thread (where Python cannot install handlers) it does nothing.
+    """
+
+    SIGNALS = ('SIGTERM', 'SIGUSR1', 'SIGINT')
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+        self._previous: Dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.signal_name == 'SIGINT' else EXIT_PREEMPTED
+
+    def request(self, name: str) -> None:
+        """Ask for a stop as if signal ``name`` had arrived (also what the handler does)."""
+        if self.signal_name is None:
+            self.signal_name = name
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if name == 'SIGINT' and self.signal_name == 'SIGINT':
+            raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the update to end
+        self.request(name)
+
+    def __enter__(self) -> 'StopRequest':
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                if hasattr(signal, name):
+                    signum = getattr(signal, name)
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

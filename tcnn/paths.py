@@ -1,0 +1,75 @@
+"""Output paths checked before any work: every command validates where it will write first, so a mistake costs
+seconds, not a finished evaluation or training run, and a failed run leaves no empty folder it created."""
+import contextlib
+import os
+from typing import Iterator, List, Optional, Sequence
+
+from .errors import TcnnError
+
+__all__ = ['check_output_file', 'check_output_dir', 'output_dir']
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _check_creatable(folder: str, what: str) -> None:
+    """``folder`` exists as a writable folder, or can be created below its nearest existing ancestor."""
+    existing = _nearest_existing(folder)
+    if not os.path.isdir(existing):
+        raise TcnnError(f'{what}: {existing} is a file, so {folder} cannot be a folder; choose another path')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TcnnError(f'{what}: {existing} is not writable; choose another path')
+
+
+def check_output_file(path: str, what: str = '--out', suffixes: Optional[Sequence[str]] = None) -> str:
+    """Check that ``path`` can be written as a file; returns it absolute.
+
+    Args:
+        path: The file to be written.
+        what: The argument that named it, for messages.
+        suffixes: Allowed extensions (lower case, with the dot), or None for any.
+    """
+    path = os.path.abspath(str(path))
+    if os.path.isdir(path):
+        raise TcnnError(f'{what} {path} is a folder; give a file name')
+    if suffixes is not None and os.path.splitext(path)[1].lower() not in suffixes:
+        raise TcnnError(f'{what} {path}: the extension must be one of {", ".join(suffixes)}')
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise TcnnError(f'{what} {path} exists and is not writable; choose another path')
+    _check_creatable(os.path.dirname(path), what)
+    return path
+
+
+def check_output_dir(path: str, what: str = '--output') -> str:
+    """Check that ``path`` is, or can become, a writable folder; returns it absolute."""
+    path = os.path.abspath(str(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise TcnnError(f'{what} {path} is a file; give a folder')
+    _check_creatable(path, what)
+    return path
+
+
+@contextlib.contextmanager
+def output_dir(path: str) -> Iterator[str]:
+    """Create ``path`` (and its missing parents); if the block raises, remove the folders this call created that
+    are still empty, then re-raise."""
+    path = os.path.abspath(str(path))
+    created: List[str] = []
+    probe = path
+    while not os.path.exists(probe):
+        created.append(probe)
+        probe = os.path.dirname(probe)
+    os.makedirs(path, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in created:  # deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # fails, and is kept, when not empty
+        raise

@@ -1,0 +1,132 @@
+"""Tests of ``tcnn.data``: the paper's augmentation on today's Pillow (soak + every op at its magnitude extremes),
+unreadable images (stop naming the file, or skip and log once), folder layouts."""
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from timm.data.auto_augment import RandAugment
+from torch.utils.data import DataLoader
+
+from tcnn.data import BadImageError, build_transforms, data_config, open_dataset
+from tcnn.errors import TcnnError
+from tcnn.recipe import load_recipe, resolve_recipe
+
+from imagegen import draw_shape, make_image_folder
+
+PAPER = resolve_recipe('t_resnet50_d')  # rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel), bicubic
+
+
+def _transforms(img_size):
+    recipe = dict(PAPER, img_size=img_size)
+    cfg = {'input_size': [3, img_size, img_size], 'interpolation': 'bicubic', 'mean': [0.485, 0.456, 0.406],
+           'std': [0.229, 0.224, 0.225], 'crop_pct': 0.875, 'crop_mode': 'center'}
+    return build_transforms(recipe, cfg)
+
+
+def _rand_augment(transform):
+    (ra,) = [t for t in transform.transforms if isinstance(t, RandAugment)]
+    return ra
+
+
+def test_recipe_is_the_papers_policy():
+    assert load_recipe('t_resnet50_d').get('aa', PAPER['aa']) == 'rand-m9-mstd0.5-inc1' and PAPER['reprob'] == 0.25
+
+
+def test_every_op_at_the_magnitude_extremes():
+    """Each op of the paper's RandAugment policy at magnitude 0 and 10 (the clip maximum), forced, not drawn."""
+    ra = _rand_augment(_transforms(64)[0])
+    names = sorted(op.name for op in ra.ops)
+    assert 'PosterizeIncreasing' in names and len(names) >= 14, names
+    img = draw_shape('circle', 64, np.random.default_rng(0))
+    black = 0
+    for op in ra.ops:
+        for magnitude in (0, 10):
+            forced = copy.copy(op)
+            forced.prob, forced.magnitude, forced.magnitude_std = 1.0, magnitude, 0
+            out = forced(img)
+            assert isinstance(out, Image.Image) and out.size == img.size, (op.name, magnitude)
+            if op.name == 'PosterizeIncreasing' and magnitude == 10:
+                black += int(np.asarray(out).max() == 0)  # 0 bits: the black image older Pillow returned
+    assert black == 1
+
+
+def test_soak_the_recipes_train_transform():
+    """Thousands of generated images through the exact train transform at three sizes, fixed seeds."""
+    rng = np.random.default_rng(0)
+    images = [draw_shape(('circle', 'square', 'triangle', 'cross')[i % 4], 40, rng) for i in range(64)]
+    random.seed(0)
+    torch.manual_seed(0)
+    count = 0
+    for size in (32, 48, 64):
+        train, _ = _transforms(size)
+        for i in range(1200):
+            x = train(images[i % len(images)])
+            assert x.shape == (3, size, size) and torch.isfinite(x).all()
+            count += 1
+    assert count == 3600
+
+
+@pytest.fixture()
+def folder_with_bad_images(tmp_path):
+    root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=6, val_per_class=2, size=32)
+    good = tmp_path / 'data' / 'train' / 'circle' / 'circle_000.png'
+    truncated = tmp_path / 'data' / 'train' / 'circle' / 'truncated.jpg'
+    Image.open(good).convert('RGB').save(truncated, quality=90)
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[:len(data) // 2])
+    empty = tmp_path / 'data' / 'train' / 'square' / 'empty.png'
+    empty.write_bytes(b'')
+    return root, {str(truncated), str(empty)}
+
+
+def _all_batches(dataset, workers):
+    return [b for b in DataLoader(dataset, batch_size=4, num_workers=workers)]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_bad_image_stops_with_one_line_naming_the_file(folder_with_bad_images, workers):
+    root, bad = folder_with_bad_images
+    _, val = _transforms(32)
+    dataset = open_dataset(root, 'train')
+    dataset.transform = val
+    with pytest.raises(BadImageError) as info:
+        _all_batches(dataset, workers)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and 'cannot read image' in message and '--skip-bad-images' in message
+    assert any(path in message for path in bad), message
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_skip_bad_images_replaces_and_logs_each_once(folder_with_bad_images, workers):
+    root, bad = folder_with_bad_images
+    _, val = _transforms(32)
+    dataset = open_dataset(root, 'train', skip_bad_images=True)
+    dataset.transform = val
+    assert len(dataset) == 14
+    for _ in range(2):  # two epochs: each path is reported once
+        batches = _all_batches(dataset, workers)
+        assert sum(b[0].shape[0] for b in batches) == 14
+    assert set(dataset.bad_images()) == bad
+    _all_batches(dataset, workers)
+    assert dataset.bad_images() == []
+
+
+def test_folder_layout_errors(tmp_path):
+    flat = tmp_path / 'flat' / 'train'
+    flat.mkdir(parents=True)
+    draw_shape('circle', 32, np.random.default_rng(0)).save(flat / 'a.png')
+    with pytest.raises(TcnnError, match='has no class folders'):
+        open_dataset(str(tmp_path / 'flat'), 'train')
+    with pytest.raises(TcnnError, match='data folder not found'):
+        open_dataset(str(tmp_path / 'nowhere'), 'train')
+
+
+def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
+    import timm
+    model = timm.create_model('resnet18d', num_classes=3)
+    cfg = data_config(dict(PAPER, img_size=96, crop_pct=None, mean=None), model)
+    assert cfg['input_size'] == [3, 96, 96] and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
+    assert cfg['mean'] == list(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'

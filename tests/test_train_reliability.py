@@ -1,0 +1,227 @@
+"""Tests of what makes a long ``tcnn train`` run survive (the reliability issue): preemption signals with mid-epoch
+checkpoints and exact resume, ``--resume auto``/``RUN_DIR``, failed checkpoint writes, short-run adjustments, the
+data-throughput line and bad numbers. CPU only: random-init resnet18d on generated 64 px shapes."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import tcnn.train as tcnn_train
+from tcnn.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
+from tcnn.recipe import resolve_recipe
+
+from imagegen import make_image_folder
+from test_train import _free_port, assert_same_weights, common, load, metrics, one_thread, same_numbers  # noqa: F401
+
+UPDATES = 12  # 48 training images / batch 4
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=16,
+                             val_per_class=2, size=64)
+
+
+@pytest.fixture(scope='module')
+def straight(data_dir, tmp_path_factory):
+    """An uninterrupted 3-epoch run, the reference of every exact-resume test."""
+    out = tmp_path_factory.mktemp('straight') / 'run'
+    assert tcnn_train.main(common(data_dir, out, epochs=3)) == 0
+    return out
+
+
+class _StopAfter(StopRequest):
+    """A stop request that arrives by itself after ``polls`` update boundaries (a deterministic SIGTERM)."""
+    polls = 0
+
+    @property
+    def requested(self) -> bool:
+        type(self).polls -= 1
+        if type(self).polls == -1:
+            self.request('SIGTERM')
+        return self.signal_name is not None
+
+
+def _stop_after(monkeypatch, polls):
+    monkeypatch.setattr(_StopAfter, 'polls', polls)
+    monkeypatch.setattr(tcnn_train, 'StopRequest', _StopAfter)
+
+
+def test_stop_mid_epoch_writes_partial_checkpoint_and_resume_is_exact(data_dir, straight, tmp_path, monkeypatch,
+                                                                       capsys):
+    run = tmp_path / 'run'
+    _stop_after(monkeypatch, UPDATES + 5)  # the 5th update of the second epoch
+    assert tcnn_train.main(common(data_dir, run, epochs=3)) == EXIT_PREEMPTED
+    out = capsys.readouterr().out
+    assert 'stopped by SIGTERM in epoch 2 after update 5/12' in out and f'--resume {run}' in out
+    last = load(run / 'last.pt')
+    assert last['epoch'] == 0 and last['partial']['epoch'] == 1 and last['num_updates'] == UPDATES + 5
+    assert last['partial']['positions'][0]['updates'] == 5
+    assert [r['epoch'] for r in metrics(run)] == [0]
+    monkeypatch.undo()
+    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0  # a run folder is accepted
+    assert 'resuming in epoch 2/3 after 5 of 12 updates (update 17)' in capsys.readouterr().out
+    assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+    assert load(run / 'last.pt')['optimizer']['state'].keys() == load(straight / 'last.pt')['optimizer']['state'].keys()
+
+
+def test_stop_at_epoch_end_and_resume_auto(data_dir, straight, tmp_path, monkeypatch, capsys):
+    run = tmp_path / 'run'
+    auto = common(data_dir, run, epochs=3) + ['--resume', 'auto']
+    _stop_after(monkeypatch, UPDATES)  # requested at the last update of epoch 1: the epoch completes first
+    assert tcnn_train.main(auto) == EXIT_PREEMPTED
+    assert 'stopped by SIGTERM after epoch 1' in capsys.readouterr().out
+    last = load(run / 'last.pt')
+    assert last['epoch'] == 0 and 'partial' not in last
+    monkeypatch.undo()
+    assert tcnn_train.main(auto) == 0  # the same command resumes
+    assert 'resuming after epoch 1/3' in capsys.readouterr().out
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+
+
+def _wait_for(predicate, proc, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize('target', ['process', 'torchrun', 'one-rank'])
+def test_real_sigterm_stops_every_rank_and_resume_is_exact(data_dir, straight, tmp_path, target):
+    """A real SIGTERM during the second epoch: to a single process, to the torchrun agent of a 2-process job (it
+    forwards the signal to the workers), or to one worker only (the other must stop at the same update)."""
+    processes = 1 if target == 'process' else 2
+    run = tmp_path / 'run'
+    env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    args = common(data_dir, run, epochs=3)
+    if processes == 1:
+        cmd = [sys.executable, '-m', 'tcnn.train', *args]
+    else:
+        args[args.index('--batch-size') + 1] = '2'  # the same global batch of 4 as the reference
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', '--master_addr=127.0.0.1',
+               f'--master_port={_free_port()}', '-m', 'tcnn.train', *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: os.path.isfile(run / 'metrics.jsonl') and len(metrics(run)) >= 1, proc)
+        if target != 'one-rank':
+            proc.send_signal(signal.SIGTERM)
+        else:
+            children = subprocess.run(['pgrep', '-P', str(proc.pid)], capture_output=True, text=True).stdout.split()
+            assert len(children) == 2, children
+            os.kill(int(max(children, key=int)), signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    # alone: our exit code; under torchrun: the agent's (non-zero), the graceful stop shows in the log
+    assert (proc.returncode == EXIT_PREEMPTED) if processes == 1 else (proc.returncode != 0), stderr[-3000:]
+    assert 'holds the state; continue with --resume' in stdout
+    last = load(run / 'last.pt')
+    assert last['epoch'] < 2 and last['world_size'] == processes
+    if processes == 2:
+        return  # the 2-process run is a different computation (two half batches); its exactness is its own
+    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+
+
+def test_first_ctrl_c_stops_at_the_next_update_second_interrupts():
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signal_name == 'SIGINT' and stop.exit_code == EXIT_INTERRUPTED
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGUSR1)  # a later signal does not change the first request
+        assert stop.signal_name == 'SIGINT'
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monkeypatch, capsys):
+    run = tmp_path / 'run'
+    real_save = torch.save
+
+    def disk_full(obj, f, *args, **kwargs):
+        if os.path.isfile(run / 'last.pt'):  # epoch 1's checkpoint is on disk: the disk is full from now on
+            with open(f, 'wb') as fh:
+                fh.write(b'PK\x03\x04 partial')
+            raise RuntimeError('[enforce fail at inline_container.cc:859] . PytorchStreamWriter failed writing file '
+                               'data/3: file write failed')
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', disk_full)
+    assert tcnn_train.main(common(data_dir, run, epochs=3)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f'cannot write {run}' in err[0] and 'the previous last.pt is intact' in err[0], err
+    assert 'free disk space' in err[0]
+    monkeypatch.undo()
+    assert load(run / 'last.pt')['epoch'] == 0
+    assert not [p for p in os.listdir(run) if p.endswith('.tmp')]
+    assert [r['epoch'] for r in metrics(run)] == [0]  # the metrics row follows the checkpoint, never precedes it
+
+
+def test_resume_errors_are_one_line(data_dir, tmp_path, capsys):
+    empty = tmp_path / 'empty.pt'
+    empty.write_bytes(b'')
+    (tmp_path / 'folder').mkdir()
+    cases = [
+        (['--resume', str(empty)], 'empty.pt'),
+        (['--resume', str(tmp_path / 'folder')], 'holds no last.pt'),
+        (['--resume', str(tmp_path / 'folder'), '--recipe', 't_resnet50_d'], '--resume auto accepts --recipe'),
+    ]
+    for args, message in cases:
+        assert tcnn_train.main(args) == 2, message
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--lr', 'nan'], "'lr' in the command line must be a finite number"),
+    (['--set', 'gating_lr=.nan'], "'gating_lr' in --set must be a finite number"),
+    (['--set', 'mean=[0.5, .inf, 0.5]'], "'mean' in --set must hold finite numbers"),
+    (['--set', 'warmup_epochs=3'], 'set a shorter one with --set warmup_epochs=N'),
+    (['--batch-size', '64'], 'smaller than one update'),
+])
+def test_bad_numbers_fail_before_any_file(data_dir, tmp_path, capsys, args, message):
+    out = tmp_path / 'deep' / 'out'
+    assert tcnn_train.main(common(data_dir, out, epochs=2) + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / 'deep').exists()  # no empty folder left behind
+
+
+def test_short_run_shortens_the_warmup_with_a_notice(capsys):
+    notes = []
+    recipe = resolve_recipe('t_resnet50_d', {'epochs': 2}, [], notes)
+    assert recipe['warmup_epochs'] == 0 and len(notes) == 1 and 'shortened from 5 to 0' in notes[0]
+    assert resolve_recipe('t_resnet50_d', {'epochs': 20}, [])['warmup_epochs'] == 5  # fits: unchanged
+    recipe = resolve_recipe('t_resnet50_d', {'epochs': 4}, ['warmup_epochs=2'])  # explicit: kept
+    assert recipe['warmup_epochs'] == 2
+
+
+def test_small_run_first_try(data_dir, tmp_path, capsys):
+    """Defaults a user with a small folder meets: warm-up fitted, lr-scaling warning, workers sized to the machine,
+    and the throughput of the loader against the step in the log and the metrics."""
+    run = tmp_path / 'small'
+    args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
+            '--batch-size', '8', '--img-size', '64', '--no-progress', '--set', 'mixup=0', '--set', 'cutmix=0']
+    assert tcnn_train.main(args) == 0
+    out = capsys.readouterr().out
+    assert 'note: warm-up shortened from 5 to 0 epochs' in out
+    assert 'warning: the batch rule scales every learning rate by 8/1024' in out
+    workers = max(0, min(8, len(os.sched_getaffinity(0)) - 1))
+    assert f'{workers} loader workers per process' in out
+    assert 'step alone' in out and 'waiting for data' in out
+    (row,) = metrics(run)
+    assert 0 <= row['data_wait'] <= 1 and row['step_img_per_s'] >= row['img_per_s'] > 0
+
+
+def test_no_pretrained_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit):
+        tcnn_train.main(['--help'])
+    help_text = ' '.join(capsys.readouterr().out.split())
+    assert '--no-pretrained start from a random init instead of the pretrained weights' in help_text
