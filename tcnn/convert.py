@@ -8,7 +8,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 import torch.nn as nn
 
-from .errors import TcnnError
+from .errors import TcnnError, check_number
 from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
@@ -277,6 +277,19 @@ def check_equivalence(
     return _measure(lambda: contextlib.nullcontext(cnn), t_cnn, input_size, batch_size, seed, device, dtype)
 
 
+def check_settings(locality_strength: float, gating_init: float, qk_dim: Optional[int], tol: float,
+                   names: Optional[Dict[str, str]] = None) -> None:
+    """Refuse conversion settings that would build a broken model silently (a NaN alpha gives NaN logits, an
+    infinite lambda a gate stuck at 1, ``qk_dim=0`` no content attention). ``names`` renames the arguments in
+    messages (the CLI's flags)."""
+    names = names or {}
+    check_number(locality_strength, names.get('locality_strength', 'locality_strength'), gt=0)
+    check_number(gating_init, names.get('gating_init', 'gating_init'))
+    if qk_dim is not None:
+        check_number(qk_dim, names.get('qk_dim', 'qk_dim'), ge=1, integer=True)
+    check_number(tol, names.get('tol', 'tol'), gt=0)
+
+
 def reparameterize_(
         model: nn.Module,
         *,
@@ -294,6 +307,7 @@ def reparameterize_(
     reparameterisation, seed 001 Table 3). Verification puts the original convs back temporarily to get the CNN's
     logits, so no copy of the model is made. See ``reparameterize`` for the arguments.
     """
+    check_settings(locality_strength, gating_init, qk_dim, tol)
     targets = find_convertible_convs(model, stages)
     source_name, stage_names = _model_name(model), resolve_stages(model, stages)
     convs = {}
@@ -382,6 +396,7 @@ def reparameterize(
         ConversionError: The model has no convertible conv, a conv cannot be reproduced exactly, or the verification
             fails.
     """
-    find_convertible_convs(model, stages)  # fail before copying
+    check_settings(locality_strength, gating_init, qk_dim, tol)  # fail before copying
+    find_convertible_convs(model, stages)
     return reparameterize_(copy.deepcopy(model), stages=stages, locality_strength=locality_strength,
                            gating_init=gating_init, qk_dim=qk_dim, verify=verify, input_size=input_size, tol=tol)

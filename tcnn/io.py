@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .atomic import atomic_write
-from .errors import TcnnError
+from .errors import InvalidArgumentError, TcnnError
 from .gpsa import upgrade_proj_weight
 
 __all__ = ['load_torch_file', 'FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
@@ -388,6 +388,16 @@ def _read_torch(path: str, map_location: Union[str, torch.device, None], what: s
         raise TcnnError(f'cannot read {path}: truncated or corrupt torch file ({_reason(e)})') from e
 
 
+def _check_map_location(map_location: Any) -> None:
+    """A device string torch does not know is the caller's mistake, not a corrupt file."""
+    if isinstance(map_location, str):
+        try:
+            torch.device(map_location)
+        except RuntimeError:
+            raise InvalidArgumentError(f'map_location {map_location!r} is not a device (e.g. \'cpu\', \'cuda\', '
+                                       '\'cuda:0\')') from None
+
+
 def _file_head(path: str, what: str) -> bytes:
     """The first bytes of a user-named file, or a one-line error: missing, a folder, empty."""
     if not os.path.exists(path):
@@ -411,6 +421,7 @@ def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torc
         map_location: As in ``torch.load``.
     """
     path = str(path)
+    _check_map_location(map_location)
     head = _file_head(path, what)
     if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
         raise TcnnError(f'{what} {path} is not a torch file (neither a torch zip archive nor a legacy torch file)')
@@ -419,6 +430,7 @@ def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torc
 
 def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
     path = str(path)
+    _check_map_location(map_location)
     head = _file_head(path, 'T-CNN file')
     if path.lower().endswith('.safetensors') and not head.startswith(_ZIP_MAGIC):
         return _read_safetensors(path, map_location)

@@ -201,10 +201,17 @@ def load_metrics(path: str) -> List[Dict[str, Any]]:
     """
     if os.path.isdir(path):
         path = os.path.join(path, 'metrics.jsonl')
+    elif path.endswith(('.pt', '.pth', '.safetensors')):
+        raise TcnnError(f'{path} is a model or checkpoint file; tcnn plot takes the run folder that holds it '
+                        f'({os.path.dirname(os.path.abspath(path))}) or its metrics.jsonl')
     if not os.path.isfile(path):
         raise TcnnError(f'no metrics file at {path} (tcnn train writes RUN_DIR/metrics.jsonl)')
-    with open(path, encoding='utf-8') as f:
-        lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
+    except UnicodeDecodeError:
+        raise TcnnError(f'{path} is not a metrics file (binary content); give a tcnn train run folder or its '
+                        'metrics.jsonl') from None
     lines = [(n, line) for n, line in lines if line]
     by_epoch: Dict[int, Dict[str, Any]] = {}
     for k, (n, line) in enumerate(lines):

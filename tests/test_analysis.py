@@ -204,6 +204,13 @@ def test_plot_command_draws_training_curves(tmp_path, capsys):
         plots.load_metrics(str(base))
     assert main(['plot', str(tmp_path / 'nowhere')]) == 2
     assert 'no metrics file' in capsys.readouterr().err
+    (base / 'best.pt').write_bytes(b'PK\x03\x04 a checkpoint')
+    for args, message in (([str(base / 'best.pt')], 'tcnn plot takes the run folder'),
+                          ([str(base), '--out', str(tmp_path / 'fig.xyz')], 'extension must be one of .png, .pdf'),
+                          ([str(base), '--out', str(base / 'best.pt' / 'fig.png')], 'is a file, so')):
+        assert main(['plot', *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
 
 
 def test_inspect_command(t_cnn, tmp_path, capsys):
@@ -236,3 +243,6 @@ def test_inspect_command(t_cnn, tmp_path, capsys):
     assert 'no GPSA layer' in capsys.readouterr().err
     assert main(['inspect', path, '--image', images[0], '--query', '999,1', '--out', str(out)]) == 2
     assert 'outside' in capsys.readouterr().err
+    fresh = tmp_path / 'fresh' / 'out'  # a bad query fails before anything is written, and leaves no folder
+    assert main(['inspect', path, '--image', images[0], '--query', '999,1', '--out', str(fresh)]) == 2
+    assert 'outside' in capsys.readouterr().err and not (tmp_path / 'fresh').exists()

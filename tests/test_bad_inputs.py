@@ -1,7 +1,6 @@
 """Bad files and output paths get one line naming the fix, before any work: the shared loader of user-named torch
 files (``tcnn.io.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
 import os
-import pickle
 
 import pytest
 import torch
@@ -79,3 +78,45 @@ def test_output_dir_removes_only_what_it_created_and_left_empty(tmp_path):
     with output_dir(str(tmp_path / 'x')):
         pass
     assert (tmp_path / 'x').is_dir()
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--locality-strength', 'nan'], '--locality-strength must be a finite number, got nan'),
+    (['--locality-strength', '-1'], '--locality-strength must be > 0'),
+    (['--gating-init', 'inf'], '--gating-init must be a finite number, got inf'),
+    (['--qk-dim', '0'], '--qk-dim must be >= 1, got 0'),
+    (['--tol', '-1'], '--tol must be > 0, got -1.0'),
+])
+def test_convert_refuses_bad_settings_before_work(tmp_path, capsys, flags, message):
+    out = tmp_path / 't.pt'
+    assert main(['convert', 'resnet18d', '--no-pretrained', '--out', str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    ({'locality_strength': float('nan')}, 'locality_strength must be a finite number, got nan'),
+    ({'gating_init': float('inf')}, 'gating_init must be a finite number, got inf'),
+    ({'qk_dim': 0}, 'qk_dim must be >= 1'),
+    ({'tol': -1.0}, 'tol must be > 0'),
+])
+def test_reparameterize_refuses_bad_settings(kwargs, message):
+    import timm
+    import tcnn
+    model = timm.create_model('resnet18d', num_classes=3)
+    for fn in (tcnn.reparameterize, tcnn.reparameterize_):
+        with pytest.raises(ValueError, match=message) as info:
+            fn(model, **kwargs)
+        assert isinstance(info.value, TcnnError)
+    assert not tcnn.gpsa_layers(model)  # nothing was converted
+
+
+def test_load_with_an_unknown_device_names_the_argument(tmp_path):
+    import timm
+    import tcnn
+    path = tcnn.save(timm.create_model('resnet18d', num_classes=3), str(tmp_path / 'cnn.pt'))
+    with pytest.raises(ValueError, match="map_location 'tpu' is not a device"):
+        tcnn.load(path, map_location='tpu')
+    with pytest.raises(TcnnError, match="map_location 'tpu' is not a device"):
+        load_torch_file(path, map_location='tpu')

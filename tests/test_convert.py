@@ -183,6 +183,6 @@ def test_in_place_reparameterization_keeps_other_parameters():
 def test_failed_in_place_verification_restores_the_cnn(monkeypatch):
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
     with pytest.raises(ConversionError):
-        tcnn.reparameterize_(cnn, tol=-1.0, input_size=(3, 64, 64))  # a tolerance nothing can meet
+        tcnn.reparameterize_(cnn, tol=1e-30, input_size=(3, 64, 64))  # a tolerance float64 cannot meet
     assert not tcnn.gpsa_layers(cnn) and not hasattr(cnn, 'tcnn_config')
     assert isinstance(cnn.layer4[0].conv1, nn.Conv2d)

@@ -259,3 +259,10 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
     _class_folder(str(tmp_path / 'val'), CLASSES, [[c] for c in CLASSES.values()])
     rc = main(['eval', 'missing.pt', '--suite', 'imagenet', '--data', str(tmp_path / 'val')])
     assert rc == 2 and 'model file not found: missing.pt' in capsys.readouterr().err
+    # the output path is checked before the data is scanned or a model loaded: a mistake costs no evaluation
+    blocker = tmp_path / 'results'
+    blocker.write_text('a file, not a folder')
+    for out, message in ((str(blocker / 'r.json'), 'is a file, so'), (str(tmp_path / 'r.txt'), 'one of .json')):
+        rc = main(['eval', 'missing.pt', '--suite', 'imagenet', '--data', str(tmp_path / 'nowhere'), '--out', out])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and message in err[0], err

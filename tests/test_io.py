@@ -235,7 +235,7 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
 
 @pytest.mark.parametrize('kind, suffix, message', [
     ('junk', '.pt', 'not a T-CNN file'),
-    ('empty', '.pt', 'not a T-CNN file'),
+    ('empty', '.pt', 'is empty \\(0 bytes\\)'),
     ('truncated', '.pt', 'truncated or corrupt'),
     ('truncated_safetensors', '.safetensors', 'truncated or corrupt'),
     ('state_dict', '.pt', 'plain state_dict.*tcnn convert'),

@@ -1,7 +1,6 @@
 """Tests of what makes a long ``tcnn train`` run survive (the reliability issue): preemption signals with mid-epoch
 checkpoints and exact resume, ``--resume auto``/``RUN_DIR``, failed checkpoint writes, short-run adjustments, the
 data-throughput line and bad numbers. CPU only: random-init resnet18d on generated 64 px shapes."""
-import math
 import os
 import signal
 import subprocess

@@ -15,7 +15,11 @@ import torch.nn as nn
 
 from ..errors import TcnnError
 
-__all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size']
+__all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size', 'FLAG_NAMES']
+
+# the conversion settings under their command-line names, for error messages
+FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gating-init', 'qk_dim': '--qk-dim',
+              'tol': '--tol'}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,14 +167,13 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .. import io as tio
-    from ..convert import reparameterize
+    from ..convert import check_settings, reparameterize
     from ..hub import create_cnn
     from ..models import source_model_name
 
     start = time.perf_counter()
     path = _check_out(args.out)
-    if args.locality_strength <= 0:
-        raise TcnnError(f'--locality-strength must be > 0, got {args.locality_strength:g}')
+    check_settings(args.locality_strength, args.gating_init, args.qk_dim, args.tol, names=FLAG_NAMES)
     if args.num_classes is not None and args.num_classes < 0:
         raise TcnnError(f'--num-classes must be >= 0, got {args.num_classes}')
     source = source_model_name(args.model)

@@ -80,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
                         'in the same order')
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
+    from ..paths import check_output_file
+    if args.out:  # before the evaluation: a path mistake must not cost an ImageNet-C pass and its results
+        check_output_file(args.out, '--out', ('.json',))
+    if args.out or args.markdown:
+        check_output_file(args.markdown or os.path.splitext(args.out)[0] + '.md', '--markdown', ('.md',))
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}

@@ -61,11 +61,13 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import analysis, plots
+    from .. import analysis
     from .. import io as tio
     from ..convert import gpsa_layers
+    from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
+    check_output_dir(args.out, '--out')
     if not os.path.exists(args.model):
         raise TcnnError(f'model file not found: {args.model}')
     model = tio.load(args.model, map_location='cpu')
@@ -85,24 +87,31 @@ def run(args: argparse.Namespace) -> int:
     summary.update({'source': os.path.abspath(args.model), 'images': all_paths, 'data_config': {
         k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}})
 
-    os.makedirs(args.out, exist_ok=True)
-    written = [atomic_write_text(os.path.join(args.out, 'summary.json'), json.dumps(summary, indent=2) + '\n'),
-               plots.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
-    if args.image:
+    maps = None
+    if args.image:  # before writing anything: a --query outside the image must not leave half the figures
         x = analysis.load_images(args.image, cfg).to(args.device)
         maps = analysis.attention_maps(model, x, query)
         images = analysis.denormalize(x.cpu(), cfg)
-        for i, (path, fig_name) in enumerate(zip(args.image, _figure_names(args.image))):
-            written.append(plots.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
-                                                parts=parts, title=f'{os.path.basename(path)}: attention of the '
-                                                                   r'query pixel (red: gate $\sigma(\lambda_h)$)'))
-
+    with output_dir(args.out):
+        written = _write_figures(args, summary, maps, images if maps is not None else None, parts)
     _print_summary(summary)
     if not all_paths:
         print('nonlocality: not measured (give --image or --images-dir)')
     for path in written:
         print(f'wrote {path}')
     return 0
+
+
+def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts: List[str]) -> List[str]:
+    from .. import plots
+    written = [atomic_write_text(os.path.join(args.out, 'summary.json'), json.dumps(summary, indent=2) + '\n'),
+               plots.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
+    if maps is not None:
+        for i, (path, fig_name) in enumerate(zip(args.image, _figure_names(args.image))):
+            written.append(plots.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
+                                                parts=parts, title=f'{os.path.basename(path)}: attention of the '
+                                                                   r'query pixel (red: gate $\sigma(\lambda_h)$)'))
+    return written
 
 
 def _print_summary(summary: dict) -> None:

@@ -3,6 +3,9 @@ import argparse
 import os
 
 
+FIGURE_SUFFIXES = ('.png', '.pdf', '.svg')
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('run', metavar='RUN_DIR', help='a tcnn train output folder (or its metrics.jsonl)')
     parser.add_argument('--out', metavar='PATH',
@@ -11,10 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..paths import check_output_file
     from ..plots import load_metrics, plot_training_curves
-    records = load_metrics(args.run)
     run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
-    out = args.out or os.path.join(run_dir, 'curves.png')
+    out = check_output_file(args.out or os.path.join(run_dir, 'curves.png'), '--out', FIGURE_SUFFIXES)
+    records = load_metrics(args.run)
     title = args.title or os.path.basename(os.path.normpath(os.path.abspath(run_dir)))
     plot_training_curves(records, out, title=title)
     val = [(r['val_top1'], r['epoch']) for r in records if isinstance(r.get('val_top1'), (int, float))]
