@@ -9,8 +9,11 @@
 """
 import multiprocessing
 import os
+import random
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import numpy as np
+import torch
 import torch.nn as nn
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
@@ -73,6 +76,12 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self._bad_queue = multiprocessing.SimpleQueue() if skip_bad_images else None
         self._reported: set = set()
+        self.augment_seed: Optional[int] = None
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose augmentation draws ``__getitem__`` makes (with ``augment_seed``)."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -97,10 +106,32 @@ class ImageFolderDataset(Dataset):
         path, img, target = self._read(index)
         if self.transform is not None:
             try:
-                img = self.transform(img)
+                img = self._augment(img, index)
             except Exception as e:  # noqa: BLE001 - name the file, whatever the augmentation raised
                 raise SampleError(f'the transform failed on {path} ({_reason(e)})') from e
         return img, target
+
+    def _augment(self, img: Image.Image, index: int) -> Any:
+        """The transform; with ``augment_seed`` set, its random draws depend on (seed, epoch, index) only.
+
+        Why: a mid-epoch resume skips the samples already trained on, which changes which worker process loads which
+        sample and how far each worker's RNG has advanced; per-sample seeds make the resumed epoch draw exactly the
+        augmentations of the uninterrupted one, for any number of workers. The caller's RNG states are restored, so
+        the main process (``workers=0``) keeps its own stream.
+        """
+        if self.augment_seed is None:
+            return self.transform(img)
+        seed = ((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % 2 ** 63
+        py_state, np_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            random.seed(seed)
+            np.random.seed(seed % 2 ** 32)
+            torch.random.default_generator.manual_seed(seed)
+            try:
+                return self.transform(img)
+            finally:
+                random.setstate(py_state)
+                np.random.set_state(np_state)
 
     def bad_images(self) -> List[str]:
         """Paths skipped since the last call, each path reported once per dataset."""

@@ -24,8 +24,8 @@ from .atomic import atomic_write
 from .errors import InvalidArgumentError, TcnnError
 from .gpsa import upgrade_proj_weight
 
-__all__ = ['load_torch_file', 'FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
-           'model_from_dict', 'data_config_of', 'check_extension']
+__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
+           'model_from_dict', 'data_config_of', 'check_extension', 'load_torch_file']
 
 FORMAT_NAME = 'tcnn'
 FORMAT_VERSION = 2  # 2: GPSA filters as (C_out, N_h, C_in); version 1 files (2-D filters) are read and upgraded

@@ -1,10 +1,10 @@
 """Fine-tuning recipes: the keys, their defaults (the paper's shared settings), YAML files and overrides.
 
 A recipe is a flat dict. ``RECIPE_KEYS`` is its schema: every key has a default, the types it accepts and a help
-line. The defaults are the shared fine-tuning settings of seed 001 (section 3): 50 epochs, AdamW, global batch 1024,
-lr 1e-4 after a 5-epoch warm-up then cosine decay, gating lr 0.1, DeiT augmentation. A YAML file may name a
-``base`` file (relative to itself) whose keys it extends. Precedence, lowest first: defaults, base file, recipe
-file, named command-line flags (``--lr``), ``--set key=value``.
+line. The defaults are the shared fine-tuning settings of T-CNN (arXiv:2106.05795, section 3): 50 epochs, AdamW,
+global batch 1024, lr 1e-4 after a 5-epoch warm-up then cosine decay, gating lr 0.1, DeiT augmentation. A YAML file
+may name a ``base`` file (relative to itself) whose keys it extends. Precedence, lowest first: defaults, base file,
+recipe file, named command-line flags (``--lr``), ``--set key=value``.
 """
 import dataclasses
 import difflib

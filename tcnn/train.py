@@ -370,6 +370,7 @@ class Trainer:
         r, ctx = self.recipe, self.ctx
         self.data_config = data_config(r, self.model)
         self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
+        self.train_set.augment_seed = r['seed']  # augmentation a function of (seed, epoch, image): exact resume
         self.workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
         pin = r['pin_memory'] and self.device.type == 'cuda'
         self.loader_generator = torch.Generator()
@@ -617,6 +618,7 @@ class Trainer:
         r = self.recipe
         self.loader_generator.manual_seed(_loader_seed(r['seed'], epoch, self.ctx.rank))
         self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
+        self.train_set.set_epoch(epoch)
         try:
             return train_one_epoch(
                 self.train_model, self.train_loader, self.criterion, self._update_step(), epoch=epoch,
@@ -685,8 +687,9 @@ class Trainer:
         return all_reduce_sum(flag).item() > 0
 
     def _stopped(self, where: str) -> int:
-        self.log(f'stopped by {self.stop.signal_name or "a signal to another process"} {where}: {self.last_path} holds the state; continue with '
-                 f'--resume {self.output} (exit code {self.stop.exit_code})')
+        cause = self.stop.signal_name or 'a signal to another process'
+        self.log(f'stopped by {cause} {where}: {self.last_path} holds the state; continue with --resume '
+                 f'{self.output} (exit code {self.stop.exit_code})')
         return self.stop.exit_code
 
     @staticmethod

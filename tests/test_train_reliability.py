@@ -70,6 +70,23 @@ def test_stop_mid_epoch_writes_partial_checkpoint_and_resume_is_exact(data_dir, 
     assert load(run / 'last.pt')['optimizer']['state'].keys() == load(straight / 'last.pt')['optimizer']['state'].keys()
 
 
+def test_mid_epoch_resume_is_exact_with_loader_workers(data_dir, tmp_path, monkeypatch):
+    """With worker processes the resumed epoch loads the remaining images on other workers than the uninterrupted
+    run did; per-image augmentation seeds keep the result identical."""
+    straight, run = tmp_path / 'straight', tmp_path / 'run'
+
+    def workers(out):
+        return common(data_dir, out, epochs=2) + ['--workers', '2']  # the last --workers wins
+
+    assert tcnn_train.main(workers(straight)) == 0
+    _stop_after(monkeypatch, UPDATES + 3)
+    assert tcnn_train.main(workers(run)) == EXIT_PREEMPTED
+    monkeypatch.undo()
+    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+
+
 def test_stop_at_epoch_end_and_resume_auto(data_dir, straight, tmp_path, monkeypatch, capsys):
     run = tmp_path / 'run'
     auto = common(data_dir, run, epochs=3) + ['--resume', 'auto']
@@ -224,3 +241,19 @@ def test_no_pretrained_help_says_what_it_does(capsys):
         tcnn_train.main(['--help'])
     help_text = ' '.join(capsys.readouterr().out.split())
     assert '--no-pretrained start from a random init instead of the pretrained weights' in help_text
+
+
+def test_bad_images_stop_the_run_or_are_skipped_and_logged(tmp_path, capsys):
+    data = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=6, val_per_class=2, size=64)
+    bad = tmp_path / 'data' / 'train' / 'circle' / 'zero.png'
+    bad.write_bytes(b'')
+    args = common(data, tmp_path / 'run', epochs=1)
+    assert tcnn_train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f'cannot read image {bad}' in err[0] and '--skip-bad-images' in err[0], err
+    assert not (tmp_path / 'run').exists() or not os.path.isfile(tmp_path / 'run' / 'last.pt')
+    run = tmp_path / 'skip'
+    assert tcnn_train.main(common(data, run, epochs=1) + ['--skip-bad-images']) == 0
+    assert f'warning: skipped unreadable image {bad}' in capsys.readouterr().out
+    (row,) = metrics(run)
+    assert row['bad_images'] == [str(bad)]
