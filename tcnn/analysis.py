@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 
 from .convert import gpsa_layers, gpsa_summary
-from .errors import TcnnError
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 from .gpsa import GPSA
 
 __all__ = ['AttentionMaps', 'ATTENTION_PARTS', 'capture_gpsa_inputs', 'attention_maps', 'query_cell',
-           'nonlocality', 'summarize', 'image_data_config', 'load_images', 'find_images', 'denormalize',
-           'IMAGE_EXTENSIONS']
+           'nonlocality', 'summarize', 'image_data_config', 'check_image_options', 'load_images', 'find_images',
+           'denormalize', 'IMAGE_EXTENSIONS']
 
 ATTENTION_PARTS = ('mixed', 'content', 'positional')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -86,7 +86,7 @@ def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def _require_gpsa(model: nn.Module) -> List[Tuple[str, GPSA]]:
-    layers = gpsa_layers(model)
+    layers = gpsa_layers(model)  # raises on a non-module
     if not layers:
         raise TcnnError('the model has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect; '
                         'convert it first with `tcnn convert`')
@@ -101,9 +101,11 @@ def _model_device(model: nn.Module) -> torch.device:
 @torch.no_grad()
 def capture_gpsa_inputs(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Tensor]:
     """Run ``model`` on ``x`` in eval mode and return the input of every GPSA layer, by layer name."""
+    layers = _require_gpsa(model)
+    _check_images(x, 'x')
     inputs: Dict[str, torch.Tensor] = {}
     handles = []
-    for name, layer in _require_gpsa(model):
+    for name, layer in layers:
         def hook(_module, args, _name=name):
             inputs[_name] = args[0].detach()
         handles.append(layer.register_forward_pre_hook(hook))
@@ -116,6 +118,14 @@ def capture_gpsa_inputs(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Te
     return inputs
 
 
+def _check_images(x: Any, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise InvalidTypeError(f'{name} must be a tensor of images (B, C, H, W), got {type(x).__name__}')
+    if x.ndim != 4 or not x.is_floating_point():
+        raise InvalidArgumentError(f'{name} must be a float tensor of images (B, C, H, W), got shape '
+                                   f'{tuple(x.shape)} and dtype {x.dtype}')
+
+
 def query_cell(query: Optional[Sequence[float]], image_size: Sequence[int], out_size: Sequence[int]) -> Tuple[int, int]:
     """Output-grid cell of a query pixel: the cell covering pixel ``(y, x)`` of an ``H x W`` input image.
 
@@ -125,9 +135,12 @@ def query_cell(query: Optional[Sequence[float]], image_size: Sequence[int], out_
         out_size: ``(H_out, W_out)`` of the layer.
     """
     height, width = int(image_size[0]), int(image_size[1])
-    y, x = (height / 2.0, width / 2.0) if query is None else (float(query[0]), float(query[1]))
+    if query is not None and (isinstance(query, (str, bytes)) or not isinstance(query, Sequence) or len(query) != 2):
+        raise InvalidTypeError(f'query must be a (y, x) pixel, got {query!r}')
+    y, x = (height / 2.0, width / 2.0) if query is None else \
+        (float(check_number(query[0], 'query')), float(check_number(query[1], 'query')))
     if not (0 <= y < height and 0 <= x < width):
-        raise TcnnError(f'query pixel ({y:g}, {x:g}) is outside the {height}x{width} input image')
+        raise InvalidArgumentError(f'query pixel ({y:g}, {x:g}) is outside the {height}x{width} input image')
     i = min(int(y * out_size[0] / height), out_size[0] - 1)
     j = min(int(x * out_size[1] / width), out_size[1] - 1)
     return i, j
@@ -214,6 +227,9 @@ def nonlocality(model: nn.Module, images: Images) -> Dict[str, Dict[str, Any]]:
         attention, 'num_images': n}``.
     """
     layers = dict(_require_gpsa(model))
+    if images is None or isinstance(images, (str, bytes)):
+        raise InvalidTypeError(f'images must be a tensor of images or an iterable of batches, got '
+                               f'{type(images).__name__}')
     sums: Dict[str, Dict[str, torch.Tensor]] = {}
     count = 0
     for x in _batches(images):
@@ -278,6 +294,7 @@ def image_data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct
     ``resolve_data_config`` reads it; a model without one gets timm's ImageNet defaults.
     """
     from timm.data import resolve_data_config
+    check_image_options(img_size, crop_pct)
     args: Dict[str, Any] = {}
     if img_size is not None:
         args['input_size'] = (3, int(img_size), int(img_size))
@@ -286,8 +303,20 @@ def image_data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct
     return resolve_data_config(args, model=model)
 
 
+def check_image_options(img_size: Optional[int], crop_pct: Optional[float],
+                        names: Tuple[str, str] = ('img_size', 'crop_pct')) -> None:
+    """An input resolution (a positive int) and a centre-crop fraction in (0, 1], each optional; ``names`` are the
+    arguments (or flags) named in messages."""
+    if img_size is not None:
+        check_number(img_size, names[0], ge=1, integer=True)
+    if crop_pct is not None:
+        check_number(crop_pct, names[1], gt=0, le=1)
+
+
 def find_images(root: str, limit: Optional[int] = None) -> List[str]:
     """Image files under ``root`` (recursive, sorted), at most ``limit``."""
+    if limit is not None:
+        check_number(limit, 'limit', ge=1, integer=True)
     if not os.path.isdir(root):
         raise TcnnError(f'image folder not found: {root}')
     found = []
@@ -307,6 +336,10 @@ def load_images(paths: Sequence[str], data_config: Dict[str, Any]) -> torch.Tens
     """Load image files with the timm eval transform of ``data_config``: ``(N, 3, H, W)``, normalised."""
     from PIL import Image
     from timm.data import create_transform
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence):
+        raise InvalidTypeError(f'paths must be a list of image paths, got {type(paths).__name__}')
+    if not paths:
+        raise InvalidArgumentError('paths is empty: give at least one image')
     transform = create_transform(**data_config, is_training=False)
     tensors = []
     for path in paths:
@@ -322,6 +355,8 @@ def load_images(paths: Sequence[str], data_config: Dict[str, Any]) -> torch.Tens
 
 def denormalize(x: torch.Tensor, data_config: Dict[str, Any]) -> torch.Tensor:
     """Undo the normalisation of ``(..., 3, H, W)`` images for display: values in [0, 1]."""
+    if not all(k in data_config for k in ('mean', 'std')):
+        raise InvalidArgumentError('data_config must hold the normalisation mean and std (see image_data_config)')
     mean = torch.tensor(data_config['mean'], dtype=x.dtype, device=x.device)[:, None, None]
     std = torch.tensor(data_config['std'], dtype=x.dtype, device=x.device)[:, None, None]
     return (x * std + mean).clamp(0, 1)

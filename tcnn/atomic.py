@@ -8,8 +8,6 @@ import shutil
 import tempfile
 from typing import IO, Any, Callable, Iterator
 
-import torch
-
 __all__ = ['atomic_path', 'atomic_write', 'atomic_open', 'atomic_write_text', 'atomic_torch_save', 'atomic_copy']
 
 
@@ -56,6 +54,7 @@ def atomic_write_text(path: str, text: str) -> str:
 
 def atomic_torch_save(obj: Any, path: str) -> str:
     """``torch.save`` to ``path`` atomically; returns ``path``."""
+    import torch  # here, not at the top: the CLI writes text files through this module before torch loads
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 

@@ -8,7 +8,8 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 import torch.nn as nn
 
-from .errors import TcnnError, check_number
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_conversion_settings, check_device, \
+    check_module, check_number, check_size
 from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
@@ -81,6 +82,7 @@ def resolve_stages(model: nn.Module, stages: StageSpec = None) -> List[str]:
         stages: ``None`` for the last ResNet stage (``layer4``); an int ``i`` for ``layer{i}``; a submodule name
             (``'layer3'``, ``'layer4.2'``); or a list of those.
     """
+    check_module(model, 'model')
     if stages is None:
         present = [n for n in STAGE_NAMES if isinstance(getattr(model, n, None), nn.Module)]
         if not present:
@@ -91,6 +93,10 @@ def resolve_stages(model: nn.Module, stages: StageSpec = None) -> List[str]:
         return [present[-1]]
     if isinstance(stages, (int, str)):
         stages = [stages]
+    if not isinstance(stages, Sequence) or not stages or \
+            not all(isinstance(s, (int, str)) and not isinstance(s, bool) for s in stages):
+        raise InvalidArgumentError(f'stages must be None, a stage number (1-4), a submodule name, or a non-empty list '
+                                   f'of those, got {stages!r}')
     names = []
     for s in stages:
         name = f'layer{s}' if isinstance(s, int) else str(s)
@@ -131,6 +137,7 @@ def find_convertible_convs(model: nn.Module, stages: StageSpec = None) -> List[T
 
 def gpsa_layers(model: nn.Module) -> List[Tuple[str, GPSA]]:
     """All ``(name, GPSA)`` pairs of a model, in module order."""
+    check_module(model, 'model')
     return [(n, m) for n, m in model.named_modules() if isinstance(m, GPSA)]
 
 
@@ -153,8 +160,10 @@ def gpsa_summary(model: nn.Module) -> Dict[str, Dict[str, Any]]:
 def exact_configuration(model: nn.Module) -> Iterator[nn.Module]:
     """Temporarily put every GPSA layer in the exact configuration (alpha = 50, lambda = 25, centres on the taps).
 
-    In that configuration a GPSA layer computes its conv (design.md section 2). Parameters are restored on exit.
+    In that configuration a GPSA layer computes its conv (T-CNN, arXiv:2106.05795, section 2). Parameters are
+    restored on exit.
     """
+    check_module(model, 'model')
     saved = []
     with torch.no_grad():
         for _, layer in gpsa_layers(model):
@@ -227,8 +236,15 @@ def _measure(
     x = torch.randn((batch_size, *input_size), generator=gen).to(device=device, dtype=dtype)
     with cnn_context() as cnn:
         was_training = cnn.training
-        ref = cnn.eval()(x)
-        cnn.train(was_training)
+        try:
+            ref = cnn.eval()(x)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as e:  # a wrong channel count, an image smaller than the network's strides, ...
+            raise InvalidArgumentError(f'input_size {tuple(input_size)} does not fit the model: '
+                                       f'{" ".join(str(e).split())[:200]}') from e
+        finally:
+            cnn.train(was_training)
     was_training = t_cnn.training
     t_cnn.eval()
     try:
@@ -272,22 +288,21 @@ def check_equivalence(
         seed: Seed of the random input.
         device: Where to run; defaults to the device of the T-CNN's parameters.
         dtype: Input dtype; defaults to the dtype of the T-CNN's parameters.
+
+    Raises:
+        TcnnError: A bad argument (named in the message), or a ``t_cnn`` without GPSA layers.
     """
-    input_size = tuple(input_size or _default_input_size(cnn))
+    check_module(cnn, 'cnn')
+    if not gpsa_layers(check_module(t_cnn, 't_cnn')):
+        raise TcnnError('t_cnn has no GPSA layer, so there is nothing to compare: pass the T-CNN made by '
+                        'tcnn.reparameterize(cnn)')
+    input_size = check_size(input_size, 'input_size', 3) if input_size is not None else _default_input_size(cnn)
+    check_number(batch_size, 'batch_size', ge=1, integer=True)
+    check_number(seed, 'seed', ge=0, integer=True)
+    check_device(device, 'device')
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidTypeError(f'dtype must be a floating-point torch.dtype (e.g. torch.float64), got {dtype!r}')
     return _measure(lambda: contextlib.nullcontext(cnn), t_cnn, input_size, batch_size, seed, device, dtype)
-
-
-def check_settings(locality_strength: float, gating_init: float, qk_dim: Optional[int], tol: float,
-                   names: Optional[Dict[str, str]] = None) -> None:
-    """Refuse conversion settings that would build a broken model silently (a NaN alpha gives NaN logits, an
-    infinite lambda a gate stuck at 1, ``qk_dim=0`` no content attention). ``names`` renames the arguments in
-    messages (the CLI's flags)."""
-    names = names or {}
-    check_number(locality_strength, names.get('locality_strength', 'locality_strength'), gt=0)
-    check_number(gating_init, names.get('gating_init', 'gating_init'))
-    if qk_dim is not None:
-        check_number(qk_dim, names.get('qk_dim', 'qk_dim'), ge=1, integer=True)
-    check_number(tol, names.get('tol', 'tol'), gt=0)
 
 
 def reparameterize_(
@@ -307,7 +322,9 @@ def reparameterize_(
     reparameterisation, seed 001 Table 3). Verification puts the original convs back temporarily to get the CNN's
     logits, so no copy of the model is made. See ``reparameterize`` for the arguments.
     """
-    check_settings(locality_strength, gating_init, qk_dim, tol)
+    check_conversion_settings(locality_strength, gating_init, qk_dim, tol)
+    if input_size is not None:
+        input_size = check_size(input_size, 'input_size', 3)
     targets = find_convertible_convs(model, stages)
     source_name, stage_names = _model_name(model), resolve_stages(model, stages)
     convs = {}
@@ -323,24 +340,32 @@ def reparameterize_(
         'qk_dim': qk_dim,
     }
     if verify:
-        size = tuple(input_size or _default_input_size(model))
-        report = _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, None)
-        if not report.passed(tol) and _all_float32(model, convs.values()):
-            report = dataclasses.replace(report, float64_max_rel_err=_float64_error(model, convs, size))
-            if report.passed(tol):
-                warnings.warn(f'{source_name}: float32 logits differ by {report.max_rel_err:.3g} (> {tol:g}) but '
-                              f'float64 ones by {report.float64_max_rel_err:.3g}: the network amplifies float32 '
-                              'rounding; the conversion itself is exact')
-        model.tcnn_report = report
-        if not report.passed(tol):
-            for name, conv in convs.items():  # leave the caller's model as it was
+        try:
+            model.tcnn_report = _verify(model, convs, tuple(input_size or _default_input_size(model)), tol)
+        except BaseException:  # a failed check or a bad input_size: leave the caller's model as it was
+            for name, conv in convs.items():
                 model.set_submodule(name, conv)
-            del model.tcnn_config, model.tcnn_report
-            in_float64 = '' if report.float64_max_rel_err is None else f', {report.float64_max_rel_err:.3g} in float64'
-            raise ConversionError(
-                f'{source_name}: the T-CNN does not reproduce the CNN (max relative logits error '
-                f'{report.max_rel_err:.3g} > {tol:g} in the exact configuration{in_float64})')
+            del model.tcnn_config
+            raise
     return model
+
+
+def _verify(model: nn.Module, convs: Dict[str, nn.Module], size: Tuple[int, ...], tol: float) -> EquivalenceReport:
+    """The equivalence report of a freshly converted model; raises ``ConversionError`` when it misses ``tol``."""
+    source_name = model.tcnn_config['architecture']
+    report = _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, None)
+    if not report.passed(tol) and _all_float32(model, convs.values()):
+        report = dataclasses.replace(report, float64_max_rel_err=_float64_error(model, convs, size))
+        if report.passed(tol):
+            warnings.warn(f'{source_name}: float32 logits differ by {report.max_rel_err:.3g} (> {tol:g}) but '
+                          f'float64 ones by {report.float64_max_rel_err:.3g}: the network amplifies float32 '
+                          'rounding; the conversion itself is exact')
+    if not report.passed(tol):
+        in_float64 = '' if report.float64_max_rel_err is None else f', {report.float64_max_rel_err:.3g} in float64'
+        raise ConversionError(
+            f'{source_name}: the T-CNN does not reproduce the CNN (max relative logits error '
+            f'{report.max_rel_err:.3g} > {tol:g} in the exact configuration{in_float64})')
+    return report
 
 
 def _all_float32(model: nn.Module, convs) -> bool:
@@ -396,7 +421,9 @@ def reparameterize(
         ConversionError: The model has no convertible conv, a conv cannot be reproduced exactly, or the verification
             fails.
     """
-    check_settings(locality_strength, gating_init, qk_dim, tol)  # fail before copying
+    check_conversion_settings(locality_strength, gating_init, qk_dim, tol)  # fail before copying
+    if input_size is not None:
+        check_size(input_size, 'input_size', 3)
     find_convertible_convs(model, stages)
     return reparameterize_(copy.deepcopy(model), stages=stages, locality_strength=locality_strength,
                            gating_init=gating_init, qk_dim=qk_dim, verify=verify, input_size=input_size, tol=tol)

@@ -1,8 +1,14 @@
-"""Errors meant for the user: the CLI prints them as one line (no traceback) and exits non-zero."""
-import math
-from typing import Any, Optional
+"""Errors meant for the user: the CLI prints them as one line (no traceback) and exits non-zero.
 
-__all__ = ['TcnnError', 'InvalidArgumentError', 'check_number']
+The ``check_*`` helpers validate an argument where it enters (an API argument or a CLI flag, named in the message)
+before any work. They import nothing heavy at module level, so the CLI can call them before torch loads.
+"""
+import math
+import numbers
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+__all__ = ['TcnnError', 'InvalidArgumentError', 'InvalidTypeError', 'check_number', 'check_size', 'check_module',
+           'check_device', 'check_conversion_settings']
 
 
 class TcnnError(Exception):
@@ -13,16 +19,72 @@ class InvalidArgumentError(TcnnError, ValueError):
     """An argument outside its domain; also a ``ValueError``, as Python callers expect."""
 
 
+class InvalidTypeError(TcnnError, TypeError):
+    """An argument of the wrong type; also a ``TypeError``, as Python callers expect."""
+
+
+def _type_name(value: Any) -> str:
+    return 'None' if value is None else type(value).__name__
+
+
 def check_number(value: Any, name: str, *, gt: Optional[float] = None, ge: Optional[float] = None,
-                 integer: bool = False) -> Any:
-    """``value`` if it is a finite number (an int with ``integer``) within the bounds, else an
-    ``InvalidArgumentError`` naming ``name`` (an API argument or a CLI flag)."""
+                 le: Optional[float] = None, integer: bool = False) -> Any:
+    """``value`` if it is a finite real number (an integer with ``integer``) within the bounds.
+
+    Raises:
+        InvalidTypeError: Not a number (booleans are not numbers here), or not an integer with ``integer``.
+        InvalidArgumentError: NaN, infinite or out of bounds. Both messages name ``name`` (an argument or a flag).
+    """
     kind = 'an integer' if integer else 'a finite number'
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not math.isfinite(value):
+    ok_type = isinstance(value, numbers.Integral) if integer else isinstance(value, numbers.Real)
+    if isinstance(value, bool) or not ok_type:
+        raise InvalidTypeError(f'{name} must be {kind}, got {value!r} ({_type_name(value)})')
+    if not math.isfinite(value):
         raise InvalidArgumentError(f'{name} must be {kind}, got {value!r}')
-    if gt is not None and not value > gt:
-        raise InvalidArgumentError(f'{name} must be > {gt:g}, got {value!r}')
-    if ge is not None and not value >= ge:
-        raise InvalidArgumentError(f'{name} must be >= {ge:g}, got {value!r}')
+    for ok, op, bound in ((gt is None or value > gt, '>', gt), (ge is None or value >= ge, '>=', ge),
+                          (le is None or value <= le, '<=', le)):
+        if not ok:
+            raise InvalidArgumentError(f'{name} must be {op} {bound:g}, got {value!r}')
     return value
+
+
+def check_size(value: Any, name: str, length: int, *, what: str = '(C, H, W)') -> Tuple[int, ...]:
+    """``value`` as a tuple of ``length`` positive integers (e.g. an input size ``(C, H, W)``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != length:
+        raise InvalidTypeError(f'{name} must be {length} positive integers {what}, got {value!r}')
+    return tuple(int(check_number(v, name, ge=1, integer=True)) for v in value)
+
+
+def check_module(value: Any, name: str) -> Any:
+    """``value`` if it is a ``torch.nn.Module``."""
+    import torch.nn as nn
+    if not isinstance(value, nn.Module):
+        raise InvalidTypeError(f'{name} must be a torch.nn.Module, got {_type_name(value)}')
+    return value
+
+
+def check_device(value: Any, name: str) -> Any:
+    """``value`` as a ``torch.device`` (None stays None); an unknown name is the caller's mistake."""
+    if value is None:
+        return None
+    import torch
+    if not isinstance(value, (str, torch.device)) or isinstance(value, bool):
+        raise InvalidTypeError(f'{name} must be a device name or torch.device, got {_type_name(value)}')
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise InvalidArgumentError(f"{name} {value!r} is not a device (e.g. 'cpu', 'cuda', 'cuda:0')") from None
+
+
+def check_conversion_settings(locality_strength: float, gating_init: float, qk_dim: Optional[int], tol: float,
+                              names: Optional[Dict[str, str]] = None) -> None:
+    """Refuse conversion settings that would build a broken model silently (a NaN alpha gives NaN logits, an
+    infinite lambda a gate stuck at 1, ``qk_dim=0`` no content attention). Here rather than in ``tcnn.convert`` so
+    that ``tcnn convert`` checks its flags before importing torch. ``names`` renames the arguments in messages (the
+    CLI's flags)."""
+    names = names or {}
+    check_number(locality_strength, names.get('locality_strength', 'locality_strength'), gt=0)
+    check_number(gating_init, names.get('gating_init', 'gating_init'))
+    if qk_dim is not None:
+        check_number(qk_dim, names.get('qk_dim', 'qk_dim'), ge=1, integer=True)
+    check_number(tol, names.get('tol', 'tol'), gt=0)

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .errors import InvalidArgumentError, InvalidTypeError, check_number
+
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight']
 
 # Locality strength and gate of the exact configuration (design.md section 2: alpha >= 30, lambda >= 20).
@@ -32,14 +34,19 @@ SOFTPLUS_BETA = 5.0
 _PairInt = Union[int, Tuple[int, int]]
 
 
-def _pair(v: _PairInt) -> Tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _pair(v: _PairInt, name: str = 'size', ge: int = 0) -> Tuple[int, int]:
+    """An int or a pair of ints as a pair, each ``>= ge``; raises naming ``name`` otherwise."""
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return int(check_number(v[0], name, ge=ge, integer=True)), int(check_number(v[1], name, ge=ge, integer=True))
+    if isinstance(v, (tuple, list)):
+        raise InvalidTypeError(f'{name} must be an int or a pair of ints, got {v!r}')
+    v = int(check_number(v, name, ge=ge, integer=True))
+    return v, v
 
 
 def locality_to_raw(alpha: float) -> float:
     """Inverse of ``softplus(raw, beta=5)``: the raw parameter value that gives locality strength ``alpha``."""
-    if alpha <= 0:
-        raise ValueError(f'locality strength must be > 0, got {alpha}')
+    check_number(alpha, 'locality_strength', gt=0)
     return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
 
 
@@ -119,21 +126,32 @@ class GPSA(nn.Module):
     ):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        kh, kw = _pair(kernel_size)
+        # checked here, not in the math below: a zero or NaN setting would build a layer that computes garbage
+        in_chs = int(check_number(in_chs, 'in_chs', ge=1, integer=True))
+        out_chs = int(check_number(out_chs, 'out_chs', ge=1, integer=True))
+        kh, kw = _pair(kernel_size, 'kernel_size', ge=1)
         if padding_mode not in ('zeros', 'reflect', 'replicate', 'circular'):
-            raise ValueError(f'unknown padding_mode {padding_mode!r}')
+            raise InvalidArgumentError(f'padding_mode must be zeros, reflect, replicate or circular, got '
+                                       f'{padding_mode!r}')
+        if qk_dim is not None:
+            check_number(qk_dim, 'qk_dim', ge=1, integer=True)
+        check_number(locality_strength, 'locality_strength', gt=0)
+        check_number(gating_init, 'gating_init')
         self.in_chs = in_chs
         self.out_chs = out_chs
         self.kernel_size = (kh, kw)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.dilation = _pair(dilation)
+        self.stride = _pair(stride, 'stride', ge=1)
+        self.padding = _pair(padding, 'padding', ge=0)
+        self.dilation = _pair(dilation, 'dilation', ge=1)
         self.padding_mode = padding_mode
         self.num_heads = kh * kw
-        self.qk_dim = qk_dim or max(in_chs // self.num_heads, 1)
+        self.qk_dim = int(qk_dim) if qk_dim is not None else max(in_chs // self.num_heads, 1)
         self.scale = self.qk_dim ** -0.5
         # Query (anchor) position inside the receptive field, in padded coordinates: the centre tap for odd kernels.
         self.anchor = ((kh - 1) // 2 * self.dilation[0], (kw - 1) // 2 * self.dilation[1])
+        # groups of the conv the layer stands for (from_conv sets it): the filter is stored dense either way, but
+        # the parameter count of the source CNN (conv_parameters) depends on it
+        self.conv_groups = 1
 
         qk_out = self.num_heads * self.qk_dim
         self.q_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
@@ -167,9 +185,20 @@ class GPSA(nn.Module):
         kx = torch.arange(kw, dtype=torch.float32) * self.dilation[1] - self.anchor[1]
         return torch.stack(torch.meshgrid(ky, kx, indexing='ij'), dim=-1).reshape(-1, 2)
 
+    def _check_per_head(self, value: Union[float, torch.Tensor], name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != self.num_heads:
+                raise InvalidArgumentError(f'{name} must be a number or {self.num_heads} values (one per head), got '
+                                           f'a tensor of shape {tuple(value.shape)}')
+            if not bool(torch.isfinite(value).all()):
+                raise InvalidArgumentError(f'{name} must be finite, got {value.tolist()}')
+        else:
+            check_number(value, name)
+
     @torch.no_grad()
     def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
-        """Set alpha of every head (a float, or a ``(N_h,)`` tensor)."""
+        """Set alpha (> 0) of every head (a float, or a ``(N_h,)`` tensor)."""
+        self._check_per_head(alpha, 'locality_strength')
         if isinstance(alpha, torch.Tensor):
             raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
             self.pos_locality.copy_(raw.to(self.pos_locality))
@@ -179,8 +208,9 @@ class GPSA(nn.Module):
     @torch.no_grad()
     def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
         """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
+        self._check_per_head(gating, 'gating')
         if isinstance(gating, torch.Tensor):
-            self.gating.copy_(gating.to(self.gating))
+            self.gating.copy_(gating.to(self.gating).reshape(self.gating.shape))
         else:
             self.gating.fill_(float(gating))
 
@@ -198,6 +228,8 @@ class GPSA(nn.Module):
         count). ``padding='same'``/``'valid'`` and every ``padding_mode`` are supported. The result lives on the
         conv's device and dtype.
         """
+        if not isinstance(conv, nn.Conv2d):
+            raise InvalidTypeError(f'conv must be a torch.nn.Conv2d, got {type(conv).__name__}')
         if isinstance(conv.padding, str):
             padding = _string_padding(conv)
         else:
@@ -209,6 +241,7 @@ class GPSA(nn.Module):
             padding_mode=conv.padding_mode, qk_dim=qk_dim, locality_strength=locality_strength,
             gating_init=gating_init, device=weight.device, dtype=weight.dtype,
         )
+        gpsa.conv_groups = conv.groups
         if conv.groups > 1:
             weight = _dense_grouped_weight(weight, conv.groups)
         with torch.no_grad():
@@ -219,6 +252,12 @@ class GPSA(nn.Module):
         return gpsa
 
     # ------------------------------------------------------------------ introspection
+
+    def conv_parameters(self) -> int:
+        """Parameter count of the conv this layer stands for (filter and bias), to count the source CNN's."""
+        kh, kw = self.kernel_size
+        bias = self.out_chs if self.proj_bias is not None else 0
+        return self.out_chs * (self.in_chs // self.conv_groups) * kh * kw + bias
 
     def gate(self) -> torch.Tensor:
         """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""

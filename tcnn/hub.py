@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .errors import TcnnError
+from .errors import InvalidTypeError, TcnnError, check_number
 
 __all__ = ['TORCHVISION_PREFIX', 'split_model_name', 'create_cnn', 'load_state_dict_file', 'clean_state_dict',
            'OFFLINE_HINT']
@@ -156,8 +156,8 @@ def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
     if not path.endswith('.safetensors'):
         from .io import load_torch_file
         return clean_state_dict(load_torch_file(path, 'weights file'))
-    if not os.path.isfile(path):
-        raise TcnnError(f'weights file not found: {path}')
+    from .io import _file_head
+    _file_head(path, 'weights file')  # missing, a folder, empty: one line each
     try:
         from safetensors.torch import load_file
         return clean_state_dict(load_file(path, device='cpu'))
@@ -205,6 +205,13 @@ def create_cnn(
     Raises:
         TcnnError: Unknown name (with close matches), weights unavailable offline, unreadable/mismatched file.
     """
+    if not isinstance(name, str) or not name:
+        raise InvalidTypeError(f'name must be a model name (e.g. \'resnet50d\' or \'torchvision:resnet50\'), got '
+                               f'{name!r}')
+    if num_classes is not None:
+        check_number(num_classes, 'num_classes', ge=0, integer=True)
+    if weights is not None and not isinstance(weights, (str, os.PathLike)):
+        raise InvalidTypeError(f'weights must be a file path, got {type(weights).__name__}')
     source, arch = split_model_name(name)
     _check_known(source, arch)
     if source == 'torchvision':
@@ -216,7 +223,7 @@ def create_cnn(
             kwargs['num_classes'] = num_classes
         model = _create_timm(arch, pretrained and weights is None, **kwargs)
     if weights is not None:
-        _load_weights(model, weights, name)
+        _load_weights(model, os.fspath(weights), name)
     # What it takes to rebuild this architecture offline (tcnn.load uses it): name and creation kwargs.
     model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs)}
     model.tcnn_source['kwargs'].pop('num_classes', None)

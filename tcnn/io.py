@@ -7,6 +7,7 @@
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
      'num_classes': 1000,
+     'parameters': {'total': int, 'cnn': int},   # counts, so that `tcnn info` need not rebuild the models
      'state_dict': {name: tensor}}
 
 ``FILE.safetensors`` holds the state dict as its tensors and everything else as JSON in the metadata entry
@@ -21,15 +22,14 @@ import torch
 import torch.nn as nn
 
 from .atomic import atomic_write
-from .errors import InvalidArgumentError, TcnnError
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module
 from .gpsa import upgrade_proj_weight
+from .paths import check_input_file, check_output_file
+from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
            'model_from_dict', 'data_config_of', 'check_extension', 'load_torch_file']
 
-FORMAT_NAME = 'tcnn'
-FORMAT_VERSION = 2  # 2: GPSA filters as (C_out, N_h, C_in); version 1 files (2-D filters) are read and upgraded
-EXTENSIONS = ('.pt', '.pth', '.safetensors')
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
 _METADATA_KEY = 'tcnn'
 _ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
@@ -124,6 +124,15 @@ def data_config_of(model: nn.Module) -> Dict[str, Any]:
     return {k: _plain(config[k], f'data_config.{k}') for k in DATA_CONFIG_KEYS if k in config}
 
 
+def _parameter_counts(model: nn.Module) -> Dict[str, int]:
+    """Parameters of the model and of its source CNN (every GPSA layer counted as the conv it stands for)."""
+    from .convert import gpsa_layers
+    total = sum(p.numel() for p in model.parameters())
+    layers = [layer for _, layer in gpsa_layers(model)]
+    extra = sum(sum(p.numel() for p in layer.parameters()) - layer.conv_parameters() for layer in layers)
+    return {'total': total, 'cnn': total - extra}
+
+
 def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The plain dict that ``save`` writes to ``.pt``: format, version, source architecture, conversion settings
     (None for a plain CNN), data config, class count and state_dict.
@@ -135,7 +144,6 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
     """
     from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
     from timm.models._features_fx import FeatureGraphNet
-    from . import __version__
     from .convert import gpsa_layers
 
     model = _unwrap(model)
@@ -159,6 +167,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         'conversion': conversion or None,
         'data_config': config,
         'num_classes': _num_classes(model),
+        'parameters': _parameter_counts(model),
         'state_dict': {k: v.detach() for k, v in model.state_dict().items()},
     }
 
@@ -327,9 +336,12 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
     Returns:
         The absolute path written.
     """
+    check_module(model, 'model')
+    path = _check_path(path, 'path')
     ext = check_extension(path)
-    if os.path.isdir(path):
-        raise TcnnError(f'{path} is a folder: pass a file name ending in {", ".join(EXTENSIONS)}')
+    check_output_file(path, 'path', EXTENSIONS)
+    if data_config is not None and not isinstance(data_config, dict):
+        raise InvalidTypeError(f'data_config must be a dict or None, got {type(data_config).__name__}')
     d = model_to_dict(model, data_config=data_config)
     try:
         if ext == '.safetensors':
@@ -353,9 +365,8 @@ def _reason(e: BaseException) -> str:
 
 def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -> Dict[str, Any]:
     from safetensors import safe_open
-    device = str(map_location) if map_location is not None else 'cpu'
-    try:
-        with safe_open(path, framework='pt', device=device) as f:
+    try:  # on the CPU: a device problem must not be reported as a corrupt file
+        with safe_open(path, framework='pt', device='cpu') as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
@@ -370,6 +381,14 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
         raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata ({e})') from e
     if not isinstance(settings, dict):
         raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata')
+    if map_location is not None and not isinstance(map_location, (str, torch.device)):
+        raise InvalidArgumentError(f'{path}: map_location of a safetensors file must be a device, got '
+                                   f'{type(map_location).__name__}')
+    if map_location is not None and torch.device(map_location).type != 'cpu':
+        try:
+            tensors = {k: v.to(map_location) for k, v in tensors.items()}
+        except RuntimeError as e:
+            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {_reason(e)}') from e
     return dict(settings, state_dict=tensors)
 
 
@@ -390,25 +409,22 @@ def _read_torch(path: str, map_location: Union[str, torch.device, None], what: s
 
 def _check_map_location(map_location: Any) -> None:
     """A device string torch does not know is the caller's mistake, not a corrupt file."""
-    if isinstance(map_location, str):
-        try:
-            torch.device(map_location)
-        except RuntimeError:
-            raise InvalidArgumentError(f'map_location {map_location!r} is not a device (e.g. \'cpu\', \'cuda\', '
-                                       '\'cuda:0\')') from None
+    if map_location is None or isinstance(map_location, dict) or \
+            (callable(map_location) and not isinstance(map_location, (str, torch.device))):
+        return  # torch.load's remapping forms
+    check_device(map_location, 'map_location')
+
+
+def _check_path(path: Any, name: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f'{name} must be a file path (str or os.PathLike), got {type(path).__name__}')
+    return os.fspath(path)
 
 
 def _file_head(path: str, what: str) -> bytes:
     """The first bytes of a user-named file, or a one-line error: missing, a folder, empty."""
-    if not os.path.exists(path):
-        raise TcnnError(f'{what} not found: {path}')
-    if os.path.isdir(path):
-        raise TcnnError(f'{what} {path} is a folder, not a file')
-    with open(path, 'rb') as f:
-        head = f.read(8)
-    if not head:
-        raise TcnnError(f'{what} {path} is empty (0 bytes): an interrupted copy or download?')
-    return head
+    with open(check_input_file(path, what), 'rb') as f:
+        return f.read(8)
 
 
 def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torch.device, None] = 'cpu') -> Any:
@@ -420,7 +436,7 @@ def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torc
         what: Its role, for messages (e.g. ``'checkpoint'``, ``'weights file'``).
         map_location: As in ``torch.load``.
     """
-    path = str(path)
+    path = _check_path(path, 'path')
     _check_map_location(map_location)
     head = _file_head(path, what)
     if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
@@ -429,7 +445,7 @@ def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torc
 
 
 def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
-    path = str(path)
+    path = _check_path(path, 'path')
     _check_map_location(map_location)
     head = _file_head(path, 'T-CNN file')
     if path.lower().endswith('.safetensors') and not head.startswith(_ZIP_MAGIC):

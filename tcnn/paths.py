@@ -1,12 +1,26 @@
-"""Output paths checked before any work: every command validates where it will write first, so a mistake costs
-seconds, not a finished evaluation or training run, and a failed run leaves no empty folder it created."""
+"""Paths checked before any work: every command validates the files it reads and where it will write first, so a
+mistake costs seconds, not a finished evaluation or training run, and a failed run leaves no empty folder it created.
+Nothing here imports torch: the CLI runs these checks before the heavy imports."""
 import contextlib
 import os
 from typing import Iterator, List, Optional, Sequence
 
 from .errors import TcnnError
 
-__all__ = ['check_output_file', 'check_output_dir', 'output_dir']
+__all__ = ['check_input_file', 'check_output_file', 'check_output_dir', 'output_dir']
+
+
+def check_input_file(path: str, what: str = 'file') -> str:
+    """``path`` if it is an existing, non-empty file; else a one-line error naming ``what`` (its role, e.g.
+    ``'weights file'``): not found, a folder, empty (an interrupted copy)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise TcnnError(f'{what} not found: {path}')
+    if os.path.isdir(path):
+        raise TcnnError(f'{what} {path} is a folder, not a file')
+    if os.path.getsize(path) == 0:
+        raise TcnnError(f'{what} {path} is empty (0 bytes): an interrupted copy or download?')
+    return path
 
 
 def _nearest_existing(path: str) -> str:

@@ -17,15 +17,31 @@ from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarForm
 
 from .analysis import ATTENTION_PARTS, AttentionMaps
 from .atomic import atomic_open
-from .errors import TcnnError
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from .paths import check_output_file
 
-__all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure']
+__all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure', 'check_figure_path']
 
 PART_TITLES = {'mixed': 'gated mix', 'content': 'content', 'positional': 'positional'}
 
 
+def check_figure_path(path: str, name: str = 'path') -> str:
+    """``path`` if a figure can be written there in a format matplotlib knows (from the extension; none: PNG).
+    The plot functions call it before drawing, so a bad path costs no work."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f'{name} must be a file path, got {type(path).__name__}')
+    path = os.fspath(path)
+    suffixes = tuple('.' + ext for ext in sorted(FigureCanvasAgg.get_supported_filetypes()))
+    if os.path.splitext(path)[1]:
+        check_output_file(path, name, suffixes)
+    else:
+        check_output_file(path, name)
+    return path
+
+
 def save_figure(fig: Figure, path: str, dpi: int = 110) -> str:
     """Write ``fig`` to ``path`` (format from the extension) atomically; returns ``path``."""
+    check_figure_path(path)
     FigureCanvasAgg(fig)
     fmt = os.path.splitext(path)[1].lstrip('.').lower() or 'png'
     with atomic_open(path, 'wb') as f:
@@ -90,6 +106,7 @@ def plot_summary(summary: Mapping[str, Any], path: str) -> str:
         summary: ``tcnn.analysis.summarize`` output (or a ``tcnn.gpsa_summary`` dict of layers).
         path: Output image path (``.png``, ``.pdf``, ``.svg``).
     """
+    check_figure_path(path)
     layers = summary.get('layers', summary)
     if not layers:
         raise TcnnError('no GPSA layer in the summary: nothing to plot')
@@ -136,9 +153,17 @@ def plot_attention(
         parts: Attention parts to show, rows in this order.
         title: Figure title.
     """
+    check_figure_path(path)
     if not maps:
         raise TcnnError('no attention maps to plot')
+    bad = [p for p in parts if p not in ATTENTION_PARTS] if not isinstance(parts, str) else [parts]
+    if bad or not parts:
+        raise InvalidArgumentError(f'parts must be a list of {", ".join(ATTENTION_PARTS)}, got {parts!r}')
     layers = list(maps.values())
+    batch = next(iter(maps.values())).mixed.shape[0]
+    check_number(index, 'index', ge=0, integer=True)
+    if index >= batch:
+        raise InvalidArgumentError(f'index {index} is out of range: the maps hold {batch} images')
     n_heads = max(m.gate.numel() for m in layers)
     rows = [(part, m) for part in parts for m in layers]
     # square panels of `cell` inches: size the figure from the grid so that no space is left over
@@ -199,6 +224,9 @@ def load_metrics(path: str) -> List[Dict[str, Any]]:
     A resumed run may log an epoch twice: the last record wins. A truncated last line (a run still writing) is
     skipped; any other malformed line is an error.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f'path must be a run folder or metrics file path, got {type(path).__name__}')
+    path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, 'metrics.jsonl')
     elif path.endswith(('.pt', '.pth', '.safetensors')):
@@ -260,6 +288,7 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
         path: Output image path.
         title: Figure title.
     """
+    check_figure_path(path)
     if not records:
         raise TcnnError('no epochs to plot')
     layers: List[str] = []

@@ -27,12 +27,12 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from .errors import TcnnError
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module, check_number
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
            'IMAGENET_C_SIZE', 'imagenet_wnids', 'subset_wnids', 'SuiteData', 'scan_suite', 'LabelSpace',
            'label_space', 'eval_data_config', 'evaluate', 'results_table', 'format_table', 'format_markdown',
-           'write_results', 'num_outputs']
+           'write_results', 'num_outputs', 'resolve_device']
 
 SUITES = ('imagenet', 'imagenet-c', 'imagenet-a', 'imagenet-r')
 SEVERITIES = ('1', '2', '3', '4', '5')
@@ -87,7 +87,7 @@ def subset_wnids(suite: str) -> List[str]:
     """
     files = {'imagenet-a': 'imagenet_a_synsets.txt', 'imagenet-r': 'imagenet_r_synsets.txt'}
     if suite not in files:
-        raise ValueError(f'{suite} has no class subset')
+        raise InvalidArgumentError(f'suite {suite!r} has no class subset; choose from {", ".join(files)}')
     return _timm_info(files[suite])
 
 
@@ -173,10 +173,14 @@ class _Listing:
             self.group_ids += [group] * len(names)
 
 
+def _check_suite(suite: str) -> None:
+    if suite not in SUITES:
+        raise InvalidArgumentError(f'unknown suite {suite!r}; choose from {", ".join(SUITES)}')
+
+
 def scan_suite(suite: str, root: str) -> SuiteData:
     """List the images of ``root`` in the layout of ``suite``; a wrong layout is an error naming the level."""
-    if suite not in SUITES:
-        raise TcnnError(f'unknown suite {suite!r}; choose from {", ".join(SUITES)}')
+    _check_suite(suite)
     if not os.path.isdir(root):
         raise TcnnError(f'{suite}: data directory not found: {root}')
     listing = _Listing()
@@ -231,6 +235,7 @@ class LabelSpace:
 
 def num_outputs(model: nn.Module, input_size: Sequence[int] = (3, 64, 64)) -> int:
     """Number of logits of a classifier (timm ``num_classes``, a torchvision ``fc``, else a dry run)."""
+    check_module(model, 'model')
     n = getattr(model, 'num_classes', None)
     if isinstance(n, int) and n > 0:
         return n
@@ -248,6 +253,8 @@ def num_outputs(model: nn.Module, input_size: Sequence[int] = (3, 64, 64)) -> in
 
 def label_space(suite: str, classes: Sequence[str], n_outputs: int) -> LabelSpace:
     """Map class folders to labels for a model with ``n_outputs`` logits (see the module docstring)."""
+    _check_suite(suite)
+    check_number(n_outputs, 'n_outputs', ge=1, integer=True)
     if suite in ('imagenet-a', 'imagenet-r'):
         if n_outputs != 1000:
             raise TcnnError(f'{suite} scores ImageNet-1k classifiers (1000 outputs); the model has {n_outputs}')
@@ -274,6 +281,7 @@ def eval_data_config(model: nn.Module, suite: str, img_size: Optional[int] = Non
     corruptions") have it.
     """
     from .analysis import image_data_config
+    _check_suite(suite)
     if suite == 'imagenet-c':
         img_size = IMAGENET_C_SIZE if img_size is None else img_size
         crop_pct = 1.0 if crop_pct is None else crop_pct
@@ -307,15 +315,13 @@ def _config_key(cfg: Mapping[str, Any]) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
-def _resolve_device(device: Optional[str]) -> torch.device:
+def resolve_device(device: Optional[str]) -> torch.device:
+    """``device`` as a ``torch.device`` (default CUDA when available); an unusable one is a one-line error."""
     if device is None:
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise TcnnError(f'invalid device {device!r}: {e}') from e
+    dev = check_device(device, 'device')
     if dev.type == 'cuda' and not torch.cuda.is_available():
-        raise TcnnError(f'device {device!r} requested but CUDA is not available; use --device cpu')
+        raise TcnnError(f"device {device!r} requested but CUDA is not available; use device 'cpu'")
     return dev
 
 
@@ -361,12 +367,24 @@ def evaluate(
     """
     from timm.data import create_transform
     from tqdm import tqdm
+
+    from .analysis import check_image_options
+    # every argument before the folder scan and the first batch: a mistake costs no pass over the data
+    if not isinstance(models, Mapping):
+        raise InvalidTypeError(f'models must be a dict of name -> model, got {type(models).__name__}')
     if not models:
-        raise TcnnError('no model to evaluate')
+        raise InvalidArgumentError('models is empty: no model to evaluate')
+    for name, model in models.items():
+        check_module(model, f'models[{name!r}]')
+    _check_suite(suite)
+    check_image_options(img_size, crop_pct)
+    check_number(batch_size, 'batch_size', ge=1, integer=True)
+    if workers is not None:
+        check_number(workers, 'workers', ge=0, integer=True)
+    dev = resolve_device(device)
     data = data or scan_suite(suite, root)
     if data.suite != suite:
-        raise ValueError(f'data was scanned for {data.suite}, not {suite}')
-    dev = _resolve_device(device)
+        raise InvalidArgumentError(f'data was scanned for {data.suite}, not {suite}')
     workers = min(8, os.cpu_count() or 1) if workers is None else workers
     configs, spaces = {}, {}
     for name, model in models.items():
@@ -504,6 +522,9 @@ def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]
     Args:
         report: ``{'models': {name: ...}, 'suites': {suite: {'results': {name: result}}}}`` (``tcnn eval``'s JSON).
     """
+    if not isinstance(report, Mapping) or not isinstance(report.get('models'), Mapping) or \
+            not isinstance(report.get('suites'), Mapping):
+        raise InvalidArgumentError('report must be a tcnn eval report: a dict with "models" and "suites" entries')
     names = list(report['models'])
     header = ['metric'] + names
     rows: List[List[str]] = []
@@ -559,8 +580,12 @@ def format_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 
 def write_results(report: Mapping[str, Any], json_path: Optional[str], markdown_path: Optional[str] = None) -> None:
-    """Write the report as JSON and/or its table as markdown, atomically."""
+    """Write the report as JSON and/or its table as markdown, atomically (both paths are checked first)."""
     from .atomic import atomic_write_text
+    from .paths import check_output_file
+    for path, name, suffixes in ((json_path, 'json_path', ('.json',)), (markdown_path, 'markdown_path', ('.md',))):
+        if path:
+            check_output_file(path, name, suffixes)
     if json_path:
         atomic_write_text(json_path, json.dumps(report, indent=2) + '\n')
     if markdown_path:

@@ -120,3 +120,318 @@ def test_load_with_an_unknown_device_names_the_argument(tmp_path):
         tcnn.load(path, map_location='tpu')
     with pytest.raises(TcnnError, match="map_location 'tpu' is not a device"):
         load_torch_file(path, map_location='tpu')
+
+
+# ---------------------------------------------------------------------------------------------- API arguments
+
+
+@pytest.fixture(scope='module')
+def small():
+    """A CNN, its T-CNN (32 px, not verified: only arguments are under test) and a batch of images."""
+    import timm
+    import tcnn
+    cnn = timm.create_model('resnet18d', num_classes=3)
+    return cnn, tcnn.reparameterize(cnn, verify=False), torch.randn(2, 3, 32, 32)
+
+
+def _api_cases():
+    import torch.nn as nn
+    import tcnn
+    from tcnn import analysis, hub, plots
+    from tcnn import robustness as rb
+    nan, inf = float('nan'), float('inf')
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    return [  # (name, call(cnn, t_cnn, x, tmp_path), exception type, message)
+        ('GPSA in_chs', lambda c, t, x, p: tcnn.GPSA(0, 4), ValueError, 'in_chs must be >= 1, got 0'),
+        ('GPSA in_chs float', lambda c, t, x, p: tcnn.GPSA(4.5, 4), TypeError, 'in_chs must be an integer'),
+        ('GPSA kernel_size', lambda c, t, x, p: tcnn.GPSA(4, 4, kernel_size=0), ValueError, 'kernel_size must be >= 1'),
+        ('GPSA kernel_size pair', lambda c, t, x, p: tcnn.GPSA(4, 4, kernel_size=(3,)), TypeError,
+         'kernel_size must be an int or a pair'),
+        ('GPSA stride', lambda c, t, x, p: tcnn.GPSA(4, 4, stride=0), ValueError, 'stride must be >= 1'),
+        ('GPSA padding', lambda c, t, x, p: tcnn.GPSA(4, 4, padding=-1), ValueError, 'padding must be >= 0'),
+        ('GPSA dilation', lambda c, t, x, p: tcnn.GPSA(4, 4, dilation=0), ValueError, 'dilation must be >= 1'),
+        ('GPSA qk_dim 0', lambda c, t, x, p: tcnn.GPSA(4, 4, qk_dim=0), ValueError, 'qk_dim must be >= 1, got 0'),
+        ('GPSA alpha nan', lambda c, t, x, p: tcnn.GPSA(4, 4, locality_strength=nan), ValueError,
+         'locality_strength must be a finite number, got nan'),
+        ('GPSA lambda inf', lambda c, t, x, p: tcnn.GPSA(4, 4, gating_init=inf), ValueError,
+         'gating_init must be a finite number, got inf'),
+        ('GPSA padding_mode', lambda c, t, x, p: tcnn.GPSA(4, 4, padding_mode='x'), ValueError,
+         'padding_mode must be zeros'),
+        ('from_conv Linear', lambda c, t, x, p: tcnn.GPSA.from_conv(nn.Linear(3, 3)), TypeError,
+         'conv must be a torch.nn.Conv2d, got Linear'),
+        ('from_conv alpha nan', lambda c, t, x, p: tcnn.GPSA.from_conv(conv, locality_strength=nan), ValueError,
+         'locality_strength must be a finite number'),
+        ('from_conv qk_dim 0', lambda c, t, x, p: tcnn.GPSA.from_conv(conv, qk_dim=0), ValueError,
+         'qk_dim must be >= 1'),
+        ('set_locality nan', lambda c, t, x, p: tcnn.GPSA(4, 4).set_locality_strength(nan), ValueError,
+         'locality_strength must be a finite number'),
+        ('set_locality shape', lambda c, t, x, p: tcnn.GPSA(4, 4).set_locality_strength(torch.ones(3)), ValueError,
+         'locality_strength must be a number or 9 values'),
+        ('set_gating inf', lambda c, t, x, p: tcnn.GPSA(4, 4).set_gating(inf), ValueError,
+         'gating must be a finite number'),
+        ('reparameterize model', lambda c, t, x, p: tcnn.reparameterize('resnet50d'), TypeError,
+         'model must be a torch.nn.Module, got str'),
+        ('reparameterize stages', lambda c, t, x, p: tcnn.reparameterize(c, stages=1.5), ValueError,
+         'stages must be None, a stage number'),
+        ('reparameterize input_size', lambda c, t, x, p: tcnn.reparameterize(c, input_size=224), TypeError,
+         'input_size must be 3 positive integers'),
+        ('check_equivalence batch_size', lambda c, t, x, p: tcnn.check_equivalence(c, t, (3, 32, 32), batch_size=0),
+         ValueError, 'batch_size must be >= 1, got 0'),
+        ('check_equivalence input_size', lambda c, t, x, p: tcnn.check_equivalence(c, t, (3, -1, 4)), ValueError,
+         'input_size must be >= 1, got -1'),
+        ('check_equivalence device', lambda c, t, x, p: tcnn.check_equivalence(c, t, (3, 32, 32), device='tpu'),
+         ValueError, "device 'tpu' is not a device"),
+        ('check_equivalence dtype', lambda c, t, x, p: tcnn.check_equivalence(c, t, (3, 32, 32), dtype=torch.int64),
+         TypeError, 'dtype must be a floating-point torch.dtype'),
+        ('check_equivalence no GPSA', lambda c, t, x, p: tcnn.check_equivalence(c, c, (3, 32, 32)), TcnnError,
+         't_cnn has no GPSA layer'),
+        ('check_equivalence channels', lambda c, t, x, p: tcnn.check_equivalence(c, t, (1, 32, 32)), ValueError,
+         'input_size (1, 32, 32) does not fit the model'),
+        ('exact_configuration', lambda c, t, x, p: tcnn.exact_configuration(None).__enter__(), TypeError,
+         'model must be a torch.nn.Module, got None'),
+        ('gpsa_summary', lambda c, t, x, p: tcnn.gpsa_summary('x'), TypeError, 'model must be a torch.nn.Module'),
+        ('attention_maps x', lambda c, t, x, p: analysis.attention_maps(t, x[0]), ValueError,
+         'x must be a float tensor of images (B, C, H, W), got shape (3, 32, 32)'),
+        ('attention_maps query nan', lambda c, t, x, p: analysis.attention_maps(t, x, (nan, 1)), ValueError,
+         'query must be a finite number, got nan'),
+        ('attention_maps query len', lambda c, t, x, p: analysis.attention_maps(t, x, (1,)), TypeError,
+         'query must be a (y, x) pixel'),
+        ('nonlocality None', lambda c, t, x, p: analysis.nonlocality(t, None), TypeError,
+         'images must be a tensor of images'),
+        ('image_data_config crop', lambda c, t, x, p: analysis.image_data_config(t, 32, nan), ValueError,
+         'crop_pct must be a finite number'),
+        ('image_data_config size', lambda c, t, x, p: analysis.image_data_config(t, 0), ValueError,
+         'img_size must be >= 1'),
+        ('find_images limit', lambda c, t, x, p: analysis.find_images(str(p), 0), ValueError,
+         'limit must be >= 1'),
+        ('load_images empty', lambda c, t, x, p: analysis.load_images([], {}), ValueError, 'paths is empty'),
+        ('load_images str', lambda c, t, x, p: analysis.load_images('a.png', {}), TypeError,
+         'paths must be a list of image paths'),
+        ('denormalize', lambda c, t, x, p: analysis.denormalize(x, {}), ValueError,
+         'data_config must hold the normalisation mean and std'),
+        ('eval_data_config crop', lambda c, t, x, p: rb.eval_data_config(t, 'imagenet', 32, 2.0), ValueError,
+         'crop_pct must be <= 1, got 2.0'),
+        ('evaluate models', lambda c, t, x, p: rb.evaluate([t], 'imagenet', str(p)), TypeError,
+         'models must be a dict of name -> model'),
+        ('evaluate batch_size', lambda c, t, x, p: rb.evaluate({'t': t}, 'imagenet', str(p), batch_size=0),
+         ValueError, 'batch_size must be >= 1'),
+        ('evaluate device', lambda c, t, x, p: rb.evaluate({'t': t}, 'imagenet', str(p), device='tpu'),
+         ValueError, "device 'tpu' is not a device"),
+        ('subset_wnids', lambda c, t, x, p: rb.subset_wnids('imagenet'), ValueError,
+         "suite 'imagenet' has no class subset"),
+        ('num_outputs', lambda c, t, x, p: rb.num_outputs(None), TypeError, 'model must be a torch.nn.Module'),
+        ('results_table', lambda c, t, x, p: rb.results_table({}), ValueError, 'report must be a tcnn eval report'),
+        ('plot_summary format', lambda c, t, x, p: plots.plot_summary({}, str(p / 's.xyz')), TcnnError,
+         'the extension must be one of'),
+        ('plot_training_curves folder', lambda c, t, x, p: plots.plot_training_curves([], str(p)), TcnnError,
+         'is a folder; give a file name'),
+        ('plot_attention index', lambda c, t, x, p: plots.plot_attention(analysis.attention_maps(t, x), x[0],
+                                                                         str(p / 'a.png'), index=5),
+         ValueError, 'index 5 is out of range: the maps hold 2 images'),
+        ('plot_attention parts', lambda c, t, x, p: plots.plot_attention(analysis.attention_maps(t, x), x[0],
+                                                                         str(p / 'a.png'), parts=['x']),
+         ValueError, 'parts must be a list of mixed, content, positional'),
+        ('load_metrics', lambda c, t, x, p: plots.load_metrics(None), TypeError, 'path must be a run folder'),
+        ('save model', lambda c, t, x, p: tcnn.save(None, str(p / 'm.pt')), TypeError,
+         'model must be a torch.nn.Module, got None'),
+        ('save data_config', lambda c, t, x, p: tcnn.save(t, str(p / 'm.pt'), data_config=5), TypeError,
+         'data_config must be a dict or None'),
+        ('load path', lambda c, t, x, p: tcnn.load(None), TypeError, 'path must be a file path'),
+        ('load map_location', lambda c, t, x, p: tcnn.load(tcnn.save(t, str(p / 'm.pt')), map_location=5),
+         TypeError, 'map_location must be a device name or torch.device, got int'),
+        ('create_cnn name', lambda c, t, x, p: hub.create_cnn(None), TypeError, 'name must be a model name'),
+        ('create_cnn num_classes', lambda c, t, x, p: hub.create_cnn('resnet18d', pretrained=False, num_classes=-1),
+         ValueError, 'num_classes must be >= 0, got -1'),
+    ]
+
+
+@pytest.mark.parametrize('case', _api_cases(), ids=lambda case: case[0])
+def test_api_arguments_raise_our_error_naming_the_argument(small, tmp_path, case):
+    _, call, kind, message = case
+    cnn, t_cnn, x = small
+    with pytest.raises(kind) as info:
+        call(cnn, t_cnn, x, tmp_path)
+    assert isinstance(info.value, TcnnError) and message in str(info.value), repr(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert not [p for p in tmp_path.iterdir() if p.suffix in ('.png', '.xyz')]  # nothing drawn before the check
+
+
+def test_a_bad_input_size_leaves_the_model_unconverted():
+    import timm
+    import tcnn
+    cnn = timm.create_model('resnet18d', num_classes=3)
+    with pytest.raises(ValueError, match=r'input_size \(1, 32, 32\) does not fit the model'):
+        tcnn.reparameterize_(cnn, input_size=(1, 32, 32))  # one channel for a 3-channel stem
+    assert not tcnn.gpsa_layers(cnn) and not hasattr(cnn, 'tcnn_config')
+
+
+def test_safetensors_on_an_unusable_device_is_not_called_corrupt(small, tmp_path):
+    import tcnn
+    path = tcnn.save(small[1], str(tmp_path / 't.safetensors'))
+    with pytest.raises(TcnnError) as info:
+        tcnn.load(path, map_location='cuda:99')  # no such device, with or without CUDA
+    assert "onto map_location='cuda:99'" in str(info.value) and 'corrupt' not in str(info.value)
+
+
+def test_empty_safetensors_weights_is_one_line(tmp_path, capsys):
+    weights = tmp_path / 'w.safetensors'
+    weights.write_bytes(b'')
+    assert main(['convert', 'resnet18d', '--weights', str(weights), '--out', str(tmp_path / 't.pt')]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'is empty (0 bytes)' in err[0], err
+
+
+def test_write_results_checks_both_paths_before_writing(tmp_path):
+    from tcnn import robustness as rb
+    report = {'format': 'tcnn-eval', 'version': 1, 'models': {'m': {}}, 'suites': {}}
+    (tmp_path / 'blocker').write_text('a file')
+    with pytest.raises(TcnnError, match='markdown_path'):
+        rb.write_results(report, str(tmp_path / 'r.json'), str(tmp_path / 'blocker' / 'r.md'))
+    assert not (tmp_path / 'r.json').exists()
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+@pytest.fixture()
+def read_only(tmp_path, monkeypatch):
+    """A folder nobody may write to (mode 555; as root, where the mode does not bind, ``os.access`` says so)."""
+    folder = tmp_path / 'read_only'
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0:
+        real_access = os.access
+        monkeypatch.setattr(os, 'access', lambda p, mode, *a, **k: False if os.path.abspath(p) == str(folder)
+                            and mode & os.W_OK else real_access(p, mode, *a, **k))
+    yield folder
+    folder.chmod(0o755)
+
+
+def _one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f'tcnn {command}: error:'), err
+    return err[0]
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--out', 'READ_ONLY/r.json'], 'is not writable'),
+    (['--crop-pct', 'nan'], '--crop-pct must be a finite number, got nan'),
+    (['--crop-pct', '1.5'], '--crop-pct must be <= 1'),
+    (['--img-size', '0'], '--img-size must be >= 1, got 0'),
+    (['--batch-size', '0'], '--batch-size must be >= 1, got 0'),
+    (['--workers', '-1'], '--workers must be >= 0, got -1'),
+    (['--device', 'tpu'], "device 'tpu' is not a device"),
+    (['--markdown', 'table.txt'], '--markdown'),
+])
+def test_eval_refuses_bad_flags_before_any_work(tmp_path, read_only, capsys, flags, message):
+    # the data folder and model do not exist: an error about them would mean the flags were checked too late
+    flags = [f.replace('READ_ONLY', str(read_only)) for f in flags]
+    assert main(['eval', str(tmp_path / 'missing.pt'), '--suite', 'imagenet', '--data', str(tmp_path / 'nowhere'),
+                 *flags]) == 2
+    assert message in _one_line(capsys, 'eval')
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--query', 'nan,3'], '--query must be a finite number, got nan'),
+    (['--max-images', '0'], '--max-images must be >= 1, got 0'),
+    (['--batch-size', '0'], '--batch-size must be >= 1, got 0'),
+    (['--img-size', '-5'], '--img-size must be >= 1, got -5'),
+    (['--device', 'tpu'], "--device 'tpu' is not a device"),
+])
+def test_inspect_refuses_bad_flags_before_any_work(tmp_path, capsys, flags, message):
+    out = tmp_path / 'fresh' / 'out'
+    assert main(['inspect', str(tmp_path / 'missing.pt'), '--out', str(out), *flags]) == 2
+    assert message in _one_line(capsys, 'inspect') and not (tmp_path / 'fresh').exists()
+
+
+@pytest.mark.parametrize('command', [['inspect', 'MODEL', '--out', 'READ_ONLY/figures'],
+                                     ['plot', 'RUN', '--out', 'READ_ONLY/curves.png'],
+                                     ['convert', 'resnet18d', '--no-pretrained', '--out', 'READ_ONLY/t.pt']])
+def test_commands_refuse_a_read_only_output_folder(tmp_path, read_only, capsys, command):
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'metrics.jsonl').write_text('{"epoch": 0, "val_top1": 1.0}\n')
+    argv = [a.replace('READ_ONLY', str(read_only)).replace('MODEL', str(tmp_path / 'm.pt')).replace('RUN', str(run))
+            for a in command]
+    assert main(argv) == 2
+    assert 'is not writable' in _one_line(capsys, command[0])
+    assert os.listdir(read_only) == []
+
+
+# ---------------------------------------------------------------------------------------------- start-up
+
+
+def _fresh_python(code: str) -> str:
+    """stdout of ``code`` in a new interpreter that imports this checkout's tcnn."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''), HF_HUB_OFFLINE='1')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
+    missing = str(tmp_path / 'missing.pt')
+    out = _fresh_python(
+        'import contextlib, io, sys\n'
+        'from tcnn.cli import main\n'
+        'for argv in (["--help"], ["convert", "--help"], ["convert"], ["eval", "--help"], ["inspect", "--help"],\n'
+        '             ["plot", "--help"], ["info", "--help"], ["convert", "resnet18d", "--out", "x.bin"],\n'
+        '             ["convert", "resnet18d", "--out", "x.pt", "--tol", "-1"], ["info", ' + repr(missing) + ']):\n'
+        '    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n'
+        '        try:\n'
+        '            rc = main(argv)\n'
+        '        except SystemExit as e:\n'
+        '            rc = e.code\n'
+        '    print(argv[0], rc)\n'
+        'print(sorted(m for m in ("torch", "timm", "torchvision", "matplotlib") if m in sys.modules))\n')
+    lines = out.strip().splitlines()
+    assert lines[-1] == '[]', out
+    assert [line.split()[-1] for line in lines[:-1]] == ['0', '0', '2', '0', '0', '0', '0', '2', '2', '2'], out
+
+
+def test_import_tcnn_is_light_and_still_registers_the_t_models():
+    out = _fresh_python(
+        'import sys\n'
+        'import tcnn\n'
+        'print("torch" in sys.modules, "timm" in sys.modules)\n'
+        'import timm\n'
+        'print(timm.is_model("t_resnet18d"), tcnn.GPSA.__name__, tcnn.__version__)\n')
+    assert out.split() == ['False', 'False', 'True', 'GPSA', tcnn_version()], out
+    out = _fresh_python('import timm, tcnn\nprint(timm.is_model("t_resnet18d"))\n')  # timm first
+    assert out.strip() == 'True', out
+
+
+def tcnn_version() -> str:
+    from tcnn.version import __version__
+    return __version__
+
+
+def test_info_reads_stored_counts_without_building_the_model(tmp_path):
+    import math
+    import warnings
+    import tcnn
+    from tcnn.commands import info
+    from tcnn.hub import create_cnn
+    cnn = create_cnn('resnet26d', pretrained=False, num_classes=5, cardinality=4, base_width=16)  # grouped convs
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        t_cnn = tcnn.reparameterize(cnn, verify=False, locality_strength=3.0, gating_init=-2.0)
+    for ext in ('.pt', '.safetensors'):
+        path = tcnn.save(t_cnn, str(tmp_path / f't{ext}'))
+        fast, rebuilt = info.collect(path), info._collect_by_rebuilding(path)
+        assert fast['parameters'] == rebuilt['parameters']
+        assert fast['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
+        assert {k: v for k, v in fast.items() if k != 'layers'} == {k: v for k, v in rebuilt.items() if k != 'layers'}
+        for name, layer in rebuilt['layers'].items():
+            assert fast['layers'][name]['center'] == layer['center']
+            for key in ('gate', 'alpha', 'span', 'gate_mean', 'span_mean'):
+                a, b = fast['layers'][name][key], layer[key]
+                assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(*(([a], [b]) if isinstance(a, float)
+                                                                            else (a, b)))), (name, key)
+    out = _fresh_python('import sys\nfrom tcnn.cli import main\nmain(["info", ' + repr(path) + '])\n'
+                        'print(sorted(m for m in ("torch", "timm") if m in sys.modules))\n')
+    assert out.strip().splitlines()[-1] == '[]' and 'self-attention' in out, out

@@ -135,7 +135,7 @@ def test_offline_fails_fast_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['resnet18d', '--no-pretrained', '--out', 'model.bin'], "unsupported extension '.bin'"),
+    (['resnet18d', '--no-pretrained', '--out', 'model.bin'], 'the extension must be one of .pt, .pth, .safetensors'),
     (['resnt18d', '--no-pretrained', '--out', 'model.pt'], 'did you mean: resnet18d'),
     (['torchvision:resnet17', '--no-pretrained', '--out', 'model.pt'], "unknown torchvision model 'resnet17'"),
     (['mobilenetv3_small_050', '--no-pretrained', '--out', 'model.pt'], 'searched for layer1, layer2, layer3, layer4'),

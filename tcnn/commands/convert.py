@@ -9,11 +9,14 @@ import os
 import sys
 import time
 import warnings
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
-import torch.nn as nn
+from ..errors import TcnnError, check_conversion_settings, check_number
+from ..paths import check_output_file
+from ..version import EXTENSIONS
 
-from ..errors import TcnnError
+if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
+    import torch.nn as nn
 
 __all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size', 'FLAG_NAMES']
 
@@ -80,22 +83,7 @@ def parse_img_size(text: Optional[str], in_chans: int) -> Optional[Tuple[int, in
     return in_chans, height, width
 
 
-def _check_out(path: str) -> str:
-    """Fail before any heavy work on an output path that cannot be written."""
-    from ..io import check_extension
-    check_extension(path)
-    if os.path.isdir(path):
-        raise TcnnError(f'--out {path} is a folder: give a file name ending in .pt or .safetensors')
-    folder = os.path.dirname(os.path.abspath(path))
-    existing = folder
-    while not os.path.isdir(existing):
-        existing = os.path.dirname(existing)
-    if not os.access(existing, os.W_OK):
-        raise TcnnError(f'--out {path}: {existing} is not writable')
-    return path
-
-
-def _count(model: nn.Module) -> int:
+def _count(model: 'nn.Module') -> int:
     return sum(p.numel() for p in model.parameters())
 
 
@@ -114,7 +102,7 @@ def _weights_text(args: argparse.Namespace) -> str:
     return 'random init' if args.no_pretrained else 'pretrained weights'
 
 
-def _layer_lines(t_model: nn.Module) -> List[str]:
+def _layer_lines(t_model: 'nn.Module') -> List[str]:
     from ..convert import gpsa_layers
     lines = []
     for name, layer in gpsa_layers(t_model):
@@ -125,12 +113,14 @@ def _layer_lines(t_model: nn.Module) -> List[str]:
     return lines
 
 
-def _in_chans(model: nn.Module) -> int:
+def _in_chans(model: 'nn.Module') -> int:
+    import torch.nn as nn
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
     return conv.in_channels if conv is not None else 3
 
 
-def _print_summary(args: argparse.Namespace, cnn: nn.Module, t_model: nn.Module, path: str, seconds: float) -> None:
+def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Module', path: str,
+                   seconds: float) -> None:
     config = t_model.tcnn_config
     lines = _layer_lines(t_model)
     n_cnn, n_t = _count(cnn), _count(t_model)
@@ -164,18 +154,22 @@ def _print_summary(args: argparse.Namespace, cnn: nn.Module, t_model: nn.Module,
 
 
 def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    # every flag and the output path before torch loads and the CNN is built: a mistake costs no conversion
+    check_output_file(args.out, '--out', EXTENSIONS)
+    path = args.out
+    check_conversion_settings(args.locality_strength, args.gating_init, args.qk_dim, args.tol, names=FLAG_NAMES)
+    if args.num_classes is not None:
+        check_number(args.num_classes, '--num-classes', ge=0, integer=True)
+    parse_img_size(args.img_size, 3)
+
     from tqdm import tqdm
 
     from .. import io as tio
-    from ..convert import check_settings, reparameterize
+    from ..convert import reparameterize
     from ..hub import create_cnn
     from ..models import source_model_name
 
-    start = time.perf_counter()
-    path = _check_out(args.out)
-    check_settings(args.locality_strength, args.gating_init, args.qk_dim, args.tol, names=FLAG_NAMES)
-    if args.num_classes is not None and args.num_classes < 0:
-        raise TcnnError(f'--num-classes must be >= 0, got {args.num_classes}')
     source = source_model_name(args.model)
     if source is not None:
         raise TcnnError(f'{args.model} is already a T-CNN architecture: convert its CNN, '

@@ -5,11 +5,12 @@ their data directories in order.
 """
 import argparse
 import os
-from typing import Dict, List, Sequence
-
-import torch.nn as nn
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..errors import TcnnError
+
+if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
+    import torch.nn as nn
 
 MODEL_FILE_EXTENSIONS = ('.pt', '.pth', '.safetensors', '.bin', '.ckpt')
 
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
 
 
-def load_model(spec: str) -> nn.Module:
+def load_model(spec: str) -> 'nn.Module':
     """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint) or a pretrained model name."""
     if os.path.exists(spec):
         from .. import io as tio
@@ -80,11 +81,22 @@ def run(args: argparse.Namespace) -> int:
                         'in the same order')
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
+    from ..analysis import check_image_options
+    from ..errors import check_number
     from ..paths import check_output_file
-    if args.out:  # before the evaluation: a path mistake must not cost an ImageNet-C pass and its results
+    # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
+    # ImageNet-C pass and its results
+    check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
+    check_number(args.batch_size, '--batch-size', ge=1, integer=True)
+    if args.workers is not None:
+        check_number(args.workers, '--workers', ge=0, integer=True)
+    rb.resolve_device(args.device)
+    if args.out:
         check_output_file(args.out, '--out', ('.json',))
-    if args.out or args.markdown:
-        check_output_file(args.markdown or os.path.splitext(args.out)[0] + '.md', '--markdown', ('.md',))
+    if args.markdown:
+        check_output_file(args.markdown, '--markdown', ('.md',))
+    elif args.out:
+        check_output_file(os.path.splitext(args.out)[0] + '.md', '--out (its .md table)', ('.md',))
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}

@@ -9,7 +9,7 @@ import os
 from typing import List, Optional, Tuple
 
 from ..atomic import atomic_write_text
-from ..errors import TcnnError
+from ..errors import TcnnError, check_device, check_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def parse_query(text: Optional[str]) -> Optional[Tuple[float, float]]:
         y, x = (float(v) for v in text.split(','))
     except ValueError:
         raise TcnnError(f'--query takes Y,X (pixel row and column), got {text!r}') from None
-    return y, x
+    return check_number(y, '--query'), check_number(x, '--query')
 
 
 def _parts(text: str) -> List[str]:
@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
+    analysis.check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
+    check_number(args.max_images, '--max-images', ge=1, integer=True)
+    check_number(args.batch_size, '--batch-size', ge=1, integer=True)
+    check_device(args.device, '--device')
     check_output_dir(args.out, '--out')
     if not os.path.exists(args.model):
         raise TcnnError(f'model file not found: {args.model}')
