@@ -214,6 +214,7 @@ def build_transforms(recipe: Mapping[str, Any], data_cfg: Mapping[str, Any]) -> 
     train = create_transform(
         recipe['img_size'], is_training=True, auto_augment=recipe['aa'], color_jitter=recipe['color_jitter'],
         re_prob=recipe['reprob'], re_mode=recipe['remode'], re_count=recipe['recount'],
+        scale=tuple(recipe['scale']) if recipe.get('scale') else None,
         interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']))
     val = create_transform(
         data_cfg['input_size'][-1], is_training=False, interpolation=data_cfg['interpolation'],

@@ -69,6 +69,8 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     # augmentation (DeiT)
     'aa': _k('rand-m9-mstd0.5-inc1', (str, NoneType), 'timm auto-augment policy (null: none)'),
     'color_jitter': _k(0.3, float, 'colour jitter (timm ignores it when a RandAugment policy is set)'),
+    'scale': _k([0.08, 1.0], list, 'area range of the random resized crop, as fractions of the image (timm/DeiT '
+                '--scale; [1.0, 1.0]: the whole image, for labels that a crop can change)'),
     'reprob': _k(0.25, float, 'random erasing probability'),
     'remode': _k('pixel', str, 'random erasing mode', ('pixel', 'rand', 'const')),
     'recount': _k(1, int, 'random erasing count'),
@@ -256,6 +258,10 @@ def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
     mixing = recipe['mixup'] > 0 or recipe['cutmix'] > 0
     if mixing and recipe['mixup_prob'] > 0 and recipe['batch_size'] % 2:
         raise TcnnError(f'mixup/cutmix need an even batch_size, got {recipe["batch_size"]}')
+    lo_hi = recipe.get('scale')
+    if lo_hi is not None and (len(lo_hi) != 2 or not all(isinstance(v, (int, float)) for v in lo_hi) or
+                              not 0 < lo_hi[0] <= lo_hi[1] <= 1):
+        raise TcnnError(f'recipe key \'scale\' must be [low, high] with 0 < low <= high <= 1, got {lo_hi!r}')
     for key in ('mean', 'std'):
         if recipe[key] is not None and (len(recipe[key]) != 3 or
                                         not all(isinstance(v, (int, float)) for v in recipe[key])):
