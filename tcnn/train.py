@@ -40,8 +40,9 @@ from .hub import create_cnn
 from .io import load_torch_file
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import RECIPE_KEYS, apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, \
-    resolve_recipe, scaled_lrs, validate_recipe
+from .recipe import apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe, \
+    scaled_lrs, validate_recipe
+from .train_args import add_arguments, flag_overrides
 
 __all__ = ['add_arguments', 'run', 'main', 'CHECKPOINT_KEY', 'load_checkpoint', 'CheckpointWriteError']
 
@@ -61,63 +62,12 @@ SCHEDULE_KEYS = ('sched', 'epochs', 'warmup_epochs', 'warmup_lr', 'min_lr', 'lr'
 # Below this batch-scaling factor (global batch 64 for the paper's reference 1024) a small run barely moves.
 SMALL_LR_FACTOR = 1 / 16
 
-# (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
-_FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
-    ('--data', 'data', {'metavar': 'DIR'}),
-    ('--output', 'output', {'metavar': 'DIR'}),
-    ('--model', 'model', {'metavar': 'NAME'}),
-    ('--weights', 'weights', {'metavar': 'PATH'}),
-    ('--no-pretrained', 'pretrained', {'action': 'store_const', 'const': False,
-                                       'help': 'start from a random init instead of the pretrained weights'}),
-    ('--epochs', 'epochs', {'type': int, 'metavar': 'N'}),
-    ('--batch-size', 'batch_size', {'type': int, 'metavar': 'N'}),
-    ('--accum-steps', 'accum_steps', {'type': int, 'metavar': 'N'}),
-    ('--lr', 'lr', {'type': float, 'metavar': 'LR'}),
-    ('--gating-lr', 'gating_lr', {'type': float, 'metavar': 'LR'}),
-    ('--img-size', 'img_size', {'type': int, 'metavar': 'PX'}),
-    ('--workers', 'workers', {'type': int, 'metavar': 'N'}),
-    ('--device', 'device', {'metavar': 'DEV'}),
-    ('--amp', 'amp', {'nargs': '?', 'const': 'bf16', 'choices': ('auto', 'bf16', 'fp16', 'none'), 'metavar': 'MODE'}),
-    ('--no-sa', 'no_sa', {'action': 'store_const', 'const': True}),
-    ('--reparam-epoch', 'reparam_epoch', {'type': int, 'metavar': 'N'}),
-    ('--seed', 'seed', {'type': int, 'metavar': 'N'}),
-    ('--compile', 'compile', {'action': 'store_const', 'const': True}),
-    ('--model-ema', 'model_ema', {'action': 'store_const', 'const': True}),
-    ('--skip-bad-images', 'skip_bad_images', {'action': 'store_const', 'const': True}),
-    ('--no-progress', 'progress', {'action': 'store_const', 'const': False,
-                                   'help': 'no progress bar (log lines only)'}),
-)
-
 
 class CheckpointWriteError(TcnnError):
     """A checkpoint or the metrics file could not be written; the previous files are intact."""
 
 
-# ---------------------------------------------------------------------------------------------------- arguments
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``tcnn train`` and ``python -m tcnn.train`` (one definition for both)."""
-    parser.add_argument('--recipe', metavar='YAML', help='recipe file, or the name of a bundled one (t_resnet50_rs ... '
-                        't_resnet350_rs, t_resnet50_d ... t_resnet200_d); default: the paper\'s shared settings with '
-                        'model resnet50d')
-    parser.add_argument('--resume', metavar='PATH', help='continue a run: its OUTPUT/last.pt or OUTPUT folder (the '
-                        'recipe comes from the checkpoint; flags and --set still override it); "auto": continue '
-                        'OUTPUT/last.pt if it exists, else start the run (one command for the first start and every '
-                        'requeue)')
-    parser.add_argument('--set', dest='set_items', action='append', default=[], metavar='KEY=VALUE',
-                        help='override any recipe key (value read as YAML), e.g. --set mixup=0 --set stages=[3,4]; '
-                        'applied after the named flags')
-    parser.add_argument('--print-config', action='store_true', help='print the resolved recipe and exit')
-    group = parser.add_argument_group('recipe overrides')
-    for flag, key, kwargs in _FLAGS:
-        kwargs = dict(kwargs)
-        help_text = kwargs.pop('help', RECIPE_KEYS[key].help)
-        group.add_argument(flag, dest=key, default=None, help=f'{help_text} (recipe key {key})', **kwargs)
-
-
-def _flag_overrides(args: argparse.Namespace) -> Dict[str, Any]:
-    return {key: getattr(args, key) for _, key, _ in _FLAGS if getattr(args, key, None) is not None}
-
+# ---------------------------------------------------------------------------------------------------- recipe
 
 def _default_output(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
     stem = os.path.splitext(os.path.basename(args.recipe))[0] if args.recipe else recipe['model']
@@ -125,7 +75,7 @@ def _default_output(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
 
 
 def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Dict[str, Any]:
-    recipe = resolve_recipe(args.recipe, _flag_overrides(args), args.set_items, notes)
+    recipe = resolve_recipe(args.recipe, flag_overrides(args), args.set_items, notes)
     if recipe['output'] is None:
         recipe['output'] = _default_output(args, recipe)
     return recipe
@@ -134,7 +84,7 @@ def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Dict[str, Any]:
 def _resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: str) -> Dict[str, Any]:
     recipe = default_recipe()
     apply_overrides(recipe, checkpoint['config'], f'the checkpoint {path}')
-    overrides = dict(_flag_overrides(args), **parse_set(args.set_items))
+    overrides = dict(flag_overrides(args), **parse_set(args.set_items))
     changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != recipe[k]]
     if changed:
         raise TcnnError(f'cannot change {", ".join(changed)} when resuming (they define the model and the '
