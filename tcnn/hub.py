@@ -1,8 +1,10 @@
 """Create source CNNs by name (timm or torchvision) with pretrained, local or random weights.
 
 Offline behaviour matters here: timm alone retries a download for about 50 s before failing. We look in the local
-caches first, then probe the weight host with a short timeout, and fail within seconds with a message that names
-``--weights`` and ``--no-pretrained`` (the ``weights=``/``pretrained=False`` arguments in Python).
+caches first, then probe the weight host with a short timeout, and fail within seconds with a
+``WeightsUnavailableError`` whose message names the Python fix (``pretrained=False``, or local weights through
+``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
+(``--weights``/``--no-pretrained``) through ``WeightsUnavailableError.with_hint``.
 """
 import difflib
 import os
@@ -16,12 +18,42 @@ import torch.nn as nn
 from .errors import InvalidTypeError, TcnnError, check_number
 
 __all__ = ['TORCHVISION_PREFIX', 'split_model_name', 'create_cnn', 'load_state_dict_file', 'clean_state_dict',
-           'OFFLINE_HINT']
+           'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
-OFFLINE_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
+# What to do without the pretrained weights, in the caller's terms: Python arguments, or the flags of tcnn
+# convert/train (which translate the error, see WeightsUnavailableError.with_hint).
+PYTHON_HINT = ('pass pretrained=False (random init) or local weights: timm.create_model(..., '
+               'pretrained_cfg_overlay=dict(file=PATH)), tcnn.hub.create_cnn(..., weights=PATH), or tcnn.load(PATH) '
+               'for a saved T-CNN')
+CLI_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
+OFFLINE_HINT = CLI_HINT  # the name of CLI_HINT before it had a Python counterpart; kept for existing callers
 PROBE_TIMEOUT_S = 3.0
 _WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')
+
+
+class WeightsUnavailableError(TcnnError):
+    """Pretrained weights cannot be had (offline and not cached, no weights published, a failed download).
+
+    The message is ``REASON: HINT``. ``hint`` defaults to the Python fix (``PYTHON_HINT``); a command that reaches
+    ``create_cnn`` re-raises ``error.with_hint(CLI_HINT)`` so that its user reads the flags instead.
+
+    Attributes:
+        reason: What went wrong, without the fix.
+        hint: The fix, in the caller's terms.
+    """
+
+    def __init__(self, reason: str, hint: str = PYTHON_HINT):
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f'{reason}: {hint}')
+
+    def __reduce__(self):  # pickles (e.g. from a worker process) with both parts, not the joined message
+        return type(self), (self.reason, self.hint)
+
+    def with_hint(self, hint: str) -> 'WeightsUnavailableError':
+        """The same error with another fix, e.g. ``CLI_HINT`` for the commands."""
+        return type(self)(self.reason, hint)
 
 
 def split_model_name(name: str) -> Tuple[str, str]:
@@ -93,7 +125,7 @@ def _create_timm(arch: str, pretrained: bool, **kwargs) -> nn.Module:
     cfg = timm.models.get_pretrained_cfg(arch.split('.')[0] if '.' not in arch else arch)
     cfg = cfg.to_dict() if cfg is not None else {}
     if not (cfg.get('hf_hub_id') or cfg.get('url') or cfg.get('file')):
-        raise TcnnError(f'timm has no pretrained weights for {arch!r}: {OFFLINE_HINT}')
+        raise WeightsUnavailableError(f'timm has no pretrained weights for {arch!r}')
     cached = _cached_timm_file(cfg)
     if cached:
         overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {}, file=cached)
@@ -101,13 +133,14 @@ def _create_timm(arch: str, pretrained: bool, **kwargs) -> nn.Module:
     host = 'https://huggingface.co' if cfg.get('hf_hub_id') else cfg['url']
     host = os.environ.get('HF_ENDPOINT', host) if cfg.get('hf_hub_id') else host
     if _offline_env() or not _host_reachable(host):
-        raise TcnnError(f'cannot download pretrained weights for {arch!r} (offline, not in the local cache): '
-                        f'{OFFLINE_HINT}')
+        raise WeightsUnavailableError(f'cannot download pretrained weights for {arch!r} (offline, not in the local '
+                                      'cache)')
     try:
         return timm.create_model(arch, pretrained=True, **kwargs)
     except Exception as e:  # network errors come in many types (requests, urllib, hub)
-        raise TcnnError(f'downloading pretrained weights for {arch!r} failed ({type(e).__name__}: {e}): '
-                        f'{OFFLINE_HINT}') from e
+        reason = ' '.join(str(e).split())[:200] or type(e).__name__
+        raise WeightsUnavailableError(f'downloading pretrained weights for {arch!r} failed ({type(e).__name__}: '
+                                      f'{reason})') from e
 
 
 def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] = None) -> nn.Module:
@@ -117,12 +150,14 @@ def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] 
     weights = torchvision.models.get_model_weights(arch).DEFAULT
     cached = os.path.join(torch.hub.get_dir(), 'checkpoints', os.path.basename(weights.url))
     if not os.path.isfile(cached) and not _host_reachable(weights.url):
-        raise TcnnError(f'cannot download pretrained weights for torchvision:{arch} (offline, not in the local '
-                        f'cache): {OFFLINE_HINT}')
+        raise WeightsUnavailableError(f'cannot download pretrained weights for torchvision:{arch} (offline, not in '
+                                      'the local cache)')
     try:
         model = torchvision.models.get_model(arch, weights=weights)
     except Exception as e:
-        raise TcnnError(f'downloading pretrained weights for torchvision:{arch} failed ({e}): {OFFLINE_HINT}') from e
+        reason = ' '.join(str(e).split())[:200] or type(e).__name__
+        raise WeightsUnavailableError(f'downloading pretrained weights for torchvision:{arch} failed '
+                                      f'({type(e).__name__}: {reason})') from e
     if num_classes is not None and num_classes != model.fc.out_features:
         model.fc = nn.Linear(model.fc.in_features, num_classes)
     return model
@@ -203,7 +238,9 @@ def create_cnn(
         **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``).
 
     Raises:
-        TcnnError: Unknown name (with close matches), weights unavailable offline, unreadable/mismatched file.
+        WeightsUnavailableError: ``pretrained`` weights cannot be had (offline and not cached, none published, a
+            failed download); the message names the Python fix, ``with_hint(CLI_HINT)`` the CLI flags.
+        TcnnError: Unknown name (with close matches), unreadable/mismatched file.
     """
     if not isinstance(name, str) or not name:
         raise InvalidTypeError(f'name must be a model name (e.g. \'resnet50d\' or \'torchvision:resnet50\'), got '

@@ -36,7 +36,7 @@ from .distributed import DistContext, StopRequest, all_reduce_sum, cleanup_distr
 from .engine import DATA_BOUND_FRACTION, EpochPosition, NonFiniteLossError, UpdateStep, autocast_fn, evaluate, \
     to_device, train_one_epoch
 from .errors import TcnnError
-from .hub import create_cnn
+from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
 from .io import load_torch_file
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
@@ -195,6 +195,8 @@ def _create_model(recipe: Dict[str, Any], num_classes: int) -> nn.Module:
                           num_classes=num_classes, **kwargs)
     except TypeError as e:  # a timm architecture that does not take one of the kwargs
         raise TcnnError(f'cannot create {recipe["model"]} with {kwargs}: {e}') from None
+    except WeightsUnavailableError as e:  # the fix in tcnn train's terms: its flags, not Python arguments
+        raise e.with_hint(CLI_HINT) from None
 
 
 def _copy_gpsa_init(src: nn.Module, dst: nn.Module) -> None:

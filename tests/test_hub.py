@@ -7,15 +7,36 @@ import timm
 import torch
 
 from tcnn.errors import TcnnError
-from tcnn.hub import create_cnn, load_state_dict_file
+from tcnn.hub import CLI_HINT, PYTHON_HINT, WeightsUnavailableError, create_cnn, load_state_dict_file
 
 
-def test_offline_pretrained_fails_fast_and_names_the_flags(monkeypatch):
+def test_offline_pretrained_fails_fast_and_names_the_python_fix(monkeypatch):
+    """From Python the message names arguments (pretrained=False, weights=PATH, ...), not the CLI's flags."""
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     start = time.perf_counter()
-    with pytest.raises(TcnnError, match=r'--weights.*--no-pretrained'):
+    with pytest.raises(WeightsUnavailableError) as info:
         create_cnn('resnet18d', pretrained=True)  # offline: must fail fast
     assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert message == f"cannot download pretrained weights for 'resnet18d' (offline, not in the local cache): " \
+                      f'{PYTHON_HINT}'
+    assert 'pretrained=False' in message and 'weights=PATH' in message and 'pretrained_cfg_overlay=dict(file=PATH)' \
+        in message and '--' not in message
+    assert isinstance(info.value, TcnnError)
+
+
+def test_weights_unavailable_error_rewords_for_the_cli():
+    """The commands swap the hint for their flags; the reason stays, and the error survives pickling (e.g. from a
+    worker process) with both parts."""
+    import pickle
+    error = WeightsUnavailableError("timm has no pretrained weights for 'x'")
+    cli = error.with_hint(CLI_HINT)
+    assert str(cli) == "timm has no pretrained weights for 'x': pass --weights PATH (a local checkpoint) or " \
+                       '--no-pretrained (random init)'
+    assert type(cli) is WeightsUnavailableError and cli.reason == error.reason and error.hint == PYTHON_HINT
+    again = pickle.loads(pickle.dumps(cli))
+    assert str(again) == str(cli) and again.hint == CLI_HINT
 
 
 def test_unreachable_host_fails_fast(monkeypatch):
@@ -84,3 +105,15 @@ def test_bad_weight_files_are_rejected_clearly(tmp_path):
     torch.save({'epoch': 1}, tmp_path / 'empty.pt')
     with pytest.raises(TcnnError, match='no state_dict'):
         load_state_dict_file(str(tmp_path / 'empty.pt'))
+
+
+def test_eval_offline_names_its_own_fix(monkeypatch):
+    """tcnn eval has no --weights/--no-pretrained: its wording of the same error points at a model file."""
+    from tcnn.commands.eval import load_model
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)
+    with pytest.raises(WeightsUnavailableError) as info:
+        load_model('resnet18d')  # offline: must fail fast
+    assert str(info.value).endswith(': give a model file instead (a CNN saved with tcnn.io.save, a tcnn convert '
+                                    'file or a checkpoint)')
+    assert '--weights' not in str(info.value) and 'pretrained=False' not in str(info.value)

@@ -449,6 +449,21 @@ def test_cli_error_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [f'tcnn train: error: data folder not found: {tmp_path / "nowhere"}']
 
 
+def test_offline_pretrained_names_the_train_flags(data_dir, tmp_path, monkeypatch, capsys):
+    """tcnn train without the pretrained weights (offline): one line naming its flags, not the Python arguments that
+    the same error from tcnn.hub names."""
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    from tcnn.cli import main
+    args = [a for a in common(data_dir, tmp_path / 'out', epochs=1) if a != '--no-pretrained']
+    assert main(['train', *args]) == 2  # offline: asserts the fast failure, downloads nothing
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tcnn train: error: cannot download pretrained weights for 'resnet18d'")
+    assert err[0].endswith('pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'), err
+    assert 'pretrained=False' not in err[0]
+    assert not (tmp_path / 'out').exists()
+
+
 def test_docs_list_every_recipe_key():
     with open(os.path.join(REPO, 'docs', 'train.md')) as f:
         docs = f.read()

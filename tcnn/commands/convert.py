@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import io as tio
     from ..convert import reparameterize
-    from ..hub import create_cnn
+    from ..hub import CLI_HINT, WeightsUnavailableError, create_cnn
     from ..models import source_model_name
 
     source = source_model_name(args.model)
@@ -180,8 +180,11 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=len(steps), file=sys.stderr, disable=None, leave=False,
               bar_format='{desc} [{n_fmt}/{total_fmt}, {elapsed}]') as bar:
         bar.set_description(steps[0])
-        cnn = create_cnn(args.model, pretrained=not args.no_pretrained, weights=args.weights,
-                         num_classes=args.num_classes)
+        try:
+            cnn = create_cnn(args.model, pretrained=not args.no_pretrained, weights=args.weights,
+                             num_classes=args.num_classes)
+        except WeightsUnavailableError as e:  # the fix in this command's terms: its flags, not Python arguments
+            raise e.with_hint(CLI_HINT) from None
         bar.update()
         bar.set_description(steps[1])
         input_size = parse_img_size(args.img_size, _in_chans(cnn))

@@ -46,13 +46,12 @@ def load_model(spec: str) -> 'nn.Module':
         return tio.load(spec, map_location='cpu')
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
-    from ..hub import OFFLINE_HINT, create_cnn
+    from ..hub import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
-    except TcnnError as e:
-        # create_cnn's hint names options of tcnn convert/train, which tcnn eval does not have
-        raise TcnnError(str(e).replace(OFFLINE_HINT, 'give a model file instead (a CNN saved with tcnn.io.save, a '
-                                                     'tcnn convert file or a checkpoint)')) from e
+    except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round
+        raise e.with_hint('give a model file instead (a CNN saved with tcnn.io.save, a tcnn convert file or a '
+                          'checkpoint)') from None
 
 
 def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]:
