@@ -29,7 +29,8 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
-from .data import build_transforms, data_config, open_dataset
+from .data import StreamDataset, build_transforms, data_config, is_reader_spec, open_dataset, \
+    open_reader_datasets
 from .convert import find_convertible_convs, gpsa_layers, gpsa_summary, reparameterize_
 from .distributed import DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, rng_state, \
     seed_all, set_rng_state, setup_distributed
@@ -213,6 +214,11 @@ def _fmt(v: Optional[float], spec: str = '.4g') -> str:
     return 'n/a' if v is None else format(v, spec)
 
 
+def _num_images(dataset: Any) -> int:
+    """Images in a split: a stream's stated size (0: unknown), else the dataset's length."""
+    return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
+
+
 def _loader_seed(seed: int, epoch: int, rank: int) -> int:
     """Seed of the loader's own generator (worker seeds) for one epoch and process: the global RNG, which the
     checkpoint holds, is not consumed by starting a loader, so a mid-epoch resume sees the same random draws."""
@@ -275,21 +281,30 @@ class Trainer:
     def _setup_datasets(self) -> None:
         r, ctx = self.recipe, self.ctx
         if not r['data']:
-            raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/)')
-        self.train_set = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
-        class_map = self.train_set.class_to_idx
-        self.val_set = open_dataset(r['data'], r['val_split'], class_map=class_map,
-                                    skip_bad_images=r['skip_bad_images'])
-        classes = len(class_map)
+            raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
+                            '(wds/FOLDER, hfds/NAME, ...)')
+        if is_reader_spec(r['data']):
+            self.train_set, self.val_set, classes = open_reader_datasets(
+                r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'],
+                batch_size=r['batch_size'], seed=r['seed'], skip_bad_images=r['skip_bad_images'])
+        else:
+            self.train_set = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
+            class_map = self.train_set.class_to_idx
+            self.val_set = open_dataset(r['data'], r['val_split'], class_map=class_map,
+                                        skip_bad_images=r['skip_bad_images'])
+            classes = len(class_map)
+        # A stream (webdataset shards, ...) has no index: no sampler, and a stop inside an epoch redoes the epoch.
+        self.streaming = isinstance(self.train_set, StreamDataset)
         if r['num_classes'] is None:
             r['num_classes'] = classes
         elif r['num_classes'] < classes:
             raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} classes of the data')
         self.global_batch = r['batch_size'] * ctx.world_size * r['accum_steps']
-        per_rank = len(self.train_set) // ctx.world_size
+        train_images = _num_images(self.train_set)
+        per_rank = train_images // ctx.world_size
         self.updates_per_epoch = per_rank // r['batch_size'] // r['accum_steps']
         if self.updates_per_epoch == 0:
-            raise TcnnError(f'the training set ({len(self.train_set)} images) is smaller than one update of '
+            raise TcnnError(f'the training set ({train_images} images) is smaller than one update of '
                             f'{self.global_batch} images (batch_size x processes x accum_steps): lower --batch-size '
                             'or --accum-steps')
 
@@ -326,6 +341,9 @@ class Trainer:
         self.workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
         pin = r['pin_memory'] and self.device.type == 'cuda'
         self.loader_generator = torch.Generator()
+        if self.streaming:
+            self._setup_stream_loaders(pin)
+            return
         self.train_sampler = EpochSampler(self.train_set, ctx.world_size, ctx.rank, r['seed'])
         # Non-persistent workers are seeded from the loader's generator, re-seeded every epoch: exact resume.
         self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], sampler=self.train_sampler,
@@ -335,6 +353,30 @@ class Trainer:
         val_shard = Subset(self.val_set, list(range(ctx.rank, len(self.val_set), ctx.world_size)))
         self.val_loader = DataLoader(val_shard, batch_size=r['batch_size'], shuffle=False, num_workers=self.workers,
                                      pin_memory=pin)
+
+    def _setup_stream_loaders(self, pin: bool) -> None:
+        """Loaders of a stream: timm's reader gives each process and worker its shards (no sampler). Every worker
+        needs a shard of its own (an idle one would end the epoch short), so workers are capped at the shards per
+        process. Validation streams the whole split on rank 0, the other ranks contribute nothing to the summed
+        metrics: a split shared between processes by shards cannot count every image exactly once."""
+        r, ctx = self.recipe, self.ctx
+        self.train_sampler = None
+        per_process = self.train_set.shards // ctx.world_size
+        if per_process == 0:
+            raise TcnnError(f'split {self.train_set.split!r} of {r["data"]} has {self.train_set.shards} shard(s) for '
+                            f'{ctx.world_size} processes: every process needs at least one; write more shards')
+        if self.workers > per_process:
+            self.log(f'note: {self.train_set.shards} training shards for {ctx.world_size} process(es): '
+                     f'{per_process} loader worker(s) per process instead of {self.workers} (each needs a shard)')
+            self.workers = per_process
+        self.train_set.set_workers(self.workers)
+        self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], num_workers=self.workers,
+                                       pin_memory=pin, drop_last=True, generator=self.loader_generator)
+        val_workers = min(self.workers, max(1, self.val_set.shards))
+        self.val_set.set_workers(val_workers)
+        self.val_set.use_every_sample_in_this_process()
+        self.val_loader = (DataLoader(self.val_set, batch_size=r['batch_size'], num_workers=val_workers,
+                                      pin_memory=pin) if ctx.is_main else [])
 
     def _log_conversion(self, model: nn.Module) -> None:
         layers = model.tcnn_config['layers']
@@ -545,7 +587,8 @@ class Trainer:
         self.log(f'model {r["model"]} ({kind}), '
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
                  f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
-        self.log(f'data {r["data"]}: {len(self.train_set)} train / {len(self.val_set)} val images, '
+        val_images = _num_images(self.val_set) or 'unknown'
+        self.log(f'data {r["data"]}: {_num_images(self.train_set)} train / {val_images} val images, '
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
                  f'{r["batch_size"]} x {ctx.world_size} process(es) x {r["accum_steps"]} accum, '
                  f'{self.updates_per_epoch} updates/epoch')
@@ -569,7 +612,8 @@ class Trainer:
     def _train_epoch(self, epoch: int, position: EpochPosition) -> Tuple[EpochPosition, Dict[str, Any]]:
         r = self.recipe
         self.loader_generator.manual_seed(_loader_seed(r['seed'], epoch, self.ctx.rank))
-        self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
+        if self.train_sampler is not None:
+            self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
         self.train_set.set_epoch(epoch)
         try:
             return train_one_epoch(
@@ -619,6 +663,8 @@ class Trainer:
                 self._late_reparameterize()
             position, stats = self._train_epoch(epoch, position)
             self.num_updates = epoch * self.updates_per_epoch + position.updates
+            if not stats and self.streaming:  # a stream cannot restart mid-epoch: last.pt stays at the epoch start
+                return self._stopped_stream(epoch, position)
             if not stats:  # stopped inside the epoch at an update boundary
                 self._save(epoch, None, False, position=position)
                 return self._stopped(f'in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}')
@@ -637,6 +683,17 @@ class Trainer:
         """Whether any process was asked to stop (a signal may reach only some of them)."""
         flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
         return all_reduce_sum(flag).item() > 0
+
+    def _stopped_stream(self, epoch: int, position: EpochPosition) -> int:
+        """A stop inside an epoch of a stream: no mid-epoch checkpoint (the stream cannot be resumed at a sample),
+        so ``last.pt`` keeps the end of the previous epoch and ``--resume`` redoes this epoch from its start."""
+        cause = self.stop.signal_name or 'a signal to another process'
+        kept = (f'{self.last_path} holds the end of epoch {epoch}; continue with --resume {self.output} (epoch '
+                f'{epoch + 1} is redone from its start: {self.recipe["data"]} is a stream)' if epoch > 0 else
+                f'no epoch was completed, so there is no checkpoint; --resume auto starts the run again')
+        self.log(f'stopped by {cause} in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}: '
+                 f'{kept} (exit code {self.stop.exit_code})')
+        return self.stop.exit_code
 
     def _stopped(self, where: str) -> int:
         cause = self.stop.signal_name or 'a signal to another process'

@@ -12,7 +12,9 @@ __all__ = ['FLAGS', 'add_arguments', 'flag_overrides']
 
 # (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
 FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
-    ('--data', 'data', {'metavar': 'DIR'}),
+    ('--data', 'data', {'metavar': 'DATA',
+                        'help': 'dataset root in ImageFolder layout (train/ and val/ class folders), or a timm reader: '
+                        'wds/FOLDER (webdataset shards), hfds/NAME, hfids/NAME, tfds/NAME'}),
     ('--output', 'output', {'metavar': 'DIR'}),
     ('--model', 'model', {'metavar': 'NAME'}),
     ('--weights', 'weights', {'metavar': 'PATH'}),
