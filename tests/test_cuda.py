@@ -1,0 +1,285 @@
+"""GPU tests (skipped without CUDA): conversion exactness on the GPU, bf16/fp16 autocast, `tcnn train` with AMP,
+channels_last and torch.compile, `tcnn eval` and `tcnn inspect` on cuda.
+
+CI has no GPU, so these run only where CUDA is available (``python -m pytest tests/test_cuda.py -s`` prints the
+measured errors). Every test restores the global TF32 switches it touches: ``tcnn train`` turns TF32 on for speed,
+and an exactness test run after it would otherwise measure TF32 rounding.
+"""
+import contextlib
+import json
+import math
+import os
+from typing import Dict, Iterator
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import tcnn
+import tcnn.train as tcnn_train
+from tcnn.cli import main
+from tcnn.gpsa import GPSA
+
+from imagegen import make_image_folder
+from test_convert import _nontrivial_batchnorm
+from test_eval import CLASSES, _class_folder, _rigged_tcnn
+from test_train import common, metrics
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+
+CUDA = torch.device('cuda')
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """TF32 for matmuls and cuDNN convolutions on or off inside the block; the previous switches afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+@pytest.fixture(autouse=True)
+def restore_global_switches():
+    # tcnn train sets TF32 and cudnn.benchmark for the whole process: keep them from leaking into the next test
+    with tf32(torch.backends.cudnn.allow_tf32):
+        benchmark = torch.backends.cudnn.benchmark
+        yield
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference over max abs reference, in float64 (the measure of tcnn's equivalence report)."""
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+
+@pytest.mark.parametrize('name', ['resnet18d', 'resnet50d'])
+def test_conversion_exact_on_cuda_fp32_without_tf32(name):
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(timm.create_model(name)).to(CUDA)
+    with tf32(False):
+        t_cnn = tcnn.reparameterize(cnn)  # verify=True on the GPU: raises above 1e-4
+        report = t_cnn.tcnn_report
+        assert report.float64_max_rel_err is None, report  # passed in float32, no float64 repeat needed
+        assert report.max_rel_err < 1e-4, report
+        errors = {'verify': report.max_rel_err}
+        for size in [(3, 160, 160), (3, 97, 131)]:
+            r = tcnn.check_equivalence(cnn, t_cnn, input_size=size, batch_size=4)
+            assert r.max_rel_err < 1e-4 and r.init_max_rel_err > 1e-3, r
+            errors[size[1:]] = r.max_rel_err
+        # the GPU's exact T-CNN against the CPU's CNN: the same function on either device
+        x = torch.randn(2, 3, 128, 128)
+        with torch.no_grad(), tcnn.exact_configuration(t_cnn):
+            gpu = t_cnn(x.to(CUDA))
+        with torch.no_grad():
+            cpu = cnn.cpu()(x)
+        errors['gpu_tcnn_vs_cpu_cnn'] = _rel(gpu, cpu)
+        assert errors['gpu_tcnn_vs_cpu_cnn'] < 1e-4
+    print(f'\n{name} cuda fp32 TF32 off, max rel logits error: ' +
+          ', '.join(f'{k}: {v:.2e}' for k, v in errors.items()))
+
+
+@pytest.mark.parametrize('name', ['resnet18d', 'resnet50d'])
+def test_conversion_error_with_tf32_is_reported(name):
+    """With TF32 the CNN's convs and the GPSA layers round differently; measure (and bound loosely) the gap."""
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(timm.create_model(name)).to(CUDA)
+    t_cnn = tcnn.reparameterize(cnn, verify=False)
+    with tf32(True):
+        r = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 160, 160), batch_size=4)
+    with tf32(False):
+        exact = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 160, 160), batch_size=4)
+    print(f'\n{name} cuda fp32, max rel logits error: TF32 on {r.max_rel_err:.2e}, TF32 off {exact.max_rel_err:.2e}')
+    assert math.isfinite(r.max_rel_err) and r.max_rel_err < 5e-2, r
+    assert exact.max_rel_err < 1e-4
+
+
+@pytest.mark.parametrize('stride, padding_mode', [(1, 'zeros'), (2, 'zeros'), (1, 'reflect'), (2, 'circular')])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_gpsa_layer_cuda_matches_cpu(stride, padding_mode, channels_last):
+    """One layer far from the conv configuration (content attention matters): GPU == CPU in fp32 without TF32, and
+    the output keeps the input's memory format."""
+    torch.manual_seed(0)
+    layer = GPSA(32, 48, stride=stride, padding_mode=padding_mode, locality_strength=0.7, gating_init=0.3)
+    with torch.no_grad():
+        layer.q_weight.normal_(0, 0.3)
+        layer.k_weight.normal_(0, 0.3)
+    x = torch.randn(3, 32, 11, 9)
+    gpu_layer = GPSA(32, 48, stride=stride, padding_mode=padding_mode).to(CUDA)
+    gpu_layer.load_state_dict(layer.state_dict())
+    xg = x.to(CUDA)
+    if channels_last:
+        xg = xg.contiguous(memory_format=torch.channels_last)
+    with tf32(False), torch.no_grad():
+        out = gpu_layer(xg)
+        ref = layer(x)
+    assert _rel(out, ref) < 1e-5
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+# ------------------------------------------------------------------------------------------------ autocast
+
+def _amp_vs_fp32(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, amp_dtype: torch.dtype):
+    """Loss and gradients of one train-mode step in fp32 (TF32 off) and under autocast, same model and batch."""
+    out = {}
+    for dtype in (None, amp_dtype):
+        model.zero_grad(set_to_none=True)
+        with tf32(False), torch.autocast('cuda', dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        out[dtype] = (loss.detach().float(), {n: p.grad.detach().double() for n, p in model.named_parameters()})
+    return out[None], out[amp_dtype]
+
+
+def _grad_error(ref: Dict[str, torch.Tensor], amp: Dict[str, torch.Tensor], names) -> float:
+    """Relative L2 error of the concatenated gradients of ``names``."""
+    a = torch.cat([amp[n].flatten() for n in names])
+    b = torch.cat([ref[n].flatten() for n in names])
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize('amp_dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+def test_autocast_forward_backward_of_a_t_cnn(amp_dtype):
+    """A T-CNN (paper init) in train mode, channels_last, under autocast: the loss is close to the fp32 one, every
+    gradient is finite, and the gradients are no less accurate than those of its CNN under the same autocast.
+
+    The yardstick is the CNN because a random 50-layer network's gradients are far from the fp32 ones in bf16 anyway
+    (rounding amplified through the backward pass): an absolute bound would test the network, not the layer.
+    """
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet50d', num_classes=10))
+    t_cnn = tcnn.reparameterize(cnn, verify=False)
+    x = torch.randn(8, 3, 128, 128, device=CUDA).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (8,), device=CUDA)
+    errors = {}
+    for kind, model in (('cnn', cnn), ('tcnn', t_cnn)):
+        model = model.to(CUDA).to(memory_format=torch.channels_last).train()
+        (ref_loss, ref), (loss, amp) = _amp_vs_fp32(model, x, y, amp_dtype)
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        assert all(torch.isfinite(g).all() for g in amp.values()), [n for n, g in amp.items()
+                                                                    if not torch.isfinite(g).all()]
+        stage4 = [n for n in amp if n.startswith('layer4.')]
+        errors[kind] = {'loss': abs(float(loss - ref_loss)) / abs(float(ref_loss)), 'grads': _grad_error(ref, amp, amp),
+                        'layer4_grads': _grad_error(ref, amp, stage4)}
+        if kind == 'tcnn':
+            gpsa = [n for n in amp if any(n.startswith(layer + '.') for layer, _ in tcnn.gpsa_layers(model))]
+            errors[kind]['gpsa_grads'] = _grad_error(ref, amp, gpsa)
+    print(f'\n{amp_dtype} vs fp32 (relative errors): ' + '; '.join(
+        f'{k}: ' + ', '.join(f'{m} {v:.2e}' for m, v in e.items()) for k, e in errors.items()))
+    for kind in errors:
+        assert errors[kind]['loss'] < 2e-2, errors
+    assert errors['tcnn']['grads'] <= 2 * errors['cnn']['grads'] + 0.02, errors
+    assert errors['tcnn']['layer4_grads'] <= 2 * errors['cnn']['layer4_grads'] + 0.05, errors
+
+
+def test_gpsa_compiles_without_graph_breaks():
+    """torch.compile(fullgraph=True) of a stride-2 GPSA layer, forward and backward, in bf16 autocast."""
+    torch.manual_seed(0)
+    layer = GPSA(64, 64, stride=2, locality_strength=0.7, gating_init=0.3).to(CUDA)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+    x = torch.randn(4, 64, 14, 14, device=CUDA).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    with tf32(False):
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            out_c = compiled(x)
+        out_c.float().square().mean().backward()
+        grad_c = x.grad.clone()
+        x.grad = None
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            out_e = layer(x)
+        out_e.float().square().mean().backward()
+    assert out_c.shape == out_e.shape == (4, 64, 7, 7)
+    assert _rel(out_c, out_e) < 3e-2 and _rel(grad_c, x.grad) < 5e-2
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
+                             val_per_class=4, size=64)
+
+
+@pytest.mark.parametrize('flags', [
+    ['--amp', 'bf16', '--set', 'channels_last=true'],
+    ['--amp', 'fp16', '--set', 'channels_last=true'],
+    ['--amp', 'bf16', '--set', 'channels_last=true', '--compile'],
+], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
+def test_train_one_epoch_on_cuda(data_dir, tmp_path, capsys, flags):
+    run = tmp_path / 'run'
+    assert tcnn_train.main(common(data_dir, run, epochs=1) + ['--device', 'cuda', *flags]) == 0
+    out = capsys.readouterr().out
+    assert 'device cuda' in out
+    (row,) = metrics(run)
+    assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
+    assert row['train_images'] == 24 and row['val_images'] == 12
+    model = tcnn.load(str(run / 'last.pt'))  # loads on the CPU: the checkpoint holds no CUDA-only state
+    assert len(tcnn.gpsa_layers(model)) == 4
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    print(f'\n{" ".join(flags)}: train loss {row["train_loss"]:.4f}, val loss {row["val_loss"]:.4f}')
+
+
+def test_eval_command_on_cuda(tmp_path, capsys):
+    # 4 classes with 1, 2, 3, 4 images: a model always answering class k scores (k + 1) / 10 (as in test_eval)
+    plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
+    _class_folder(str(tmp_path / 'val'), CLASSES, plan)
+    paths = [tcnn.io.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')) for k in (0, 2)]
+    for amp in ([], ['--amp']):
+        out = tmp_path / f'res{len(amp)}' / 'results.json'
+        rc = main(['eval', *paths, '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
+                   '--workers', '0', '--batch-size', '4', '--no-progress', '--device', 'cuda', *amp, '--out', str(out)])
+        assert rc == 0, capsys.readouterr().err
+        results = json.loads(out.read_text())['suites']['imagenet']['results']
+        assert results['model0']['top1'] == pytest.approx(10.0) and results['model2']['top1'] == pytest.approx(30.0)
+
+
+def test_inspect_command_on_cuda_matches_cpu(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _, layer in tcnn.gpsa_layers(model):
+            layer.gating.copy_(torch.randn(layer.num_heads, generator=gen) * 2)
+            layer.pos_locality.copy_(torch.rand(layer.num_heads, generator=gen) * 3 - 0.5)
+    path = tcnn.io.save(model, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
+    rng = np.random.default_rng(0)
+    images = []
+    for k in range(3):
+        images.append(str(tmp_path / 'imgs' / f'img{k}.png'))
+        os.makedirs(os.path.dirname(images[-1]), exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (80, 70, 3), dtype=np.uint8)).save(images[-1])
+    summaries = {}
+    with tf32(False):
+        for device in ('cpu', 'cuda'):
+            out = tmp_path / device
+            rc = main(['inspect', path, '--image', images[1], '--images-dir', str(tmp_path / 'imgs'), '--query',
+                       '10,50', '--device', device, '--out', str(out)])
+            assert rc == 0, capsys.readouterr().err
+            summaries[device] = json.loads((out / 'summary.json').read_text())
+            assert (out / 'heads.png').exists() and (out / 'attention_img1.png').exists()
+    cpu, gpu = summaries['cpu']['layers'], summaries['cuda']['layers']
+    assert cpu.keys() == gpu.keys() and len(cpu) == 4
+    for name in cpu:
+        for key in ('gate', 'span', 'nonlocality'):
+            assert gpu[name][key] == pytest.approx(cpu[name][key], rel=1e-4, abs=1e-6), (name, key)
+
+
+def test_robustness_evaluate_on_cuda_and_cpu_agree(tmp_path):
+    """rb.evaluate of a CPU model on the GPU gives the same top-1 as on the CPU."""
+    from tcnn import robustness as rb
+    plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
+    _class_folder(str(tmp_path / 'val'), CLASSES, plan)
+    model = _rigged_tcnn(2)
+    results = {dev: rb.evaluate({'m': model}, 'imagenet', str(tmp_path / 'val'), batch_size=4, workers=0,
+                                progress=False, img_size=32, device=dev)['m'] for dev in ('cpu', 'cuda')}
+    assert results['cuda']['top1'] == pytest.approx(results['cpu']['top1']) == pytest.approx(30.0)
