@@ -186,21 +186,24 @@ def _layers(res: Dict[str, Any]) -> List[str]:
     if not layers:
         return []
     rows = []
+    # rows of several batch sizes (runs merged into one results file) get a batch column
+    mixed = len({r['batch_size'] for r in layers}) > 1
     for r in layers:
         ms = lambda k: f'{_f(r["fwd"][k]["ms"], 2)} / {_f(r["fwd_bwd"][k]["ms"], 2)}'  # noqa: E731
         sp = lambda k: f'{_f(r["fwd_speedup"][k], 2)} / {_f(r["fwd_bwd_speedup"][k], 2)}'  # noqa: E731
-        rows.append([
+        rows.append(([str(r['batch_size'])] if mixed else []) + [
             f'{r["in_size"]}->{r["grid"]}', str(r['stride']), ms('conv'), ms('gpsa'), ms('gpsa_sdpa'),
             ms('reference'), f'**{sp("gpsa_vs_reference")}**', sp('gpsa_vs_sdpa'), sp('gpsa_vs_conv'),
             ' / '.join(_f(r['gflops'][k], 3) for k in ('conv', 'gpsa', 'gpsa_sdpa', 'reference')),
             ' / '.join(_f(r['memory_fwd_bwd'][k] / MIB, 1) for k in ('conv', 'gpsa', 'gpsa_sdpa', 'reference')),
         ])
     first = layers[0]
+    batch = 'batch as given' if mixed else f'batch {first["batch_size"]}'
     return ['### One last-stage layer', '',
-            f'{first["channels"]} -> {first["channels"]} channels, 3x3, batch {first["batch_size"]}; milliseconds '
+            f'{first["channels"]} -> {first["channels"]} channels, 3x3, {batch}; milliseconds '
             'per call as forward / forward+backward; speed-ups > 1 mean ours is faster; GFLOPs per image and peak '
             'forward+backward MiB as conv / ours / SDPA / reference.', ''] + _table(
-        ['grid in->out', 'stride', 'conv ms', 'ours ms', 'SDPA ms', 'reference ms', 'ours vs reference',
+        (['batch'] if mixed else []) + ['grid in->out', 'stride', 'conv ms', 'ours ms', 'SDPA ms', 'reference ms', 'ours vs reference',
          'ours vs SDPA', 'ours vs conv', 'GFLOPs', 'peak MiB'], rows)
 
 
