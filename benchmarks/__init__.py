@@ -6,6 +6,6 @@ Run ``python benchmarks/run.py --quick`` (see docs/benchmarks.md). Modules:
 * ``sdpa_gpsa``: our layer with a ``scaled_dot_product_attention`` content path (the alternative design);
 * ``measure``: interleaved timing, peak memory (CPU and CUDA), FLOPs;
 * ``suites``: what is measured (whole models, single layers, FLOPs/params, conversion time) and the goals;
-* ``paper``: the figures of the T-CNN paper (seed 001 Tables 1 and 2), the paper's, not ours;
+* ``paper``: the figures of the T-CNN paper (arXiv:2106.05795, Tables 1 and 2), the paper's, not ours;
 * ``report``: machine description, JSON results and the markdown table.
 """

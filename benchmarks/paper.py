@@ -1,4 +1,5 @@
-"""Figures from the T-CNN paper (seed 001), printed beside our measurements. They are the paper's, not ours.
+"""Figures from the T-CNN paper (d'Ascoli et al. 2021, arXiv:2106.05795), printed beside our measurements.
+They are the paper's, not ours.
 
 Table 2: parameters (million), throughput (images/s on a V100 at batch 32) and GFLOPs of each ResNet-RS at its
 training resolution and of its T-CNN at the fine-tuning resolution. The ResNet-RS "Flops" are in the convention of
@@ -13,7 +14,7 @@ from typing import Any, Dict, Optional
 
 __all__ = ['TABLE2', 'TABLE1_TTT', 'paper_figures']
 
-SOURCE = 'seed 001 (Transformed CNNs), Tables 1-2; V100, batch 32; the paper\'s figures, not measured here'
+SOURCE = 'T-CNN (arXiv:2106.05795), Tables 1-2; V100, batch 32; the paper\'s figures, not measured here'
 
 # timm name -> (CNN row, T-CNN row) of Table 2.
 TABLE2 = {

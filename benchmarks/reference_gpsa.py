@@ -1,13 +1,14 @@
 """GPSA written the obvious way: the baseline that ``tcnn.GPSA`` is measured against.
 
-This is how a T-CNN layer comes out when ConViT's GPSA (seed 000) is taken as is and given the T-CNN loading of
-seed 001 (one head per tap, ``W_val = I``, ``W_out^h`` = filter tap, section 2), with BoTNet's handling of stride:
+This is how a T-CNN layer comes out when ConViT's GPSA (arXiv:2103.10697) is taken as is and given the T-CNN
+loading (arXiv:2106.05795 section 2: one head per tap, ``W_val = I``, ``W_out^h`` = filter tap), with BoTNet's
+handling of stride:
 
 * token-major layout ``(B, N, C)`` with per-head reshapes and permutes, as in ViT/ConViT code;
 * positional scores computed *per sample* from the relative encodings ``r_qk = (|delta|^2, delta_row, delta_col)``
-  and the per-head embedding ``v_pos^h = -alpha_h (1, -2 Delta_h)`` (seed 001 eqs. 3-4): the encodings are expanded
+  and the per-head embedding ``v_pos^h = -alpha_h (1, -2 Delta_h)`` (T-CNN eqs. 3-4): the encodings are expanded
   over the batch and projected, like ConViT's ``pos_proj(rel_indices.expand(B, ...))``;
-* the full 2-D softmax and the gated mixture (seed 001 eq. 7) materialised per sample;
+* the full 2-D softmax and the gated mixture (T-CNN eq. 7) materialised per sample;
 * values per head: every head gathers its own ``(N_q, C_in)`` values, which are then concatenated and projected;
 * stride by attention at full resolution (every stride-1 output position is a query) followed by subsampling or
   average pooling, as BoTNet does for its strided block. Subsampling equals the strided conv exactly; average
@@ -94,7 +95,7 @@ class ReferenceGPSA(nn.Module):
             qk_dim: Optional[int] = None,
             downsample: str = 'subsample',
     ) -> 'ReferenceGPSA':
-        """Load ``conv`` the T-CNN way (seed 001 eq. 6); q/k are random, as in ``GPSA.from_conv``."""
+        """Load ``conv`` the T-CNN way (T-CNN eq. 6); q/k are random, as in ``GPSA.from_conv``."""
         return cls.from_gpsa(GPSA.from_conv(conv, locality_strength, gating_init, qk_dim=qk_dim), downsample)
 
     @classmethod
@@ -125,7 +126,7 @@ class ReferenceGPSA(nn.Module):
         k = F.linear(tokens, self.k_weight).reshape(b, n_k, n_h, d).permute(0, 2, 1, 3)
         content = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)  # (B, N_h, N_q, N_k)
 
-        # Positional scores per sample: v_pos^h . r_qk (seed 001 eqs. 3-4). The constant alpha |Delta|^2 that
+        # Positional scores per sample: v_pos^h . r_qk (T-CNN eqs. 3-4). The constant alpha |Delta|^2 that
         # completes the square cancels in the softmax.
         rel = _relative_encodings(h1, w1, hp, wp, (ay, ax), x.device).to(x.dtype)  # (N_q, N_k, 3)
         alpha = F.softplus(self.pos_locality, beta=5.0)
@@ -134,11 +135,11 @@ class ReferenceGPSA(nn.Module):
         pos = pos.permute(0, 3, 1, 2).softmax(dim=-1)
 
         gate = torch.sigmoid(self.gating)[None, :, None, None].to(x.dtype)
-        attn = (1 - gate) * content + gate * pos  # seed 001 eq. 7
+        attn = (1 - gate) * content + gate * pos  # T-CNN eq. 7
 
         v = F.linear(tokens, self.v_weight)  # (B, N_k, C_in), W_val shared by the heads
         heads = attn @ v[:, None]  # (B, N_h, N_q, C_in): every head gathers its own values
-        # Concatenate the heads (seed 001 eq. 5) and project with W_out = [W_out^1 ... W_out^N_h].
+        # Concatenate the heads (T-CNN eq. 5) and project with W_out = [W_out^1 ... W_out^N_h].
         heads = heads.permute(0, 2, 1, 3).reshape(b, n_q, n_h * self.in_chs)
         out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias)  # (B, N_q, C_out)
         out = out.transpose(1, 2).reshape(b, self.out_chs, h1, w1)

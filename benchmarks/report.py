@@ -248,10 +248,10 @@ def _paper(res: Dict[str, Any]) -> List[str]:
     if not rows:
         return []
     return ['### Beside the paper', '',
-            'Left: **the paper\'s figures** (seed 001 Table 2: V100, batch 32, CNN at its training resolution, '
-            'T-CNN at its fine-tuning resolution; GFLOPs in the same 2-per-multiply-add convention as ours; the '
-            'same-resolution ratio scales the CNN by pixel count, an approximation; fine-tuning speed SA / no-SA from '
-            'Table 1 times). Right: **ours**, this run, both at the same resolution.', ''] + \
+            'Left: **the paper\'s figures** (T-CNN, arXiv:2106.05795, Table 2: V100, batch 32, CNN at its training '
+            'resolution, T-CNN at its fine-tuning resolution; GFLOPs in the same 2-per-multiply-add convention as '
+            'ours; the same-resolution ratio scales the CNN by pixel count, an approximation; fine-tuning speed '
+            'SA / no-SA from Table 1 times). Right: **ours**, this run, both at the same resolution.', ''] + \
         _table(['model', 'paper res CNN / T', 'paper params M', 'paper GFLOPs', 'paper img/s V100',
                 'paper T/CNN GFLOPs same res', 'paper fine-tune speed SA/no-SA', 'our params M',
                 'our GFLOPs at the paper\'s res', 'our GFLOPs same res', 'our T/CNN FLOPs', 'our train speed T/CNN'],

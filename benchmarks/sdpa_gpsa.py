@@ -4,7 +4,7 @@
 values once. The obvious alternative keeps the content branch a standard attention call, so that a fused kernel can
 avoid materialising the content matrix, and applies the batch-shared positional attention with a separate matmul:
 
-    heads_h = (1 - g_h) * SDPA(Q_h, K_h, V) + g_h * P_h V        (seed 001 eq. 7, applied after the values)
+    heads_h = (1 - g_h) * SDPA(Q_h, K_h, V) + g_h * P_h V    (T-CNN eq. 7, arXiv:2106.05795, after the values)
 
 It computes the same function (exactly, up to rounding) with the same parameters; it differs in cost only: two
 value products instead of one, and SDPA with a value width of C_in (512 in ResNet last stages), above the flash

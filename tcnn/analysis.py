@@ -1,13 +1,13 @@
 """Look inside a T-CNN: per-head gates, spans and centres, attention maps for a query pixel, nonlocality.
 
-This is the analysis of seed 001 section 4 as a Python API (``tcnn inspect`` is a thin layer over it):
+This is the analysis of T-CNN (arXiv:2106.05795) section 4 as a Python API (``tcnn inspect`` is a thin layer over it):
 
-* ``summarize(model, images)``: per GPSA layer and head, the gate sigmoid(lambda_h) (seed 001 eq. 7), the locality
+* ``summarize(model, images)``: per GPSA layer and head, the gate sigmoid(lambda_h) (T-CNN eq. 7), the locality
   strength alpha_h and the span 1 / alpha_h (Fig. 4), the attention centre Delta_h, and with images the nonlocality of
-  seed 000 eq. 8.
+  ConViT (arXiv:2103.10697) eq. 8.
 * ``attention_maps(model, x, query)``: content, positional and gated (mixed) attention of every head of every GPSA
   layer for one query pixel (Fig. 5), from ``GPSA.attention`` on the layer's actual input.
-* ``nonlocality(model, images)``: ``D^h = (1 / L) sum_q sum_k A^h_qk |delta_qk|`` averaged over images (seed 000
+* ``nonlocality(model, images)``: ``D^h = (1 / L) sum_q sum_k A^h_qk |delta_qk|`` averaged over images (ConViT
   eq. 8), where ``delta`` is the key - query offset in tokens of the layer's input grid (padded coordinates, the
   same ones as the attention centres, so the exact configuration gives ``D^h = |Delta_h|``).
 """
@@ -41,7 +41,7 @@ class AttentionMaps:
         layer: Module name of the GPSA layer.
         content: ``(B, N_h, H_k, W_k)`` content attention softmax(Q K^T / sqrt(d)).
         positional: ``(N_h, H_k, W_k)`` positional attention (the same for every image).
-        mixed: ``(B, N_h, H_k, W_k)`` gated mix, what the layer actually uses (seed 001 eq. 7).
+        mixed: ``(B, N_h, H_k, W_k)`` gated mix, what the layer actually uses (T-CNN eq. 7).
         gate: ``(N_h,)`` sigmoid(lambda_h), the weight of the positional part.
         centers: ``(N_h, 2)`` attention centres Delta_h (row, col offsets from the query).
         query: The query's cell ``(i, j)`` in the layer's output grid.
@@ -152,7 +152,7 @@ def attention_maps(
         x: torch.Tensor,
         query: Optional[Sequence[float]] = None,
 ) -> Dict[str, AttentionMaps]:
-    """Attention maps of every head of every GPSA layer for one query pixel (seed 001 Fig. 5).
+    """Attention maps of every head of every GPSA layer for one query pixel (T-CNN Fig. 5).
 
     Args:
         model: A T-CNN (any module holding GPSA layers).
@@ -211,7 +211,7 @@ def _batches(images: Images) -> Iterator[torch.Tensor]:
 
 @torch.no_grad()
 def nonlocality(model: nn.Module, images: Images) -> Dict[str, Dict[str, Any]]:
-    """Nonlocality of seed 000 eq. 8 per GPSA layer and head, averaged over images.
+    """Nonlocality of ConViT eq. 8 per GPSA layer and head, averaged over images.
 
     ``D^h = (1 / L) sum_q sum_k A^h_qk |delta_qk|`` over the ``L`` queries of the layer, with ``delta`` in tokens of
     the layer's input grid; the layer value is the mean over heads. Computed for the mixed attention (what the

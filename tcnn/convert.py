@@ -1,4 +1,4 @@
-"""Reparameterise a CNN into a T-CNN (seed 001 section 2) and verify that it computes the same function."""
+"""Reparameterise a CNN into a T-CNN (arXiv:2106.05795, section 2) and verify that it computes the same function."""
 import contextlib
 import copy
 import dataclasses
@@ -144,7 +144,7 @@ def gpsa_layers(model: nn.Module) -> List[Tuple[str, GPSA]]:
 @torch.no_grad()
 def gpsa_summary(model: nn.Module) -> Dict[str, Dict[str, Any]]:
     """Per GPSA layer: per-head gate sigmoid(lambda), locality strength alpha, span 1/alpha, centre (row, col),
-    and the layer means, as plain Python values (JSON-ready; seed 001 Fig. 4 plots these over training)."""
+    and the layer means, as plain Python values (JSON-ready; T-CNN Fig. 4 plots these over training)."""
     summary = {}
     for name, layer in gpsa_layers(model):
         gate, alpha = layer.gate(), layer.locality_strength()
@@ -319,7 +319,7 @@ def reparameterize_(
     """In-place ``reparameterize``: swaps the convs of ``model`` itself and returns it.
 
     Every other parameter stays the same object, so an optimiser that holds them keeps its state (late
-    reparameterisation, seed 001 Table 3). Verification puts the original convs back temporarily to get the CNN's
+    reparameterisation, T-CNN Table 3). Verification puts the original convs back temporarily to get the CNN's
     logits, so no copy of the model is made. See ``reparameterize`` for the arguments.
     """
     check_conversion_settings(locality_strength, gating_init, qk_dim, tol)
@@ -402,7 +402,7 @@ def reparameterize(
     """Return a T-CNN: a copy of ``model`` whose k x k convs (k > 1) in ``stages`` are GPSA layers.
 
     The input model is left untouched (``reparameterize_`` converts in place). Each GPSA layer holds its conv's
-    filter (seed 001 eq. 6) and starts at ``locality_strength``/``gating_init`` (the paper's fine-tuning init is
+    filter (T-CNN eq. 6) and starts at ``locality_strength``/``gating_init`` (the paper's fine-tuning init is
     1.0/1.0, on the verge of locality; ``locality_strength=50, gating_init=25`` gives a T-CNN that *is* the CNN).
 
     Args:

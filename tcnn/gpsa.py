@@ -1,14 +1,15 @@
 """Gated Positional Self-Attention (GPSA) that can reproduce a k x k convolution exactly.
 
-The layer follows seed 001 section 2 (T-CNN) on top of ConViT's GPSA (seed 000 section 3):
+The layer follows T-CNN (d'Ascoli et al. 2021, arXiv:2106.05795) section 2 on top of the GPSA of ConViT
+(d'Ascoli et al. 2021, arXiv:2103.10697) section 3:
 
 * one head per kernel tap, head ``h = ky * kw + kx`` (row-major, the order of ``conv.weight.flatten(1)``);
 * positional attention ``softmax_k(-alpha_h * |delta_qk - Delta_h|^2)`` with ``delta = key - query``
-  (seed 001 eq. 4, seed 000 eq. 5), ``alpha_h = softplus(alpha_raw_h, beta=5)`` (seed 001 footnote 1);
+  (T-CNN eq. 4, ConViT eq. 5), ``alpha_h = softplus(alpha_raw_h, beta=5)`` (T-CNN footnote 1);
 * content attention ``softmax(Q_h K_h^T / sqrt(d_qk))`` with its own q/k width ``d_qk``;
-* gating ``A_h = (1 - sigmoid(lambda_h)) * content_h + sigmoid(lambda_h) * positional_h`` (seed 001 eq. 7);
+* gating ``A_h = (1 - sigmoid(lambda_h)) * content_h + sigmoid(lambda_h) * positional_h`` (T-CNN eq. 7);
 * values ``X W_val`` with one ``C_in x C_in`` matrix shared by all heads (identity at init) and the output
-  projection holding the filter taps, ``out = sum_h A_h X W_val W_out^h`` (seed 001 eqs. 5-6).
+  projection holding the filter taps, ``out = sum_h A_h X W_val W_out^h`` (T-CNN eqs. 5-6).
 
 Borders and strides are exact: the input is padded like the conv pads it (the padded tokens are keys and values),
 and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
@@ -24,7 +25,7 @@ from .errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight']
 
-# Locality strength and gate of the exact configuration (design.md section 2: alpha >= 30, lambda >= 20).
+# Locality strength and gate of the exact configuration (alpha >= 30 and lambda >= 20 suffice).
 # With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(25) rounds to 1.0 in float32,
 # so the layer is the conv up to matmul rounding.
 EXACT_LOCALITY = 50.0
@@ -103,7 +104,7 @@ class GPSA(nn.Module):
         bias: Whether to add an output bias (the conv's bias).
         padding_mode: ``'zeros'``, ``'reflect'``, ``'replicate'`` or ``'circular'``, as in ``nn.Conv2d``.
         qk_dim: Per-head width of content queries/keys; default ``max(C_in // N_h, 1)`` (56 for 512 channels,
-            which reproduces the parameter counts of seed 001 Table 2).
+            which reproduces the parameter counts of T-CNN Table 2).
         locality_strength: Initial alpha of every head (1.0 is the paper's fine-tuning init).
         gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
     """
@@ -157,7 +158,7 @@ class GPSA(nn.Module):
         self.q_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
         self.k_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
         self.v_weight = nn.Parameter(torch.empty(in_chs, in_chs, **dd))
-        # W_out^h of every head: proj_weight[:, h] is tap h of the conv filter (seed 001 eq. 6).
+        # W_out^h of every head: proj_weight[:, h] is tap h of the conv filter (T-CNN eq. 6).
         self.proj_weight = nn.Parameter(torch.empty(out_chs, self.num_heads, in_chs, **dd))
         self.proj_bias = nn.Parameter(torch.zeros(out_chs, **dd)) if bias else None
         self.pos_centers = nn.Parameter(torch.empty(self.num_heads, 2, **dd))
@@ -222,7 +223,7 @@ class GPSA(nn.Module):
             gating_init: float = 1.0,
             qk_dim: Optional[int] = None,
     ) -> 'GPSA':
-        """Build a GPSA layer that holds the filter of ``conv`` (seed 001 eq. 6: W_val = I, W_out^h = tap h).
+        """Build a GPSA layer that holds the filter of ``conv`` (T-CNN eq. 6: W_val = I, W_out^h = tap h).
 
         A grouped conv is loaded as its dense block-diagonal equivalent (exact; the filter grows by the group
         count). ``padding='same'``/``'valid'`` and every ``padding_mode`` are supported. The result lives on the
@@ -274,7 +275,7 @@ class GPSA(nn.Module):
         return F.softplus(self.pos_locality.float(), beta=5.0)  # SOFTPLUS_BETA (literal for TorchScript)
 
     def span(self) -> torch.Tensor:
-        """Per-head attention span 1 / alpha, ``(N_h,)`` (seed 001 Fig. 4)."""
+        """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""
         return 1.0 / self.locality_strength()
 
     def extra_repr(self) -> str:
@@ -417,7 +418,7 @@ class GPSA(nn.Module):
             px = px[:, :, pw:pw + width]
         pos = _outer(py, px).to(content.dtype)  # (N_h, N_q, keys_h, keys_w)
         gate = torch.sigmoid(self.gating.float()).to(content.dtype)[:, None, None]
-        # seed 001 eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
+        # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
         attn = torch.lerp(content.transpose(1, 2), pos.transpose(0, 1), gate)
         attn = attn.reshape(b, h_out * w_out * self.num_heads, -1)
         heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in) = per query, the N_h attended value vectors

@@ -1,4 +1,4 @@
-"""Parameter groups, optimiser and schedule of T-CNN fine-tuning (seed 001 section 3).
+"""Parameter groups, optimiser and schedule of T-CNN fine-tuning (arXiv:2106.05795, section 3).
 
 Groups:
   * ``decay``    every other weight (ndim >= 2): base lr, weight decay;

@@ -1,8 +1,9 @@
-"""Accuracy and robustness suites of seed 001 (Table 2, Fig. 3): ImageNet, ImageNet-C, ImageNet-A and ImageNet-R.
+"""Accuracy and robustness suites of the T-CNN paper (arXiv:2106.05795, Table 2, Fig. 3): ImageNet, ImageNet-C,
+ImageNet-A and ImageNet-R.
 
 * ``imagenet``: top-1/top-5 on an ImageFolder ``DIR/<class>/<image>``.
 * ``imagenet-c`` (Hendrycks & Dietterich 2019): ``DIR/<corruption>/<severity 1-5>/<class>/<image>``; top-1 per
-  corruption and severity, per category (noise, blur, weather, digital) and per severity (seed 001 Fig. 3), the mean,
+  corruption and severity, per category (noise, blur, weather, digital) and per severity (T-CNN Fig. 3), the mean,
   and the mCE normalised by AlexNet's published errors when all 15 corruptions x 5 severities are present.
   Evaluated at 224 px by default, as the paper does ("to avoid distorting the corruptions").
 * ``imagenet-a`` / ``imagenet-r``: ``DIR/<wnid>/<image>`` over their published 200-class subsets of ImageNet-1k;
@@ -277,8 +278,8 @@ def eval_data_config(model: nn.Module, suite: str, img_size: Optional[int] = Non
     """timm eval data config: the model's (saved or pretrained) config; ImageNet-C at 224 px without cropping.
 
     ImageNet-C images are 224 x 224 already: at 224 px with ``crop_pct=1`` the transform is the identity, as the
-    authors' evaluation (``CenterCrop(224)`` only) and seed 001 ("resolution of 224 to avoid distorting the
-    corruptions") have it.
+    authors' evaluation (``CenterCrop(224)`` only) and the T-CNN paper (section 3: "resolution of 224 to avoid
+    distorting the corruptions") have it.
     """
     from .analysis import image_data_config
     _check_suite(suite)
@@ -517,7 +518,7 @@ def _fmt(v: Any) -> str:
 
 
 def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]]:
-    """Rows of metrics, one column per model (seed 001 Table 2 turned sideways): ``(header, rows)``.
+    """Rows of metrics, one column per model (T-CNN Table 2 turned sideways): ``(header, rows)``.
 
     Args:
         report: ``{'models': {name: ...}, 'suites': {suite: {'results': {name: result}}}}`` (``tcnn eval``'s JSON).

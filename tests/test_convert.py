@@ -63,7 +63,7 @@ def test_exact_init_is_the_cnn_without_temporary_configuration():
 
 
 def test_paper_table2_parameter_counts():
-    # seed 001 Table 2 (millions, rounded): built on the meta device, no memory or weights needed
+    # T-CNN (arXiv:2106.05795) Table 2 (millions, rounded): built on the meta device, no memory or weights needed
     expected = {'resnetrs50': (36, 38), 'resnetrs101': (64, 66), 'resnetrs152': (87, 89), 'resnetrs200': (93, 96),
                 'resnetrs270': (130, 133), 'resnetrs350': (164, 167)}
     for name, (cnn_m, t_m) in expected.items():

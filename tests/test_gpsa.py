@@ -41,7 +41,8 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
 
 
 def _naive_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
-    """seed 001 eqs. 5-7 written out on the padded grid: every attention matrix materialised, nothing skipped."""
+    """T-CNN (arXiv:2106.05795) eqs. 5-7 written out on the padded grid: every attention matrix materialised,
+    nothing skipped."""
     mode = 'constant' if gpsa.padding_mode == 'zeros' else gpsa.padding_mode
     (ph, pw), (ay, ax), (sy, sx) = gpsa.padding, gpsa.anchor, gpsa.stride
     h_out, w_out = gpsa.output_size(x.shape[-2], x.shape[-1])
@@ -58,7 +59,7 @@ def _naive_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
     attn = (1 - gate) * content + gate * pos  # (B, N_h, N_q, N_k)
     values = torch.einsum('oc,bck->bko', gpsa.v_weight, keys)
     heads = torch.einsum('bhqk,bkc->bhcq', attn, values)  # (B, N_h, C_in, N_q)
-    out = torch.einsum('ohc,bhcq->boq', gpsa.proj_weight, heads)  # seed 001 eq. 5: sum over heads of A_h V W_out^h
+    out = torch.einsum('ohc,bhcq->boq', gpsa.proj_weight, heads)  # T-CNN eq. 5: sum over heads of A_h V W_out^h
     if gpsa.proj_bias is not None:
         out = out + gpsa.proj_bias[:, None]
     return out.view(x.shape[0], -1, h_out, w_out)
@@ -138,7 +139,7 @@ def test_paper_init_is_not_the_conv_but_close_to_it():
     conv = nn.Conv2d(32, 32, 3, padding=1, bias=False)
     x = torch.randn(2, 32, 8, 8)
     err = _rel_err(conv(x), GPSA.from_conv(conv, 1.0, 1.0)(x))
-    assert 0.05 < err < 2.0  # "on the verge of locality" (seed 001 section 2): a real but bounded deviation
+    assert 0.05 < err < 2.0  # "on the verge of locality" (T-CNN section 2): a real but bounded deviation
 
 
 def test_positional_attention_geometry():
@@ -163,7 +164,7 @@ def test_paper_init_positional_mass_on_own_tap():
     pos = gpsa.positional_attention(7, 7, torch.device('cpu'))
     centre_query = 3 * 7 + 3
     own_tap = pos[4, centre_query, (3 + 1) * 9 + (3 + 1)].item()
-    assert 0.25 < own_tap < 0.4  # design.md: about 32% of a head's positional mass sits on its own tap
+    assert 0.25 < own_tap < 0.4  # at alpha = 1 about 32% of a head's positional mass sits on its own tap
 
 
 def test_batch_shared_attention_does_not_mix_samples():

@@ -100,7 +100,7 @@ def same_numbers(rows_a, rows_b, keys=('train_loss', 'val_loss', 'val_top1', 'lr
 
 # ------------------------------------------------------------------------------------------------ recipes
 
-PAPER = {  # recipe: (timm model, fine-tuning resolution, stochastic depth); Tables 1 and 5 of seed 001
+PAPER = {  # recipe: (timm model, fine-tuning resolution, stochastic depth); Tables 1 and 5 of T-CNN (arXiv:2106.05795)
     't_resnet50_rs': ('resnetrs50', 224, 0.1), 't_resnet101_rs': ('resnetrs101', 224, 0.1),
     't_resnet152_rs': ('resnetrs152', 320, 0.2), 't_resnet200_rs': ('resnetrs200', 320, 0.2),
     't_resnet270_rs': ('resnetrs270', 320, 0.2), 't_resnet350_rs': ('resnetrs350', 320, 0.2),

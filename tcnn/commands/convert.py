@@ -1,8 +1,8 @@
 """``tcnn convert MODEL --out FILE``: turn a CNN into a T-CNN file, verified against the CNN.
 
-The conversion (seed 001 section 2) replaces the k x k convs of the chosen stages by GPSA layers holding their
-filters, checks in the exact configuration that the T-CNN computes the CNN's logits, sets the requested init
-(default: the paper's alpha = lambda = 1) and reports how far that init departs from the CNN.
+The conversion (T-CNN, arXiv:2106.05795, section 2) replaces the k x k convs of the chosen stages by GPSA layers
+holding their filters, checks in the exact configuration that the T-CNN computes the CNN's logits, sets the requested
+init (default: the paper's alpha = lambda = 1) and reports how far that init departs from the CNN.
 """
 import argparse
 import os
@@ -146,7 +146,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
                        'branches?), so this check cannot catch a wrong conversion')
         else:
             note = 'within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol \
-                else 'this init departs from the CNN by design, seed 001 section 2'
+                else 'this init departs from the CNN by design, T-CNN paper section 2'
             out.append(f'  at init     {init}: max rel err {report.init_max_rel_err:.2g} ({note})')
     out.append(f'  init        {init}, qk_dim {config["qk_dim"] or "C_in // heads"}')
     out.append(f'  saved       {path} ({_size(path)}) in {seconds:.1f} s')

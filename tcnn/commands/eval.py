@@ -1,7 +1,7 @@
 """``tcnn eval MODEL [MODEL ...] --suite SUITE [SUITE ...] --data DIR [DIR ...]``: accuracy and robustness suites.
 
-Several models give one table with a column per model (seed 001 Table 2, sideways); several suites are paired with
-their data directories in order.
+Several models give one table with a column per model (T-CNN, arXiv:2106.05795, Table 2, sideways); several suites
+are paired with their data directories in order.
 """
 import argparse
 import os

@@ -1,5 +1,5 @@
 """``tcnn info FILE``: what a T-CNN file (or training checkpoint) holds: source architecture, conversion settings,
-data config, parameter counts, and per GPSA layer the gates sigmoid(lambda) and spans 1/alpha (seed 001 Fig. 4)."""
+data config, parameter counts, and per GPSA layer the gates sigmoid(lambda) and spans 1/alpha (T-CNN Fig. 4)."""
 import argparse
 import json
 import math

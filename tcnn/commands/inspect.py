@@ -1,7 +1,7 @@
 """``tcnn inspect FILE [--image IMG ...] [--images-dir DIR] --out DIR``: gates, spans, nonlocality, attention maps.
 
 Writes ``DIR/summary.json`` (per layer and head: gate, alpha, span, centre, nonlocality), ``DIR/heads.png`` (the
-per-layer chart) and, per ``--image``, ``DIR/attention_<name>.png`` (seed 001 Fig. 5 layout).
+per-layer chart) and, per ``--image``, ``DIR/attention_<name>.png`` (T-CNN, arXiv:2106.05795, Fig. 5 layout).
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""``tcnn plot RUN_DIR``: training curves of a run (seed 001 Fig. 4) from ``RUN_DIR/metrics.jsonl``."""
+"""``tcnn plot RUN_DIR``: training curves of a run (T-CNN, arXiv:2106.05795, Fig. 4) from ``RUN_DIR/metrics.jsonl``."""
 import argparse
 import os
 
