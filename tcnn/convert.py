@@ -181,6 +181,27 @@ def exact_configuration(model: nn.Module) -> Iterator[nn.Module]:
                 layer.pos_centers.copy_(centers)
 
 
+@contextlib.contextmanager
+def full_precision_matmul() -> Iterator[None]:
+    """Float32 matmuls and cuDNN convolutions in true float32 (TF32 off) inside the block; the previous switches after.
+
+    PyTorch's defaults let cuDNN convolutions use TF32 (10-bit mantissa) on Ampere and newer GPUs, and ``tcnn train``
+    turns it on for matmuls too: the CNN's convs and the GPSA layers then round differently, by more than the 1e-4
+    verification tolerance. Only the process-wide switches are touched, so this affects every thread of the process.
+    """
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision('highest')
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        # last: the precision is the finer switch ('medium' and 'high' both read as allow_tf32 = True)
+        torch.set_float32_matmul_precision(saved[2])
+
+
 def _default_input_size(model: nn.Module) -> Tuple[int, int, int]:
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     return tuple(cfg.get('input_size', (3, 224, 224)))
@@ -353,7 +374,8 @@ def reparameterize_(
 def _verify(model: nn.Module, convs: Dict[str, nn.Module], size: Tuple[int, ...], tol: float) -> EquivalenceReport:
     """The equivalence report of a freshly converted model; raises ``ConversionError`` when it misses ``tol``."""
     source_name = model.tcnn_config['architecture']
-    report = _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, None)
+    with full_precision_matmul():  # the user's TF32 settings stay theirs outside the check (training speed)
+        report = _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, None)
     if not report.passed(tol) and _all_float32(model, convs.values()):
         report = dataclasses.replace(report, float64_max_rel_err=_float64_error(model, convs, size))
         if report.passed(tol):

@@ -41,7 +41,32 @@ class DistContext:
         return self.rank == 0
 
 
-def _device(name: str, world: int, local_rank: int) -> torch.device:
+def _check_gpu_count(name: str, world: int, local_rank: int, local_world: Optional[int], index: int) -> None:
+    """One line naming the fix instead of CUDA's "invalid device ordinal" when this process's GPU does not exist.
+
+    Every process of a node checks the node's process count (``LOCAL_WORLD_SIZE``, set by torchrun), not only its own
+    GPU: rank 0, the only one that prints errors, has a GPU of its own and would otherwise wait for the failed ranks.
+    """
+    count = torch.cuda.device_count()
+    gpus = f'{count} GPU' + ('' if count == 1 else 's')
+    if world == 1:
+        if index >= count:
+            valid = 'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'
+            raise TcnnError(f'device {name} requested but this machine has {gpus} ({valid}): pass one of them or '
+                            '--device cpu')
+        return
+    if local_world is not None and local_world > count:
+        what = f'{local_world} processes on this node need {local_world} GPUs'
+    elif local_rank >= count:
+        what = f'process LOCAL_RANK={local_rank} needs cuda:{local_rank}'
+    else:
+        return
+    processes = 'process' if count == 1 else 'processes'
+    raise TcnnError(f'{what} but this machine has {gpus}: start at most {count} {processes} per node '
+                    f'(torchrun --nproc_per_node {count}) or pass --device cpu')
+
+
+def _device(name: str, world: int, local_rank: int, local_world: Optional[int] = None) -> torch.device:
     if name == 'auto':
         name = 'cuda' if torch.cuda.is_available() else 'cpu'
     if not name.startswith('cuda'):
@@ -50,6 +75,7 @@ def _device(name: str, world: int, local_rank: int) -> torch.device:
         raise TcnnError(f'device {name} requested but CUDA is not available (use --device cpu)')
     # under torchrun each process takes the GPU of its local rank; alone, cuda:N means GPU N
     index = local_rank if world > 1 or name == 'cuda' else torch.device(name).index or 0
+    _check_gpu_count(name, world, local_rank, local_world, index)
     device = torch.device('cuda', index)
     torch.cuda.set_device(device)
     return device
@@ -61,7 +87,8 @@ def setup_distributed(device_name: str) -> DistContext:
     rank = int(os.environ.get('RANK', '0'))
     local_rank = int(os.environ.get('LOCAL_RANK', '0'))
     local_world = int(os.environ.get('LOCAL_WORLD_SIZE', str(world)))
-    device = _device(device_name, world, local_rank)
+    # only torchrun's LOCAL_WORLD_SIZE counts the processes of this node (the default above counts all nodes)
+    device = _device(device_name, world, local_rank, local_world if 'LOCAL_WORLD_SIZE' in os.environ else None)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend='nccl' if device.type == 'cuda' else 'gloo')
     return DistContext(rank, world, local_rank, local_world, device, world > 1)

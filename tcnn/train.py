@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
 from .data import StreamDataset, build_transforms, data_config, is_reader_spec, open_dataset, \
     open_reader_datasets
-from .convert import find_convertible_convs, gpsa_layers, gpsa_summary, reparameterize_
+from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary, reparameterize_
 from .distributed import DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, rng_state, \
     seed_all, set_rng_state, setup_distributed
 from .engine import DATA_BOUND_FRACTION, EpochPosition, NonFiniteLossError, UpdateStep, autocast_fn, evaluate, \
@@ -162,25 +162,11 @@ class EpochSampler(DistributedSampler):
 
 # ---------------------------------------------------------------------------------------------------- model
 
-@contextlib.contextmanager
-def _full_precision_matmul():
-    """Verify conversions in true fp32: TF32 convs/matmuls on GPU would exceed the 1e-4 equivalence tolerance."""
-    cudnn_tf32 = torch.backends.cudnn.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision('highest')
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = cudnn_tf32
-        torch.set_float32_matmul_precision(precision)
-
-
 def _convert_in_place(model: nn.Module, recipe: Dict[str, Any]) -> List[torch.Tensor]:
     """Replace the k x k convs of ``model`` by verified GPSA layers, keeping every other parameter object (so an
     optimiser that holds them keeps its state). Returns the replaced conv parameters."""
     removed = [p for _, conv in find_convertible_convs(model, recipe['stages']) for p in conv.parameters()]
-    with _full_precision_matmul():
+    with full_precision_matmul():
         reparameterize_(model, stages=recipe['stages'], locality_strength=recipe['locality_strength'],
                         gating_init=recipe['gating_init'], qk_dim=recipe['qk_dim'], verify=True,
                         input_size=(3, recipe['img_size'], recipe['img_size']))
