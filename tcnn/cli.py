@@ -13,6 +13,7 @@ from .errors import TcnnError
 
 # name -> (module, one-line help). Modules are imported only when their command runs, so --help stays fast.
 COMMANDS = {
+    'demo': ('tcnn.commands.demo', 'the whole method offline on a generated task: CNN, T-CNN, baseline, report'),
     'convert': ('tcnn.commands.convert', 'convert a CNN into a T-CNN file (verified against the CNN)'),
     'info': ('tcnn.commands.info', 'show the settings, parameter counts and gates/spans of a T-CNN file'),
     'train': ('tcnn.commands.train', 'fine-tune a T-CNN (or the no-SA baseline) with a recipe'),

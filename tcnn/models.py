@@ -2,8 +2,8 @@
 
 One entrypoint is registered per ResNet of timm's ``resnet`` module (``t_resnet18d`` ... ``t_resnetrs420``,
 ``t_seresnext50_32x4d``, ...), each under its own name with ``register_model`` and with pretrained configs that copy
-the source's tags, input sizes, normalisation and crop (seed 001 fine-tunes at the source's data config), minus the
-weight locations: there are no converted weights to download. Instead
+the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's data
+config), minus the weight locations: there are no converted weights to download. Instead
 
 * ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.hub.create_cnn``, which fails
   within seconds offline);
@@ -36,7 +36,7 @@ T_PREFIX = 't_'
 PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with self-attention'
 PAPER_ID = 'arXiv:2106.05795'
 CONVERSION_ARGS = ('stages', 'locality_strength', 'gating_init', 'qk_dim')
-# Parameters of a GPSA layer that are geometry or gates, not weights: no weight decay (seed 001 trains them with
+# Parameters of a GPSA layer that are geometry or gates, not weights: no weight decay (T-CNN trains them with
 # their own learning rate; ConViT likewise excludes them).
 NO_WEIGHT_DECAY_PARAMS = ('pos_centers', 'pos_locality', 'gating')
 # Factory kwargs that describe the wrapper or placement, not the architecture (not stored in tcnn_source).
@@ -53,7 +53,7 @@ def no_weight_decay_names(model: nn.Module) -> Set[str]:
 
 
 class TransformedResNet(ResNet):
-    """A timm ``ResNet`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN (seed 001).
+    """A timm ``ResNet`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN (arXiv:2106.05795).
 
     Everything is ``ResNet``'s (forward_features, forward_head, forward_intermediates, feature_info, grad
     checkpointing, TorchScript); this class only adds ``no_weight_decay()`` for timm's optimizer factory.
@@ -118,7 +118,7 @@ def _load_filter(
 ) -> Dict[str, torch.Tensor]:
     """timm ``pretrained_filter_fn``: turn CNN weights into T-CNN weights for ``model``.
 
-    The filter of every replaced conv becomes the output projection of its GPSA layer (seed 001 eq. 6) with values
+    The filter of every replaced conv becomes the output projection of its GPSA layer (T-CNN eq. 6) with values
     = identity and the positional init of the model's ``tcnn_config``; state dicts that already hold GPSA
     parameters pass through unchanged.
     """
@@ -284,8 +284,8 @@ def _make_entrypoint(source: str) -> Callable[..., nn.Module]:
 
     entrypoint.__name__ = entrypoint.__qualname__ = variant
     entrypoint.__module__ = __name__
-    entrypoint.__doc__ = (f"T-CNN of timm's ``{source}``: its last-stage k x k convs as GPSA layers (seed 001). "
-                          '``pretrained=True`` converts the source weights; see ``tcnn.models``.')
+    entrypoint.__doc__ = (f"T-CNN of timm's ``{source}``: its last-stage k x k convs as GPSA layers "
+                          '(arXiv:2106.05795). ``pretrained=True`` converts the source weights; see ``tcnn.models``.')
     return entrypoint
 
 
@@ -304,3 +304,37 @@ def _register_all() -> Tuple[str, ...]:
 
 
 SOURCE_MODELS: Tuple[str, ...] = _register_all()
+
+
+# ---------------------------------------------------------------------------------------------- the demo's CNN
+
+DEMO_MODEL = 'demo_resnet10'
+
+
+@register_model
+def demo_resnet10(pretrained: bool = False, **kwargs) -> ResNet:
+    """The small CNN of ``tcnn demo`` (no pretrained weights: the demo trains it from scratch).
+
+    timm's ``ResNet`` with one ``BasicBlock`` per stage, widths 16-32-64-128 (1/4 of ResNet-18's) and output stride
+    16: ``layer4`` keeps ``layer3``'s resolution and dilates its 3x3 convs by 2 (timm's ``output_stride``), so at the
+    demo's 96 px the last stage sees a 6x6 token grid (stride 32 would leave 3x3, too few for attention to show
+    anything). Every argument of ``ResNet`` can be overridden (e.g. ``channels=(32, 64, 128, 256)``); ``tcnn.load``
+    rebuilds such a model from the recorded arguments.
+    """
+    from timm.models.resnet import BasicBlock
+    if pretrained:
+        raise TcnnError(f'{DEMO_MODEL} has no pretrained weights: tcnn demo trains it from scratch (pass '
+                        'pretrained=False, or --weights PATH / --no-pretrained to tcnn train)')
+    args = dict(block=BasicBlock, layers=(1, 1, 1, 1), channels=(16, 32, 64, 128), stem_width=16, output_stride=16,
+                num_classes=2)
+    args.update(kwargs)
+    args.pop('pretrained_cfg', None)
+    args.pop('pretrained_cfg_overlay', None)
+    args.pop('cache_dir', None)
+    model = ResNet(**args)
+    # what timm's resolve_data_config and tcnn.io read: the demo's images are 96 px, evaluated whole (no crop)
+    model.pretrained_cfg = model.default_cfg = {
+        'architecture': DEMO_MODEL, 'input_size': (3, 96, 96), 'crop_pct': 1.0, 'interpolation': 'bicubic',
+        'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225), 'num_classes': model.num_classes,
+        'first_conv': 'conv1', 'classifier': 'fc', 'pool_size': (6, 6)}
+    return model

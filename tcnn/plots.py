@@ -1,4 +1,5 @@
-"""Figures of the T-CNN analysis (seed 001 Figs. 4-5): gate/span charts, attention-map grids, training curves.
+"""Figures of the T-CNN analysis (T-CNN, arXiv:2106.05795, Figs. 3-5): gate/span charts, attention-map grids,
+training curves, accuracy by corruption.
 
 Figures are drawn on matplotlib's Agg canvas directly (``matplotlib.figure.Figure``, no pyplot), so importing this
 module never changes the user's matplotlib backend and works on headless machines. Files are written atomically.
@@ -139,7 +140,7 @@ def plot_attention(
         parts: Sequence[str] = ATTENTION_PARTS,
         title: Optional[str] = None,
 ) -> str:
-    """Attention maps of every head of every GPSA layer for one query, laid out like seed 001 Fig. 5.
+    """Attention maps of every head of every GPSA layer for one query, laid out like T-CNN Fig. 5.
 
     One row per (part, layer), one column per head, the input image with the query pixel on the left. Each panel
     shows the head's attention over the layer's input grid (padding tokens cropped) with the query cell boxed, and
@@ -278,7 +279,7 @@ def _head_series(records: Sequence[Mapping[str, Any]], layer: str, key: str) -> 
 
 
 def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title: Optional[str] = None) -> str:
-    """Seed 001 Fig. 4 from per-epoch metrics: A train/val top-1, B span 1/alpha_h, C gate sigmoid(lambda_h).
+    """T-CNN Fig. 4 from per-epoch metrics: A train/val top-1, B span 1/alpha_h, C gate sigmoid(lambda_h).
 
     In B and C thin lines are heads and thick lines the layer means, one colour per GPSA layer. A run without GPSA
     layers (the no-SA baseline) gets panel A only.
@@ -307,7 +308,7 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
         if len(xs):
             ax.plot(xs, ys, style, marker='o' if len(xs) < 20 else None, ms=3, label=label)
     first = next((r['epoch'] for r in records if r.get('gpsa')), None)
-    if first is not None and first > records[0]['epoch']:  # late reparameterisation (seed 001 Table 3)
+    if first is not None and first > records[0]['epoch']:  # late reparameterisation (T-CNN Table 3)
         for panel in axes:
             panel.axvline(first + 0.5, color='grey', lw=0.8, ls='--')
         ax.annotate('reparameterised', (first + 0.5, 0.02), xycoords=('data', 'axes fraction'), fontsize=7,
@@ -345,5 +346,46 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_demo_robustness(results: Mapping[str, Any], path: str, titles: Optional[Mapping[str, str]] = None) -> str:
+    """T-CNN Fig. 3 in miniature, from ``tcnn demo``'s results: A top-1 per corruption (mean over severities),
+    B top-1 per severity (mean over corruptions), one colour per model; bars and points are seed means, error bars
+    the spread (standard deviation) over seeds.
+
+    Args:
+        results: ``results.json`` of ``tcnn demo`` (``cnn`` and ``runs``, each with ``corruptions`` and
+            ``corrupted_by_severity``).
+        path: Output image path.
+        titles: Legend name per arm (default: the arm names).
+    """
+    check_figure_path(path)
+    groups: Dict[str, List[Mapping[str, Any]]] = {'CNN (start point)': [results['cnn']]}
+    for run in results['runs']:
+        groups.setdefault((titles or {}).get(run['arm'], run['arm']), []).append(run)
+    corruptions = list(results['cnn']['corruptions'])
+    labels = ['clean'] + corruptions
+    fig = Figure(figsize=(11, 3.8))
+    ax_c, ax_s = fig.subplots(1, 2, gridspec_kw={'width_ratios': [3, 1.2]})
+    width = 0.8 / len(groups)
+    for g, (name, runs) in enumerate(groups.items()):
+        per = np.array([[r['clean_top1']] + [r['corruptions'][c]['top1'] for c in corruptions] for r in runs])
+        x = np.arange(len(labels)) + (g - (len(groups) - 1) / 2) * width
+        ax_c.bar(x, per.mean(0), width, yerr=per.std(0, ddof=1) if len(runs) > 1 else None, label=name,
+                 color=f'C{g}', capsize=2)
+        sev = sorted(runs[0]['corrupted_by_severity'], key=int)
+        values = np.array([[r['corrupted_by_severity'][s] for s in sev] for r in runs])
+        ax_s.errorbar([int(s) for s in sev], values.mean(0), yerr=values.std(0, ddof=1) if len(runs) > 1 else None,
+                      marker='o', ms=3, color=f'C{g}', label=name, capsize=2)
+    ax_c.set_xticks(np.arange(len(labels)))
+    ax_c.set_xticklabels([lbl.replace('_', ' ') for lbl in labels], rotation=25, ha='right', fontsize=8)
+    ax_c.set_ylabel('top-1 (%)')
+    ax_c.set_title('A: accuracy by corruption (mean over severities)', fontsize=10)
+    ax_c.legend(fontsize=7, ncol=len(groups))
+    ax_s.set_xlabel('severity')
+    ax_s.set_title('B: by severity', fontsize=10)
+    ax_s.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return save_figure(fig, path)

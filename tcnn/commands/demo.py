@@ -1,0 +1,35 @@
+"""``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
+import argparse
+
+from ..errors import check_device, check_number
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--out', default='tcnn-demo', metavar='DIR',
+                        help='output folder (default ./tcnn-demo); run the same command again to continue an '
+                             'interrupted demo')
+    parser.add_argument('--quick', action='store_true',
+                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm)')
+    parser.add_argument('--seeds', type=int, metavar='N',
+                        help='fine-tuning seeds (default 2; 1 with --quick)')
+    parser.add_argument('--device', default='cpu', help='cpu (default), cuda, cuda:1, ...')
+    parser.add_argument('--workers', type=int, metavar='N',
+                        help='data-loading processes (default: sized to the machine)')
+    parser.add_argument('--no-progress', action='store_true', help='no progress bars (log lines only)')
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.seeds is not None:
+        check_number(args.seeds, '--seeds', ge=1, integer=True)
+    if args.workers is not None:
+        check_number(args.workers, '--workers', ge=0, integer=True)
+    check_device(args.device, '--device')
+    import sys
+    from ..demo import DemoStopped, run_demo
+    try:
+        run_demo(args.out, plan='quick' if args.quick else 'default', seeds=args.seeds, device=args.device,
+                 workers=args.workers, progress=not args.no_progress)
+    except DemoStopped as e:
+        print(f'tcnn demo: {e}', file=sys.stderr)
+        return e.exit_code
+    return 0

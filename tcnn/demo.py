@@ -1,0 +1,728 @@
+"""``tcnn demo``: the whole method end to end, offline, in miniature (T-CNN, arXiv:2106.05795).
+
+1. **Data**: ``tcnn.synthetic`` writes an odd-colour-out task (train / val / test ImageFolders and an
+   ImageNet-C-style ``test-c``) from a fixed seed.
+2. **The "pretrained" CNN**: ``demo_resnet10`` (timm's ``ResNet`` class, see ``tcnn.models``) trained from scratch on
+   it with ``tcnn train --no-pretrained --no-sa``.
+3. **The method**, from that one CNN, with the same epochs and data, per seed: (a) ``no-sa``: the CNN fine-tuned
+   without self-attention (T-CNN Table 1's baseline); (b) ``t-cnn``: ``tcnn.reparameterize`` (verified) and the
+   fine-tuning recipe (AdamW, warm-up + cosine, gating lr, init alpha = lambda = 1); (c) ``t-cnn-late``: the CNN
+   fine-tuned for part of the epochs, then reparameterised (Table 3), where the plan has it.
+4. **Evaluation and analysis**: ``tcnn eval`` on the test split and ``test-c``, gates / spans / nonlocality of every
+   T-CNN (``tcnn.analysis``), the figures (Fig. 3, 4 and 5 of the paper in miniature), ``results.json`` and a
+   ``README.md`` that says what the numbers mean, whatever their sign.
+
+Every step goes through the project's public code paths (the ``tcnn`` command's ``train`` and ``eval``, ``tcnn.load``,
+``tcnn.save``, ``tcnn.reparameterize``, ``tcnn.analysis``, ``tcnn.plots``), so the demo is also their end-to-end
+check. An interrupted demo continues where it stopped when the same command is run again (every training run
+resumes from its ``last.pt``).
+"""
+import dataclasses
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .atomic import atomic_write_text
+from .errors import InvalidArgumentError, TcnnError, check_number
+
+__all__ = ['Plan', 'PLANS', 'ARMS', 'run_demo', 'recipe_changes', 'verdict', 'DemoStopped', 'DEMO_FORMAT']
+
+DEMO_FORMAT = 'tcnn-demo'
+DEMO_VERSION = 1
+DATA_SEED = 0  # one dataset for every seed: seeds vary the fine-tuning (order, augmentation, GPSA init)
+CNN_SEED = 0
+ARMS = ('no-sa', 't-cnn', 't-cnn-late')
+ARM_TITLES = {'no-sa': 'CNN fine-tuned, no SA', 't-cnn': 'T-CNN', 't-cnn-late': 'T-CNN, late reparam.'}
+IMG_SIZE = 96
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Sizes and schedule of a demo (``PLANS``). Epoch counts are those of the miniature, see ``recipe_changes``.
+
+    Args:
+        name: ``default``, ``quick`` or ``tiny`` (the test suite's).
+        train: Training images (balanced over the classes).
+        val: Validation images (the model-selection split: the demo's settings were chosen on it).
+        test: Test images (reported, never used to choose anything).
+        corrupt: Test images that get corrupted copies (every corruption, 5 severities).
+        pretrain_epochs: Epochs of the CNN trained from scratch.
+        finetune_epochs: Epochs of every fine-tuning arm.
+        late_epoch: Arm (c) is reparameterised after this many of its fine-tuning epochs (None: no arm (c)).
+        seeds: Fine-tuning seeds (0 .. seeds - 1).
+        batch_size: Images per update.
+        pretrain_lr: Peak lr of the CNN's training from scratch.
+        lr: Peak lr of the fine-tuning arms.
+        gating_lr: Peak lr of the gating parameters (T-CNN arms).
+        inspect_images: Test images whose attention maps are drawn (Fig. 5).
+        nonlocality_images: Test images the nonlocality is averaged over.
+    """
+    name: str
+    train: int
+    val: int
+    test: int
+    corrupt: int
+    pretrain_epochs: int
+    finetune_epochs: int
+    late_epoch: Optional[int]
+    seeds: int
+    batch_size: int = 64
+    pretrain_lr: float = 5e-3
+    lr: float = 1e-3
+    gating_lr: float = 0.1
+    inspect_images: int = 3
+    nonlocality_images: int = 256
+
+    @property
+    def arms(self) -> List[str]:
+        return [a for a in ARMS if a != 't-cnn-late' or self.late_epoch is not None]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PLANS: Dict[str, Plan] = {
+    'default': Plan('default', train=6000, val=1000, test=1000, corrupt=300, pretrain_epochs=14, finetune_epochs=4,
+                    late_epoch=2, seeds=2),
+    'quick': Plan('quick', train=2400, val=300, test=300, corrupt=60, pretrain_epochs=6, finetune_epochs=3,
+                  late_epoch=None, seeds=1, nonlocality_images=64),
+    'tiny': Plan('tiny', train=96, val=24, test=24, corrupt=6, pretrain_epochs=1, finetune_epochs=2, late_epoch=1,
+                 seeds=2, batch_size=16, inspect_images=1, nonlocality_images=8),
+}
+
+
+def recipe_changes(plan: Plan) -> List[str]:
+    """Every change from the paper's fine-tuning recipe (T-CNN section 3, Table 1), and why."""
+    return [
+        f'epochs: {plan.finetune_epochs} instead of 50, warm-up scaled with them (5 of 50 -> '
+        f'{_warmup(plan.finetune_epochs)} of {plan.finetune_epochs}): a miniature that fits minutes on 2 CPU cores',
+        f'batch: {plan.batch_size} instead of 1024, learning rates not scaled by the batch rule (scale_lr false)',
+        f'lr: {plan.lr:g} instead of 1e-4 (at batch 1024): a few short epochs on a small CNN instead of 50 ImageNet '
+        f'epochs; gating lr: {plan.gating_lr:g}, as the paper\'s, unscaled',
+        'augmentation: no RandAugment (its translations push shapes out of the image, its colour ops change the '
+        'colours that are the labels), no mixup or cutmix (a blend or a pasted patch changes which shape is the odd '
+        'one), no random erasing (it can erase a shape), no random '
+        'resized crop (scale [1, 1]: a crop can cut a shape off); instead, timm\'s colour jitter 0.3 (brightness, '
+        'contrast, saturation: no hue change) and horizontal flips; kept: label smoothing 0.1, weight decay 0.05',
+        'model: demo_resnet10 (timm ResNet, one BasicBlock per stage, 1/4 of ResNet-18\'s widths, output stride 16: a '
+        '6x6 last-stage token grid at 96 px) trained from scratch on the task instead of a ResNet-RS/-D pretrained on '
+        'ImageNet; its layer4 has 2 3x3 convs (BasicBlock) instead of one per bottleneck block',
+        'no stochastic depth (drop_path 0) and no EMA, as in the paper\'s ResNet-50 settings',
+    ]
+
+
+def _warmup(epochs: int) -> int:
+    """The paper's 5 warm-up epochs of 50, kept as a fraction, at least one epoch (none for a 1-epoch run)."""
+    return 0 if epochs < 2 else max(1, round(epochs / 10))
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+@dataclasses.dataclass
+class _Context:
+    out: str
+    plan: Plan
+    device: str
+    workers: Optional[int]
+    progress: bool
+    log: Callable[[str], None]
+
+    @property
+    def data(self) -> str:
+        return os.path.join(self.out, 'data')
+
+    def run_dir(self, name: str) -> str:
+        return os.path.join(self.out, 'runs', name)
+
+    def model_file(self, name: str) -> str:
+        return os.path.join(self.out, 'models', f'{name}.pt')
+
+
+def _tcnn(argv: Sequence[str]) -> int:
+    """Run a ``tcnn`` sub-command in this process (its one-line errors and exit codes)."""
+    from .cli import main
+    return main(list(argv))
+
+
+class DemoStopped(Exception):
+    """A training run of the demo stopped on a signal after saving its checkpoint (``exit_code``: 130 or 75)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _check_rc(rc: int, what: str, ctx: _Context) -> None:
+    from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
+    if rc in (EXIT_INTERRUPTED, EXIT_PREEMPTED):
+        raise DemoStopped(f'{what} stopped and saved its checkpoint; run the same tcnn demo command again to continue '
+                          'the demo where it stopped', rc)
+    if rc != 0:
+        raise TcnnError(f'{what} failed (exit {rc}, its error is above); the demo so far is in {ctx.out}')
+
+
+def _train_argv(ctx: _Context, name: str, seed: int, epochs: int, lr: float, extra: Sequence[str]) -> List[str]:
+    plan = ctx.plan
+    argv = ['train', '--data', ctx.data, '--output', ctx.run_dir(name), '--resume', 'auto',
+            '--model', 'demo_resnet10', '--img-size', str(IMG_SIZE), '--epochs', str(epochs),
+            '--batch-size', str(plan.batch_size), '--lr', str(lr), '--seed', str(seed), '--device', ctx.device,
+            '--set', 'scale_lr=false', '--set', 'aa=null', '--set', 'mixup=0', '--set', 'cutmix=0',
+            '--set', 'reprob=0', '--set', 'scale=[1.0,1.0]', '--set', 'crop_pct=1.0',
+            '--set', f'warmup_epochs={_warmup(epochs)}']
+    if ctx.workers is not None:
+        argv += ['--workers', str(ctx.workers)]
+    if not ctx.progress:
+        argv.append('--no-progress')
+    return argv + list(extra)
+
+
+def _train(ctx: _Context, name: str, argv: List[str]) -> float:
+    """One ``tcnn train`` run (resumed if it was interrupted); returns its wall time in seconds (this call's)."""
+    ctx.log(f'\n== tcnn {" ".join(argv)}')
+    start = time.perf_counter()
+    _check_rc(_tcnn(argv), f'training {name}', ctx)
+    return time.perf_counter() - start
+
+
+def _export(ctx: _Context, name: str) -> str:
+    """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
+    from . import io as tio
+    path = ctx.model_file(name)
+    tio.save(tio.load(os.path.join(ctx.run_dir(name), 'last.pt')), path)
+    return path
+
+
+def _pretrain(ctx: _Context, timings: Dict[str, float]) -> str:
+    plan = ctx.plan
+    argv = _train_argv(ctx, 'cnn', CNN_SEED, plan.pretrain_epochs, plan.pretrain_lr, ['--no-pretrained', '--no-sa'])
+    timings['cnn'] = _train(ctx, 'cnn', argv)
+    return _export(ctx, 'cnn')
+
+
+def _verify_conversion(cnn_file: str) -> Dict[str, Any]:
+    """``tcnn.reparameterize`` of the trained CNN with verification: the T-CNN in its exact configuration computes
+    the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1)."""
+    import tcnn
+    cnn = tcnn.load(cnn_file)
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
+    rep = t_cnn.tcnn_report
+    report = dataclasses.asdict(rep)
+    report['vacuous'] = rep.vacuous
+    report['gpsa_layers'] = rep.num_gpsa
+    report['params_cnn'] = sum(p.numel() for p in cnn.parameters())
+    report['params_t_cnn'] = sum(p.numel() for p in t_cnn.parameters())
+    return report
+
+
+def _arm_argv(ctx: _Context, arm: str, seed: int, cnn_file: str) -> List[str]:
+    plan = ctx.plan
+    extra = ['--weights', cnn_file, '--gating-lr', str(plan.gating_lr)]
+    if arm == 'no-sa':
+        extra.append('--no-sa')
+    elif arm == 't-cnn-late':
+        extra += ['--reparam-epoch', str(plan.late_epoch)]
+    return _train_argv(ctx, f'seed{seed}-{arm}', seed, plan.finetune_epochs, plan.lr, extra)
+
+
+def _evaluate(ctx: _Context, files: Mapping[str, str]) -> Dict[str, Any]:
+    """``tcnn eval`` of every model file on the test split (suite ``imagenet``) and ``test-c`` (``imagenet-c``)."""
+    from .synthetic import CORRUPTED_SPLIT
+    out = os.path.join(ctx.out, 'eval.json')
+    argv = ['eval', *files.values(), '--names', *files.keys(), '--suite', 'imagenet', 'imagenet-c',
+            '--data', os.path.join(ctx.data, 'test'), os.path.join(ctx.data, CORRUPTED_SPLIT),
+            '--img-size', str(IMG_SIZE), '--crop-pct', '1.0', '--device', ctx.device, '--out', out]
+    if ctx.workers is not None:
+        argv += ['--workers', str(ctx.workers)]
+    if not ctx.progress:
+        argv.append('--no-progress')
+    ctx.log(f'\n== tcnn {" ".join(argv)}')
+    _check_rc(_tcnn(argv), 'evaluation', ctx)
+    with open(out, encoding='utf-8') as f:
+        return json.load(f)
+
+
+def _test_images(ctx: _Context, limit: int) -> List[str]:
+    """The first ``limit`` test images, classes interleaved (the same files on every run)."""
+    from .analysis import find_images
+    paths = find_images(os.path.join(ctx.data, 'test'))
+    return sorted(paths, key=lambda p: (os.path.basename(p), p))[:limit]
+
+
+def _analyse(ctx: _Context, model_file: str) -> Dict[str, Any]:
+    """Gates, spans and nonlocality (mixed, content, positional) of a T-CNN on test images."""
+    import torch
+    from . import analysis
+    from . import io as tio
+    model = tio.load(model_file).to(ctx.device)
+    cfg = analysis.image_data_config(model)
+    paths = _test_images(ctx, ctx.plan.nonlocality_images)
+    batches = (analysis.load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
+    with torch.no_grad():
+        summary = analysis.summarize(model, batches)
+    return {'num_images': summary['num_images'], 'layers': {
+        name: {k: entry[k] for k in ('gate', 'span', 'gate_mean', 'span_mean', 'nonlocality', 'nonlocality_mean',
+                                     'nonlocality_content', 'nonlocality_positional')}
+        for name, entry in summary['layers'].items()}}
+
+
+def _layer_means(analysis_result: Mapping[str, Any], key: str) -> Optional[float]:
+    values = [e[key] for e in analysis_result['layers'].values() if e.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _odd_shape_queries(ctx: _Context, limit: int) -> List[Tuple[str, Tuple[int, int]]]:
+    """The first ``limit`` test images with the pixel (row, column) at the centre of the shape seen once: the query
+    whose attention shows whether heads look at the other shapes."""
+    from .synthetic import hue_class
+    out = []
+    with open(os.path.join(ctx.data, 'test.jsonl'), encoding='utf-8') as f:
+        for line in f:
+            record = json.loads(line)
+            hues = [hue_class(o['color']) for o in record['objects']]
+            odd = next(o for o, h in zip(record['objects'], hues) if hues.count(h) == 1)
+            x, y = odd['center']
+            out.append((os.path.join(ctx.data, record['file']), (int(round(y)), int(round(x)))))
+            if len(out) == limit:
+                break
+    return out
+
+
+def _inspect(ctx: _Context, model_file: str, name: str) -> List[str]:
+    """``tcnn inspect`` of a T-CNN on a few test images, the query on the shape seen once: Fig. 5 attention maps
+    and the per-head chart (one folder per image: each holds that image's nonlocality)."""
+    figures = []
+    for image, (row, col) in _odd_shape_queries(ctx, ctx.plan.inspect_images):
+        out = os.path.join(ctx.out, 'figures', f'inspect-{name}', os.path.splitext(os.path.basename(image))[0])
+        argv = ['inspect', model_file, '--image', image, '--query', f'{row},{col}', '--out', out,
+                '--device', ctx.device]
+        ctx.log(f'\n== tcnn {" ".join(argv)}')
+        _check_rc(_tcnn(argv), f'inspecting {name}', ctx)
+        figures += sorted(os.path.join(out, f) for f in os.listdir(out) if f.startswith('attention_'))
+    figures.append(os.path.join(out, 'heads.png'))
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+def _stats(values: Sequence[float]) -> Dict[str, Any]:
+    """Mean, sample standard deviation, min and max over seeds."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return {'mean': mean, 'std': std, 'min': min(values), 'max': max(values), 'values': list(values)}
+
+
+def summarize_runs(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> Dict[str, Any]:
+    """Per arm: clean and corrupted top-1 over seeds; per T-CNN arm: the gain over ``no-sa`` seed by seed."""
+    by_arm = {arm: [r for r in runs if r['arm'] == arm] for arm in arms}
+    out: Dict[str, Any] = {}
+    for arm, rs in by_arm.items():
+        if not rs:
+            continue
+        entry = {'clean_top1': _stats([r['clean_top1'] for r in rs]),
+                 'corrupted_top1': _stats([r['corrupted_top1'] for r in rs])}
+        if arm != 'no-sa' and by_arm.get('no-sa'):
+            base = {r['seed']: r for r in by_arm['no-sa']}
+            paired = [(r, base[r['seed']]) for r in rs if r['seed'] in base]
+            entry['gain_clean'] = _stats([r['clean_top1'] - b['clean_top1'] for r, b in paired])
+            entry['gain_corrupted'] = _stats([r['corrupted_top1'] - b['corrupted_top1'] for r, b in paired])
+        out[arm] = entry
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the demo
+
+def _check_settings(out: str, settings: Dict[str, Any]) -> None:
+    """A demo folder holds one demo: continuing it with other settings would mix two experiments."""
+    path = os.path.join(out, 'demo.json')
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding='utf-8') as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            old = None
+        if old != settings:
+            raise TcnnError(f'{out} holds a demo with other settings ({path}); pass another --out, or delete the '
+                            'folder to start again')
+    elif os.path.isdir(out) and os.listdir(out):
+        raise TcnnError(f'{out} is not empty and holds no demo; pass another --out')
+    os.makedirs(out, exist_ok=True)
+    atomic_write_text(path, json.dumps(settings, indent=2) + '\n')
+
+
+def run_demo(
+        out: str = 'tcnn-demo',
+        *,
+        plan: str = 'default',
+        seeds: Optional[int] = None,
+        device: str = 'cpu',
+        workers: Optional[int] = None,
+        progress: bool = True,
+        log: Callable[[str], None] = print,
+) -> Dict[str, Any]:
+    """Run the demo (or continue an interrupted one) and write its report into ``out``.
+
+    Args:
+        out: Output folder: ``data/``, ``runs/``, ``models/``, ``figures/``, ``eval.json``, ``results.json``,
+            ``README.md``.
+        plan: ``default`` (about 20 minutes on 2 CPU cores), ``quick`` (2-3 minutes) or ``tiny`` (tests).
+        seeds: Fine-tuning seeds (default: the plan's).
+        device: ``cpu``, ``cuda``, ``cuda:1``, ...
+        workers: Data-loading processes per loader (default: sized to the machine).
+        progress: Progress bars.
+        log: Where progress lines go.
+
+    Returns:
+        The results (also ``out/results.json``).
+    """
+    if plan not in PLANS:
+        raise InvalidArgumentError(f'plan must be one of {", ".join(PLANS)}, got {plan!r}')
+    p = PLANS[plan]
+    if seeds is not None:
+        check_number(seeds, 'seeds', ge=1, integer=True)
+        p = dataclasses.replace(p, seeds=int(seeds))
+    if workers is not None:
+        check_number(workers, 'workers', ge=0, integer=True)
+    from .errors import check_device
+    check_device(device, 'device')
+    from .paths import check_output_dir
+    check_output_dir(out, 'out')
+    out = os.path.abspath(out)
+    import torch
+    settings = {'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': p.to_dict(), 'device': device,
+                'workers': workers, 'threads': torch.get_num_threads()}
+    _check_settings(out, settings)
+    ctx = _Context(out, p, device, workers, progress, log)
+    start = time.perf_counter()
+    timings: Dict[str, float] = {}
+
+    dataset = _generate(ctx, timings)
+    cnn_file = _pretrain(ctx, timings)
+    conversion = _verify_conversion(cnn_file)
+    log(f'\nconversion of the trained CNN: max relative logits error {conversion["max_rel_err"]:.2e} in the exact '
+        f'configuration; {conversion["init_max_rel_err"]:.1%} deviation at the fine-tuning init (alpha = lambda = 1)')
+    files = {'cnn': cnn_file}
+    runs = []
+    for seed in range(p.seeds):
+        for arm in p.arms:
+            name = f'seed{seed}-{arm}'
+            timings[name] = _train(ctx, name, _arm_argv(ctx, arm, seed, cnn_file))
+            files[name] = _export(ctx, name)
+            runs.append({'seed': seed, 'arm': arm, 'name': name, 'run_dir': ctx.run_dir(name),
+                         'model_file': files[name]})
+    report = _evaluate(ctx, files)
+    results = _collect(ctx, report, runs, conversion, dataset, timings)
+    results['figures'] = _figures(ctx, results)
+    results['wall_s'] = time.perf_counter() - start
+    results['timings_s'] = timings
+    atomic_write_text(os.path.join(out, 'results.json'), json.dumps(results, indent=2) + '\n')
+    atomic_write_text(os.path.join(out, 'README.md'), render_readme(results))
+    log(f'\n{summary_lines(results)}\nwrote {os.path.join(out, "README.md")} and results.json '
+        f'({results["wall_s"] / 60:.1f} min)')
+    return results
+
+
+def _generate(ctx: _Context, timings: Dict[str, float]) -> Dict[str, Any]:
+    from . import synthetic
+    plan = ctx.plan
+    ctx.log(f'== data: {plan.train} train / {plan.val} val / {plan.test} test images ({IMG_SIZE} px), '
+            f'{plan.corrupt} test images x {len(synthetic.DEFAULT_CORRUPTIONS)} corruptions x 5 severities -> '
+            f'{ctx.data}')
+    manifest = synthetic.generate(ctx.data, sizes={'train': plan.train, 'val': plan.val, 'test': plan.test},
+                                  seed=DATA_SEED, task=synthetic.OddColour(img_size=IMG_SIZE),
+                                  corrupt_count=plan.corrupt, workers=ctx.workers, progress=ctx.progress)
+    timings['data'] = manifest.pop('generation_s')
+    return manifest
+
+
+def _collect(ctx: _Context, report: Mapping[str, Any], runs: List[Dict[str, Any]], conversion: Mapping[str, Any],
+             dataset: Mapping[str, Any], timings: Mapping[str, float]) -> Dict[str, Any]:
+    clean = report['suites']['imagenet']['results']
+    corrupted = report['suites']['imagenet-c']['results']
+
+    def scores(name: str) -> Dict[str, Any]:
+        c = corrupted[name]
+        return {'clean_top1': clean[name]['top1'], 'corrupted_top1': c['top1'],
+                'corrupted_by_severity': c['severities'],
+                'corruptions': {k: {'top1': v['top1'], 'severities': v['severities']}
+                                for k, v in c['corruptions'].items()}}
+
+    for r in runs:
+        r.update(scores(r['name']))
+        r['train_s'] = _train_time(r['run_dir'])
+        r['analysis'] = _analyse(ctx, r['model_file']) if r['arm'] != 'no-sa' else None
+        if r['analysis']:
+            r['gate_mean'] = _layer_means(r['analysis'], 'gate_mean')
+            r['span_mean'] = _layer_means(r['analysis'], 'span_mean')
+            r['nonlocality_mean'] = _layer_means(r['analysis'], 'nonlocality_mean')
+    init = _analyse_init(ctx, ctx.model_file('cnn'))
+    import torch
+    import timm
+    from .version import __version__
+    return {
+        'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': ctx.plan.to_dict(),
+        'dataset': {k: dataset[k] for k in ('task', 'rule', 'seed', 'classes', 'sizes', 'corruptions', 'severities',
+                                             'corrupt_count', 'task_params')},
+        'cnn': {'model_file': ctx.model_file('cnn'), 'run_dir': ctx.run_dir('cnn'),
+                'train_s': _train_time(ctx.run_dir('cnn')),
+                **scores('cnn')},
+        'conversion': {k: conversion.get(k) for k in ('max_abs_err', 'max_rel_err', 'init_max_abs_err',
+                                                      'init_max_rel_err', 'sensitivity', 'vacuous',
+                                                      'float64_max_rel_err', 'dtype', 'gpsa_layers', 'params_cnn',
+                                                      'params_t_cnn')},
+        'init': init,
+        'runs': runs,
+        'summary': summarize_runs(runs, ctx.plan.arms),
+        'recipe_changes': recipe_changes(ctx.plan),
+        'eval_file': os.path.join(ctx.out, 'eval.json'),
+        'environment': {'device': ctx.device, 'threads': torch.get_num_threads(), 'cpus': os.cpu_count(),
+                        'python': platform.python_version(), 'torch': torch.__version__, 'timm': timm.__version__,
+                        'tcnn': __version__, 'machine': platform.machine()},
+    }
+
+
+def _train_time(run_dir: str) -> float:
+    """Seconds the run's epochs took (training and validation), from its metrics: also right for a run that was
+    interrupted and continued."""
+    from .plots import load_metrics
+    return float(sum(r.get('epoch_time_s') or 0.0 for r in load_metrics(run_dir)))
+
+
+def _analyse_init(ctx: _Context, cnn_file: str) -> Dict[str, Any]:
+    """Gates, spans and nonlocality of the T-CNN at the fine-tuning init (before any training): the reference the
+    trained T-CNNs are compared with."""
+    import tcnn
+    path = os.path.join(ctx.out, 'models', 'init-t-cnn.pt')
+    tcnn.save(tcnn.reparameterize(tcnn.load(cnn_file), input_size=(3, IMG_SIZE, IMG_SIZE)), path)
+    result = _analyse(ctx, path)
+    return {'model_file': path, 'gate_mean': _layer_means(result, 'gate_mean'),
+            'span_mean': _layer_means(result, 'span_mean'),
+            'nonlocality_mean': _layer_means(result, 'nonlocality_mean'), 'analysis': result}
+
+
+def _figures(ctx: _Context, results: Mapping[str, Any]) -> Dict[str, Any]:
+    from . import plots
+    fig_dir = os.path.join(ctx.out, 'figures')
+    os.makedirs(fig_dir, exist_ok=True)
+    figures: Dict[str, Any] = {}
+    figures['robustness'] = plots.plot_demo_robustness(results, os.path.join(fig_dir, 'fig3_robustness.png'),
+                                                       titles=ARM_TITLES)
+    curves = {}
+    for run in results['runs']:
+        if run['seed'] == 0:
+            curves[run['arm']] = plots.plot_training_curves(
+                plots.load_metrics(run['run_dir']), os.path.join(fig_dir, f'fig4_curves_{run["name"]}.png'),
+                title=f'{ARM_TITLES[run["arm"]]} (seed 0)')
+    figures['curves'] = curves
+    t_cnn = next(r for r in results['runs'] if r['arm'] == 't-cnn' and r['seed'] == 0)
+    figures['attention'] = _inspect(ctx, t_cnn['model_file'], t_cnn['name'])
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def _pm(stats: Mapping[str, Any], signed: bool = False) -> str:
+    fmt = '+.1f' if signed else '.1f'
+    if len(stats['values']) == 1:
+        return format(stats['mean'], fmt)
+    return f'{stats["mean"]:{fmt}} ± {stats["std"]:.1f}'
+
+
+def verdict(results: Mapping[str, Any]) -> List[str]:
+    """What the numbers say, in plain words, whatever their sign."""
+    s = results['summary']
+    n = results['plan']['seeds']
+    lines = []
+    t = s.get('t-cnn')
+    if t and 'gain_clean' in t:
+        for key, what in (('gain_clean', 'clean test accuracy'), ('gain_corrupted', 'accuracy on corrupted images')):
+            g = t[key]
+            agree = ('one seed: no spread' if n == 1 else
+                     f'{sum(v > 0 for v in g["values"])} of {n} seeds favour the T-CNN')
+            if n > 1 and abs(g['mean']) <= g['std']:
+                lines.append(f'On {what}, the T-CNN and the no-SA baseline are within the spread over {n} seeds '
+                             f'({_pm(g, True)} points, {agree}): no clear difference.')
+            elif g['mean'] > 0:
+                lines.append(f'On {what}, the T-CNN beats the no-SA baseline by {_pm(g, True)} points ({agree}).')
+            else:
+                lines.append(f'On {what}, the T-CNN is worse than the no-SA baseline by {_pm(g, True)} points '
+                             f'({agree}).')
+    base = s.get('no-sa')
+    if t and base:
+        ratio_t = t['corrupted_top1']['mean'] / t['clean_top1']['mean']
+        ratio_b = base['corrupted_top1']['mean'] / base['clean_top1']['mean']
+        more = ratio_t > ratio_b + 0.01
+        lines.append(f'Relative to clean accuracy, the T-CNN keeps {ratio_t:.0%} on corrupted images and the baseline '
+                     f'{ratio_b:.0%}: the T-CNN is {"more" if more else "not more"} robust in relative terms'
+                     + ('.' if more else ': its gain on corrupted images is part of its clean gain.'))
+    init = results['init']
+    trained = [r for r in results['runs'] if r['arm'] == 't-cnn']
+    if trained and init.get('gate_mean') is not None:
+        gate = sum(r['gate_mean'] for r in trained) / len(trained)
+        span = sum(r['span_mean'] for r in trained) / len(trained)
+        nl = [r['nonlocality_mean'] for r in trained if r.get('nonlocality_mean') is not None]
+        moved = ('fell: heads moved towards content attention' if gate < init['gate_mean'] - 0.01 else
+                 'did not fall: heads stayed mostly positional')
+        grew = ('grew' if span > init['span_mean'] * 1.05 else 'shrank' if span < init['span_mean'] / 1.05 else
+                'barely moved')
+        line = (f'Did the T-CNN learn to use attention? Mean gate sigma(lambda) {init["gate_mean"]:.3f} at init -> '
+                f'{gate:.3f} after fine-tuning ({moved}); mean span 1/alpha {init["span_mean"]:.2f} -> {span:.2f} '
+                f'({grew})')
+        if nl and init.get('nonlocality_mean') is not None:
+            line += f'; mean nonlocality {init["nonlocality_mean"]:.2f} -> {sum(nl) / len(nl):.2f} token widths'
+        lines.append(line + '.')
+    return lines
+
+
+def summary_lines(results: Mapping[str, Any]) -> str:
+    rows = [('model', 'clean top-1 %', 'corrupted top-1 %', 'gain clean', 'gain corrupted')]
+    rows.append(('CNN (start point)', f'{results["cnn"]["clean_top1"]:.1f}', f'{results["cnn"]["corrupted_top1"]:.1f}',
+                 '', ''))
+    for arm, e in results['summary'].items():
+        rows.append((ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
+                     _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
+                     _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return '\n'.join('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+    return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
+
+
+def render_readme(results: Mapping[str, Any]) -> str:
+    """The demo's ``README.md``: the table, what it means, how it was made and what to check."""
+    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
+    n = plan['seeds']
+    rows = [['CNN (start point, trained from scratch)', f'{results["cnn"]["clean_top1"]:.1f}',
+             f'{results["cnn"]["corrupted_top1"]:.1f}', '', '']]
+    for arm, e in results['summary'].items():
+        rows.append([ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
+                     _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
+                     _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''])
+    per_seed = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["clean_top1"]:.1f}', f'{r["corrupted_top1"]:.1f}',
+                 '' if r.get('gate_mean') is None else f'{r["gate_mean"]:.3f}',
+                 '' if r.get('span_mean') is None else f'{r["span_mean"]:.2f}',
+                 '' if r.get('nonlocality_mean') is None else f'{r["nonlocality_mean"]:.2f}',
+                 f'{r["train_s"]:.0f}'] for r in results['runs']]
+    init = results['init']
+    per_seed.append(['-', 'T-CNN at init (before fine-tuning)', '', '', f'{init["gate_mean"]:.3f}',
+                     f'{init["span_mean"]:.2f}',
+                     '' if init.get('nonlocality_mean') is None else f'{init["nonlocality_mean"]:.2f}', ''])
+    corr_names = list(results['cnn']['corruptions'])
+    corr_rows = []
+    for arm in results['summary']:
+        rs = [r for r in results['runs'] if r['arm'] == arm]
+        corr_rows.append([ARM_TITLES[arm]] + [
+            f'{sum(r["corruptions"][c]["top1"] for r in rs) / len(rs):.1f}' for c in corr_names])
+    figs = results.get('figures', {})
+    rel = lambda p: os.path.relpath(p, os.path.dirname(results['eval_file']))  # noqa: E731
+    fig_lines = []
+    if figs.get('robustness'):
+        fig_lines.append(f'![accuracy by corruption]({rel(figs["robustness"])})')
+    for arm, path in figs.get('curves', {}).items():
+        fig_lines.append(f'![training curves, {ARM_TITLES[arm]}]({rel(path)})')
+    for path in figs.get('attention', []):
+        fig_lines.append(f'![{os.path.basename(path)}]({rel(path)})')
+    env = results['environment']
+    seeds_note = (f'mean ± standard deviation over {n} fine-tuning seeds' if n > 1 else
+                  'one seed (run with --seeds 2 or more for a spread)')
+    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below check '
+             'the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
+             if plan['name'] == 'quick' else '')
+    text = f"""# tcnn demo: a Transformed CNN in miniature
+
+T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
+(ConViT, arXiv:2103.10697) that start from the CNN's function, then the hybrid is fine-tuned. This folder holds the
+whole experiment on a task made for it, with every file needed to check the numbers.
+{smoke}
+## Result ({seeds_note}; test split, never used to choose settings)
+
+{_md_table(['model', 'clean top-1 %', 'corrupted top-1 % (mean of {} corruptions x 5 severities)'.format(
+    len(ds['corruptions'])), 'gain clean (points)', 'gain corrupted (points)'], rows)}
+
+Gains are T-CNN minus the no-SA baseline of the same seed. In plain words:
+
+""" + '\n'.join(f'- {line}' for line in verdict(results)) + f"""
+
+The conversion is exact: in its exact configuration the T-CNN computes the trained CNN with a maximum relative
+logits error of {conv['max_rel_err']:.1e} (float32, {conv['gpsa_layers']} GPSA layers,
+{conv['params_cnn'] / 1e6:.3f}M -> {conv['params_t_cnn'] / 1e6:.3f}M parameters); at the fine-tuning init
+(alpha = lambda = 1) the logits deviate by {conv['init_max_rel_err']:.1%}: the init loosens locality and gates so that
+heads can learn content attention.
+
+### Per seed
+
+{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ)', 'span 1/α', 'nonlocality',
+            'train s'], per_seed)}
+
+Gate: mean over heads and GPSA layers of sigma(lambda) (1: positional attention only, 0: content only). Span:
+1/alpha. Nonlocality: mean distance, in tokens, between a query and the keys it attends to (mixed attention),
+averaged over {results['runs'][0]['analysis']['num_images'] if results['runs'][0].get('analysis') else
+              (results['runs'][-1]['analysis'] or {}).get('num_images', 0)} test images.
+
+### Accuracy by corruption (top-1 %, mean over severities and seeds)
+
+{_md_table(['model'] + corr_names, corr_rows)}
+
+## Figures
+
+""" + '\n\n'.join(fig_lines) + f"""
+
+## The task
+
+{ds['rule'].capitalize()}. Every image ({ds['task_params']['img_size']} px) holds {ds['task_params']['num_objects']}
+shapes of the kinds {', '.join(ds['classes'])}, with random positions (at least
+{ds['task_params']['min_distance']} image widths apart), sizes and colours on a random background. Telling the kinds
+apart is local; finding which kind is the single one needs the shapes to be compared across the image. Splits:
+{ds['sizes']['train']} train, {ds['sizes']['val']} val, {ds['sizes']['test']} test images (dataset seed
+{ds['seed']}); {ds['corrupt_count']} test images corrupted with {', '.join(ds['corruptions'])} at 5 severities
+(ImageNet-C parameters) in `data/test-c`.
+
+## How it was made
+
+1. The CNN: `demo_resnet10` trained from scratch for {plan['pretrain_epochs']} epochs (`runs/cnn`).
+2. From that CNN, per seed, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
+   `t-cnn` (`tcnn.reparameterize`, verified, then the recipe)""" + (
+        f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
+   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '') + f""".
+3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
+   with `tcnn.analysis`, attention maps with `tcnn inspect`.
+
+Changes from the paper's fine-tuning recipe:
+
+""" + '\n'.join(f'- {c}' for c in results['recipe_changes']) + f"""
+
+The settings (epochs, learning rates) were chosen on the validation split; the test split only gives the table.
+
+## Files
+
+- `data/`: the dataset (`dataset.json` its parameters, `SPLIT.jsonl` every image's scene); `data/test-c` ImageNet-C
+  layout
+- `runs/NAME/`: each training run (`metrics.jsonl`, `last.pt`, `best.pt`, `log.txt`)
+- `models/NAME.pt`: each final model, `tcnn.load`-able; `models/init-t-cnn.pt` the T-CNN before fine-tuning
+- `eval.json`, `eval.md`: `tcnn eval`'s output; `results.json`: everything in this page
+- Check a number: `tcnn eval models/seed0-t-cnn.pt --suite imagenet --data data/test --img-size {IMG_SIZE} --crop-pct 1`
+
+Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (the CNN's training
+{results['cnn']['train_s'] / 60:.1f} min, every fine-tuning run's in the table above) on {env['cpus']} CPUs
+({env['threads']} torch threads, device {env['device']}); torch {env['torch']}, timm {env['timm']}, tcnn {env['tcnn']}.
+"""
+    return text
+
+
+def clean(out: str) -> None:
+    """Remove a demo folder (only one that holds a demo)."""
+    if os.path.isfile(os.path.join(out, 'demo.json')):
+        shutil.rmtree(out)
+
+
+if __name__ == '__main__':  # pragma: no cover
+    sys.exit('use: tcnn demo')
