@@ -8,7 +8,7 @@ import os
 import random
 import signal
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -151,6 +151,50 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
     torch.manual_seed(seed)
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: a loader worker leaves the stop signals (``StopRequest.SIGNALS``) that reach
+    its whole job to the training process, and still obeys its own parent.
+
+    Clusters signal every process of a job, not only the training process (SLURM's preemption and ``scancel``, a
+    terminal's Ctrl-C to the foreground process group): a worker killed by such a signal would make the training
+    process fail with "DataLoader worker ... killed by signal" instead of stopping at its next update and saving. So
+    the worker blocks these signals and a thread takes them with ``sigwaitinfo``: one sent by the parent (the
+    DataLoader's ``terminate()``, e.g. at interpreter exit) ends the worker at once; one from anyone else
+    is dropped, since the parent got its own copy and ends its workers when it stops. Simply ignoring the signals
+    would make ``terminate()`` a no-op and a parent exiting with live workers wait for them forever.
+    """
+    names = [n for n in StopRequest.SIGNALS if hasattr(signal, n)]
+    if not hasattr(signal, 'sigwaitinfo') or not names:  # not on Linux: keep the default behaviour
+        return
+    signums = {getattr(signal, n) for n in names}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    parent = os.getppid()
+
+    def wait() -> None:
+        while True:
+            info = signal.sigwaitinfo(signums)
+            if info.si_pid == parent:
+                os._exit(128 + info.si_signo)  # the shell's code for death by this signal; nothing to clean up
+
+    threading.Thread(target=wait, name='tcnn-stop-signals', daemon=True).start()
+
+
+def start_workers(loader: Iterable) -> Iterator:
+    """``iter(loader)``; for a loader whose workers run ``ignore_stop_signals``, with the stop signals blocked while
+    the workers are forked: a worker inherits the mask, so a job-wide signal that comes before its
+    ``worker_init_fn`` runs waits for it instead of killing it. This process gets its own copy when the mask is
+    restored."""
+    names = [n for n in StopRequest.SIGNALS if hasattr(signal, n)]
+    if (getattr(loader, 'worker_init_fn', None) is not ignore_stop_signals or not hasattr(signal, 'sigwaitinfo')
+            or threading.current_thread() is not threading.main_thread()):
+        return iter(loader)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, n) for n in names})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class StopRequest:

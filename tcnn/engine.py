@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from .distributed import all_reduce_sum, world_size
+from .distributed import all_reduce_sum, start_workers, world_size
 from .errors import TcnnError
 from .optim import group_lrs
 
@@ -165,7 +165,7 @@ def train_one_epoch(
                dynamic_ncols=True, leave=True)
     tick = time.perf_counter()
     try:
-        for images, labels in loader:
+        for images, labels in start_workers(loader):
             if position.updates >= updates_per_epoch:
                 break
             now = time.perf_counter()
@@ -257,7 +257,7 @@ def evaluate(
     """
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top1, top5, images
-    for images, labels in loader:
+    for images, labels in start_workers(loader):
         images = to_device(images, device, channels_last)
         labels = labels.to(device, non_blocking=True)
         with autocast():

@@ -32,8 +32,8 @@ from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
 from .data import StreamDataset, build_transforms, data_config, is_reader_spec, open_dataset, \
     open_reader_datasets
 from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary, reparameterize_
-from .distributed import DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, rng_state, \
-    seed_all, set_rng_state, setup_distributed
+from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
+                          rng_state, seed_all, set_rng_state, setup_distributed)
 from .engine import DATA_BOUND_FRACTION, EpochPosition, NonFiniteLossError, UpdateStep, autocast_fn, evaluate, \
     to_device, train_one_epoch
 from .errors import TcnnError
@@ -334,11 +334,11 @@ class Trainer:
         # Non-persistent workers are seeded from the loader's generator, re-seeded every epoch: exact resume.
         self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], sampler=self.train_sampler,
                                        num_workers=self.workers, pin_memory=pin, drop_last=True,
-                                       generator=self.loader_generator)
+                                       generator=self.loader_generator, worker_init_fn=ignore_stop_signals)
         # Validation shards without padding (rank::world), so the summed metrics count every image once.
         val_shard = Subset(self.val_set, list(range(ctx.rank, len(self.val_set), ctx.world_size)))
         self.val_loader = DataLoader(val_shard, batch_size=r['batch_size'], shuffle=False, num_workers=self.workers,
-                                     pin_memory=pin)
+                                     pin_memory=pin, worker_init_fn=ignore_stop_signals)
 
     def _setup_stream_loaders(self, pin: bool) -> None:
         """Loaders of a stream: timm's reader gives each process and worker its shards (no sampler). Every worker
@@ -357,12 +357,13 @@ class Trainer:
             self.workers = per_process
         self.train_set.set_workers(self.workers)
         self.train_loader = DataLoader(self.train_set, batch_size=r['batch_size'], num_workers=self.workers,
-                                       pin_memory=pin, drop_last=True, generator=self.loader_generator)
+                                       pin_memory=pin, drop_last=True, generator=self.loader_generator,
+                                       worker_init_fn=ignore_stop_signals)
         val_workers = min(self.workers, max(1, self.val_set.shards))
         self.val_set.set_workers(val_workers)
         self.val_set.use_every_sample_in_this_process()
         self.val_loader = (DataLoader(self.val_set, batch_size=r['batch_size'], num_workers=val_workers,
-                                      pin_memory=pin) if ctx.is_main else [])
+                                      pin_memory=pin, worker_init_fn=ignore_stop_signals) if ctx.is_main else [])
 
     def _log_conversion(self, model: nn.Module) -> None:
         layers = model.tcnn_config['layers']

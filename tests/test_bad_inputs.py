@@ -394,25 +394,27 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
 
 
 def test_train_help_and_argument_errors_do_not_import_torch():
-    """``tcnn train`` takes its arguments from the torch-free ``tcnn.train_args``: --help and argparse errors answer
-    without importing torch/timm (about 0.05 s instead of 1.5-2 s)."""
+    """``tcnn train`` takes its arguments from the torch-free ``tcnn.train_args`` and checks a fresh run's recipe
+    before importing ``tcnn.train``: --help, argparse errors and recipe mistakes answer without importing torch/timm
+    (about 0.05 s instead of 1.5-2 s)."""
     out = _fresh_python(
         'import contextlib, io, sys, time\n'
         'start = time.perf_counter()\n'
         'import tcnn.commands.train\n'
         'print("import", sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))\n'
         'from tcnn.cli import main\n'
-        'for argv in (["train", "--help"], ["train", "--epochs", "x"], ["train", "--amp", "fp8"]):\n'
+        'for argv in (["train", "--help"], ["train", "--epochs", "x"], ["train", "--amp", "fp8"],\n'
+        '             ["train", "--lr", "nan"], ["train", "--set", "warmup_epoch=3"]):\n'
         '    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:\n'
         '        try:\n'
         '            rc = main(argv)\n'
         '        except SystemExit as e:\n'
         '            rc = e.code\n'
-        '    print(argv[1], rc, "invalid" in err.getvalue() if rc else "")\n'
+        '    print(argv[1], rc, ("invalid" in err.getvalue() or "recipe key" in err.getvalue()) if rc else "")\n'
         'print("after", sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))\n')
     lines = out.strip().splitlines()
     assert lines[0] == 'import []' and lines[-1] == 'after []', out
-    assert lines[1:-1] == ['--help 0 ', '--epochs 2 True', '--amp 2 True'], out
+    assert lines[1:-1] == ['--help 0 ', '--epochs 2 True', '--amp 2 True', '--lr 2 True', '--set 2 True'], out
 
 
 def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):

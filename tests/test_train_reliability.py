@@ -146,6 +146,75 @@ def test_real_sigterm_stops_every_rank_and_resume_is_exact(data_dir, straight, t
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
 
 
+def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_path):
+    """SLURM's preemption and a terminal's Ctrl-C signal every process of the job, the DataLoader workers too: the
+    workers leave the signal to the training process, which stops at its next update and saves (without the fix the
+    run died with "DataLoader worker ... killed by signal: Terminated" and lost the epoch)."""
+    run = tmp_path / 'run'
+    env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    cmd = [sys.executable, '-m', 'tcnn.train', *common(data_dir, run, epochs=3), '--workers', '2']
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: os.path.isfile(run / 'metrics.jsonl') and len(metrics(run)) >= 1, proc)
+        group = lambda: subprocess.run(['pgrep', '-g', str(proc.pid)], capture_output=True, text=True).stdout.split()
+        _wait_for(lambda: len(group()) >= 3, proc)  # the training process and its 2 loader workers, mid-epoch
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_PREEMPTED, stderr[-3000:]
+    assert 'holds the state; continue with --resume' in stdout and 'killed by signal' not in stderr
+    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert [r['epoch'] for r in metrics(run)] == [0, 1, 2]
+
+
+def test_loader_workers_drop_job_signals_but_obey_their_parent():
+    """A SIGTERM to a loader worker from another process (the scheduler) is dropped and the loader goes on; the
+    DataLoader's own ``terminate()`` still ends the workers: an interpreter that exits with a live iterator ends at
+    once instead of waiting for its workers forever (what simply ignoring the signals did)."""
+    code = (
+        'import sys\n'
+        'from torch.utils.data import DataLoader\n'
+        'from tcnn.distributed import ignore_stop_signals\n'
+        'loader = DataLoader(list(range(100000)), batch_size=1, num_workers=2, worker_init_fn=ignore_stop_signals)\n'
+        'it = iter(loader)\n'
+        'for _ in range(4):  # batches come from the workers in turn: both have started\n'
+        '    next(it)\n'
+        'print(*[w.pid for w in it._workers], flush=True)\n'
+        'sys.stdin.readline()\n'
+        'print(sum(int(next(it)) for _ in range(200)), flush=True)\n'
+        'keep = it  # alive at exit: multiprocessing terminates and joins the workers\n')
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    proc = subprocess.Popen([sys.executable, '-c', code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()[-2000:]
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)  # from this process: not the workers' parent
+        time.sleep(0.5)
+        for pid in pids:
+            os.kill(pid, 0)  # still alive (raises if not)
+        start = time.monotonic()
+        stdout, stderr = proc.communicate('go\n', timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and 'killed by signal' not in stderr, stderr[-2000:]
+    assert int(stdout.split()[-1]) > 0 and time.monotonic() - start < 60
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    deadline = time.monotonic() + 20  # orphaned workers may finish their exit just after the parent's
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in pids)
+
+
 def test_first_ctrl_c_stops_at_the_next_update_second_interrupts():
     with StopRequest() as stop:
         os.kill(os.getpid(), signal.SIGINT)

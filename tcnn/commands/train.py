@@ -12,6 +12,13 @@ __all__ = ['add_arguments', 'run']
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``tcnn train`` with parsed arguments (``tcnn.train.run``)."""
+    """Run ``tcnn train`` with parsed arguments (``tcnn.train.run``).
+
+    A fresh run's recipe (the file, the flags, ``--set``) is resolved and validated first, without torch: a mistake
+    in it (``--lr nan``, an unknown key, an impossible warm-up) answers at once instead of after the imports."""
+    if args.resume is None:
+        from ..recipe import resolve_recipe
+        from ..train_args import flag_overrides
+        resolve_recipe(args.recipe, flag_overrides(args), args.set_items, [])
     from ..train import run as train_run
     return train_run(args)
