@@ -22,8 +22,6 @@ import json
 import math
 import os
 import platform
-import shutil
-import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -204,12 +202,14 @@ def _pretrain(ctx: _Context, timings: Dict[str, float]) -> str:
     return _export(ctx, 'cnn')
 
 
-def _verify_conversion(cnn_file: str) -> Dict[str, Any]:
+def _verify_conversion(ctx: _Context, cnn_file: str) -> Dict[str, Any]:
     """``tcnn.reparameterize`` of the trained CNN with verification: the T-CNN in its exact configuration computes
-    the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1)."""
+    the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1). The T-CNN is
+    kept as ``models/init-t-cnn.pt``: the reference the fine-tuned T-CNNs are compared with."""
     import tcnn
     cnn = tcnn.load(cnn_file)
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
+    tcnn.save(t_cnn, ctx.model_file('init-t-cnn'))
     rep = t_cnn.tcnn_report
     report = dataclasses.asdict(rep)
     report['vacuous'] = rep.vacuous
@@ -403,7 +403,7 @@ def run_demo(
 
     dataset = _generate(ctx, timings)
     cnn_file = _pretrain(ctx, timings)
-    conversion = _verify_conversion(cnn_file)
+    conversion = _verify_conversion(ctx, cnn_file)
     log(f'\nconversion of the trained CNN: max relative logits error {conversion["max_rel_err"]:.2e} in the exact '
         f'configuration; {conversion["init_max_rel_err"]:.1%} deviation at the fine-tuning init (alpha = lambda = 1)')
     files = {'cnn': cnn_file}
@@ -460,7 +460,7 @@ def _collect(ctx: _Context, report: Mapping[str, Any], runs: List[Dict[str, Any]
             r['gate_mean'] = _layer_means(r['analysis'], 'gate_mean')
             r['span_mean'] = _layer_means(r['analysis'], 'span_mean')
             r['nonlocality_mean'] = _layer_means(r['analysis'], 'nonlocality_mean')
-    init = _analyse_init(ctx, ctx.model_file('cnn'))
+    init = _analyse_init(ctx)
     import torch
     import timm
     from .version import __version__
@@ -493,12 +493,9 @@ def _train_time(run_dir: str) -> float:
     return float(sum(r.get('epoch_time_s') or 0.0 for r in load_metrics(run_dir)))
 
 
-def _analyse_init(ctx: _Context, cnn_file: str) -> Dict[str, Any]:
-    """Gates, spans and nonlocality of the T-CNN at the fine-tuning init (before any training): the reference the
-    trained T-CNNs are compared with."""
-    import tcnn
-    path = os.path.join(ctx.out, 'models', 'init-t-cnn.pt')
-    tcnn.save(tcnn.reparameterize(tcnn.load(cnn_file), input_size=(3, IMG_SIZE, IMG_SIZE)), path)
+def _analyse_init(ctx: _Context) -> Dict[str, Any]:
+    """Gates, spans and nonlocality of the T-CNN at the fine-tuning init (before any training)."""
+    path = ctx.model_file('init-t-cnn')
     result = _analyse(ctx, path)
     return {'model_file': path, 'gate_mean': _layer_means(result, 'gate_mean'),
             'span_mean': _layer_means(result, 'span_mean'),
@@ -579,34 +576,33 @@ def verdict(results: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-def summary_lines(results: Mapping[str, Any]) -> str:
-    rows = [('model', 'clean top-1 %', 'corrupted top-1 %', 'gain clean', 'gain corrupted')]
-    rows.append(('CNN (start point)', f'{results["cnn"]["clean_top1"]:.1f}', f'{results["cnn"]["corrupted_top1"]:.1f}',
-                 '', ''))
-    for arm, e in results['summary'].items():
-        rows.append((ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
-                     _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
-                     _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return '\n'.join('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
-    return '\n'.join(lines + ['| ' + ' | '.join(r) + ' |' for r in rows])
-
-
-def render_readme(results: Mapping[str, Any]) -> str:
-    """The demo's ``README.md``: the table, what it means, how it was made and what to check."""
-    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
-    n = plan['seeds']
+def _result_rows(results: Mapping[str, Any]) -> List[List[str]]:
+    """The result table: the CNN, then per arm clean and corrupted top-1 and the gains over no-SA."""
     rows = [['CNN (start point, trained from scratch)', f'{results["cnn"]["clean_top1"]:.1f}',
              f'{results["cnn"]["corrupted_top1"]:.1f}', '', '']]
     for arm, e in results['summary'].items():
         rows.append([ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
                      _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
                      _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''])
+    return rows
+
+
+def summary_lines(results: Mapping[str, Any]) -> str:
+    """The result table as plain text (the end of the demo's log)."""
+    from .robustness import format_table
+    return format_table(['model', 'clean top-1 %', 'corrupted top-1 %', 'gain clean', 'gain corrupted'],
+                        _result_rows(results))
+
+
+def render_readme(results: Mapping[str, Any]) -> str:
+    """The demo's ``README.md``: the table, what it means, how it was made and what to check."""
+    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
+    n = plan['seeds']
+    from .robustness import format_markdown
+
+    def _md_table(header: Sequence[str], table_rows: Sequence[Sequence[str]]) -> str:
+        return format_markdown(header, table_rows).rstrip('\n')
+    rows = _result_rows(results)
     per_seed = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["clean_top1"]:.1f}', f'{r["corrupted_top1"]:.1f}',
                  '' if r.get('gate_mean') is None else f'{r["gate_mean"]:.3f}',
                  '' if r.get('span_mean') is None else f'{r["span_mean"]:.2f}',
@@ -634,8 +630,8 @@ def render_readme(results: Mapping[str, Any]) -> str:
     env = results['environment']
     seeds_note = (f'mean ± standard deviation over {n} fine-tuning seeds' if n > 1 else
                   'one seed (run with --seeds 2 or more for a spread)')
-    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below check '
-             'the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
+    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below '
+             'check the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
              if plan['name'] == 'quick' else '')
     text = f"""# tcnn demo: a Transformed CNN in miniature
 
@@ -716,13 +712,3 @@ Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (
 ({env['threads']} torch threads, device {env['device']}); torch {env['torch']}, timm {env['timm']}, tcnn {env['tcnn']}.
 """
     return text
-
-
-def clean(out: str) -> None:
-    """Remove a demo folder (only one that holds a demo)."""
-    if os.path.isfile(os.path.join(out, 'demo.json')):
-        shutil.rmtree(out)
-
-
-if __name__ == '__main__':  # pragma: no cover
-    sys.exit('use: tcnn demo')

@@ -101,10 +101,14 @@ class ShapeTask:
 
     name: ClassVar[str] = ''
     rule: ClassVar[str] = ''
+    min_objects: ClassVar[int] = 2  # the fewest shapes the rule can be posed with
 
     def __post_init__(self):
         check_number(self.img_size, 'img_size', ge=16, integer=True)
-        check_number(self.num_objects, 'num_objects', ge=2, integer=True)
+        check_number(self.num_objects, 'num_objects', integer=True)
+        if self.num_objects < self.min_objects:
+            raise InvalidArgumentError(f'{self.name or "a shape task"} needs at least {self.min_objects} objects, got '
+                                       f'{self.num_objects}')
         unknown = [s for s in self.shapes if s not in SHAPES]
         if unknown or len(self.shapes) < 2 or len(set(self.shapes)) != len(self.shapes):
             raise InvalidArgumentError(f'shapes must be at least 2 distinct names of {", ".join(SHAPES)}, got '
@@ -194,11 +198,7 @@ class OddOneOut(ShapeTask):
 
     name: ClassVar[str] = 'odd-one-out'
     rule: ClassVar[str] = 'the class is the kind of the one shape whose kind differs from all the others'
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.num_objects < 3:
-            raise InvalidArgumentError(f'the odd one out needs at least 3 objects, got {self.num_objects}')
+    min_objects: ClassVar[int] = 3
 
     @property
     def classes(self) -> Tuple[str, ...]:
@@ -242,12 +242,13 @@ class OddColour(ShapeTask):
     min_distance: float = 0.25
 
     name: ClassVar[str] = 'odd-colour'
-    rule: ClassVar[str] = 'the class is the colour of the one shape whose colour differs from all the others'
+    rule: ClassVar[str] = 'the class is the colour seen once; every other colour of the image is seen at least twice'
+    min_objects: ClassVar[int] = 3
 
     def __post_init__(self):
         super().__post_init__()
-        if self.num_objects < 3:
-            raise InvalidArgumentError(f'the odd colour out needs at least 3 objects, got {self.num_objects}')
+        if (self.num_objects - 1) // 2 > len(HUES) - 1:
+            raise InvalidArgumentError(f'{self.num_objects} objects need more than {len(HUES)} colours')
 
     @property
     def classes(self) -> Tuple[str, ...]:
