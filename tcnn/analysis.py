@@ -13,7 +13,6 @@ This is the analysis of T-CNN (arXiv:2106.05795) section 4 as a Python API (``tc
 """
 import contextlib
 import dataclasses
-import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -24,11 +23,9 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_num
 from .gpsa import GPSA
 
 __all__ = ['AttentionMaps', 'ATTENTION_PARTS', 'capture_gpsa_inputs', 'attention_maps', 'query_cell',
-           'nonlocality', 'summarize', 'image_data_config', 'check_image_options', 'load_images', 'find_images',
-           'denormalize', 'IMAGE_EXTENSIONS']
+           'nonlocality', 'summarize']
 
 ATTENTION_PARTS = ('mixed', 'content', 'positional')
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 
 Images = Union[torch.Tensor, Iterable[Any]]
 
@@ -281,82 +278,3 @@ def summarize(model: nn.Module, images: Optional[Images] = None) -> Dict[str, An
         'num_images': next(iter(nl.values()))['num_images'] if nl else 0,
         'layers': layers,
     }
-
-
-# ---------------------------------------------------------------------- images for the CLI
-
-
-def image_data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None
-                      ) -> Dict[str, Any]:
-    """timm eval data config of a model, optionally at another size / crop fraction.
-
-    ``tcnn.io.load`` puts the data config stored in a T-CNN file into ``model.pretrained_cfg``, where timm's
-    ``resolve_data_config`` reads it; a model without one gets timm's ImageNet defaults.
-    """
-    from timm.data import resolve_data_config
-    check_image_options(img_size, crop_pct)
-    args: Dict[str, Any] = {}
-    if img_size is not None:
-        args['input_size'] = (3, int(img_size), int(img_size))
-    if crop_pct is not None:
-        args['crop_pct'] = float(crop_pct)
-    return resolve_data_config(args, model=model)
-
-
-def check_image_options(img_size: Optional[int], crop_pct: Optional[float],
-                        names: Tuple[str, str] = ('img_size', 'crop_pct')) -> None:
-    """An input resolution (a positive int) and a centre-crop fraction in (0, 1], each optional; ``names`` are the
-    arguments (or flags) named in messages."""
-    if img_size is not None:
-        check_number(img_size, names[0], ge=1, integer=True)
-    if crop_pct is not None:
-        check_number(crop_pct, names[1], gt=0, le=1)
-
-
-def find_images(root: str, limit: Optional[int] = None) -> List[str]:
-    """Image files under ``root`` (recursive, sorted), at most ``limit``."""
-    if limit is not None:
-        check_number(limit, 'limit', ge=1, integer=True)
-    if not os.path.isdir(root):
-        raise TcnnError(f'image folder not found: {root}')
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith('.'))
-        for f in sorted(filenames):
-            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith('.'):
-                found.append(os.path.join(dirpath, f))
-                if limit is not None and len(found) >= limit:
-                    return found
-    if not found:
-        raise TcnnError(f'no images ({", ".join(IMAGE_EXTENSIONS)}) under {root}')
-    return found
-
-
-def load_images(paths: Sequence[str], data_config: Dict[str, Any]) -> torch.Tensor:
-    """Load image files with the timm eval transform of ``data_config``: ``(N, 3, H, W)``, normalised."""
-    from PIL import Image
-    from timm.data import create_transform
-    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence):
-        raise InvalidTypeError(f'paths must be a list of image paths, got {type(paths).__name__}')
-    if not paths:
-        raise InvalidArgumentError('paths is empty: give at least one image')
-    transform = create_transform(**data_config, is_training=False)
-    tensors = []
-    for path in paths:
-        if not os.path.isfile(path):
-            raise TcnnError(f'image not found: {path}')
-        try:
-            with Image.open(path) as img:
-                tensors.append(transform(img.convert('RGB')))
-        except OSError as e:
-            raise TcnnError(f'cannot read image {path}: {e}') from e
-    return torch.stack(tensors)
-
-
-def denormalize(x: torch.Tensor, data_config: Dict[str, Any]) -> torch.Tensor:
-    """Undo the normalisation of ``(..., 3, H, W)`` images for display: values in [0, 1]."""
-    if not all(k in data_config for k in ('mean', 'std')):
-        raise InvalidArgumentError('data_config must hold the normalisation mean and std (see image_data_config)')
-    mean = torch.tensor(data_config['mean'], dtype=x.dtype, device=x.device)[:, None, None]
-    std = torch.tensor(data_config['std'], dtype=x.dtype, device=x.device)[:, None, None]
-    return (x * std + mean).clamp(0, 1)

@@ -13,20 +13,26 @@
 import multiprocessing
 import os
 import random
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
 from PIL import Image, ImageOps
+from timm.data import create_transform, resolve_data_config
 from torch.utils.data import Dataset
 
-from .errors import TcnnError
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 
-__all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'data_config', 'build_transforms',
+__all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
+           'recipe_data_config', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images', 'load_images', 'denormalize',
+           'build_transforms',
            'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec', 'is_reader_spec', 'open_reader_datasets',
            'StreamDataset', 'ReaderDataset']
 
+# The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
+DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 SKIP_HINT = 'remove or replace it, or pass --skip-bad-images (recipe key skip_bad_images) to skip such files'
 _MAX_CONSECUTIVE_BAD = 50
 
@@ -175,19 +181,114 @@ def open_dataset(data: str, split: str, *, class_map: Optional[Dict[str, int]] =
     return dataset
 
 
-def data_config(recipe: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:
-    """Eval preprocessing: the model's pretrained config, overridden by the recipe."""
-    from timm.data import resolve_data_config
-    cfg = resolve_data_config({}, model=model)
-    size = recipe['eval_img_size'] or recipe['img_size']
-    return {
-        'input_size': [3, size, size],
-        'interpolation': recipe['interpolation'] or cfg['interpolation'],
-        'mean': list(recipe['mean'] or cfg['mean']),
-        'std': list(recipe['std'] or cfg['std']),
-        'crop_pct': recipe['crop_pct'] if recipe['crop_pct'] is not None else cfg['crop_pct'],
-        'crop_mode': cfg.get('crop_mode', 'center'),
-    }
+def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None) -> Dict[str, Any]:
+    """The eval preprocessing of ``model`` (``DATA_CONFIG_KEYS``): the one place tcnn asks for it.
+
+    timm's ``resolve_data_config`` reads the model's ``pretrained_cfg`` (``tcnn.load`` puts a T-CNN file's stored
+    config there); a torchvision model has none, so its default weights' eval transform is used instead of timm's
+    ImageNet defaults (a torchvision ResNet is evaluated at resize 232 / crop 224, not 224 / 0.875).
+
+    Args:
+        model: The model (DDP / compiled wrappers are looked through).
+        img_size: Square input resolution instead of the model's.
+        crop_pct: Centre-crop fraction instead of the model's.
+    """
+    check_image_options(img_size, crop_pct)
+    while isinstance(getattr(model, 'module', None), nn.Module) or isinstance(getattr(model, '_orig_mod', None),
+                                                                               nn.Module):
+        model = getattr(model, '_orig_mod', None) or model.module
+    config = None
+    source = (getattr(model, 'tcnn_source', None) or {}).get('model', '')
+    if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):
+        config = _torchvision_data_config(source.split(':', 1)[1])
+    if config is None:
+        config = resolve_data_config({}, model=model)
+    config = {k: config[k] for k in DATA_CONFIG_KEYS if k in config}
+    config.setdefault('crop_mode', 'center')
+    if img_size is not None:
+        config['input_size'] = (3, int(img_size), int(img_size))
+    if crop_pct is not None:
+        config['crop_pct'] = float(crop_pct)
+    return config
+
+
+def _torchvision_data_config(arch: str) -> Optional[Dict[str, Any]]:
+    """The eval transform of torchvision's default weights for ``arch`` (resize, crop, mean/std), timm-style."""
+    import torchvision  # only for torchvision models: importing it costs ~0.5 s
+    try:
+        transform = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    except (ValueError, AttributeError, KeyError):
+        return None
+    crop, resize = transform.crop_size[0], transform.resize_size[0]
+    return {'input_size': (3, crop, crop), 'interpolation': transform.interpolation.value,
+            'mean': tuple(transform.mean), 'std': tuple(transform.std), 'crop_pct': crop / resize,
+            'crop_mode': 'center'}
+
+
+def recipe_data_config(recipe: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:
+    """Eval preprocessing of a training run: the model's (``data_config``), overridden by the recipe."""
+    cfg = data_config(model, img_size=recipe['eval_img_size'] or recipe['img_size'])
+    for key in ('interpolation', 'mean', 'std', 'crop_pct'):
+        if recipe[key] is not None:
+            cfg[key] = tuple(recipe[key]) if isinstance(recipe[key], (list, tuple)) else recipe[key]
+    return cfg
+
+
+def check_image_options(img_size: Optional[int], crop_pct: Optional[float],
+                        names: Tuple[str, str] = ('img_size', 'crop_pct')) -> None:
+    """An input resolution (a positive int) and a centre-crop fraction in (0, 1], each optional; ``names`` are the
+    arguments (or flags) named in messages."""
+    if img_size is not None:
+        check_number(img_size, names[0], ge=1, integer=True)
+    if crop_pct is not None:
+        check_number(crop_pct, names[1], gt=0, le=1)
+
+
+def find_images(root: str, limit: Optional[int] = None) -> List[str]:
+    """Image files under ``root`` (recursive, sorted), at most ``limit``."""
+    if limit is not None:
+        check_number(limit, 'limit', ge=1, integer=True)
+    if not os.path.isdir(root):
+        raise TcnnError(f'image folder not found: {root}')
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith('.'))
+        for f in sorted(filenames):
+            if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith('.'):
+                found.append(os.path.join(dirpath, f))
+                if limit is not None and len(found) >= limit:
+                    return found
+    if not found:
+        raise TcnnError(f'no images ({", ".join(IMAGE_EXTENSIONS)}) under {root}')
+    return found
+
+
+def load_images(paths: Sequence[str], data_config: Dict[str, Any]) -> torch.Tensor:
+    """Load image files with the timm eval transform of ``data_config``: ``(N, 3, H, W)``, normalised."""
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence):
+        raise InvalidTypeError(f'paths must be a list of image paths, got {type(paths).__name__}')
+    if not paths:
+        raise InvalidArgumentError('paths is empty: give at least one image')
+    transform = create_transform(**data_config, is_training=False)
+    tensors = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise TcnnError(f'image not found: {path}')
+        try:
+            with Image.open(path) as img:
+                tensors.append(transform(img.convert('RGB')))
+        except OSError as e:
+            raise TcnnError(f'cannot read image {path}: {e}') from e
+    return torch.stack(tensors)
+
+
+def denormalize(x: torch.Tensor, data_config: Dict[str, Any]) -> torch.Tensor:
+    """Undo the normalisation of ``(..., 3, H, W)`` images for display: values in [0, 1]."""
+    if not all(k in data_config for k in ('mean', 'std')):
+        raise InvalidArgumentError('data_config must hold the normalisation mean and std (see data_config)')
+    mean = torch.tensor(data_config['mean'], dtype=x.dtype, device=x.device)[:, None, None]
+    std = torch.tensor(data_config['std'], dtype=x.dtype, device=x.device)[:, None, None]
+    return (x * std + mean).clamp(0, 1)
 
 
 def posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
@@ -214,7 +315,6 @@ def _safe_ops(transform: Callable) -> Callable:
 
 def build_transforms(recipe: Mapping[str, Any], data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
     """timm's training transform with the recipe's augmentation and its evaluation transform."""
-    from timm.data import create_transform
     train = create_transform(
         recipe['img_size'], is_training=True, auto_augment=recipe['aa'], color_jitter=recipe['color_jitter'],
         re_prob=recipe['reprob'], re_mode=recipe['remode'], re_count=recipe['recount'],

@@ -25,8 +25,22 @@ import platform
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import timm
+import torch
+
+from . import analysis, plots, synthetic
+from . import io as tio
 from .atomic import atomic_write_text
-from .errors import InvalidArgumentError, TcnnError, check_number
+from .cli import main
+from .convert import reparameterize
+from .data import data_config, find_images, load_images
+from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from .errors import InvalidArgumentError, TcnnError, check_device, check_number
+from .paths import check_output_dir
+from .plots import load_metrics
+from .robustness import format_markdown, format_table
+from .synthetic import CORRUPTED_SPLIT, hue_class
+from .version import __version__
 
 __all__ = ['Plan', 'PLANS', 'ARMS', 'run_demo', 'recipe_changes', 'verdict', 'DemoStopped', 'DEMO_FORMAT']
 
@@ -143,7 +157,6 @@ class _Context:
 
 def _tcnn(argv: Sequence[str]) -> int:
     """Run a ``tcnn`` sub-command in this process (its one-line errors and exit codes)."""
-    from .cli import main
     return main(list(argv))
 
 
@@ -156,7 +169,6 @@ class DemoStopped(Exception):
 
 
 def _check_rc(rc: int, what: str, ctx: _Context) -> None:
-    from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
     if rc in (EXIT_INTERRUPTED, EXIT_PREEMPTED):
         raise DemoStopped(f'{what} stopped and saved its checkpoint; run the same tcnn demo command again to continue '
                           'the demo where it stopped', rc)
@@ -189,7 +201,6 @@ def _train(ctx: _Context, name: str, argv: List[str]) -> float:
 
 def _export(ctx: _Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
-    from . import io as tio
     path = ctx.model_file(name)
     tio.save(tio.load(os.path.join(ctx.run_dir(name), 'last.pt')), path)
     return path
@@ -206,10 +217,9 @@ def _verify_conversion(ctx: _Context, cnn_file: str) -> Dict[str, Any]:
     """``tcnn.reparameterize`` of the trained CNN with verification: the T-CNN in its exact configuration computes
     the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1). The T-CNN is
     kept as ``models/init-t-cnn.pt``: the reference the fine-tuned T-CNNs are compared with."""
-    import tcnn
-    cnn = tcnn.load(cnn_file)
-    t_cnn = tcnn.reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
-    tcnn.save(t_cnn, ctx.model_file('init-t-cnn'))
+    cnn = tio.load(cnn_file)
+    t_cnn = reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
+    tio.save(t_cnn, ctx.model_file('init-t-cnn'))
     rep = t_cnn.tcnn_report
     report = dataclasses.asdict(rep)
     report['vacuous'] = rep.vacuous
@@ -231,7 +241,6 @@ def _arm_argv(ctx: _Context, arm: str, seed: int, cnn_file: str) -> List[str]:
 
 def _evaluate(ctx: _Context, files: Mapping[str, str]) -> Dict[str, Any]:
     """``tcnn eval`` of every model file on the test split (suite ``imagenet``) and ``test-c`` (``imagenet-c``)."""
-    from .synthetic import CORRUPTED_SPLIT
     out = os.path.join(ctx.out, 'eval.json')
     argv = ['eval', *files.values(), '--names', *files.keys(), '--suite', 'imagenet', 'imagenet-c',
             '--data', os.path.join(ctx.data, 'test'), os.path.join(ctx.data, CORRUPTED_SPLIT),
@@ -248,20 +257,16 @@ def _evaluate(ctx: _Context, files: Mapping[str, str]) -> Dict[str, Any]:
 
 def _test_images(ctx: _Context, limit: int) -> List[str]:
     """The first ``limit`` test images, classes interleaved (the same files on every run)."""
-    from .analysis import find_images
     paths = find_images(os.path.join(ctx.data, 'test'))
     return sorted(paths, key=lambda p: (os.path.basename(p), p))[:limit]
 
 
 def _analyse(ctx: _Context, model_file: str) -> Dict[str, Any]:
     """Gates, spans and nonlocality (mixed, content, positional) of a T-CNN on test images."""
-    import torch
-    from . import analysis
-    from . import io as tio
     model = tio.load(model_file).to(ctx.device)
-    cfg = analysis.image_data_config(model)
+    cfg = data_config(model)
     paths = _test_images(ctx, ctx.plan.nonlocality_images)
-    batches = (analysis.load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
+    batches = (load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
     with torch.no_grad():
         summary = analysis.summarize(model, batches)
     return {'num_images': summary['num_images'], 'layers': {
@@ -278,7 +283,6 @@ def _layer_means(analysis_result: Mapping[str, Any], key: str) -> Optional[float
 def _odd_shape_queries(ctx: _Context, limit: int) -> List[Tuple[str, Tuple[int, int]]]:
     """The first ``limit`` test images with the pixel (row, column) at the centre of the shape seen once: the query
     whose attention shows whether heads look at the other shapes."""
-    from .synthetic import hue_class
     out = []
     with open(os.path.join(ctx.data, 'test.jsonl'), encoding='utf-8') as f:
         for line in f:
@@ -388,12 +392,9 @@ def run_demo(
         p = dataclasses.replace(p, seeds=int(seeds))
     if workers is not None:
         check_number(workers, 'workers', ge=0, integer=True)
-    from .errors import check_device
     check_device(device, 'device')
-    from .paths import check_output_dir
     check_output_dir(out, 'out')
     out = os.path.abspath(out)
-    import torch
     settings = {'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': p.to_dict(), 'device': device,
                 'workers': workers, 'threads': torch.get_num_threads()}
     _check_settings(out, settings)
@@ -428,7 +429,6 @@ def run_demo(
 
 
 def _generate(ctx: _Context, timings: Dict[str, float]) -> Dict[str, Any]:
-    from . import synthetic
     plan = ctx.plan
     ctx.log(f'== data: {plan.train} train / {plan.val} val / {plan.test} test images ({IMG_SIZE} px), '
             f'{plan.corrupt} test images x {len(synthetic.DEFAULT_CORRUPTIONS)} corruptions x 5 severities -> '
@@ -461,9 +461,6 @@ def _collect(ctx: _Context, report: Mapping[str, Any], runs: List[Dict[str, Any]
             r['span_mean'] = _layer_means(r['analysis'], 'span_mean')
             r['nonlocality_mean'] = _layer_means(r['analysis'], 'nonlocality_mean')
     init = _analyse_init(ctx)
-    import torch
-    import timm
-    from .version import __version__
     return {
         'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': ctx.plan.to_dict(),
         'dataset': {k: dataset[k] for k in ('task', 'rule', 'seed', 'classes', 'sizes', 'corruptions', 'severities',
@@ -489,7 +486,6 @@ def _collect(ctx: _Context, report: Mapping[str, Any], runs: List[Dict[str, Any]
 def _train_time(run_dir: str) -> float:
     """Seconds the run's epochs took (training and validation), from its metrics: also right for a run that was
     interrupted and continued."""
-    from .plots import load_metrics
     return float(sum(r.get('epoch_time_s') or 0.0 for r in load_metrics(run_dir)))
 
 
@@ -503,7 +499,6 @@ def _analyse_init(ctx: _Context) -> Dict[str, Any]:
 
 
 def _figures(ctx: _Context, results: Mapping[str, Any]) -> Dict[str, Any]:
-    from . import plots
     fig_dir = os.path.join(ctx.out, 'figures')
     os.makedirs(fig_dir, exist_ok=True)
     figures: Dict[str, Any] = {}
@@ -589,7 +584,6 @@ def _result_rows(results: Mapping[str, Any]) -> List[List[str]]:
 
 def summary_lines(results: Mapping[str, Any]) -> str:
     """The result table as plain text (the end of the demo's log)."""
-    from .robustness import format_table
     return format_table(['model', 'clean top-1 %', 'corrupted top-1 %', 'gain clean', 'gain corrupted'],
                         _result_rows(results))
 
@@ -598,7 +592,6 @@ def render_readme(results: Mapping[str, Any]) -> str:
     """The demo's ``README.md``: the table, what it means, how it was made and what to check."""
     plan, ds, conv = results['plan'], results['dataset'], results['conversion']
     n = plan['seeds']
-    from .robustness import format_markdown
 
     def _md_table(header: Sequence[str], table_rows: Sequence[Sequence[str]]) -> str:
         return format_markdown(header, table_rows).rstrip('\n')
@@ -688,7 +681,7 @@ apart is local; finding which kind is the single one needs the shapes to be comp
 2. From that CNN, per seed, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
    `t-cnn` (`tcnn.reparameterize`, verified, then the recipe)""" + (
         f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
-   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '') + f""".
+   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '') + """.
 3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
    with `tcnn.analysis`, attention maps with `tcnn inspect`.
 

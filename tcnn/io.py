@@ -22,15 +22,15 @@ import torch
 import torch.nn as nn
 
 from .atomic import atomic_write
+from . import data
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module
 from .gpsa import upgrade_proj_weight
 from .paths import check_input_file, check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
-           'model_from_dict', 'data_config_of', 'check_extension', 'load_torch_file']
+           'model_from_dict', 'check_extension', 'load_torch_file']
 
-DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
 _METADATA_KEY = 'tcnn'
 _ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
 _PICKLE_MAGIC = b'\x80'  # torch.save's legacy format starts with a pickle protocol opcode
@@ -97,33 +97,6 @@ def _num_classes(model: nn.Module) -> int:
     raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no fc)')
 
 
-def _torchvision_data_config(arch: str) -> Optional[Dict[str, Any]]:
-    """The eval transform of torchvision's default weights for ``arch`` (resize, crop, mean/std), timm-style."""
-    import torchvision
-    try:
-        transform = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
-    except (ValueError, AttributeError, KeyError):
-        return None
-    crop, resize = transform.crop_size[0], transform.resize_size[0]
-    return {'input_size': (3, crop, crop), 'interpolation': transform.interpolation.value,
-            'mean': tuple(transform.mean), 'std': tuple(transform.std), 'crop_pct': crop / resize,
-            'crop_mode': 'center'}
-
-
-def data_config_of(model: nn.Module) -> Dict[str, Any]:
-    """The data config (input size, interpolation, mean/std, crop) of a model, from its pretrained config (timm's
-    ``resolve_data_config``) or, for torchvision models, from their default weights' eval transform."""
-    from timm.data import resolve_data_config
-    model = _unwrap(model)
-    source = (getattr(model, 'tcnn_source', None) or {}).get('model', '')
-    config = None
-    if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):
-        config = _torchvision_data_config(source.split(':', 1)[1])
-    if config is None:
-        config = resolve_data_config({}, model=model)
-    return {k: _plain(config[k], f'data_config.{k}') for k in DATA_CONFIG_KEYS if k in config}
-
-
 def _parameter_counts(model: nn.Module) -> Dict[str, int]:
     """Parameters of the model and of its source CNN (every GPSA layer counted as the conv it stands for)."""
     from .convert import gpsa_layers
@@ -140,7 +113,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
     Args:
         model: A T-CNN (``tcnn.reparameterize``, ``t_*`` models, ``tcnn.load``) or a plain CNN; DDP and
             ``torch.compile`` wrappers are unwrapped.
-        data_config: Overrides of the data config (default: the model's, see ``data_config_of``).
+        data_config: Overrides of the data config (default: the model's, ``tcnn.data.data_config``).
     """
     from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
     from timm.models._features_fx import FeatureGraphNet
@@ -157,7 +130,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         conversion = _plain(dict(conversion), 'conversion')
         if conversion['layers'] != layers:
             raise TcnnError(f'the model\'s GPSA layers {layers} differ from its tcnn_config {conversion["layers"]}')
-    config = data_config_of(model)
+    config = _plain(data.data_config(model), 'data_config')
     config.update(_plain(dict(data_config or {}), 'data_config'))
     return {
         'format': FORMAT_NAME,

@@ -148,7 +148,7 @@ def plot_attention(
 
     Args:
         maps: ``tcnn.analysis.attention_maps`` output.
-        image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.analysis.denormalize``).
+        image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.data.denormalize``).
         path: Output image path.
         index: Which image of the batch the maps belong to.
         parts: Attention parts to show, rows in this order.

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
+from .data import IMAGE_EXTENSIONS, check_image_options, data_config
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module, check_number
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
@@ -38,7 +39,6 @@ __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CO
 SUITES = ('imagenet', 'imagenet-c', 'imagenet-a', 'imagenet-r')
 SEVERITIES = ('1', '2', '3', '4', '5')
 IMAGENET_C_SIZE = 224
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 
 # The 15 benchmark corruptions by category, in the order of Hendrycks & Dietterich (2019), Fig. 1 / Table 1.
 CORRUPTION_CATEGORIES = {
@@ -281,13 +281,11 @@ def eval_data_config(model: nn.Module, suite: str, img_size: Optional[int] = Non
     authors' evaluation (``CenterCrop(224)`` only) and the T-CNN paper (section 3: "resolution of 224 to avoid
     distorting the corruptions") have it.
     """
-    from .analysis import image_data_config
     _check_suite(suite)
     if suite == 'imagenet-c':
         img_size = IMAGENET_C_SIZE if img_size is None else img_size
         crop_pct = 1.0 if crop_pct is None else crop_pct
-    cfg = image_data_config(model, img_size, crop_pct)
-    return {k: cfg[k] for k in ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode') if k in cfg}
+    return data_config(model, img_size, crop_pct)
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -369,7 +367,6 @@ def evaluate(
     from timm.data import create_transform
     from tqdm import tqdm
 
-    from .analysis import check_image_options
     # every argument before the folder scan and the first batch: a mistake costs no pass over the data
     if not isinstance(models, Mapping):
         raise InvalidTypeError(f'models must be a dict of name -> model, got {type(models).__name__}')

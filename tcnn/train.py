@@ -29,8 +29,8 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
-from .data import StreamDataset, build_transforms, data_config, is_reader_spec, open_dataset, \
-    open_reader_datasets
+from .data import (StreamDataset, build_transforms, is_reader_spec, open_dataset, open_reader_datasets,
+                   recipe_data_config)
 from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary, reparameterize_
 from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
                           rng_state, seed_all, set_rng_state, setup_distributed)
@@ -321,7 +321,7 @@ class Trainer:
 
     def _setup_loaders(self) -> None:
         r, ctx = self.recipe, self.ctx
-        self.data_config = data_config(r, self.model)
+        self.data_config = recipe_data_config(r, self.model)
         self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
         self.train_set.augment_seed = r['seed']  # augmentation a function of (seed, epoch, image): exact resume
         self.workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
@@ -677,7 +677,7 @@ class Trainer:
         cause = self.stop.signal_name or 'a signal to another process'
         kept = (f'{self.last_path} holds the end of epoch {epoch}; continue with --resume {self.output} (epoch '
                 f'{epoch + 1} is redone from its start: {self.recipe["data"]} is a stream)' if epoch > 0 else
-                f'no epoch was completed, so there is no checkpoint; --resume auto starts the run again')
+                'no epoch was completed, so there is no checkpoint; --resume auto starts the run again')
         self.log(f'stopped by {cause} in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}: '
                  f'{kept} (exit code {self.stop.exit_code})')
         return self.stop.exit_code

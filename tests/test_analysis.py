@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import tcnn
-from tcnn import analysis, plots
+from tcnn import analysis, data, plots
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.gpsa import GPSA
@@ -157,8 +157,8 @@ def test_figures_are_written(t_cnn, tmp_path):
     summary = analysis.summarize(t_cnn, x)
     _assert_png(plots.plot_summary(summary, str(tmp_path / 'heads.png')))
     maps = analysis.attention_maps(t_cnn, x)
-    cfg = analysis.image_data_config(t_cnn)
-    path = plots.plot_attention(maps, analysis.denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
+    cfg = data.data_config(t_cnn)
+    path = plots.plot_attention(maps, data.denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
     _assert_png(path)
     img = Image.open(path)
     assert img.height > img.width  # 12 rows (3 parts x 4 layers) of 9 heads

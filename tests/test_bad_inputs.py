@@ -137,7 +137,7 @@ def small():
 def _api_cases():
     import torch.nn as nn
     import tcnn
-    from tcnn import analysis, hub, plots
+    from tcnn import analysis, data, hub, plots
     from tcnn import robustness as rb
     nan, inf = float('nan'), float('inf')
     conv = nn.Conv2d(4, 4, 3, padding=1)
@@ -198,16 +198,16 @@ def _api_cases():
          'query must be a (y, x) pixel'),
         ('nonlocality None', lambda c, t, x, p: analysis.nonlocality(t, None), TypeError,
          'images must be a tensor of images'),
-        ('image_data_config crop', lambda c, t, x, p: analysis.image_data_config(t, 32, nan), ValueError,
+        ('image_data_config crop', lambda c, t, x, p: data.data_config(t, 32, nan), ValueError,
          'crop_pct must be a finite number'),
-        ('image_data_config size', lambda c, t, x, p: analysis.image_data_config(t, 0), ValueError,
+        ('image_data_config size', lambda c, t, x, p: data.data_config(t, 0), ValueError,
          'img_size must be >= 1'),
-        ('find_images limit', lambda c, t, x, p: analysis.find_images(str(p), 0), ValueError,
+        ('find_images limit', lambda c, t, x, p: data.find_images(str(p), 0), ValueError,
          'limit must be >= 1'),
-        ('load_images empty', lambda c, t, x, p: analysis.load_images([], {}), ValueError, 'paths is empty'),
-        ('load_images str', lambda c, t, x, p: analysis.load_images('a.png', {}), TypeError,
+        ('load_images empty', lambda c, t, x, p: data.load_images([], {}), ValueError, 'paths is empty'),
+        ('load_images str', lambda c, t, x, p: data.load_images('a.png', {}), TypeError,
          'paths must be a list of image paths'),
-        ('denormalize', lambda c, t, x, p: analysis.denormalize(x, {}), ValueError,
+        ('denormalize', lambda c, t, x, p: data.denormalize(x, {}), ValueError,
          'data_config must hold the normalisation mean and std'),
         ('eval_data_config crop', lambda c, t, x, p: rb.eval_data_config(t, 'imagenet', 32, 2.0), ValueError,
          'crop_pct must be <= 1, got 2.0'),

@@ -10,7 +10,7 @@ from PIL import Image
 from timm.data.auto_augment import RandAugment
 from torch.utils.data import DataLoader
 
-from tcnn.data import BadImageError, build_transforms, data_config, open_dataset
+from tcnn.data import BadImageError, build_transforms, open_dataset, recipe_data_config
 from tcnn.errors import TcnnError
 from tcnn.recipe import load_recipe, resolve_recipe
 
@@ -127,6 +127,6 @@ def test_folder_layout_errors(tmp_path):
 def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
     import timm
     model = timm.create_model('resnet18d', num_classes=3)
-    cfg = data_config(dict(PAPER, img_size=96, crop_pct=None, mean=None), model)
-    assert cfg['input_size'] == [3, 96, 96] and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
-    assert cfg['mean'] == list(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'
+    cfg = recipe_data_config(dict(PAPER, img_size=96, crop_pct=None, mean=None), model)
+    assert tuple(cfg['input_size']) == (3, 96, 96) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
+    assert tuple(cfg['mean']) == tuple(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                         'in the same order')
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
-    from ..analysis import check_image_options
+    from ..data import check_image_options
     from ..errors import check_number
     from ..paths import check_output_file
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an

@@ -61,13 +61,13 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import analysis
+    from .. import analysis, data
     from .. import io as tio
     from ..convert import gpsa_layers
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
-    analysis.check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
+    data.check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
     check_number(args.max_images, '--max-images', ge=1, integer=True)
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
     check_device(args.device, '--device')
@@ -81,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
         raise TcnnError(f'cannot use device {args.device!r}: {str(e).splitlines()[0]}') from e
     if not gpsa_layers(model):
         raise TcnnError(f'{args.model} has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect')
-    cfg = analysis.image_data_config(model, args.img_size)
+    cfg = data.data_config(model, args.img_size)
 
-    extra = analysis.find_images(args.images_dir, args.max_images) if args.images_dir else []
+    extra = data.find_images(args.images_dir, args.max_images) if args.images_dir else []
     all_paths = list(args.image) + [p for p in extra if p not in args.image]
-    batches = (analysis.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
+    batches = (data.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
                for i in range(0, len(all_paths), args.batch_size))
     summary = analysis.summarize(model, batches if all_paths else None)
     summary.update({'source': os.path.abspath(args.model), 'images': all_paths, 'data_config': {
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     maps = None
     if args.image:  # before writing anything: a --query outside the image must not leave half the figures
-        x = analysis.load_images(args.image, cfg).to(args.device)
+        x = data.load_images(args.image, cfg).to(args.device)
         maps = analysis.attention_maps(model, x, query)
-        images = analysis.denormalize(x.cpu(), cfg)
+        images = data.denormalize(x.cpu(), cfg)
     with output_dir(args.out):
         written = _write_figures(args, summary, maps, images if maps is not None else None, parts)
     _print_summary(summary)
