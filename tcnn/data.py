@@ -10,6 +10,7 @@
 * ``build_transforms``: timm's train/eval transforms with the recipe's DeiT augmentation, made safe for every
   supported Pillow (see ``posterize``).
 """
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -26,9 +27,8 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_num
 
 __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
            'recipe_data_config', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images', 'load_images', 'denormalize',
-           'build_transforms',
-           'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec', 'is_reader_spec', 'open_reader_datasets',
-           'StreamDataset', 'ReaderDataset']
+           'build_transforms', 'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec', 'is_reader_spec',
+           'open_reader_datasets', 'StreamDataset', 'ReaderDataset', 'TrainingData', 'num_images', 'open_training_data']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
@@ -594,3 +594,54 @@ class ReaderDataset(ImageFolderDataset):
                     raise BadImageError(f'cannot read image {name} ({_reason(e)}): {SKIP_HINT}') from None
                 self._bad_queue.put(name)
         raise BadImageError(f'{_MAX_CONSECUTIVE_BAD} consecutive unreadable images from {self.filename(index)} on')
+
+
+# ---------------------------------------------------------------------------------------------------- training data
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """The two splits of a training run and the class count they imply.
+
+    Attributes:
+        train: The training split: an ``ImageFolderDataset``, a ``ReaderDataset`` or a ``StreamDataset``.
+        val: The validation split, labelled like ``train``.
+        num_classes: The run's class count (the recipe's, or the data's when the recipe leaves it open).
+    """
+    train: Dataset
+    val: Dataset
+    num_classes: int
+
+    @property
+    def streaming(self) -> bool:
+        """A stream (webdataset shards, ...) has no index: no sampler, and a stop inside an epoch redoes it."""
+        return isinstance(self.train, StreamDataset)
+
+
+def num_images(dataset: Dataset) -> int:
+    """Images in a split: a stream's stated size (0: unknown), else the dataset's length."""
+    return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
+
+
+def open_training_data(recipe: Mapping[str, Any]) -> TrainingData:
+    """Open the recipe's ``data`` (an ImageFolder root or a timm reader spec) at its train and val splits.
+
+    Raises:
+        TcnnError: No data, a missing or malformed split, or a ``num_classes`` below the data's class count.
+    """
+    r = recipe
+    if not r['data']:
+        raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
+                        '(wds/FOLDER, hfds/NAME, ...)')
+    if is_reader_spec(r['data']):
+        train, val, classes = open_reader_datasets(
+            r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'], batch_size=r['batch_size'],
+            seed=r['seed'], skip_bad_images=r['skip_bad_images'])
+    else:
+        train = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
+        val = open_dataset(r['data'], r['val_split'], class_map=train.class_to_idx,
+                           skip_bad_images=r['skip_bad_images'])
+        classes = len(train.class_to_idx)
+    if r['num_classes'] is not None and r['num_classes'] < classes:
+        raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} classes of the data')
+    return TrainingData(train, val, r['num_classes'] if r['num_classes'] is not None else classes)

@@ -202,7 +202,7 @@ def _train(ctx: _Context, name: str, argv: List[str]) -> float:
 def _export(ctx: _Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
     path = ctx.model_file(name)
-    tio.save(tio.load(os.path.join(ctx.run_dir(name), 'last.pt')), path)
+    tio.save(tio.load(os.path.join(ctx.run_dir(name), tio.LAST_CHECKPOINT)), path)
     return path
 
 

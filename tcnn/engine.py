@@ -20,7 +20,8 @@ from .distributed import all_reduce_sum, start_workers, world_size
 from .errors import TcnnError
 from .optim import group_lrs
 
-__all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'train_one_epoch', 'evaluate', 'autocast_fn',
+__all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'ForwardPass', 'EpochPlan', 'train_one_epoch',
+           'evaluate', 'autocast_fn',
            'to_device', 'DATA_BOUND_FRACTION']
 
 # A run is "data-bound" when the step waits this fraction of its time or more for the loader.
@@ -97,6 +98,48 @@ def to_device(x: torch.Tensor, device: torch.device, channels_last: bool = False
     return x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
 
 
+@dataclasses.dataclass
+class ForwardPass:
+    """How a CPU batch becomes the model's input and targets, and the precision of the forward pass.
+
+    Attributes:
+        device: Where to run.
+        prepare: ``(images, labels) -> (images, targets)`` on ``device`` (memory format, mixup); default: a plain
+            move, labels as targets.
+        autocast: Returns the autocast context of a forward pass (timm's ``amp_autocast``).
+    """
+    device: torch.device
+    prepare: Optional[Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+
+    def batch(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.prepare is None:
+            return images.to(self.device), labels.to(self.device)
+        return self.prepare(images, labels)
+
+
+@dataclasses.dataclass
+class EpochPlan:
+    """Which epoch to train and where it stands.
+
+    Attributes:
+        epoch: 0-based index of the epoch (messages say ``epoch + 1``).
+        updates_per_epoch: Optimiser updates in a whole epoch.
+        num_updates: Updates done before this call (the scheduler's position).
+        position: Where a resumed epoch stands (default: at its start).
+        should_stop: Polled after every update; the stop is agreed between processes.
+        progress: Show a tqdm bar (main process).
+        desc: Bar description.
+    """
+    epoch: int
+    updates_per_epoch: int
+    num_updates: int = 0
+    position: EpochPosition = dataclasses.field(default_factory=EpochPosition)
+    should_stop: Callable[[], bool] = lambda: False
+    progress: bool = False
+    desc: str = ''
+
+
 def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Dict[str, str]:
     elapsed = max(position.train_time_s, 1e-9)
     return {'loss': f'{position.loss_sum / max(position.updates, 1):.4f}', 'lr': f'{lr:.3g}',
@@ -104,42 +147,51 @@ def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Di
             'data': f'{100 * position.data_time_s / elapsed:.0f}%'}
 
 
+class _UpdateSums:
+    """The loss and correct predictions of the micro-batches since the last optimiser update, kept on the device so
+    that a micro-batch costs no host synchronisation."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, accum_steps: int) -> None:
+        self.loss += loss.detach().double() / accum_steps
+        dominant = targets.argmax(dim=-1) if targets.ndim == 2 else targets  # mixup: the dominant label
+        self.correct += (logits.detach().argmax(dim=-1) == dominant).sum()
+
+    def agree(self, stop: bool) -> Tuple[float, bool]:
+        """The global mean loss of the update and whether any process wants to stop: one all-reduce for both, so
+        every process stops after the same update."""
+        flags = all_reduce_sum(torch.stack([self.loss, torch.tensor(float(stop), dtype=torch.float64,
+                                                                     device=self.loss.device)]))
+        return flags[0].item() / world_size(), flags[1].item() > 0
+
+    def take_correct(self) -> int:
+        correct = int(self.correct.item())
+        self.correct.zero_()
+        self.loss.zero_()
+        return correct
+
+
 def train_one_epoch(
         model: nn.Module,
         loader: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         update: UpdateStep,
-        *,
-        epoch: int,
-        updates_per_epoch: int,
-        num_updates: int,
-        device: torch.device,
-        position: Optional[EpochPosition] = None,
-        prepare: Optional[Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None,
-        autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-        should_stop: Callable[[], bool] = lambda: False,
-        progress: bool = False,
-        desc: str = '',
+        plan: EpochPlan,
+        forward: ForwardPass,
 ) -> Tuple[EpochPosition, Dict[str, Any]]:
-    """Train until the epoch has ``updates_per_epoch`` optimiser updates of ``update.accum_steps`` micro-batches,
-    or until ``should_stop()`` is true on any process at an update boundary.
+    """Train until the epoch has ``plan.updates_per_epoch`` optimiser updates of ``update.accum_steps``
+    micro-batches, or until ``plan.should_stop()`` is true on any process at an update boundary.
 
     Args:
         model: The model to call (possibly DDP-wrapped and/or compiled).
         loader: Yields ``(images, labels)`` on the CPU; for a resumed epoch, only the batches not yet trained on.
         criterion: ``loss(logits, target)``.
         update: What performs an optimiser update.
-        epoch: 0-based index of this epoch (messages say ``epoch + 1``).
-        updates_per_epoch: Optimiser updates in a whole epoch.
-        num_updates: Updates done before this call (the scheduler's position).
-        device: Where to run.
-        position: Where a resumed epoch stands (None: at its start).
-        prepare: ``(images, labels) -> (images, targets)``: moves a CPU batch to ``device`` (memory format, mixup);
-            default: a plain move, labels as targets.
-        autocast: Returns the autocast context of a forward pass.
-        should_stop: Polled after every update; the stop is agreed between processes.
-        progress: Show a tqdm bar (main process).
-        desc: Bar description.
+        plan: The epoch, its length and position, the stop poll and the progress bar.
+        forward: Batch placement and autocast.
 
     Returns:
         The epoch's position (``updates < updates_per_epoch`` when stopped early) and, for a whole epoch, the global
@@ -151,74 +203,58 @@ def train_one_epoch(
         NonFiniteLossError: The mean loss of an update is NaN or infinite.
     """
     model.train()
-    world = world_size()
-    if prepare is None:
-        prepare = lambda images, labels: (images.to(device), labels.to(device))  # noqa: E731
-    position = dataclasses.replace(position) if position is not None else EpochPosition()
+    position, num_updates = dataclasses.replace(plan.position), plan.num_updates
     no_sync = getattr(model, 'no_sync', None)
     update.optimizer.zero_grad(set_to_none=True)
-    update_loss = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    sums = _UpdateSums(forward.device)
     lrs = group_lrs(update.optimizer)
     micro, stopped = 0, False
-    bar = tqdm(total=updates_per_epoch, initial=position.updates, desc=desc, disable=not progress,
+    bar = tqdm(total=plan.updates_per_epoch, initial=position.updates, desc=plan.desc, disable=not plan.progress,
                dynamic_ncols=True, leave=True)
     tick = time.perf_counter()
     try:
         for images, labels in start_workers(loader):
-            if position.updates >= updates_per_epoch:
+            if position.updates >= plan.updates_per_epoch:
                 break
             now = time.perf_counter()
             position.data_time_s += now - tick
-            images, targets = prepare(images, labels)
-            last_micro = (micro + 1) % update.accum_steps == 0
-            sync = contextlib.nullcontext() if (last_micro or no_sync is None) else no_sync()
-            with sync:
-                with autocast():
+            images, targets = forward.batch(images, labels)
+            micro += 1
+            last_micro = micro % update.accum_steps == 0
+            with contextlib.nullcontext() if (last_micro or no_sync is None) else no_sync():
+                with forward.autocast():
                     logits = model(images)
                     loss = criterion(logits, targets)
                 update.backward(loss)
-            update_loss += loss.detach().double() / update.accum_steps
-            dominant = targets.argmax(dim=-1) if targets.ndim == 2 else targets
-            correct += (logits.detach().argmax(dim=-1) == dominant).sum()
+            sums.add(loss, logits, targets, update.accum_steps)
             position.images += images.shape[0]
-            micro += 1
-            if not last_micro:
-                tick = time.perf_counter()
-                position.train_time_s += tick - now
-                continue
-
-            # One optimiser update. The loss is checked before stepping (a NaN never reaches the weights), and the
-            # stop request travels in the same reduction, so every process stops after the same update.
-            flags = all_reduce_sum(torch.stack([update_loss, torch.tensor(float(should_stop()), dtype=torch.float64,
-                                                                           device=device)]))
-            loss_value = flags[0].item() / world
-            if not math.isfinite(loss_value):
-                raise NonFiniteLossError(f'non-finite training loss ({loss_value}) in epoch {epoch + 1}, update '
-                                         f'{position.updates + 1}: stopping')
-            lrs = group_lrs(update.optimizer)
-            num_updates += 1
-            update.step(model, num_updates)
-            position.updates += 1
-            position.loss_sum += loss_value
-            position.correct += int(correct.item())
-            correct.zero_()
-            update_loss.zero_()
+            if last_micro:
+                # The loss is checked before stepping, so a NaN never reaches the weights.
+                loss_value, stopped = sums.agree(plan.should_stop())
+                if not math.isfinite(loss_value):
+                    raise NonFiniteLossError(f'non-finite training loss ({loss_value}) in epoch {plan.epoch + 1}, '
+                                             f'update {position.updates + 1}: stopping')
+                lrs = group_lrs(update.optimizer)
+                num_updates += 1
+                update.step(model, num_updates)
+                position.updates += 1
+                position.loss_sum += loss_value
+                position.correct += sums.take_correct()
             tick = time.perf_counter()
             position.train_time_s += tick - now
-            if progress:
-                bar.set_postfix(_bar_postfix(position, lrs['lr'], world), refresh=False)
-            bar.update(1)
-            if flags[1].item() > 0:
-                stopped = True
-                break
+            if last_micro:
+                if plan.progress:
+                    bar.set_postfix(_bar_postfix(position, lrs['lr'], world_size()), refresh=False)
+                bar.update(1)
+                if stopped:
+                    break
     finally:
         bar.close()
-    if stopped and position.updates < updates_per_epoch:
+    if stopped and position.updates < plan.updates_per_epoch:
         return position, {}
-    if position.updates < updates_per_epoch:
-        raise TcnnError(f'the training loader ended after {position.updates} of {updates_per_epoch} updates')
-    return position, _epoch_stats(position, lrs, num_updates, device)
+    if position.updates < plan.updates_per_epoch:
+        raise TcnnError(f'the training loader ended after {position.updates} of {plan.updates_per_epoch} updates')
+    return position, _epoch_stats(position, lrs, num_updates, forward.device)
 
 
 def _epoch_stats(position: EpochPosition, lrs: Dict[str, Optional[float]], num_updates: int,

@@ -109,6 +109,13 @@ class GPSA(nn.Module):
         gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
     """
 
+    # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT): the positional geometry and the gates take no
+    # weight decay, and the gates get their own learning rate. The filter parameters are the conv's (T-CNN eq. 6).
+    positional_params = ('pos_centers', 'pos_locality')
+    gating_params = ('gating',)
+    no_weight_decay_params = positional_params + gating_params
+    filter_params = ('proj_weight', 'proj_bias')
+
     def __init__(
             self,
             in_chs: int,

@@ -5,22 +5,32 @@ caches first, then probe the weight host with a short timeout, and fail within s
 ``WeightsUnavailableError`` whose message names the Python fix (``pretrained=False``, or local weights through
 ``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
 (``--weights``/``--no-pretrained``) through ``WeightsUnavailableError.with_hint``.
+
+Weight files are read here, for every file tcnn reads (``tcnn.io``'s formats included): ``load_torch_file`` is the one
+``torch.load``, always with ``weights_only=True``. timm and torchvision are imported inside the functions that use
+them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models`` imports this module, which must
+therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's argument checks should not pay).
 """
 import difflib
 import os
+import pickle
 import socket
 import urllib.parse
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file
 
-from .errors import InvalidTypeError, TcnnError, check_number
+from .errors import InvalidTypeError, TcnnError, check_device, check_number
+from .paths import check_input_file
 
-__all__ = ['TORCHVISION_PREFIX', 'split_model_name', 'create_cnn', 'load_state_dict_file', 'clean_state_dict',
+__all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
+           'create_cnn', 'load_torch_file', 'load_state_dict_file', 'clean_state_dict',
            'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
+T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
 # What to do without the pretrained weights, in the caller's terms: Python arguments, or the flags of tcnn
 # convert/train (which translate the error, see WeightsUnavailableError.with_hint).
 PYTHON_HINT = ('pass pretrained=False (random init) or local weights: timm.create_model(..., '
@@ -30,6 +40,8 @@ CLI_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random 
 OFFLINE_HINT = CLI_HINT  # the name of CLI_HINT before it had a Python counterpart; kept for existing callers
 PROBE_TIMEOUT_S = 3.0
 _WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')
+ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
+PICKLE_MAGIC = b'\x80'  # torch.save's legacy format starts with a pickle protocol opcode
 
 
 class WeightsUnavailableError(TcnnError):
@@ -61,6 +73,21 @@ def split_model_name(name: str) -> Tuple[str, str]:
     if name.startswith(TORCHVISION_PREFIX):
         return 'torchvision', name[len(TORCHVISION_PREFIX):]
     return 'timm', name
+
+
+def transformed_model_name(source: str) -> str:
+    """``'resnet50d'`` -> ``'t_resnet50d'`` (tags kept: ``'resnet50d.a1_in1k'`` -> ``'t_resnet50d.a1_in1k'``)."""
+    return T_PREFIX + source
+
+
+def source_model_name(name: str) -> Optional[str]:
+    """``'t_resnet50d(.tag)'`` -> ``'resnet50d(.tag)'`` when timm's registry holds that T-CNN (``tcnn.models``
+    registers them), else None."""
+    import timm  # see the module docstring: not at the top
+    arch = name.split('.')[0]
+    if not arch.startswith(T_PREFIX) or not timm.is_model(arch):
+        return None
+    return name[len(T_PREFIX):] if timm.models.model_entrypoint(arch).__module__ == f'{__package__}.models' else None
 
 
 def _close_matches(name: str, candidates: List[str]) -> str:
@@ -163,6 +190,70 @@ def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] 
     return model
 
 
+# ---------------------------------------------------------------------------------------------- weight files
+
+
+def error_reason(e: BaseException) -> str:
+    """The first sentence of an exception's message (torch's are paragraphs)."""
+    text = ' '.join(str(e).split())
+    for end in ('. ', ': '):
+        if end in text[20:]:
+            text = text[:20 + text[20:].index(end)]
+            break
+    return f'{type(e).__name__}: {text[:160]}'
+
+
+def _read_torch(path: str, map_location: Union[str, torch.device, None], what: str = 'T-CNN file') -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's own message advises weights_only=False, i.e. running the file's code: never repeat that advice
+        raise TcnnError(f'{path} is not a {what}: it holds pickled Python objects other than tensors and plain '
+                        'values, which tcnn never loads (unpickling can run code); save a state_dict '
+                        '(torch.save(model.state_dict(), PATH)) or a safetensors file instead') from e
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, IndexError, KeyError) as e:
+        if isinstance(e, RuntimeError) and 'device' in str(e).lower() and map_location not in (None, 'cpu'):
+            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {error_reason(e)}') from e
+        raise TcnnError(f'cannot read {path}: truncated or corrupt torch file ({error_reason(e)})') from e
+
+
+def check_map_location(map_location: Any) -> None:
+    """A device string torch does not know is the caller's mistake, not a corrupt file."""
+    if map_location is None or isinstance(map_location, dict) or \
+            (callable(map_location) and not isinstance(map_location, (str, torch.device))):
+        return  # torch.load's remapping forms
+    check_device(map_location, 'map_location')
+
+
+def check_path(path: Any, name: str) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f'{name} must be a file path (str or os.PathLike), got {type(path).__name__}')
+    return os.fspath(path)
+
+
+def file_head(path: str, what: str) -> bytes:
+    """The first bytes of a user-named file, or a one-line error: missing, a folder, empty."""
+    with open(check_input_file(path, what), 'rb') as f:
+        return f.read(8)
+
+
+def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torch.device, None] = 'cpu') -> Any:
+    """``torch.load(path, weights_only=True)`` of a file a user named, with one-line ``TcnnError``s for a missing
+    path, a folder, an empty file, a file that is not a torch file and one holding pickled code.
+
+    Args:
+        path: The file.
+        what: Its role, for messages (e.g. ``'checkpoint'``, ``'weights file'``).
+        map_location: As in ``torch.load``.
+    """
+    path = check_path(path, 'path')
+    check_map_location(map_location)
+    head = file_head(path, what)
+    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
+        raise TcnnError(f'{what} {path} is not a torch file (neither a torch zip archive nor a legacy torch file)')
+    return _read_torch(path, map_location, what=what)
+
+
 def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
     """Unwrap a checkpoint into a plain state_dict: ``state_dict_ema``/``model_ema``/``state_dict``/``model``
     wrappers and ``module.`` (DDP) / ``_orig_mod.`` (torch.compile) prefixes are handled."""
@@ -189,12 +280,9 @@ def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
 def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
     """Load a ``.pt``/``.pth``/``.bin``/``.safetensors`` checkpoint safely (no unpickling of code)."""
     if not path.endswith('.safetensors'):
-        from .io import load_torch_file
         return clean_state_dict(load_torch_file(path, 'weights file'))
-    from .io import _file_head
-    _file_head(path, 'weights file')  # missing, a folder, empty: one line each
+    file_head(path, 'weights file')  # missing, a folder, empty: one line each
     try:
-        from safetensors.torch import load_file
         return clean_state_dict(load_file(path, device='cpu'))
     except Exception as e:  # safetensors raises its own SafetensorError, OSError and ValueError
         reason = ' '.join(str(e).split())[:160] or type(e).__name__

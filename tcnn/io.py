@@ -1,4 +1,5 @@
-"""The T-CNN file format: save a (converted or plain) CNN with what it takes to rebuild it offline, and load it.
+"""tcnn's files: the T-CNN file format (save a converted or plain CNN with what it takes to rebuild it offline, and
+load it), plain weight files, and the files of a training run (checkpoints, metrics).
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
@@ -16,24 +17,32 @@ checkpoints (a dict whose ``'model_file'`` entry is such a dict).
 """
 import json
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
+import timm
 import torch
 import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save_file
+from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
+from timm.models._features_fx import FeatureGraphNet
 
-from .atomic import atomic_write
+from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from . import data
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module
+from .convert import gpsa_layers, reparameterize
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import upgrade_proj_weight
-from .paths import check_input_file, check_output_file
+from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, create_cnn, error_reason, file_head,
+                  load_torch_file, source_model_name, split_model_name, transformed_model_name)
+from .paths import check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
-           'model_from_dict', 'check_extension', 'load_torch_file']
+           'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
+           'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
+           'write_checkpoint', 'read_metrics', 'write_metrics']
 
 _METADATA_KEY = 'tcnn'
-_ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
-_PICKLE_MAGIC = b'\x80'  # torch.save's legacy format starts with a pickle protocol opcode
 
 
 class NotTcnnFileError(TcnnError):
@@ -78,7 +87,6 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
         raise TcnnError(f'cannot tell which architecture this {type(model).__name__} is: create it with '
                         'tcnn.hub.create_cnn (or timm.create_model), or set model.tcnn_source = {"model": NAME, '
                         '"kwargs": {...}}')
-    from .models import source_model_name
     if source_model_name(arch) is not None:
         raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
     name = f'{arch}.{cfg["tag"]}' if cfg.get('tag') else arch
@@ -99,7 +107,6 @@ def _num_classes(model: nn.Module) -> int:
 
 def _parameter_counts(model: nn.Module) -> Dict[str, int]:
     """Parameters of the model and of its source CNN (every GPSA layer counted as the conv it stands for)."""
-    from .convert import gpsa_layers
     total = sum(p.numel() for p in model.parameters())
     layers = [layer for _, layer in gpsa_layers(model)]
     extra = sum(sum(p.numel() for p in layer.parameters()) - layer.conv_parameters() for layer in layers)
@@ -115,10 +122,6 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
             ``torch.compile`` wrappers are unwrapped.
         data_config: Overrides of the data config (default: the model's, ``tcnn.data.data_config``).
     """
-    from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
-    from timm.models._features_fx import FeatureGraphNet
-    from .convert import gpsa_layers
-
     model = _unwrap(model)
     if isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet)):
         raise TcnnError('cannot save a features_only model: save the classification model it was made from')
@@ -182,17 +185,12 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
 def _build(d: Dict[str, Any]) -> nn.Module:
     """The architecture of a T-CNN dict with untrained weights: the ``t_*`` registry model for timm ResNets (a
     ``TransformedResNet``), else ``create_cnn`` + ``reparameterize``."""
-    from .convert import reparameterize
-    from .hub import create_cnn, split_model_name
-    from .models import source_model_name, transformed_model_name
-
     source, conversion = d['source'], d['conversion']
     name, kwargs = source['model'], dict(source.get('kwargs') or {})
     num_classes = d.get('num_classes')
     kind, arch = split_model_name(name)
     try:
         if conversion and kind == 'timm' and source_model_name(transformed_model_name(arch)) is not None:
-            import timm
             return timm.create_model(
                 transformed_model_name(arch), pretrained=False, num_classes=num_classes,
                 stages=conversion['stages'], qk_dim=conversion.get('qk_dim'),
@@ -242,7 +240,6 @@ def model_from_dict(
     Returns:
         The model in eval mode.
     """
-    from .convert import gpsa_layers
 
     d = _check_dict(d, where)
     state_dict = d['state_dict']
@@ -284,7 +281,6 @@ def check_extension(path: str) -> str:
 
 
 def _save_safetensors(d: Dict[str, Any], path: str) -> None:
-    from safetensors.torch import save_file
     settings = {k: v for k, v in d.items() if k != 'state_dict'}
     tensors, seen = {}, set()
     for k, v in d['state_dict'].items():
@@ -310,7 +306,7 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
         The absolute path written.
     """
     check_module(model, 'model')
-    path = _check_path(path, 'path')
+    path = check_path(path, 'path')
     ext = check_extension(path)
     check_output_file(path, 'path', EXTENSIONS)
     if data_config is not None and not isinstance(data_config, dict):
@@ -326,25 +322,14 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
     return os.path.abspath(path)
 
 
-def _reason(e: BaseException) -> str:
-    """The first sentence of an exception's message (torch's are paragraphs)."""
-    text = ' '.join(str(e).split())
-    for end in ('. ', ': '):
-        if end in text[20:]:
-            text = text[:20 + text[20:].index(end)]
-            break
-    return f'{type(e).__name__}: {text[:160]}'
-
-
 def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -> Dict[str, Any]:
-    from safetensors import safe_open
     try:  # on the CPU: a device problem must not be reported as a corrupt file
         with safe_open(path, framework='pt', device='cpu') as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
         raise TcnnError(f'cannot read {path}: not a valid safetensors file (truncated or corrupt?): '
-                        f'{_reason(e)}') from e
+                        f'{error_reason(e)}') from e
     if _METADATA_KEY not in metadata:
         raise NotTcnnFileError(f'{path} is a safetensors file without T-CNN settings (a plain state_dict?): '
                                f'convert it with `tcnn convert MODEL --weights {path} --out FILE`')
@@ -361,71 +346,19 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
         try:
             tensors = {k: v.to(map_location) for k, v in tensors.items()}
         except RuntimeError as e:
-            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {_reason(e)}') from e
+            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {error_reason(e)}') from e
     return dict(settings, state_dict=tensors)
 
 
-def _read_torch(path: str, map_location: Union[str, torch.device, None], what: str = 'T-CNN file') -> Any:
-    import pickle
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's own message advises weights_only=False, i.e. running the file's code: never repeat that advice
-        raise TcnnError(f'{path} is not a {what}: it holds pickled Python objects other than tensors and plain '
-                        'values, which tcnn never loads (unpickling can run code); save a state_dict '
-                        '(torch.save(model.state_dict(), PATH)) or a safetensors file instead') from e
-    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, IndexError, KeyError) as e:
-        if isinstance(e, RuntimeError) and 'device' in str(e).lower() and map_location not in (None, 'cpu'):
-            raise TcnnError(f'cannot load {path} onto map_location={map_location!r}: {_reason(e)}') from e
-        raise TcnnError(f'cannot read {path}: truncated or corrupt torch file ({_reason(e)})') from e
-
-
-def _check_map_location(map_location: Any) -> None:
-    """A device string torch does not know is the caller's mistake, not a corrupt file."""
-    if map_location is None or isinstance(map_location, dict) or \
-            (callable(map_location) and not isinstance(map_location, (str, torch.device))):
-        return  # torch.load's remapping forms
-    check_device(map_location, 'map_location')
-
-
-def _check_path(path: Any, name: str) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidTypeError(f'{name} must be a file path (str or os.PathLike), got {type(path).__name__}')
-    return os.fspath(path)
-
-
-def _file_head(path: str, what: str) -> bytes:
-    """The first bytes of a user-named file, or a one-line error: missing, a folder, empty."""
-    with open(check_input_file(path, what), 'rb') as f:
-        return f.read(8)
-
-
-def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torch.device, None] = 'cpu') -> Any:
-    """``torch.load(path, weights_only=True)`` of a file a user named, with one-line ``TcnnError``s for a missing
-    path, a folder, an empty file, a file that is not a torch file and one holding pickled code.
-
-    Args:
-        path: The file.
-        what: Its role, for messages (e.g. ``'checkpoint'``, ``'weights file'``).
-        map_location: As in ``torch.load``.
-    """
-    path = _check_path(path, 'path')
-    _check_map_location(map_location)
-    head = _file_head(path, what)
-    if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
-        raise TcnnError(f'{what} {path} is not a torch file (neither a torch zip archive nor a legacy torch file)')
-    return _read_torch(path, map_location, what=what)
-
-
 def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
-    path = _check_path(path, 'path')
-    _check_map_location(map_location)
-    head = _file_head(path, 'T-CNN file')
-    if path.lower().endswith('.safetensors') and not head.startswith(_ZIP_MAGIC):
+    path = check_path(path, 'path')
+    check_map_location(map_location)
+    head = file_head(path, 'T-CNN file')
+    if path.lower().endswith('.safetensors') and not head.startswith(ZIP_MAGIC):
         return _read_safetensors(path, map_location)
-    if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
+    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
         raise TcnnError(f'{path} is not a T-CNN file: neither a torch file nor (by its name) a safetensors file')
-    return _read_torch(path, map_location)
+    return load_torch_file(path, 'T-CNN file', map_location)
 
 
 def read(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> Dict[str, Any]:
@@ -451,3 +384,75 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.
         TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit.
     """
     return model_from_dict(read(path, map_location), map_location=None, where=str(path))
+
+
+# ---------------------------------------------------------------------------------------------- training runs
+# A ``tcnn train`` output folder: RUN/config.yaml (the resolved recipe), RUN/metrics.jsonl (one JSON object per
+# epoch), RUN/last.pt and RUN/best.pt (training checkpoints: a T-CNN dict under 'model_file' plus the optimiser,
+# scheduler, scaler, EMA, RNG and position state, all tensors and plain values).
+
+# Marks a training checkpoint (value: its layout version). Not 'format': that key marks T-CNN files, and ``read``
+# recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
+CHECKPOINT_KEY = 'tcnn_checkpoint'
+CHECKPOINT_VERSION = 2
+CONFIG_FILE = 'config.yaml'
+METRICS_FILE = 'metrics.jsonl'
+LAST_CHECKPOINT, BEST_CHECKPOINT = 'last.pt', 'best.pt'
+
+
+def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, **state: Any) -> Dict[str, Any]:
+    """A training checkpoint of ``model`` (its T-CNN dict, so ``load`` reads the model out of it) and ``state``."""
+    return {CHECKPOINT_KEY: CHECKPOINT_VERSION, 'model_file': model_to_dict(model, data_config=data_config), **state}
+
+
+def read_checkpoint(path: str) -> Dict[str, Any]:
+    """Read a training checkpoint (``RUN/last.pt`` or ``RUN/best.pt``) with ``weights_only=True``.
+
+    Raises:
+        TcnnError: Missing, unreadable, not a training checkpoint, or written by a newer tcnn.
+    """
+    if not os.path.isfile(path):
+        raise TcnnError(f'checkpoint not found: {path}')
+    ckpt = load_torch_file(path, 'checkpoint')
+    if not isinstance(ckpt, dict) or CHECKPOINT_KEY not in ckpt or 'model_file' not in ckpt:
+        raise TcnnError(f'{path} is not a tcnn training checkpoint (OUTPUT/last.pt or OUTPUT/best.pt of tcnn train)')
+    if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
+        raise TcnnError(f'{path} has training-checkpoint layout {ckpt[CHECKPOINT_KEY]!r}; this tcnn reads up to '
+                        f'{CHECKPOINT_VERSION}: upgrade tcnn')
+    return ckpt
+
+
+def write_checkpoint(checkpoint: Dict[str, Any], path: str) -> None:
+    """Write a training checkpoint atomically (the previous file stays whole until the new one is complete)."""
+    atomic_torch_save(checkpoint, path)
+
+
+def read_metrics(path: str) -> List[Dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, one per epoch, sorted by epoch (empty for a run without epochs).
+
+    A resumed run may log an epoch twice: the last record wins. A truncated last line (a file another tool is still
+    appending to) is skipped; any other malformed line is an error.
+    """
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
+    except UnicodeDecodeError:
+        raise TcnnError(f'{path} is not a metrics file (binary content); give a tcnn train run folder or its '
+                        f'{METRICS_FILE}') from None
+    lines = [(n, line) for n, line in lines if line]
+    by_epoch: Dict[int, Dict[str, Any]] = {}
+    for k, (n, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            epoch = int(record['epoch'])
+        except (ValueError, KeyError, TypeError) as e:
+            if k == len(lines) - 1 and k > 0:
+                continue
+            raise TcnnError(f'{path}, line {n}: not a metrics record ({type(e).__name__}: {e})') from e
+        by_epoch[epoch] = record
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def write_metrics(path: str, records: Sequence[Dict[str, Any]]) -> None:
+    """Write ``metrics.jsonl`` atomically, one JSON object per line."""
+    atomic_write_text(path, ''.join(json.dumps(r) + '\n' for r in records))

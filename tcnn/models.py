@@ -23,22 +23,20 @@ import torch
 import torch.nn as nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, get_pretrained_cfg, \
     is_model, list_models, model_entrypoint, register_model
-from timm.models.resnet import ResNet
+from timm.models.resnet import BasicBlock, ResNet
 
+from . import io
 from .convert import StageSpec, gpsa_layers, reparameterize_
 from .errors import TcnnError
 from .gpsa import GPSA
+from .hub import T_PREFIX, create_cnn, load_state_dict_file, source_model_name, transformed_model_name
 
 __all__ = ['TransformedResNet', 'SOURCE_MODELS', 'T_PREFIX', 'no_weight_decay_names', 'source_model_name',
            'transformed_model_name']
 
-T_PREFIX = 't_'
 PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with self-attention'
 PAPER_ID = 'arXiv:2106.05795'
 CONVERSION_ARGS = ('stages', 'locality_strength', 'gating_init', 'qk_dim')
-# Parameters of a GPSA layer that are geometry or gates, not weights: no weight decay (T-CNN trains them with
-# their own learning rate; ConViT likewise excludes them).
-NO_WEIGHT_DECAY_PARAMS = ('pos_centers', 'pos_locality', 'gating')
 # Factory kwargs that describe the wrapper or placement, not the architecture (not stored in tcnn_source).
 _NON_ARCH_KWARGS = ('features_only', 'out_indices', 'feature_cls', 'feature_cfg', 'flatten_sequential', 'device',
                     'dtype', 'num_classes', 'cache_dir')
@@ -49,7 +47,7 @@ _WEIGHTS_PLACEHOLDER = {'tcnn': 'weights supplied by tcnn.models'}
 
 def no_weight_decay_names(model: nn.Module) -> Set[str]:
     """Names of the GPSA positional and gating parameters of ``model`` (timm's ``no_weight_decay()`` contract)."""
-    return {f'{name}.{p}' for name, _ in gpsa_layers(model) for p in NO_WEIGHT_DECAY_PARAMS}
+    return {f'{name}.{p}' for name, _ in gpsa_layers(model) for p in GPSA.no_weight_decay_params}
 
 
 class TransformedResNet(ResNet):
@@ -151,8 +149,6 @@ def _file_weights(
 ) -> Dict[str, torch.Tensor]:
     """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint (its conversion settings,
     class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter)."""
-    from . import io
-    from .hub import load_state_dict_file
     try:
         d = io.read(path)
     except io.NotTcnnFileError:
@@ -199,7 +195,6 @@ def _pretrained_weights(
         return overlay.pop('state_dict')
     if overlay.get('file'):
         return _file_weights(overlay['file'], source, conversion, overlay)
-    from .hub import create_cnn  # fails fast offline, naming the alternatives
     name = f'{source}.{tag}' if tag else source
     return create_cnn(name, pretrained=True).state_dict()
 
@@ -258,19 +253,6 @@ def _t_cfg(source_cfg: Any) -> Dict[str, Any]:
     return cfg
 
 
-def transformed_model_name(source: str) -> str:
-    """``'resnet50d'`` -> ``'t_resnet50d'`` (tags kept: ``'resnet50d.a1_in1k'`` -> ``'t_resnet50d.a1_in1k'``)."""
-    return T_PREFIX + source
-
-
-def source_model_name(name: str) -> Optional[str]:
-    """``'t_resnet50d(.tag)'`` -> ``'resnet50d(.tag)'`` for registered T-CNNs, else None."""
-    arch = name.split('.')[0]
-    if arch.startswith(T_PREFIX) and arch[len(T_PREFIX):] in SOURCE_MODELS:
-        return name[len(T_PREFIX):]
-    return None
-
-
 def _source_models() -> List[str]:
     """Every ResNet of timm's ``resnet`` module (all of them convert: plain or grouped 3x3 convs, zero padding)."""
     return [n for n in list_models(module='resnet') if not is_model(T_PREFIX + n)]
@@ -321,7 +303,6 @@ def demo_resnet10(pretrained: bool = False, **kwargs) -> ResNet:
     anything). Every argument of ``ResNet`` can be overridden (e.g. ``channels=(32, 64, 128, 256)``); ``tcnn.load``
     rebuilds such a model from the recorded arguments.
     """
-    from timm.models.resnet import BasicBlock
     if pretrained:
         raise TcnnError(f'{DEMO_MODEL} has no pretrained weights: tcnn demo trains it from scratch (pass '
                         'pretrained=False, or --weights PATH / --no-pretrained to tcnn train)')

@@ -18,32 +18,32 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
 
+from .convert import gpsa_layers
 from .gpsa import GPSA
 
-__all__ = ['GATING_SUFFIX', 'POSITIONAL_SUFFIXES', 'param_groups', 'create_optimizer', 'create_scheduler',
+__all__ = ['param_groups', 'create_optimizer', 'create_scheduler',
            'add_gpsa_groups', 'apply_group_settings', 'group_lrs']
 
-GATING_SUFFIX = 'gating'
-POSITIONAL_SUFFIXES = ('pos_centers', 'pos_locality')
 DECAY_GROUPS = ('decay', 'gpsa_decay')
 
 
-def _gpsa_param_names(model: nn.Module) -> set:
-    names = set()
-    for module_name, module in model.named_modules():
-        if isinstance(module, GPSA):
-            names.update(f'{module_name}.{n}' if module_name else n for n, _ in module.named_parameters())
-    return names
+def _gpsa_roles(model: nn.Module) -> Dict[str, str]:
+    """Group kind of every GPSA parameter by full name, from the roles ``GPSA`` declares for its parameters."""
+    roles = {}
+    for layer_name, layer in gpsa_layers(model):
+        for name, _ in layer.named_parameters():
+            role = ('gating' if name in GPSA.gating_params else
+                    'no_decay' if name in GPSA.no_weight_decay_params else 'decay')
+            roles[f'{layer_name}.{name}' if layer_name else name] = role
+    return roles
 
 
-def _kind(name: str, param: torch.Tensor, no_weight_decay: set) -> str:
-    leaf = name.rsplit('.', 1)[-1]
-    if leaf == GATING_SUFFIX:
-        return 'gating'
-    if leaf in POSITIONAL_SUFFIXES or param.ndim <= 1 or name in no_weight_decay:
-        return 'no_decay'
-    return 'decay'
+def _gating_scale(lr: float, gating_lr: float) -> float:
+    """The gating group's ``lr_scale``: timm schedulers multiply every group's scheduled lr by it."""
+    return gating_lr / lr
 
 
 def param_groups(
@@ -64,16 +64,16 @@ def param_groups(
         only_gpsa: Return only the GPSA groups (what late reparameterisation adds).
     """
     no_wd = set(getattr(model, 'no_weight_decay', lambda: set())())
-    gpsa_names = _gpsa_param_names(model)
+    gpsa_roles = _gpsa_roles(model)
     order = ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay', 'gating']
     buckets: Dict[str, List[torch.Tensor]] = {k: [] for k in order}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        is_gpsa = name in gpsa_names
+        is_gpsa = name in gpsa_roles
         if only_gpsa and not is_gpsa:
             continue
-        kind = _kind(name, param, no_wd)
+        kind = gpsa_roles.get(name) or ('no_decay' if param.ndim <= 1 or name in no_wd else 'decay')
         if kind != 'gating' and is_gpsa and (gpsa_separate or only_gpsa):
             kind = 'gpsa_' + kind
         buckets[kind].append(param)
@@ -88,13 +88,12 @@ def param_groups(
 def create_optimizer(model: nn.Module, recipe: Mapping[str, Any], lr: float, gating_lr: float,
                      gpsa_separate: bool = False) -> torch.optim.Optimizer:
     """timm's ``create_optimizer_v2`` over our explicit groups. ``lr``/``gating_lr`` are the batch-scaled peaks."""
-    from timm.optim import create_optimizer_v2
     kwargs = {}
     if recipe.get('opt_eps') is not None:
         kwargs['eps'] = recipe['opt_eps']
     if recipe.get('opt_betas') is not None:
         kwargs['betas'] = tuple(recipe['opt_betas'])
-    groups = param_groups(model, recipe['weight_decay'], gating_lr / lr, gpsa_separate=gpsa_separate)
+    groups = param_groups(model, recipe['weight_decay'], _gating_scale(lr, gating_lr), gpsa_separate=gpsa_separate)
     return create_optimizer_v2(groups, opt=recipe['opt'], lr=lr, weight_decay=recipe['weight_decay'],
                                momentum=recipe['momentum'], **kwargs)
 
@@ -108,7 +107,6 @@ def create_scheduler(optimizer: torch.optim.Optimizer, recipe: Mapping[str, Any]
     warm-up ends. ``warmup_lr``/``min_lr`` are the batch-scaled base-group values; ``lr_scale`` scales them for the
     gating group.
     """
-    from timm.scheduler import create_scheduler_v2
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=recipe['sched'], num_epochs=recipe['epochs'] - recipe['warmup_epochs'],
         warmup_epochs=recipe['warmup_epochs'], warmup_lr=warmup_lr, warmup_prefix=True, min_lr=min_lr,
@@ -117,7 +115,7 @@ def create_scheduler(optimizer: torch.optim.Optimizer, recipe: Mapping[str, Any]
 
 
 def add_gpsa_groups(optimizer: torch.optim.Optimizer, model: nn.Module, removed: Sequence[torch.Tensor],
-                    weight_decay: float, lr_scale_gating: float) -> None:
+                    weight_decay: float, lr: float, gating_lr: float) -> None:
     """Late reparameterisation: drop ``removed`` (the replaced conv weights) with their state, and add the GPSA
     parameters of ``model`` as new groups. Rebuild the scheduler afterwards so that it drives the new groups."""
     removed_ids = {id(p) for p in removed}
@@ -127,7 +125,7 @@ def add_gpsa_groups(optimizer: torch.optim.Optimizer, model: nn.Module, removed:
         optimizer.state.pop(p, None)
     optimizer.param_groups[:] = [g for g in optimizer.param_groups if g['params']]
     reference = optimizer.param_groups[0]
-    for group in param_groups(model, weight_decay, lr_scale_gating, only_gpsa=True):
+    for group in param_groups(model, weight_decay, _gating_scale(lr, gating_lr), only_gpsa=True):
         # the scheduler sets the lr; start the group from the base groups' initial lr like the others
         group['lr'] = reference['initial_lr'] if 'initial_lr' in reference else reference['lr']
         group['initial_lr'] = group['lr']
@@ -141,7 +139,7 @@ def apply_group_settings(optimizer: torch.optim.Optimizer, lr: float, gating_lr:
         group['initial_lr'] = lr
         group['weight_decay'] = weight_decay if group['group_name'] in DECAY_GROUPS else 0.0
         if group['group_name'] == 'gating':
-            group['lr_scale'] = gating_lr / lr
+            group['lr_scale'] = _gating_scale(lr, gating_lr)
 
 
 def group_lrs(optimizer: torch.optim.Optimizer) -> Dict[str, Optional[float]]:

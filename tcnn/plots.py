@@ -4,7 +4,6 @@ training curves, accuracy by corruption.
 Figures are drawn on matplotlib's Agg canvas directly (``matplotlib.figure.Figure``, no pyplot), so importing this
 module never changes the user's matplotlib backend and works on headless machines. Files are written atomically.
 """
-import json
 import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -19,6 +18,7 @@ from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarForm
 from .analysis import ATTENTION_PARTS, AttentionMaps
 from .atomic import atomic_open
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from .io import METRICS_FILE, read_metrics
 from .paths import check_output_file
 
 __all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure', 'check_figure_path']
@@ -229,32 +229,16 @@ def load_metrics(path: str) -> List[Dict[str, Any]]:
         raise InvalidTypeError(f'path must be a run folder or metrics file path, got {type(path).__name__}')
     path = os.fspath(path)
     if os.path.isdir(path):
-        path = os.path.join(path, 'metrics.jsonl')
+        path = os.path.join(path, METRICS_FILE)
     elif path.endswith(('.pt', '.pth', '.safetensors')):
         raise TcnnError(f'{path} is a model or checkpoint file; tcnn plot takes the run folder that holds it '
-                        f'({os.path.dirname(os.path.abspath(path))}) or its metrics.jsonl')
+                        f'({os.path.dirname(os.path.abspath(path))}) or its {METRICS_FILE}')
     if not os.path.isfile(path):
-        raise TcnnError(f'no metrics file at {path} (tcnn train writes RUN_DIR/metrics.jsonl)')
-    try:
-        with open(path, encoding='utf-8') as f:
-            lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
-    except UnicodeDecodeError:
-        raise TcnnError(f'{path} is not a metrics file (binary content); give a tcnn train run folder or its '
-                        'metrics.jsonl') from None
-    lines = [(n, line) for n, line in lines if line]
-    by_epoch: Dict[int, Dict[str, Any]] = {}
-    for k, (n, line) in enumerate(lines):
-        try:
-            record = json.loads(line)
-            epoch = int(record['epoch'])
-        except (ValueError, KeyError, TypeError) as e:
-            if k == len(lines) - 1 and k > 0:
-                continue  # the run is writing this line right now
-            raise TcnnError(f'{path}, line {n}: not a metrics record ({type(e).__name__}: {e})') from e
-        by_epoch[epoch] = record
-    if not by_epoch:
+        raise TcnnError(f'no metrics file at {path} (tcnn train writes RUN_DIR/{METRICS_FILE})')
+    records = read_metrics(path)
+    if not records:
         raise TcnnError(f'{path} holds no epoch yet')
-    return [by_epoch[e] for e in sorted(by_epoch)]
+    return records
 
 
 def _series(records: Sequence[Mapping[str, Any]], key: str) -> Tuple[np.ndarray, np.ndarray]:

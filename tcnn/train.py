@@ -16,7 +16,6 @@ the state in the middle of the epoch and ``--resume`` continues exactly there. E
 import argparse
 import contextlib
 import itertools
-import json
 import math
 import os
 import sys
@@ -28,32 +27,26 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from .atomic import atomic_copy, atomic_torch_save, atomic_write_text
-from .data import (StreamDataset, build_transforms, is_reader_spec, open_dataset, open_reader_datasets,
-                   recipe_data_config)
+from .atomic import atomic_copy, atomic_write_text
+from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
 from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary, reparameterize_
 from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
                           rng_state, seed_all, set_rng_state, setup_distributed)
-from .engine import DATA_BOUND_FRACTION, EpochPosition, NonFiniteLossError, UpdateStep, autocast_fn, evaluate, \
-    to_device, train_one_epoch
+from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
+                     autocast_fn, evaluate, to_device, train_one_epoch)
 from .errors import TcnnError
+from .gpsa import GPSA
 from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
-from .io import load_torch_file
+from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, make_checkpoint, model_from_dict,
+                 read_checkpoint, read_metrics, write_checkpoint, write_metrics)
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
 from .recipe import apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe, \
     scaled_lrs, validate_recipe
 from .train_args import add_arguments, flag_overrides
 
-__all__ = ['add_arguments', 'run', 'main', 'CHECKPOINT_KEY', 'load_checkpoint', 'CheckpointWriteError']
+__all__ = ['add_arguments', 'run', 'main', 'Trainer', 'CheckpointWriteError']
 
-# Marks a training checkpoint (value: its layout version). Not 'format': tcnn.io reserves that key for T-CNN files
-# and recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
-CHECKPOINT_KEY = 'tcnn_checkpoint'
-CHECKPOINT_VERSION = 2
-METRICS_FILE = 'metrics.jsonl'
-CONFIG_FILE = 'config.yaml'
-LAST, BEST = 'last.pt', 'best.pt'
 # Keys a resumed run cannot change: they define the model or the optimiser's parameter layout.
 FROZEN_ON_RESUME = ('model', 'num_classes', 'no_sa', 'reparam_epoch', 'stages', 'qk_dim', 'locality_strength',
                     'gating_init', 'opt', 'drop_path_rate')
@@ -102,17 +95,17 @@ def _resume_path(args: argparse.Namespace, notes: List[str]) -> Tuple[Optional[s
         return None, _fresh_recipe(args, notes)
     if args.resume == 'auto':
         recipe = _fresh_recipe(args, notes)
-        last = os.path.join(recipe['output'], LAST)
+        last = os.path.join(recipe['output'], LAST_CHECKPOINT)
         return (last, None) if os.path.isfile(last) else (None, recipe)
     if args.recipe:
         raise TcnnError('--recipe cannot be combined with --resume PATH: the run\'s recipe is in the checkpoint; '
                         'override single keys with flags or --set (--resume auto accepts --recipe for the first start)')
     path = args.resume
     if os.path.isdir(path):
-        path = os.path.join(path, LAST)
+        path = os.path.join(path, LAST_CHECKPOINT)
         if not os.path.isfile(path):
-            raise TcnnError(f'{args.resume} holds no {LAST}: resume from a tcnn train output folder, or pass the '
-                            'checkpoint file itself')
+            raise TcnnError(f'{args.resume} holds no {LAST_CHECKPOINT}: resume from a tcnn train output folder, or '
+                            'pass the checkpoint file itself')
     return path, None
 
 
@@ -122,21 +115,8 @@ def _resolve(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[Dict[st
     path, recipe = _resume_path(args, notes)
     if path is None:
         return recipe, None, notes
-    checkpoint = load_checkpoint(path)
+    checkpoint = read_checkpoint(path)
     return _resumed_recipe(args, checkpoint, path), checkpoint, []
-
-
-def load_checkpoint(path: str) -> Dict[str, Any]:
-    """Read a training checkpoint (``OUTPUT/last.pt`` or ``best.pt``) with ``weights_only=True``."""
-    if not os.path.isfile(path):
-        raise TcnnError(f'checkpoint not found: {path}')
-    ckpt = load_torch_file(path, 'checkpoint')
-    if not isinstance(ckpt, dict) or CHECKPOINT_KEY not in ckpt or 'model_file' not in ckpt:
-        raise TcnnError(f'{path} is not a tcnn training checkpoint (OUTPUT/last.pt or OUTPUT/best.pt of tcnn train)')
-    if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
-        raise TcnnError(f'{path} has training-checkpoint layout {ckpt[CHECKPOINT_KEY]!r}; this tcnn reads up to '
-                        f'{CHECKPOINT_VERSION}: upgrade tcnn')
-    return ckpt
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -192,17 +172,12 @@ def _copy_gpsa_init(src: nn.Module, dst: nn.Module) -> None:
     with torch.no_grad():
         for name, layer in gpsa_layers(dst):
             for pname, param in layer.named_parameters():
-                if not pname.startswith('proj_'):
+                if pname not in GPSA.filter_params:
                     param.copy_(getattr(src_layers[name], pname))
 
 
 def _fmt(v: Optional[float], spec: str = '.4g') -> str:
     return 'n/a' if v is None else format(v, spec)
-
-
-def _num_images(dataset: Any) -> int:
-    """Images in a split: a stream's stated size (0: unknown), else the dataset's length."""
-    return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
 
 
 def _loader_seed(seed: int, epoch: int, rank: int) -> int:
@@ -216,27 +191,32 @@ def _loader_seed(seed: int, epoch: int, rank: int) -> int:
 class Trainer:
     """State of one training run (model, optimiser, scheduler, EMA, loaders) and its epoch loop.
 
-    Set-up order: precision, datasets (the number of classes), model (created, converted or restored), loaders (the
-    model's preprocessing), optimisation, loss, wrappers (DDP, compile), then the checkpoint's state or a fresh start.
+    The data comes opened (``tcnn.data.open_training_data``: it fixes the class count the model needs). Set-up
+    order: precision, batch layout (global batch, updates per epoch), model (created, converted or restored), loaders
+    (the model's preprocessing), optimisation, loss, wrappers (DDP, compile), then the checkpoint's state or a fresh
+    start.
     """
 
-    def __init__(self, recipe: Dict[str, Any], ctx: DistContext, checkpoint: Optional[Dict[str, Any]] = None,
-                 stop: Optional[StopRequest] = None):
+    def __init__(self, recipe: Dict[str, Any], data: TrainingData, ctx: DistContext,
+                 checkpoint: Optional[Dict[str, Any]] = None, stop: Optional[StopRequest] = None):
+        if recipe['num_classes'] != data.num_classes:
+            raise ValueError(f'recipe num_classes {recipe["num_classes"]} != the data\'s {data.num_classes}')
         self.recipe = recipe
+        self.train_set, self.val_set, self.streaming = data.train, data.val, data.streaming
         self.ctx = ctx
         self.device = ctx.device
         self.stop = stop or StopRequest()
         self.output = recipe['output']
         self.log = print if ctx.is_main else (lambda *a, **k: None)
         self.metrics_path = os.path.join(self.output, METRICS_FILE)
-        self.last_path = os.path.join(self.output, LAST)
-        self.best_path = os.path.join(self.output, BEST)
+        self.last_path = os.path.join(self.output, LAST_CHECKPOINT)
+        self.best_path = os.path.join(self.output, BEST_CHECKPOINT)
         self.start_epoch = 0
         self.position = EpochPosition()
         self.best_top1 = -math.inf
         self.model_ema = None
         self._setup_precision()
-        self._setup_datasets()
+        self._setup_batch_layout()
         self._setup_model(checkpoint)
         self._setup_loaders()
         self._setup_optimisation()
@@ -260,33 +240,15 @@ class Trainer:
             raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
         self.autocast = autocast_fn(self.device, self.amp_dtype)
+        self.forward = ForwardPass(self.device, self._prepare, self.autocast)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
         cl = self.recipe['channels_last']
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
 
-    def _setup_datasets(self) -> None:
+    def _setup_batch_layout(self) -> None:
         r, ctx = self.recipe, self.ctx
-        if not r['data']:
-            raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
-                            '(wds/FOLDER, hfds/NAME, ...)')
-        if is_reader_spec(r['data']):
-            self.train_set, self.val_set, classes = open_reader_datasets(
-                r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'],
-                batch_size=r['batch_size'], seed=r['seed'], skip_bad_images=r['skip_bad_images'])
-        else:
-            self.train_set = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
-            class_map = self.train_set.class_to_idx
-            self.val_set = open_dataset(r['data'], r['val_split'], class_map=class_map,
-                                        skip_bad_images=r['skip_bad_images'])
-            classes = len(class_map)
-        # A stream (webdataset shards, ...) has no index: no sampler, and a stop inside an epoch redoes the epoch.
-        self.streaming = isinstance(self.train_set, StreamDataset)
-        if r['num_classes'] is None:
-            r['num_classes'] = classes
-        elif r['num_classes'] < classes:
-            raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} classes of the data')
         self.global_batch = r['batch_size'] * ctx.world_size * r['accum_steps']
-        train_images = _num_images(self.train_set)
+        train_images = num_images(self.train_set)
         per_rank = train_images // ctx.world_size
         self.updates_per_epoch = per_rank // r['batch_size'] // r['accum_steps']
         if self.updates_per_epoch == 0:
@@ -299,7 +261,6 @@ class Trainer:
         self.late = r['reparam_epoch'] is not None and r['reparam_epoch'] > 0 and not r['no_sa']
         seed_all(r['seed'])
         if checkpoint is not None:
-            from .io import model_from_dict
             model = model_from_dict(checkpoint['model_file'], map_location='cpu')
             self.converted = bool(checkpoint['converted'])
             model.train()
@@ -479,8 +440,7 @@ class Trainer:
         removed = _convert_in_place(self.model, r)
         self.converted = True
         self._log_conversion(self.model)
-        add_gpsa_groups(self.optimizer, self.model, removed, r['weight_decay'],
-                        self.lrs['gating_lr'] / self.lrs['lr'])
+        add_gpsa_groups(self.optimizer, self.model, removed, r['weight_decay'], self.lrs['lr'], self.lrs['gating_lr'])
         self.scheduler = create_scheduler(self.optimizer, r, self.updates_per_epoch, self.lrs['warmup_lr'],
                                           self.lrs['min_lr'])
         self.scheduler.step_update(self.num_updates)
@@ -493,33 +453,27 @@ class Trainer:
     # -------------------------------------------------------------- checkpoints and metrics
 
     def _read_metrics(self) -> List[Dict[str, Any]]:
-        if not os.path.isfile(self.metrics_path):
-            return []
-        with open(self.metrics_path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_metrics(self.metrics_path) if os.path.isfile(self.metrics_path) else []
 
     def _write_metrics(self, rows: Sequence[Dict[str, Any]]) -> None:
-        text = ''.join(json.dumps(r) + '\n' for r in rows)
-        self._guarded_write(self.metrics_path, lambda: atomic_write_text(self.metrics_path, text))
+        self._guarded_write(self.metrics_path, lambda: write_metrics(self.metrics_path, rows))
 
     def _checkpoint(self, completed_epoch: int) -> Dict[str, Any]:
-        from .io import model_to_dict
-        return {
-            CHECKPOINT_KEY: CHECKPOINT_VERSION,
-            'model_file': model_to_dict(self.model, data_config=self.data_config),
-            'converted': self.converted,
-            'ema': self.model_ema.module.state_dict() if self.model_ema is not None else None,
-            'optimizer': self.optimizer.state_dict(),
-            'scheduler': self.scheduler.state_dict(),
-            'scaler': self.scaler.state_dict(),
-            'epoch': completed_epoch,
-            'num_updates': self.num_updates,
-            'updates_per_epoch': self.updates_per_epoch,
-            'global_batch': self.global_batch,
-            'world_size': self.ctx.world_size,
-            'config': dict(self.recipe),
-            'best_top1': self.best_top1 if math.isfinite(self.best_top1) else None,
-        }
+        return make_checkpoint(
+            self.model, self.data_config,
+            converted=self.converted,
+            ema=self.model_ema.module.state_dict() if self.model_ema is not None else None,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            epoch=completed_epoch,
+            num_updates=self.num_updates,
+            updates_per_epoch=self.updates_per_epoch,
+            global_batch=self.global_batch,
+            world_size=self.ctx.world_size,
+            config=dict(self.recipe),
+            best_top1=self.best_top1 if math.isfinite(self.best_top1) else None,
+        )
 
     def _guarded_write(self, path: str, write: Callable[[], Any]) -> None:
         """Run one atomic write; a failure (full disk, read-only folder, quota) becomes one line naming the path.
@@ -554,10 +508,10 @@ class Trainer:
                 if position is not None:
                     ckpt['partial'] = {'epoch': epoch, 'positions': [s['position'] for s in states]}
                 if is_best:
-                    self._guarded_write(self.best_path, lambda: atomic_torch_save(ckpt, self.best_path))
+                    self._guarded_write(self.best_path, lambda: write_checkpoint(ckpt, self.best_path))
                     self._guarded_write(self.last_path, lambda: atomic_copy(self.best_path, self.last_path))
                 else:
-                    self._guarded_write(self.last_path, lambda: atomic_torch_save(ckpt, self.last_path))
+                    self._guarded_write(self.last_path, lambda: write_checkpoint(ckpt, self.last_path))
                 if row is not None:
                     self._write_metrics(self._read_metrics() + [row])
             except CheckpointWriteError as e:
@@ -574,8 +528,8 @@ class Trainer:
         self.log(f'model {r["model"]} ({kind}), '
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
                  f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
-        val_images = _num_images(self.val_set) or 'unknown'
-        self.log(f'data {r["data"]}: {_num_images(self.train_set)} train / {val_images} val images, '
+        val_images = num_images(self.val_set) or 'unknown'
+        self.log(f'data {r["data"]}: {num_images(self.train_set)} train / {val_images} val images, '
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
                  f'{r["batch_size"]} x {ctx.world_size} process(es) x {r["accum_steps"]} accum, '
                  f'{self.updates_per_epoch} updates/epoch')
@@ -603,12 +557,11 @@ class Trainer:
             self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
         self.train_set.set_epoch(epoch)
         try:
-            return train_one_epoch(
-                self.train_model, self.train_loader, self.criterion, self._update_step(), epoch=epoch,
-                updates_per_epoch=self.updates_per_epoch, num_updates=self.num_updates, device=self.device,
-                position=position, prepare=self._prepare, autocast=self.autocast,
-                should_stop=lambda: self.stop.requested, progress=r['progress'] and self.ctx.is_main,
-                desc=f'epoch {epoch + 1}/{r["epochs"]}')
+            plan = EpochPlan(epoch, self.updates_per_epoch, self.num_updates, position,
+                             should_stop=lambda: self.stop.requested, progress=r['progress'] and self.ctx.is_main,
+                             desc=f'epoch {epoch + 1}/{r["epochs"]}')
+            return train_one_epoch(self.train_model, self.train_loader, self.criterion, self._update_step(), plan=plan,
+                                   forward=self.forward)
         except NonFiniteLossError as e:
             kept = (f'the last good checkpoint {self.last_path} (epoch {epoch}/{r["epochs"]}) is kept'
                     if os.path.isfile(self.last_path) else 'no checkpoint was written yet')
@@ -712,8 +665,8 @@ def run(args: argparse.Namespace) -> int:
         print(dump_recipe(recipe), end='')
         return 0
     output = recipe['output']
-    if checkpoint is None and os.path.isfile(os.path.join(output, LAST)):
-        raise TcnnError(f'{output} already holds a run ({LAST}): continue it with --resume {output} '
+    if checkpoint is None and os.path.isfile(os.path.join(output, LAST_CHECKPOINT)):
+        raise TcnnError(f'{output} already holds a run ({LAST_CHECKPOINT}): continue it with --resume {output} '
                         f'(or --resume auto) or choose another --output')
     check_output_dir(output, '--output')
     ctx = setup_distributed(recipe['device'])
@@ -721,7 +674,9 @@ def run(args: argparse.Namespace) -> int:
         with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):
             for note in notes if ctx.is_main else ():
                 print(f'note: {note}')
-            trainer = Trainer(recipe, ctx, checkpoint, stop)
+            data = open_training_data(recipe)
+            recipe['num_classes'] = data.num_classes  # a fresh run may leave it to the data
+            trainer = Trainer(recipe, data, ctx, checkpoint, stop)
             del checkpoint
             if ctx.is_main:
                 trainer._guarded_write(os.path.join(output, CONFIG_FILE),
@@ -731,7 +686,7 @@ def run(args: argparse.Namespace) -> int:
             return trainer.fit()
     except KeyboardInterrupt:
         if ctx.is_main:
-            last = os.path.join(output, LAST)
+            last = os.path.join(output, LAST_CHECKPOINT)
             where = (f'{last} holds the last checkpoint; continue with --resume {output}'
                      if os.path.isfile(last) else 'no checkpoint was written')
             print(f'interrupted: {where}', file=sys.stderr)

@@ -7,7 +7,7 @@ import torch
 
 from tcnn.cli import main
 from tcnn.errors import TcnnError
-from tcnn.io import load_torch_file
+from tcnn.hub import load_torch_file
 from tcnn.paths import check_output_dir, check_output_file, output_dir
 
 

@@ -82,7 +82,7 @@ def interrupt_in_epoch(monkeypatch, epoch, after=2):
     original = tcnn_train.train_one_epoch
 
     def patched(model, loader, *args, **kwargs):
-        if kwargs['epoch'] == epoch:
+        if kwargs['plan'].epoch == epoch:
             loader = _InterruptingLoader(loader, after)
         return original(model, loader, *args, **kwargs)
 
@@ -351,7 +351,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, mon
     original = tcnn_train.train_one_epoch
 
     def poisoned(model, *args, **kwargs):
-        if kwargs['epoch'] == 1:
+        if kwargs['plan'].epoch == 1:
             with torch.no_grad():
                 model.get_submodule('layer4.1.bn2').weight.fill_(float('nan'))
         return original(model, *args, **kwargs)

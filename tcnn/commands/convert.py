@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import io as tio
     from ..convert import reparameterize
     from ..hub import CLI_HINT, WeightsUnavailableError, create_cnn
-    from ..models import source_model_name
+    from ..hub import source_model_name
 
     source = source_model_name(args.model)
     if source is not None:
