@@ -11,14 +11,13 @@ This is the analysis of T-CNN (arXiv:2106.05795) section 4 as a Python API (``tc
   eq. 8), where ``delta`` is the key - query offset in tokens of the layer's input grid (padded coordinates, the
   same ones as the attention centres, so the exact configuration gives ``D^h = |Delta_h|``).
 """
-import contextlib
 import dataclasses
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
-from .convert import gpsa_layers, gpsa_summary
+from .convert import eval_mode, gpsa_layers, gpsa_summary
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 from .gpsa import GPSA
 
@@ -72,16 +71,6 @@ class AttentionMaps:
         return maps[..., ph:maps.shape[-2] - ph, pw:maps.shape[-1] - pw]
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
 def _require_gpsa(model: nn.Module) -> List[Tuple[str, GPSA]]:
     layers = gpsa_layers(model)  # raises on a non-module
     if not layers:
@@ -107,7 +96,7 @@ def capture_gpsa_inputs(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Te
             inputs[_name] = args[0].detach()
         handles.append(layer.register_forward_pre_hook(hook))
     try:
-        with _eval_mode(model):
+        with eval_mode(model):
             model(x.to(_model_device(model)))
     finally:
         for h in handles:
@@ -134,8 +123,8 @@ def query_cell(query: Optional[Sequence[float]], image_size: Sequence[int], out_
     height, width = int(image_size[0]), int(image_size[1])
     if query is not None and (isinstance(query, (str, bytes)) or not isinstance(query, Sequence) or len(query) != 2):
         raise InvalidTypeError(f'query must be a (y, x) pixel, got {query!r}')
-    y, x = (height / 2.0, width / 2.0) if query is None else \
-        (float(check_number(query[0], 'query')), float(check_number(query[1], 'query')))
+    y, x = ((height / 2.0, width / 2.0) if query is None else
+            (float(check_number(query[0], 'query')), float(check_number(query[1], 'query'))))
     if not (0 <= y < height and 0 <= x < width):
         raise InvalidArgumentError(f'query pixel ({y:g}, {x:g}) is outside the {height}x{width} input image')
     i = min(int(y * out_size[0] / height), out_size[0] - 1)

@@ -13,7 +13,8 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_con
 from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
-           'exact_configuration', 'gpsa_layers', 'gpsa_summary', 'find_convertible_convs', 'resolve_stages']
+           'exact_configuration', 'eval_mode', 'gpsa_layers', 'gpsa_summary', 'find_convertible_convs',
+           'resolve_stages']
 
 StageSpec = Union[None, int, str, Sequence[Union[int, str]]]
 
@@ -182,6 +183,17 @@ def exact_configuration(model: nn.Module) -> Iterator[nn.Module]:
 
 
 @contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily put ``model`` in eval mode (BN running statistics, no dropout); its train/eval mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
 def full_precision_matmul() -> Iterator[None]:
     """Float32 matmuls and cuDNN convolutions in true float32 (TF32 off) inside the block; the previous switches after.
 
@@ -255,27 +267,20 @@ def _measure(
     dtype = dtype or param.dtype
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn((batch_size, *input_size), generator=gen).to(device=device, dtype=dtype)
-    with cnn_context() as cnn:
-        was_training = cnn.training
+    with cnn_context() as cnn, eval_mode(cnn):
         try:
-            ref = cnn.eval()(x)
+            ref = cnn(x)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as e:  # a wrong channel count, an image smaller than the network's strides, ...
             raise InvalidArgumentError(f'input_size {tuple(input_size)} does not fit the model: '
                                        f'{" ".join(str(e).split())[:200]}') from e
-        finally:
-            cnn.train(was_training)
-    was_training = t_cnn.training
-    t_cnn.eval()
-    try:
+    with eval_mode(t_cnn):
         with exact_configuration(t_cnn):
             exact = t_cnn(x)
         init = t_cnn(x)
         with exact_configuration(t_cnn), _content_only(t_cnn):
             content = t_cnn(x)
-    finally:
-        t_cnn.train(was_training)
     abs_err, rel_err = _errors(ref, exact)
     init_abs, init_rel = _errors(ref, init)
     report = EquivalenceReport(abs_err, rel_err, init_abs, init_rel, tuple(input_size), batch_size,

@@ -8,13 +8,13 @@ import os
 import random
 import signal
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import TcnnError
+from .errors import TcnnError, check_device
 
 __all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
            'all_reduce_sum', 'gather', 'rng_state', 'set_rng_state', 'seed_all', 'StopRequest', 'EXIT_PREEMPTED',
@@ -66,13 +66,17 @@ def _check_gpu_count(name: str, world: int, local_rank: int, local_world: Option
                     f'(torchrun --nproc_per_node {count}) or pass --device cpu')
 
 
-def _device(name: str, world: int, local_rank: int, local_world: Optional[int] = None) -> torch.device:
+def resolve_device(name: Optional[Union[str, torch.device]] = None, world: int = 1, local_rank: int = 0,
+                   local_world: Optional[int] = None) -> torch.device:
+    """The device a process computes on: ``None``/``'auto'`` is the GPU when there is one, else the CPU; ``'cuda'``
+    under torchrun is the GPU of the local rank. A device this machine lacks is a one-line error naming the fix."""
+    name = 'auto' if name is None or name == 'auto' else str(check_device(name, 'device'))
     if name == 'auto':
         name = 'cuda' if torch.cuda.is_available() else 'cpu'
     if not name.startswith('cuda'):
-        return torch.device('cpu')
+        return torch.device(name)
     if not torch.cuda.is_available():
-        raise TcnnError(f'device {name} requested but CUDA is not available (use --device cpu)')
+        raise TcnnError(f'device {name} requested but CUDA is not available: use device cpu')
     # under torchrun each process takes the GPU of its local rank; alone, cuda:N means GPU N
     index = local_rank if world > 1 or name == 'cuda' else torch.device(name).index or 0
     _check_gpu_count(name, world, local_rank, local_world, index)
@@ -88,7 +92,8 @@ def setup_distributed(device_name: str) -> DistContext:
     local_rank = int(os.environ.get('LOCAL_RANK', '0'))
     local_world = int(os.environ.get('LOCAL_WORLD_SIZE', str(world)))
     # only torchrun's LOCAL_WORLD_SIZE counts the processes of this node (the default above counts all nodes)
-    device = _device(device_name, world, local_rank, local_world if 'LOCAL_WORLD_SIZE' in os.environ else None)
+    device = resolve_device(device_name, world, local_rank,
+                            local_world if 'LOCAL_WORLD_SIZE' in os.environ else None)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend='nccl' if device.type == 'cuda' else 'gloo')
     return DistContext(rank, world, local_rank, local_world, device, world > 1)

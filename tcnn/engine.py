@@ -1,4 +1,4 @@
-"""One training epoch and one evaluation pass (DeiT / ConvNeXt style), single-process or DDP.
+"""One training epoch and one validation pass (DeiT / ConvNeXt style), single-process or DDP.
 
 Metrics are reduced across processes (sums of losses, counts and correct predictions), so every rank returns the
 same global numbers. A non-finite loss raises ``NonFiniteLossError`` on every rank at the same update, before the
@@ -21,7 +21,7 @@ from .errors import TcnnError
 from .optim import group_lrs
 
 __all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'ForwardPass', 'EpochPlan', 'train_one_epoch',
-           'evaluate', 'autocast_fn',
+           'validate', 'autocast_fn',
            'to_device', 'DATA_BOUND_FRACTION']
 
 # A run is "data-bound" when the step waits this fraction of its time or more for the loader.
@@ -277,7 +277,7 @@ def _epoch_stats(position: EpochPosition, lrs: Dict[str, Optional[float]], num_u
 
 
 @torch.no_grad()
-def evaluate(
+def validate(
         model: nn.Module,
         loader: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         *,

@@ -26,7 +26,7 @@ from .errors import InvalidTypeError, TcnnError, check_device, check_number
 from .paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
-           'create_cnn', 'load_torch_file', 'load_state_dict_file', 'clean_state_dict',
+           'create_cnn', 'record_source', 'load_torch_file', 'load_state_dict_file', 'clean_state_dict',
            'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
@@ -219,8 +219,8 @@ def _read_torch(path: str, map_location: Union[str, torch.device, None], what: s
 
 def check_map_location(map_location: Any) -> None:
     """A device string torch does not know is the caller's mistake, not a corrupt file."""
-    if map_location is None or isinstance(map_location, dict) or \
-            (callable(map_location) and not isinstance(map_location, (str, torch.device))):
+    if (map_location is None or isinstance(map_location, dict)
+            or (callable(map_location) and not isinstance(map_location, (str, torch.device)))):
         return  # torch.load's remapping forms
     check_device(map_location, 'map_location')
 
@@ -302,8 +302,8 @@ def _load_weights(model: nn.Module, path: str, name: str) -> None:
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.startswith(head + '.')]
     if missing or unexpected:
-        detail = (f'missing {len(missing)} keys (e.g. {missing[:2]})' if missing else '') + \
-                 (f' unexpected {len(unexpected)} keys (e.g. {unexpected[:2]})' if unexpected else '')
+        detail = ((f'missing {len(missing)} keys (e.g. {missing[:2]})' if missing else '')
+                  + (f' unexpected {len(unexpected)} keys (e.g. {unexpected[:2]})' if unexpected else ''))
         raise TcnnError(f'{path} does not fit {name}: {detail.strip()}')
 
 
@@ -349,8 +349,21 @@ def create_cnn(
         model = _create_timm(arch, pretrained and weights is None, **kwargs)
     if weights is not None:
         _load_weights(model, os.fspath(weights), name)
-    # What it takes to rebuild this architecture offline (tcnn.load uses it): name and creation kwargs.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'pretrained_cfg_overlay')}
+    return record_source(model, name, num_classes, kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- model attributes
+# What tcnn records on the models it creates, converts or loads, as plain Python values (tcnn.save stores them, so
+# that tcnn.load rebuilds the model offline):
+#   tcnn_source  {'model': NAME, 'num_classes': int or None, 'kwargs': {...}}: the create_cnn arguments that rebuild
+#                the architecture (set by create_cnn, the t_* registry and tcnn.load, through record_source);
+#   tcnn_config  the conversion settings {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init',
+#                'qk_dim'} (set by tcnn.reparameterize and tcnn.load);
+#   tcnn_report  the EquivalenceReport of a verified conversion (tcnn.reparameterize with verify=True).
+
+
+def record_source(model: nn.Module, name: str, num_classes: Optional[int], kwargs: Dict[str, Any]) -> nn.Module:
+    """Record how to rebuild ``model``'s architecture offline (``tcnn_source``, see above); returns the model."""
     model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs)}
-    model.tcnn_source['kwargs'].pop('num_classes', None)
-    model.tcnn_source['kwargs'].pop('pretrained_cfg_overlay', None)
     return model

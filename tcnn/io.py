@@ -33,7 +33,7 @@ from .convert import gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import upgrade_proj_weight
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, create_cnn, error_reason, file_head,
-                  load_torch_file, source_model_name, split_model_name, transformed_model_name)
+                  load_torch_file, record_source, source_model_name, split_model_name, transformed_model_name)
 from .paths import check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
@@ -173,8 +173,8 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
     source, state_dict = d.get('source'), d.get('state_dict')
     if not isinstance(source, dict) or not isinstance(source.get('model'), str):
         raise TcnnError(f'{where}: corrupt T-CNN file (no source architecture)')
-    if not isinstance(state_dict, dict) or not state_dict or \
-            not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+    if not (isinstance(state_dict, dict) and state_dict
+            and all(isinstance(v, torch.Tensor) for v in state_dict.values())):
         raise TcnnError(f'{where}: corrupt T-CNN file (no state_dict of tensors)')
     conversion = d.get('conversion')
     if conversion is not None and not (isinstance(conversion, dict) and isinstance(conversion.get('layers'), list)):
@@ -257,8 +257,7 @@ def model_from_dict(
     if layers != expected_layers:
         raise TcnnError(f'{where}: this tcnn/timm builds GPSA layers {layers}, the file has {expected_layers}')
     _load_weights(model, state_dict, where, assign)
-    model.tcnn_source = {'model': d['source']['model'], 'num_classes': d.get('num_classes'),
-                         'kwargs': dict(d['source'].get('kwargs') or {})}
+    record_source(model, d['source']['model'], d.get('num_classes'), d['source'].get('kwargs') or {})
     if d['conversion']:
         model.tcnn_config = dict(d['conversion'])
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}

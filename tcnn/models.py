@@ -25,11 +25,11 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pr
     is_model, list_models, model_entrypoint, register_model
 from timm.models.resnet import BasicBlock, ResNet
 
-from . import io
+from . import hub, io
 from .convert import StageSpec, gpsa_layers, reparameterize_
 from .errors import TcnnError
 from .gpsa import GPSA
-from .hub import T_PREFIX, create_cnn, load_state_dict_file, source_model_name, transformed_model_name
+from .hub import T_PREFIX, record_source, source_model_name, transformed_model_name
 
 __all__ = ['TransformedResNet', 'SOURCE_MODELS', 'T_PREFIX', 'no_weight_decay_names', 'source_model_name',
            'transformed_model_name']
@@ -152,7 +152,7 @@ def _file_weights(
     try:
         d = io.read(path)
     except io.NotTcnnFileError:
-        state_dict = load_state_dict_file(path)
+        state_dict = hub.load_state_dict_file(path)
         fc_weight = state_dict.get('fc.weight')
         if fc_weight is not None:
             overlay.setdefault('num_classes', fc_weight.shape[0])
@@ -196,7 +196,7 @@ def _pretrained_weights(
     if overlay.get('file'):
         return _file_weights(overlay['file'], source, conversion, overlay)
     name = f'{source}.{tag}' if tag else source
-    return create_cnn(name, pretrained=True).state_dict()
+    return hub.create_cnn(name, pretrained=True).state_dict()  # fails fast offline, naming the alternatives
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -235,9 +235,7 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
         pretrained_filter_fn=functools.partial(_load_filter, weights=weights), **kwargs)
     model.pretrained_cfg.pop('state_dict', None)
     if not kwargs.get('features_only'):
-        # What tcnn.save needs to rebuild the architecture offline (tcnn.hub.create_cnn's convention).
-        model.tcnn_source = {'model': f'{source}.{tag}' if tag else source, 'num_classes': model.num_classes,
-                             'kwargs': arch_kwargs}
+        record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs)
     return model
 
 

@@ -28,13 +28,15 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
+from .convert import eval_mode
 from .data import IMAGE_EXTENSIONS, check_image_options, data_config
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module, check_number
+from .distributed import resolve_device
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
            'IMAGENET_C_SIZE', 'imagenet_wnids', 'subset_wnids', 'SuiteData', 'scan_suite', 'LabelSpace',
            'label_space', 'eval_data_config', 'evaluate', 'results_table', 'format_table', 'format_markdown',
-           'write_results', 'num_outputs', 'resolve_device']
+           'write_results', 'num_outputs']
 
 SUITES = ('imagenet', 'imagenet-c', 'imagenet-a', 'imagenet-r')
 SEVERITIES = ('1', '2', '3', '4', '5')
@@ -244,11 +246,8 @@ def num_outputs(model: nn.Module, input_size: Sequence[int] = (3, 64, 64)) -> in
     if isinstance(fc, nn.Linear):
         return fc.out_features
     param = next(model.parameters())
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), eval_mode(model):
         out = model(torch.zeros(1, *input_size, device=param.device, dtype=param.dtype))
-    model.train(was_training)
     return out.shape[-1]
 
 
@@ -312,16 +311,6 @@ class _Images(Dataset):
 
 def _config_key(cfg: Mapping[str, Any]) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
-
-
-def resolve_device(device: Optional[str]) -> torch.device:
-    """``device`` as a ``torch.device`` (default CUDA when available); an unusable one is a one-line error."""
-    if device is None:
-        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    dev = check_device(device, 'device')
-    if dev.type == 'cuda' and not torch.cuda.is_available():
-        raise TcnnError(f"device {device!r} requested but CUDA is not available; use device 'cpu'")
-    return dev
 
 
 def _worker_error(e: Exception) -> TcnnError:
@@ -520,8 +509,8 @@ def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]
     Args:
         report: ``{'models': {name: ...}, 'suites': {suite: {'results': {name: result}}}}`` (``tcnn eval``'s JSON).
     """
-    if not isinstance(report, Mapping) or not isinstance(report.get('models'), Mapping) or \
-            not isinstance(report.get('suites'), Mapping):
+    if not (isinstance(report, Mapping) and isinstance(report.get('models'), Mapping)
+            and isinstance(report.get('suites'), Mapping)):
         raise InvalidArgumentError('report must be a tcnn eval report: a dict with "models" and "suites" entries')
     names = list(report['models'])
     header = ['metric'] + names

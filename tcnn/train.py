@@ -33,7 +33,7 @@ from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers,
 from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
                           rng_state, seed_all, set_rng_state, setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
-                     autocast_fn, evaluate, to_device, train_one_epoch)
+                     autocast_fn, to_device, train_one_epoch, validate)
 from .errors import TcnnError
 from .gpsa import GPSA
 from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
@@ -41,8 +41,8 @@ from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, ma
                  read_checkpoint, read_metrics, write_checkpoint, write_metrics)
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe, \
-    scaled_lrs, validate_recipe
+from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe,
+                     scaled_lrs, validate_recipe)
 from .train_args import add_arguments, flag_overrides
 
 __all__ = ['add_arguments', 'run', 'main', 'Trainer', 'CheckpointWriteError']
@@ -482,8 +482,8 @@ class Trainer:
             write()
         except Exception as e:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError, not OSError
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            kept = f'the previous {os.path.basename(self.last_path)} is intact' if os.path.isfile(self.last_path) \
-                else 'no checkpoint was written yet'
+            kept = (f'the previous {os.path.basename(self.last_path)} is intact' if os.path.isfile(self.last_path)
+                    else 'no checkpoint was written yet')
             raise CheckpointWriteError(f'cannot write {path} ({type(e).__name__}: {reason}); {kept}; free disk space '
                                        f'or fix the permissions of {self.output}, then --resume {self.output}') from e
 
@@ -569,7 +569,7 @@ class Trainer:
 
     def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
         eval_start = time.perf_counter()
-        val = evaluate(self.model, self.val_loader, device=self.device, autocast=self.autocast,
+        val = validate(self.model, self.val_loader, device=self.device, autocast=self.autocast,
                        channels_last=self.channels_last)
         row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
                'train_loss': stats['train_loss'], 'train_top1': stats['train_top1'], **val,
@@ -577,7 +577,7 @@ class Trainer:
                'data_wait': stats['data_wait'], 'train_images': stats['train_images'], 'epoch_time_s': None,
                'gpsa': gpsa_summary(self.model)}
         if self.model_ema is not None:
-            row.update(evaluate(self.model_ema.module, self.val_loader, device=self.device, autocast=self.autocast,
+            row.update(validate(self.model_ema.module, self.val_loader, device=self.device, autocast=self.autocast,
                                 channels_last=self.channels_last, prefix='ema_val'))
         row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
         row['bad_images'] = self._bad_images()

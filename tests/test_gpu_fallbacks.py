@@ -97,12 +97,12 @@ def test_rank_zero_fails_too_so_the_error_is_printed(gpus, monkeypatch, tmp_path
 def test_enough_gpus_and_single_process_devices(gpus, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     _torchrun_env(monkeypatch, rank=1, world=2)
-    assert tcnn_distributed._device('auto', 2, 1, 2) == torch.device('cuda', 1) == gpus[-1]
-    assert tcnn_distributed._device('cuda:1', 1, 0) == torch.device('cuda', 1) == gpus[-1]
+    assert tcnn_distributed.resolve_device('auto', 2, 1, 2) == torch.device('cuda', 1) == gpus[-1]
+    assert tcnn_distributed.resolve_device('cuda:1', 1, 0) == torch.device('cuda', 1) == gpus[-1]
     with pytest.raises(TcnnError, match=r'^device cuda:2 requested but this machine has 2 GPUs \(cuda:0 to cuda:1\): '
                                         'pass one of them or --device cpu$'):
-        tcnn_distributed._device('cuda:2', 1, 0)
-    assert tcnn_distributed._device('cpu', 2, 5, 2) == torch.device('cpu')  # --device cpu: any number of processes
+        tcnn_distributed.resolve_device('cuda:2', 1, 0)
+    assert tcnn_distributed.resolve_device('cpu', 2, 5, 2) == torch.device('cpu')  # --device cpu: any number of processes
     assert len(gpus) == 2
 
 

@@ -145,8 +145,8 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
             out.append('  note        the replaced layers do not affect these logits (zero-initialised residual '
                        'branches?), so this check cannot catch a wrong conversion')
         else:
-            note = 'within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol \
-                else 'this init departs from the CNN by design, T-CNN paper section 2'
+            note = ('within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol
+                    else 'this init departs from the CNN by design, T-CNN paper section 2')
             out.append(f'  at init     {init}: max rel err {report.init_max_rel_err:.2g} ({note})')
     out.append(f'  init        {init}, qk_dim {config["qk_dim"] or "C_in // heads"}')
     out.append(f'  saved       {path} ({_size(path)}) in {seconds:.1f} s')

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
     from ..data import check_image_options
+    from ..distributed import resolve_device
     from ..errors import check_number
     from ..paths import check_output_file
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
-    rb.resolve_device(args.device)
+    resolve_device(args.device)
     if args.out:
         check_output_file(args.out, '--out', ('.json',))
     if args.markdown:
