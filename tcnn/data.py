@@ -11,6 +11,9 @@
   supported Pillow (see ``posterize``).
 """
 import dataclasses
+import difflib
+import importlib.util
+import json
 import multiprocessing
 import os
 import random
@@ -20,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 from PIL import Image, ImageOps
-from timm.data import create_transform, resolve_data_config
+from timm.data import create_dataset, create_transform, resolve_data_config
+from timm.data.readers import create_reader
 from torch.utils.data import Dataset
 
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
@@ -78,7 +82,6 @@ class ImageFolderDataset(Dataset):
 
     def __init__(self, root: str, class_map: Optional[Dict[str, int]] = None, skip_bad_images: bool = False,
                  transform: Optional[Callable] = None):
-        from timm.data.readers import create_reader
         self.root = root
         self.reader = create_reader('', root=root, class_map=class_map or '')
         self.class_to_idx: Dict[str, int] = dict(self.reader.class_to_idx)
@@ -353,7 +356,6 @@ def split_data_spec(data: str) -> Tuple[Optional[str], str]:
     if sep and prefix.lower() in READERS and rest:
         return prefix.lower(), rest
     if sep and prefix and not os.path.exists(data) and not os.path.exists(prefix):
-        import difflib
         close = difflib.get_close_matches(prefix.lower(), list(READERS), n=1, cutoff=0.6)
         if close or prefix.lower() in ('torch', 'hf', 'webdataset'):
             known = ', '.join(f'{r}/' for r in READERS)
@@ -370,7 +372,6 @@ def is_reader_spec(data: str) -> bool:
 
 def _read_info(root: str) -> Dict[str, Any]:
     """A local shard folder's ``_info.json`` (timm's webdataset split description), ``{}`` without one."""
-    import json
     for name in _INFO_FILES:
         path = os.path.join(root, name)
         if os.path.isfile(path):
@@ -483,7 +484,6 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
 
 def _check_reader_package(reader: str, data: str) -> None:
-    import importlib.util
     package, install = READERS[reader]
     if importlib.util.find_spec(package) is None:
         raise TcnnError(f'--data {data} needs the {package} package: {install}')
@@ -510,7 +510,6 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
         if not classes:
             raise TcnnError(f'{data} does not name its classes: set --set num_classes=N')
         return train, val, classes
-    from timm.data import create_dataset
     name, root = (reader + '/' + os.path.basename(rest.rstrip('/')), rest) if reader == 'wds' else (data, None)
     kwargs: Dict[str, Any] = {}
     splits = []
@@ -561,7 +560,6 @@ class ReaderDataset(ImageFolderDataset):
 
     def __init__(self, spec: str, name: str, split: str, class_map: Optional[Dict[str, int]] = None,
                  skip_bad_images: bool = False, transform: Optional[Callable] = None):
-        from timm.data.readers import create_reader
         self.root = spec
         self.split = split
         try:

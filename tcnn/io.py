@@ -27,8 +27,8 @@ from safetensors.torch import save_file
 from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
 from timm.models._features_fx import FeatureGraphNet
 
-from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from . import data
+from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from .convert import gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import upgrade_proj_weight

@@ -10,7 +10,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
@@ -59,7 +61,6 @@ def _short(name: str) -> str:
 
 def _heat(ax, values: np.ndarray, rows: Sequence[str], title: str, fmt: str, cmap: str, vmin=None, vmax=None,
           log: bool = False) -> None:
-    from matplotlib.colors import LogNorm
     masked = np.ma.masked_invalid(values)
     finite = values[np.isfinite(values)]
     norm = None
@@ -85,7 +86,6 @@ def _heat(ax, values: np.ndarray, rows: Sequence[str], title: str, fmt: str, cma
 
 
 def _outline():
-    from matplotlib import patheffects
     return [patheffects.withStroke(linewidth=1.5, foreground='black')]
 
 
@@ -212,7 +212,6 @@ def plot_attention(
 
 
 def _outline_white():
-    from matplotlib import patheffects
     return [patheffects.withStroke(linewidth=1.5, foreground='white')]
 
 

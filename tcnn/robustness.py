@@ -26,12 +26,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn as nn
+from PIL import Image
+from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 
+from .atomic import atomic_write_text
 from .convert import eval_mode
 from .data import IMAGE_EXTENSIONS, check_image_options, data_config
 from .distributed import resolve_device
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
+from .paths import check_output_file
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
            'IMAGENET_C_SIZE', 'imagenet_wnids', 'subset_wnids', 'SuiteData', 'scan_suite', 'LabelSpace',
@@ -299,7 +304,6 @@ class _Images(Dataset):
         return len(self.data)
 
     def __getitem__(self, i: int):
-        from PIL import Image
         path = self.data.path(i)
         try:
             with Image.open(path) as img:
@@ -353,8 +357,6 @@ def evaluate(
         Per model name, the suite's results (see ``docs/analysis.md``): ``top1``/``top5`` (%) and ``num_images``;
         for ImageNet-C also ``corruptions``, ``categories``, ``severities``, ``mce`` and ``complete``.
     """
-    from timm.data import create_transform
-    from tqdm import tqdm
 
     # every argument before the folder scan and the first batch: a mistake costs no pass over the data
     if not isinstance(models, Mapping):
@@ -568,8 +570,6 @@ def format_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 def write_results(report: Mapping[str, Any], json_path: Optional[str], markdown_path: Optional[str] = None) -> None:
     """Write the report as JSON and/or its table as markdown, atomically (both paths are checked first)."""
-    from .atomic import atomic_write_text
-    from .paths import check_output_file
     for path, name, suffixes in ((json_path, 'json_path', ('.json',)), (markdown_path, 'markdown_path', ('.md',))):
         if path:
             check_output_file(path, name, suffixes)

@@ -46,6 +46,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optio
 
 import numpy as np
 from PIL import Image, ImageDraw
+from tqdm import tqdm
 
 from .errors import InvalidArgumentError, TcnnError, check_number
 
@@ -658,7 +659,6 @@ def _make_dirs(root: str, classes: Sequence[str], sizes: Mapping[str, int], corr
 
 def _run_jobs(task: ShapeTask, seed: int, sizes: Dict[str, int], corruptions: Sequence[str], corrupt_count: int,
               root: str, workers: Optional[int], progress: bool) -> Dict[str, List[Dict[str, Any]]]:
-    from tqdm import tqdm
     jobs = [(task.to_dict(), seed, split, a, b, tuple(corruptions), corrupt_count, root)
             for split, a, b in _chunks(sizes, 100)]
     total = sum(sizes.values())

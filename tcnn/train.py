@@ -25,6 +25,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 import torch.nn as nn
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_write_text
@@ -341,7 +345,6 @@ class Trainer:
                                           self.lrs['min_lr'])
         self.num_updates = 0
         if r['model_ema']:
-            from timm.utils import ModelEmaV3
             self.model_ema = ModelEmaV3(self.model, decay=r['model_ema_decay'])
 
     def _setup_loss(self) -> None:
@@ -349,14 +352,11 @@ class Trainer:
         r = self.recipe
         self.mixup_fn = None
         if r['mixup'] > 0 or r['cutmix'] > 0:
-            from timm.data import Mixup
-            from timm.loss import SoftTargetCrossEntropy
             self.mixup_fn = Mixup(mixup_alpha=r['mixup'], cutmix_alpha=r['cutmix'], prob=r['mixup_prob'],
                                   switch_prob=r['mixup_switch_prob'], mode=r['mixup_mode'],
                                   label_smoothing=r['smoothing'], num_classes=r['num_classes'])
             self.criterion = SoftTargetCrossEntropy()
         elif r['smoothing'] > 0:
-            from timm.loss import LabelSmoothingCrossEntropy
             self.criterion = LabelSmoothingCrossEntropy(smoothing=r['smoothing'])
         else:
             self.criterion = nn.CrossEntropyLoss()
@@ -371,7 +371,6 @@ class Trainer:
         """DDP and torch.compile around the raw model (again after a late reparameterisation)."""
         model = self.model
         if self.ctx.distributed:
-            from torch.nn.parallel import DistributedDataParallel
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
         if self.recipe['compile']:
