@@ -588,14 +588,44 @@ def summary_lines(results: Mapping[str, Any]) -> str:
                         _result_rows(results))
 
 
-def render_readme(results: Mapping[str, Any]) -> str:
-    """The demo's ``README.md``: the table, what it means, how it was made and what to check."""
-    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
-    n = plan['seeds']
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return format_markdown(header, rows).rstrip('\n')
 
-    def _md_table(header: Sequence[str], table_rows: Sequence[Sequence[str]]) -> str:
-        return format_markdown(header, table_rows).rstrip('\n')
-    rows = _result_rows(results)
+
+def _readme_result(results: Mapping[str, Any]) -> str:
+    """Title, the result table, the verdict in words and the conversion's exactness."""
+    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
+    seeds_note = (f'mean ± standard deviation over {plan["seeds"]} fine-tuning seeds' if plan['seeds'] > 1 else
+                  'one seed (run with --seeds 2 or more for a spread)')
+    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below '
+             'check the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
+             if plan['name'] == 'quick' else '')
+    corrupted = f'corrupted top-1 % (mean of {len(ds["corruptions"])} corruptions x 5 severities)'
+    header = ['model', 'clean top-1 %', corrupted, 'gain clean (points)', 'gain corrupted (points)']
+    return f"""# tcnn demo: a Transformed CNN in miniature
+
+T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
+(ConViT, arXiv:2103.10697) that start from the CNN's function, then the hybrid is fine-tuned. This folder holds the
+whole experiment on a task made for it, with every file needed to check the numbers.
+{smoke}
+## Result ({seeds_note}; test split, never used to choose settings)
+
+{_md_table(header, _result_rows(results))}
+
+Gains are T-CNN minus the no-SA baseline of the same seed. In plain words:
+
+""" + '\n'.join(f'- {line}' for line in verdict(results)) + f"""
+
+The conversion is exact: in its exact configuration the T-CNN computes the trained CNN with a maximum relative
+logits error of {conv['max_rel_err']:.1e} (float32, {conv['gpsa_layers']} GPSA layers,
+{conv['params_cnn'] / 1e6:.3f}M -> {conv['params_t_cnn'] / 1e6:.3f}M parameters); at the fine-tuning init
+(alpha = lambda = 1) the logits deviate by {conv['init_max_rel_err']:.1%}: the init loosens locality and gates so that
+heads can learn content attention.
+"""
+
+
+def _readme_details(results: Mapping[str, Any]) -> str:
+    """Per seed (with the attention statistics) and per corruption."""
     per_seed = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["clean_top1"]:.1f}', f'{r["corrupted_top1"]:.1f}',
                  '' if r.get('gate_mean') is None else f'{r["gate_mean"]:.3f}',
                  '' if r.get('span_mean') is None else f'{r["span_mean"]:.2f}',
@@ -611,6 +641,24 @@ def render_readme(results: Mapping[str, Any]) -> str:
         rs = [r for r in results['runs'] if r['arm'] == arm]
         corr_rows.append([ARM_TITLES[arm]] + [
             f'{sum(r["corruptions"][c]["top1"] for r in rs) / len(rs):.1f}' for c in corr_names])
+    analysed = results['runs'][0].get('analysis') or results['runs'][-1].get('analysis') or {}
+    return f"""
+### Per seed
+
+{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ)', 'span 1/α', 'nonlocality',
+            'train s'], per_seed)}
+
+Gate: mean over heads and GPSA layers of sigma(lambda) (1: positional attention only, 0: content only). Span:
+1/alpha. Nonlocality: mean distance, in tokens, between a query and the keys it attends to (mixed attention),
+averaged over {analysed.get('num_images', 0)} test images.
+
+### Accuracy by corruption (top-1 %, mean over severities and seeds)
+
+{_md_table(['model'] + corr_names, corr_rows)}
+"""
+
+
+def _readme_figures(results: Mapping[str, Any]) -> str:
     figs = results.get('figures', {})
     rel = lambda p: os.path.relpath(p, os.path.dirname(results['eval_file']))  # noqa: E731
     fig_lines = []
@@ -620,51 +668,15 @@ def render_readme(results: Mapping[str, Any]) -> str:
         fig_lines.append(f'![training curves, {ARM_TITLES[arm]}]({rel(path)})')
     for path in figs.get('attention', []):
         fig_lines.append(f'![{os.path.basename(path)}]({rel(path)})')
-    env = results['environment']
-    seeds_note = (f'mean ± standard deviation over {n} fine-tuning seeds' if n > 1 else
-                  'one seed (run with --seeds 2 or more for a spread)')
-    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below '
-             'check the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
-             if plan['name'] == 'quick' else '')
-    text = f"""# tcnn demo: a Transformed CNN in miniature
+    return '\n## Figures\n\n' + '\n\n'.join(fig_lines) + '\n'
 
-T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
-(ConViT, arXiv:2103.10697) that start from the CNN's function, then the hybrid is fine-tuned. This folder holds the
-whole experiment on a task made for it, with every file needed to check the numbers.
-{smoke}
-## Result ({seeds_note}; test split, never used to choose settings)
 
-{_md_table(['model', 'clean top-1 %', 'corrupted top-1 % (mean of {} corruptions x 5 severities)'.format(
-    len(ds['corruptions'])), 'gain clean (points)', 'gain corrupted (points)'], rows)}
-
-Gains are T-CNN minus the no-SA baseline of the same seed. In plain words:
-
-""" + '\n'.join(f'- {line}' for line in verdict(results)) + f"""
-
-The conversion is exact: in its exact configuration the T-CNN computes the trained CNN with a maximum relative
-logits error of {conv['max_rel_err']:.1e} (float32, {conv['gpsa_layers']} GPSA layers,
-{conv['params_cnn'] / 1e6:.3f}M -> {conv['params_t_cnn'] / 1e6:.3f}M parameters); at the fine-tuning init
-(alpha = lambda = 1) the logits deviate by {conv['init_max_rel_err']:.1%}: the init loosens locality and gates so that
-heads can learn content attention.
-
-### Per seed
-
-{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ)', 'span 1/α', 'nonlocality',
-            'train s'], per_seed)}
-
-Gate: mean over heads and GPSA layers of sigma(lambda) (1: positional attention only, 0: content only). Span:
-1/alpha. Nonlocality: mean distance, in tokens, between a query and the keys it attends to (mixed attention),
-averaged over {results['runs'][0]['analysis']['num_images'] if results['runs'][0].get('analysis') else
-              (results['runs'][-1]['analysis'] or {}).get('num_images', 0)} test images.
-
-### Accuracy by corruption (top-1 %, mean over severities and seeds)
-
-{_md_table(['model'] + corr_names, corr_rows)}
-
-## Figures
-
-""" + '\n\n'.join(fig_lines) + f"""
-
+def _readme_method(results: Mapping[str, Any]) -> str:
+    """The task, how the experiment was made, the files and the environment."""
+    plan, ds, env = results['plan'], results['dataset'], results['environment']
+    late = (f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
+   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '')
+    return f"""
 ## The task
 
 {ds['rule'].capitalize()}. Every image ({ds['task_params']['img_size']} px) holds {ds['task_params']['num_objects']}
@@ -679,9 +691,7 @@ apart is local; finding which kind is the single one needs the shapes to be comp
 
 1. The CNN: `demo_resnet10` trained from scratch for {plan['pretrain_epochs']} epochs (`runs/cnn`).
 2. From that CNN, per seed, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
-   `t-cnn` (`tcnn.reparameterize`, verified, then the recipe)""" + (
-        f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
-   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '') + """.
+   `t-cnn` (`tcnn.reparameterize`, verified, then the recipe){late}.
 3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
    with `tcnn.analysis`, attention maps with `tcnn inspect`.
 
@@ -704,4 +714,8 @@ Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (
 {results['cnn']['train_s'] / 60:.1f} min, every fine-tuning run's in the table above) on {env['cpus']} CPUs
 ({env['threads']} torch threads, device {env['device']}); torch {env['torch']}, timm {env['timm']}, tcnn {env['tcnn']}.
 """
-    return text
+
+
+def render_readme(results: Mapping[str, Any]) -> str:
+    """The demo's ``README.md``: the table, what it means, the details, the figures, how it was made."""
+    return ''.join(f(results) for f in (_readme_result, _readme_details, _readme_figures, _readme_method))
