@@ -94,6 +94,10 @@ def _num_classes(model: nn.Module) -> int:
     fc = getattr(model, 'fc', None)
     if isinstance(fc, nn.Linear):
         return fc.out_features
+    from .hub import classifier_layer
+    _, head = classifier_layer(model)  # torchvision's other models: classifier.1, classifier.2, heads.head ...
+    if head is not None:
+        return head.out_features
     raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no fc)')
 
 

@@ -153,7 +153,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
         if report.vacuous:
             # e.g. a random-init timm ResNet: zero-initialised last BNs silence every residual branch
             out.append('  note        the replaced layers do not affect these logits (zero-initialised residual '
-                       'branches?), so this check cannot catch a wrong conversion')
+                       'branches or tiny layer scales?), so this check cannot catch a wrong conversion')
         else:
             note = 'within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol \
                 else 'this init departs from the CNN by design, T-CNN paper section 2'
