@@ -93,8 +93,14 @@ STAGE_CONTAINERS = ('trunk_output', 'stages', 'features', 'blocks', 'layers')
 LEVEL_PROBE_SIZE = 128
 
 
+# k x k convs that are not nn.Conv2d: found so that they are refused by name, never skipped silently
+_OTHER_CONVS = ('CondConv2d',)
+
+
 def _is_kxk_conv(module: nn.Module) -> bool:
-    return isinstance(module, nn.Conv2d) and module.kernel_size[0] * module.kernel_size[1] > 1
+    if not isinstance(module, nn.Conv2d) and type(module).__name__ not in _OTHER_CONVS:
+        return False
+    return module.kernel_size[0] * module.kernel_size[1] > 1
 
 
 def _level(reduction: float) -> int:
@@ -377,7 +383,9 @@ def _padding(conv: nn.Conv2d) -> Tuple[int, int]:
     return tuple(conv.padding)
 
 
-def _unsupported_reason(conv: nn.Conv2d) -> Optional[str]:
+def _unsupported_reason(conv: nn.Module) -> Optional[str]:
+    if type(conv).__name__ == 'CondConv2d':
+        return 'CondConv2d (timm *_cc_* models) mixes expert filters per sample; a GPSA layer holds one fixed filter'
     if type(conv).__name__ == 'Conv2dSame':
         # TensorFlow "SAME": the padding depends on the input size and puts the odd pixel at the bottom/right
         return ('Conv2dSame (timm tf_* models) pads TensorFlow-style at run time, asymmetrically for strided convs, '
