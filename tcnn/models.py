@@ -334,8 +334,7 @@ class Family:
         """Its models that convert exactly: timm's ``tf_*`` ports pad TensorFlow-style at run time (``Conv2dSame``,
         asymmetric) and ``*_cc_*`` models mix per-sample expert filters (``CondConv2d``); no GPSA layer reproduces
         either, so neither is registered."""
-        return [n for n in list_models(module=self.module)
-                if not n.startswith('tf_') and '_cc_' not in n and not is_model(T_PREFIX + n)]
+        return [n for n in list_models(module=self.module) if not n.startswith('tf_') and '_cc_' not in n]
 
 
 FAMILIES: Tuple[Family, ...] = (
@@ -366,6 +365,8 @@ def _register_all() -> Tuple[str, ...]:
     sources = []
     for family in FAMILIES:
         for source in family.sources():
+            if is_model(T_PREFIX + source):  # e.g. a timm model named t_* (none today): timm's name wins
+                continue
             sources.append(source)
             _FEATURE_CFGS[source] = family.feature_cfg
     cfgs = {}

@@ -10,25 +10,9 @@ import torch.nn as nn
 import torchvision
 
 import tcnn
+from nontrivial import nontrivial
 from tcnn.cli import main
 from tcnn.convert import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
-
-
-def _nontrivial(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random BN statistics and affine parameters, and layer scales of order 1 (timm's ConvNeXt ``gamma`` and
-    torchvision's ``layer_scale`` start at 1e-6, which would hide the converted blocks from the logits)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-        for name, p in model.named_parameters():
-            if name.endswith(('gamma', 'layer_scale')):
-                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-    return model.eval()
 
 
 def _timm(name: str) -> nn.Module:
@@ -183,7 +167,7 @@ def test_cli_list_stages(capsys):
     ('tv:efficientnet_b0', None, 1),
 ])
 def test_exact_conversion(name, stages, layers):
-    cnn = _nontrivial(_model(name))
+    cnn = nontrivial(_model(name))
     t_cnn = tcnn.reparameterize(cnn, stages=stages, input_size=(3, 64, 64))
     report = t_cnn.tcnn_report
     assert len(tcnn.gpsa_layers(t_cnn)) == layers == len(t_cnn.tcnn_config['layers'])
