@@ -40,9 +40,9 @@ class EquivalenceReport:
     T-CNN's actual parameters (e.g. the paper's alpha = lambda = 1 fine-tuning init, which is *not* the CNN).
     ``sensitivity`` is the relative logits change when every GPSA layer attends by content only: if it is below the
     default tolerance the replaced layers hardly influence the logits (e.g. timm's random init zeroes the last BN of
-    each residual block) and the check proves nothing (``vacuous``). ``float64_max_rel_err`` is set when a float32 check missed its
-    tolerance and was repeated in float64: a wrong conversion misses there too, float32 rounding amplified by an
-    ill-conditioned network (e.g. a random one with large activations) does not.
+    each residual block) and the check proves nothing (``vacuous``). ``float64_max_rel_err`` is set when a float32
+    check missed its tolerance and was repeated in float64: a wrong conversion misses there too, float32 rounding
+    amplified by an ill-conditioned network (e.g. a random one with large activations) does not.
     """
     max_abs_err: float
     max_rel_err: float
@@ -260,9 +260,9 @@ def _resolve_one(model: nn.Module, stage: Union[int, str], modules: Dict[str, nn
         levels = stage_levels(model)
         names = [n for n, level in levels if level == stage]
         if not names:
-            known = _names_text([f'{n} ({level})' for n, level in levels if level is not None])
+            known = _names_text([f'{n} ({level})' for n, level in levels if level is not None]) or 'none'
             raise ConversionError(f'{_model_name(model)} has no stage at level {stage} (an int i is the resolution '
-                                  f'1/2**(i+1) of the input, as ResNet\'s layer{{i}}); stages (level): {known or "none"}')
+                                  f'1/2**(i+1) of the input, as ResNet\'s layer{{i}}); stages (level): {known}')
         return names
     if any(c in stage for c in PATTERN_CHARS):
         names = [n for n in modules if n and fnmatch.fnmatchcase(n, stage)]

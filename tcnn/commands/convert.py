@@ -29,7 +29,8 @@ FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gati
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='MODEL',
-                        help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, ...) or torchvision:NAME')
+                        help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, convnext_tiny, regnety_040, '
+                             'efficientnet_b0, ...) or torchvision:NAME')
     parser.add_argument('--out', '-o', metavar='FILE',
                         help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
                              '(required unless --list-stages)')
