@@ -212,7 +212,8 @@ def _in_chans(model: nn.Module) -> int:
 
 
 def _has_kxk_conv(module: nn.Module) -> bool:
-    return any(_is_kxk_conv(m) for m in module.modules())
+    # a GPSA layer counts: the default stage of a converted model stays the one that was converted
+    return any(_is_kxk_conv(m) or isinstance(m, GPSA) for m in module.modules())
 
 
 def default_stage(model: nn.Module) -> str:

@@ -95,6 +95,15 @@ def test_bad_stages_are_one_line_errors_listing_candidates(name, stages, message
     assert len(str(info.value)) < 400  # long stage lists are abridged
 
 
+def test_converted_model_keeps_its_default_stage():
+    """A T-CNN's converted stage (GPSA layers, no convs left) stays its default: converting again is an error, not
+    a silent conversion of the stage before it."""
+    model = timm.create_model('t_convnext_atto')
+    assert default_stage(model) == 'stages.3' == resolve_stages(model, 4)[0]
+    with pytest.raises(ConversionError, match=r'no k x k convolution \(k > 1\) in stages\.3'):
+        tcnn.reparameterize(model, verify=False)
+
+
 def test_unconvertible_convs_name_the_layer():
     model = _model('tf_efficientnet_b0')
     assert resolve_stages(model) == ['blocks.6']  # stride 1: timm pads it statically, a plain Conv2d
@@ -187,3 +196,18 @@ def test_convert_command_other_family(tmp_path, capsys):
     model = tcnn.load(path)
     assert type(model).__name__ == 'TransformedConvNeXt'
     assert [n for n, _ in tcnn.gpsa_layers(model)] == ['stages.3.blocks.0.conv_dw', 'stages.3.blocks.1.conv_dw']
+
+
+def test_torchvision_file_round_trip():
+    """A torchvision T-CNN other than a ResNet (classifier.1, not fc) saves with its class count and rebuilds."""
+    from tcnn.hub import classifier_layer, create_cnn
+    cnn = nontrivial(create_cnn('torchvision:efficientnet_b0', pretrained=False, num_classes=7))
+    name, head = classifier_layer(cnn)
+    assert name == 'classifier.1' and head.out_features == 7
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+    d = tcnn.io.model_to_dict(t_cnn)
+    assert d['num_classes'] == 7 and d['conversion']['stages'] == ['features.7']
+    rebuilt = tcnn.io.model_from_dict(d)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), t_cnn(x), rtol=0, atol=0)
