@@ -170,6 +170,12 @@ def _create_timm(arch: str, pretrained: bool, **kwargs) -> nn.Module:
                                       f'{reason})') from e
 
 
+def classifier_layer(model: nn.Module) -> Tuple[str, Optional[nn.Linear]]:
+    """``(name, layer)`` of a torchvision model's classifier: its last ``nn.Linear`` (``fc`` of ResNets,
+    ``classifier.1`` of EfficientNets, ``classifier.2`` of ConvNeXts), or ``('', None)``."""
+    return next(((n, m) for n, m in reversed(list(model.named_modules())) if isinstance(m, nn.Linear)), ('', None))
+
+
 def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] = None) -> nn.Module:
     import torchvision
     if not pretrained:
@@ -185,8 +191,9 @@ def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] 
         reason = ' '.join(str(e).split())[:200] or type(e).__name__
         raise WeightsUnavailableError(f'downloading pretrained weights for torchvision:{arch} failed '
                                       f'({type(e).__name__}: {reason})') from e
-    if num_classes is not None and num_classes != model.fc.out_features:
-        model.fc = nn.Linear(model.fc.in_features, num_classes)
+    name, head = classifier_layer(model)
+    if num_classes is not None and head is not None and num_classes != head.out_features:
+        model.set_submodule(name, nn.Linear(head.in_features, num_classes, bias=head.bias is not None))
     return model
 
 

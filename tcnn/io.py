@@ -32,8 +32,9 @@ from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from .convert import gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import upgrade_proj_weight
-from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, create_cnn, error_reason, file_head,
-                  load_torch_file, record_source, source_model_name, split_model_name, transformed_model_name)
+from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
+                  file_head, load_torch_file, record_source, source_model_name, split_model_name,
+                  transformed_model_name)
 from .paths import check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
@@ -102,6 +103,9 @@ def _num_classes(model: nn.Module) -> int:
     fc = getattr(model, 'fc', None)
     if isinstance(fc, nn.Linear):
         return fc.out_features
+    _, head = classifier_layer(model)  # torchvision's other models: classifier.1, classifier.2, heads.head ...
+    if head is not None:
+        return head.out_features
     raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no fc)')
 
 

@@ -1,9 +1,11 @@
 """``t_*`` models in timm's registry: ``timm.create_model('t_resnet50d')`` is the T-CNN of ``resnet50d``.
 
-One entrypoint is registered per ResNet of timm's ``resnet`` module (``t_resnet18d`` ... ``t_resnetrs420``,
-``t_seresnext50_32x4d``, ...), each under its own name with ``register_model`` and with pretrained configs that copy
-the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's data
-config), minus the weight locations: there are no converted weights to download. Instead
+One entrypoint is registered per model of the timm families in ``FAMILIES`` (ResNet, ResNeXt and SE-ResNeXt of
+timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, MobileNetV3: ``t_resnet50d``,
+``t_seresnext26d_32x4d``, ``t_resnext26ts``, ``t_regnety_002``, ``t_convnext_tiny``, ``t_efficientnet_b0``,
+``t_mobilenetv3_large_100``, ...), each under its own name with ``register_model`` and with pretrained configs that
+copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's
+data config), minus the weight locations: there are no converted weights to download. Instead
 
 * ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.hub.create_cnn``, which fails
   within seconds offline);
@@ -12,12 +14,14 @@ config), minus the weight locations: there are no converted weights to download.
   loader.
 
 The models are built by timm's ``build_model_with_cfg`` (so ``features_only``, ``out_indices``, ``in_chans``,
-``num_classes`` adaptation of pretrained weights etc. are timm's own code) and stay ``ResNet``s: the thin subclass
-``TransformedResNet`` only adds ``no_weight_decay()``. Extra keyword arguments: ``stages``, ``locality_strength``,
-``gating_init``, ``qk_dim`` (as in ``tcnn.reparameterize``).
+``num_classes`` adaptation of pretrained weights etc. are timm's own code) from the source's own entrypoint, and
+stay instances of the source's class: a thin subclass per class (``TransformedResNet``, ``TransformedConvNeXt``, ...,
+see ``transformed_class``) only adds ``no_weight_decay()``. Extra keyword arguments: ``stages``,
+``locality_strength``, ``gating_init``, ``qk_dim`` (as in ``tcnn.reparameterize``).
 """
+import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -26,13 +30,13 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pr
 from timm.models.resnet import BasicBlock, ResNet
 
 from . import hub, io
-from .convert import StageSpec, gpsa_layers, reparameterize_
+from .convert import StageSpec, gpsa_layers, reparameterize_, resolve_stages
 from .errors import TcnnError
 from .gpsa import GPSA
 from .hub import T_PREFIX, record_source, source_model_name, transformed_model_name
 
-__all__ = ['TransformedResNet', 'SOURCE_MODELS', 'T_PREFIX', 'no_weight_decay_names', 'source_model_name',
-           'transformed_model_name']
+__all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURCE_MODELS', 'T_PREFIX',
+           'no_weight_decay_names', 'source_model_name', 'transformed_model_name', 'transformed_class']
 
 PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with self-attention'
 PAPER_ID = 'arXiv:2106.05795'
@@ -50,11 +54,46 @@ def no_weight_decay_names(model: nn.Module) -> Set[str]:
     return {f'{name}.{p}' for name, _ in gpsa_layers(model) for p in GPSA.no_weight_decay_params}
 
 
-class TransformedResNet(ResNet):
-    """A timm ``ResNet`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN (arXiv:2106.05795).
+class TransformedModel:
+    """Mixin of the ``t_*`` classes: a timm model whose k x k convs in ``stages`` are GPSA layers (arXiv:2106.05795).
 
-    Everything is ``ResNet``'s (forward_features, forward_head, forward_intermediates, feature_info, grad
-    checkpointing, TorchScript); this class only adds ``no_weight_decay()`` for timm's optimizer factory.
+    Everything else is the source class's (forward_features, forward_head, forward_intermediates, feature_info, grad
+    checkpointing, TorchScript); the mixin only adds ``no_weight_decay()`` for timm's optimizer factory and
+    ``from_model``, which converts a freshly built source model in place and re-classes it.
+    """
+    source_class: Type[nn.Module] = nn.Module
+
+    @classmethod
+    def from_model(
+            cls,
+            model: nn.Module,
+            stages: StageSpec = None,
+            locality_strength: float = 1.0,
+            gating_init: float = 1.0,
+            qk_dim: Optional[int] = None,
+    ) -> nn.Module:
+        """Convert a freshly built source model in place and return it as an instance of ``cls``.
+
+        timm's entrypoints keep each variant's arguments inside the entrypoint, so the registry builds the source
+        with its own entrypoint and then re-classes it (the subclass adds no state, only methods: the same technique
+        as ``torch.nn.utils.parametrize``).
+        """
+        if type(model) is not cls.source_class:
+            raise TcnnError(f'expected a timm {cls.source_class.__name__}, got {type(model).__name__}')
+        reparameterize_(model, stages=stages, locality_strength=locality_strength, gating_init=gating_init,
+                        qk_dim=qk_dim, verify=False)
+        model.__class__ = cls
+        return model
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """GPSA centres, locality strengths and gates (and the source's own exemptions): exempt from weight decay."""
+        own = getattr(super(), 'no_weight_decay', None)
+        return no_weight_decay_names(self) | (set(own()) if own is not None else set())
+
+
+class TransformedResNet(TransformedModel, ResNet):
+    """A timm ``ResNet`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN (arXiv:2106.05795).
 
     Args:
         *args: ``ResNet`` arguments.
@@ -64,6 +103,7 @@ class TransformedResNet(ResNet):
         qk_dim: Per-head width of content queries/keys (default ``C_in // heads``).
         **kwargs: ``ResNet`` keyword arguments.
     """
+    source_class = ResNet
 
     def __init__(
             self,
@@ -87,23 +127,27 @@ class TransformedResNet(ResNet):
             gating_init: float = 1.0,
             qk_dim: Optional[int] = None,
     ) -> 'TransformedResNet':
-        """Convert a freshly built ``ResNet`` in place and return it as a ``TransformedResNet``.
+        """``from_model`` under its original name."""
+        return cls.from_model(model, stages, locality_strength, gating_init, qk_dim)
 
-        timm's entrypoints keep each variant's ``ResNet`` arguments inside the entrypoint, so the registry builds
-        the source with its own entrypoint and then re-classes it (the subclass adds no state, only a method: the
-        same technique as ``torch.nn.utils.parametrize``).
-        """
-        if type(model) is not ResNet:
-            raise TcnnError(f'expected a timm ResNet, got {type(model).__name__}')
-        reparameterize_(model, stages=stages, locality_strength=locality_strength, gating_init=gating_init,
-                        qk_dim=qk_dim, verify=False)
-        model.__class__ = cls
-        return model
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> Set[str]:
-        """GPSA centres, locality strengths and gates: exempt from weight decay."""
-        return no_weight_decay_names(self)
+_CLASSES: Dict[type, type] = {ResNet: TransformedResNet}
+
+
+def transformed_class(source_class: Type[nn.Module]) -> type:
+    """The ``t_*`` class of a timm model class: ``Transformed<Name>(TransformedModel, <Name>)``, made once.
+
+    The class is a module attribute of ``tcnn.models`` (pickling finds it by name).
+    """
+    cls = _CLASSES.get(source_class)
+    if cls is None:
+        name = f'Transformed{source_class.__name__}'
+        cls = type(name, (TransformedModel, source_class), {
+            '__module__': __name__, '__qualname__': name, 'source_class': source_class,
+            '__doc__': f'A timm ``{source_class.__name__}`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN '
+                       '(arXiv:2106.05795); see ``TransformedModel``.'})
+        _CLASSES[source_class] = globals()[name] = cls
+    return cls
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -153,9 +197,10 @@ def _file_weights(
         d = io.read(path)
     except io.NotTcnnFileError:
         state_dict = hub.load_state_dict_file(path)
-        fc_weight = state_dict.get('fc.weight')
-        if fc_weight is not None:
-            overlay.setdefault('num_classes', fc_weight.shape[0])
+        classifier = getattr(get_pretrained_cfg(source), 'classifier', None) or 'fc'
+        head = state_dict.get(f'{classifier}.weight') if isinstance(classifier, str) else None
+        if head is not None:
+            overlay.setdefault('num_classes', head.shape[0])
         return state_dict
     file_source = d['source']['model']
     if file_source.split('.')[0] != source:
@@ -165,23 +210,17 @@ def _file_weights(
     if not file_conversion:
         raise TcnnError(f'{path} holds a plain CNN (no GPSA layers); load it with tcnn.load or timm.create_model'
                         f'({source!r}, checkpoint_path=...)')
-    for key in ('stages', 'qk_dim'):
-        if conversion.get(key) is not None and _comparable(key, conversion[key]) != \
-                _comparable(key, file_conversion[key]):
-            raise TcnnError(f'{key}={conversion[key]!r} conflicts with {path} ({key}={file_conversion[key]!r})')
-        conversion[key] = file_conversion[key]
+    if conversion.get('qk_dim') is not None and conversion['qk_dim'] != file_conversion['qk_dim']:
+        raise TcnnError(f'qk_dim={conversion["qk_dim"]!r} conflicts with {path} (qk_dim={file_conversion["qk_dim"]!r})')
+    conversion['qk_dim'] = file_conversion['qk_dim']
+    if conversion.get('stages') is None:
+        conversion['stages'] = file_conversion['stages']
+    else:  # stages=4 and ['layer4'] are the same: compared on the built model (_build)
+        conversion['file_stages'] = (path, file_conversion['stages'])
     overlay.setdefault('num_classes', d['num_classes'])
     for key, value in (d.get('data_config') or {}).items():
         overlay.setdefault(key, tuple(value) if isinstance(value, list) else value)
     return d['state_dict']
-
-
-def _comparable(key: str, value: Any) -> Any:
-    """Conversion settings in one spelling: stages ``4`` and ``['layer4']`` are the same."""
-    if key != 'stages':
-        return value
-    values = value if isinstance(value, (list, tuple)) else [value]
-    return [f'layer{v}' if isinstance(v, int) else str(v) for v in values]
 
 
 def _pretrained_weights(
@@ -202,10 +241,16 @@ def _pretrained_weights(
 # ---------------------------------------------------------------------------------------------- registry
 
 
-def _build(source: str, conversion: Dict[str, Any], **kwargs) -> TransformedResNet:
+def _build(source: str, conversion: Dict[str, Any], **kwargs) -> nn.Module:
     """``model_cls`` for ``build_model_with_cfg``: the source's own entrypoint (random init), converted."""
     cnn = model_entrypoint(source)(pretrained=False, **kwargs)
-    return TransformedResNet.from_resnet(cnn, **conversion)
+    conversion = dict(conversion)
+    path, file_stages = conversion.pop('file_stages', (None, None))
+    if file_stages is not None:
+        if resolve_stages(cnn, conversion['stages']) != resolve_stages(cnn, file_stages):
+            raise TcnnError(f'stages={conversion["stages"]!r} conflicts with {path} (stages={file_stages!r})')
+        conversion['stages'] = file_stages
+    return transformed_class(type(cnn)).from_model(cnn, **conversion)
 
 
 def _resolve_tag(variant: str, pretrained_cfg: Any) -> Optional[str]:
@@ -229,6 +274,8 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
     if pretrained:
         weights = _pretrained_weights(source, tag, conversion, overlay)
         overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
+    if kwargs.get('features_only'):  # the family's feature wrapper settings (what its own entrypoint passes)
+        kwargs['feature_cfg'] = {**_FEATURE_CFGS.get(source, {}), **(kwargs.get('feature_cfg') or {})}
     model = build_model_with_cfg(
         functools.partial(_build, source, conversion), variant, pretrained,
         pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
@@ -251,9 +298,34 @@ def _t_cfg(source_cfg: Any) -> Dict[str, Any]:
     return cfg
 
 
-def _source_models() -> List[str]:
-    """Every ResNet of timm's ``resnet`` module (all of them convert: plain or grouped 3x3 convs, zero padding)."""
-    return [n for n in list_models(module='resnet') if not is_model(T_PREFIX + n)]
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A timm model module whose models get ``t_*`` entrypoints.
+
+    Attributes:
+        module: The timm module (``timm.list_models(module=...)``).
+        feature_cfg: What its own entrypoints pass to ``build_model_with_cfg`` for ``features_only`` (stages that
+            are not direct children need ``flatten_sequential``; ConvNeXt has 4 feature levels, not 5).
+    """
+    module: str
+    feature_cfg: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def sources(self) -> List[str]:
+        """Its models that convert exactly: timm's ``tf_*`` ports pad TensorFlow-style at run time (``Conv2dSame``,
+        asymmetric) and ``*_cc_*`` models mix per-sample expert filters (``CondConv2d``); no GPSA layer reproduces
+        either, so neither is registered."""
+        return [n for n in list_models(module=self.module) if not n.startswith('tf_') and '_cc_' not in n]
+
+
+FAMILIES: Tuple[Family, ...] = (
+    Family('resnet'),  # ResNet, ResNet-D/-RS/-T, SE, ECA, ResNeXt, SE-ResNeXt, wide
+    Family('byobnet', dict(flatten_sequential=True)),  # resnext26ts, seresnext26ts, gcresnext26ts, RepVGG, ...
+    Family('regnet'),  # RegNetX/Y/V/Z: grouped 3x3
+    Family('convnext', dict(out_indices=(0, 1, 2, 3), flatten_sequential=True)),  # depthwise 7x7
+    Family('efficientnet', dict(flatten_sequential=True)),  # EfficientNet(V2), MixNet, MNASNet, ...: depthwise
+    Family('mobilenetv3', dict(flatten_sequential=True)),  # MobileNetV3/V4, LCNet, FBNetV3: depthwise
+)
+_FEATURE_CFGS: Dict[str, Dict[str, Any]] = {}
 
 
 def _make_entrypoint(source: str) -> Callable[..., nn.Module]:
@@ -270,7 +342,13 @@ def _make_entrypoint(source: str) -> Callable[..., nn.Module]:
 
 
 def _register_all() -> Tuple[str, ...]:
-    sources = _source_models()
+    sources = []
+    for family in FAMILIES:
+        for source in family.sources():
+            if is_model(T_PREFIX + source):  # e.g. a timm model named t_* (none today): timm's name wins
+                continue
+            sources.append(source)
+            _FEATURE_CFGS[source] = family.feature_cfg
     cfgs = {}
     for source in sources:
         for name, cfg in get_arch_pretrained_cfgs(source).items():  # default tag first

@@ -46,7 +46,8 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'no_sa': _k(False, bool, 'Table 1 "without SA" baseline: fine-tune the unconverted CNN'),
     'reparam_epoch': _k(None, (int, NoneType), 'Table 3 late reparameterisation: train the CNN this many epochs, '
                         'then convert and continue with the same optimiser (null: convert at the start)'),
-    'stages': _k(None, (int, str, list, NoneType), 'stages whose k x k convs become GPSA (null: the last one)'),
+    'stages': _k(None, (int, str, list, NoneType),
+                 'stages whose k x k convs become GPSA (null: the default; see tcnn convert --list-stages MODEL)'),
     'locality_strength': _k(1.0, float, 'initial alpha of every head (paper: 1.0, on the verge of locality)'),
     'gating_init': _k(1.0, float, 'initial lambda of every head (paper: 1.0)'),
     'qk_dim': _k(None, (int, NoneType), 'per-head query/key width (null: C_in // heads)'),

@@ -102,7 +102,8 @@ def test_enough_gpus_and_single_process_devices(gpus, monkeypatch):
     with pytest.raises(TcnnError, match=r'^device cuda:2 requested but this machine has 2 GPUs \(cuda:0 to cuda:1\): '
                                         'pass one of them or --device cpu$'):
         tcnn_distributed.resolve_device('cuda:2', 1, 0)
-    assert tcnn_distributed.resolve_device('cpu', 2, 5, 2) == torch.device('cpu')  # --device cpu: any number of processes
+    # --device cpu: any number of processes
+    assert tcnn_distributed.resolve_device('cpu', 2, 5, 2) == torch.device('cpu')
     assert len(gpus) == 2
 
 

@@ -13,19 +13,27 @@ import timm
 import torch
 import torch.nn as nn
 from timm.models import get_notrace_functions, get_notrace_modules
+from timm.models.convnext import ConvNeXt
+from timm.models.efficientnet import EfficientNet
+from timm.models.mobilenetv3 import MobileNetV3
+from timm.models.regnet import RegNet
 from timm.optim import create_optimizer_v2
 
 import tcnn
 import tcnn.hub
+from nontrivial import nontrivial
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
-from tcnn.models import SOURCE_MODELS, TransformedResNet
+from tcnn.models import FAMILIES, SOURCE_MODELS, TransformedModel, TransformedResNet, transformed_class
 
 REQUIRED = ['t_resnet18d', 't_resnet26d', 't_resnet50d', 't_resnet101d', 't_resnet152d', 't_resnet200d',
             't_resnetrs50', 't_resnetrs101', 't_resnetrs152', 't_resnetrs200', 't_resnetrs270', 't_resnetrs350',
             't_resnetrs420']
 # BasicBlock, Bottleneck, SE + conv stem pool (RS), grouped 3x3 (ResNeXt)
 SMALL = ['t_resnet18d', 't_resnet50d', 't_resnetrs50', 't_seresnext26d_32x4d']
+# the other families: grouped 3x3 + SE (RegNetY), 2x2/2 + depthwise 7x7 (ConvNeXt), depthwise 3x3/5x5 (EfficientNet,
+# MobileNetV3, whose default stage is blocks.5: blocks.6 is a 1x1 conv), grouped 3x3 in timm's byobnet (ResNeXt-TS)
+FAMILY_SMALL = ['t_regnety_002', 't_convnext_atto', 't_efficientnet_b0', 't_mobilenetv3_large_100', 't_resnext26ts']
 DATA_KEYS = ('input_size', 'test_input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'test_crop_pct',
              'crop_mode', 'num_classes', 'pool_size', 'first_conv', 'classifier')
 
@@ -83,7 +91,7 @@ def test_required_models_build(name):
     assert features.shape[1:] == (model.num_features, *cfg['pool_size'])
 
 
-@pytest.mark.parametrize('name', SMALL)
+@pytest.mark.parametrize('name', SMALL + FAMILY_SMALL)
 def test_model_default_cfgs(name):
     """timm's test_model_default_cfgs (on the meta device, at the default input size)."""
     with torch.device('meta'):
@@ -99,8 +107,9 @@ def test_model_default_cfgs(name):
     assert model.num_classes == 0 and model(x).shape == pre.shape
     model.reset_classifier(0, '')
     assert model(x).shape[-2:] == tuple(cfg['pool_size'])
-    for kwargs, shape in ((dict(num_classes=0), pre.shape), (dict(num_classes=0, global_pool=''), features.shape)):
-        assert timm.create_model(name, device='meta', **kwargs)(x).shape == shape
+    assert timm.create_model(name, device='meta', num_classes=0)(x).shape == pre.shape
+    if not isinstance(model, MobileNetV3):  # timm's exception too: its head conv comes after the pooling
+        assert timm.create_model(name, device='meta', num_classes=0, global_pool='')(x).shape == features.shape
     assert cfg['classifier'] + '.weight' in state_dict and cfg['first_conv'] + '.weight' in state_dict
     assert all(t.device.type == 'meta' for t in state_dict.values())  # factory device honoured (GPSA too)
     with pytest.raises(TypeError):
@@ -135,11 +144,11 @@ def _model(name: str) -> nn.Module:
     """A fresh copy of a shared eval-mode model (creation dominates these tests' runtime)."""
     if name not in _MODELS:
         torch.manual_seed(0)
-        _MODELS[name] = timm.create_model(name, zero_init_last=False).eval()
+        _MODELS[name] = nontrivial(timm.create_model(name))
     return copy.deepcopy(_MODELS[name])
 
 
-@pytest.mark.parametrize('name', SMALL)
+@pytest.mark.parametrize('name', SMALL + FAMILY_SMALL)
 def test_model_forward(name):
     """timm's test_model_forward at 96 and 128 px (3x3 and 4x4 GPSA grids; 160-px RS-50 sees 5x5 by default),
     plus: grad checkpointing leaves the output unchanged."""
@@ -154,7 +163,7 @@ def test_model_forward(name):
             torch.testing.assert_close(model(x), out, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', ['t_resnet18d', 't_seresnext26d_32x4d'])
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_seresnext26d_32x4d', 't_convnext_atto', 't_mobilenetv3_large_100'])
 def test_model_backward(name):
     """timm's test_model_backward: every parameter (GPSA q/k/v, centres, locality, gating too) gets a gradient."""
     model = timm.create_model(name, num_classes=42).train()
@@ -215,7 +224,7 @@ def test_features_only_grad_checkpointing_backward():
         torch.testing.assert_close(g1, g0)
 
 
-@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_regnety_002'])
 def test_forward_intermediates(name):
     """timm's test_model_forward_intermediates (+ pruning the GPSA stage away)."""
     model = _model(name)
@@ -230,11 +239,12 @@ def test_forward_intermediates(name):
         model.set_grad_checkpointing()
         torch.testing.assert_close(model.forward_intermediates(x)[0], final, rtol=1e-4, atol=1e-5)
         # pruning the GPSA stage away leaves a plain CNN trunk with nothing to exempt from weight decay
-        model.prune_intermediate_layers([3])
+        model.prune_intermediate_layers([len(info) - 2])  # keep all but the last stage
         assert not gpsa_layers(model) and model.no_weight_decay() == set()
 
 
-@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
+@pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_efficientnet_b0',
+                                  't_mobilenetv3_large_100'])
 def test_torchscript(name):
     """timm's test_model_forward_torchscript, plus equality with eager."""
     model = _model(name)
@@ -383,3 +393,93 @@ def test_grouped_source_converts_exactly(monkeypatch):
     assert conv.groups == 32 and proj.shape == (c, 9, c)
     # block diagonal: the first group's outputs read only the first group's inputs
     assert proj[:group, :, group:].abs().max() == 0 and proj[:group, :, :group].abs().max() > 0
+
+
+# ---------------------------------------------------------------------------------------------- other families
+
+
+def test_families_registered_with_their_own_classes():
+    registered = set(timm.list_models('t_*'))
+    assert {'t_regnety_002', 't_regnety_040', 't_convnext_atto', 't_convnext_tiny', 't_efficientnet_b0',
+            't_efficientnetv2_rw_s', 't_mobilenetv3_large_100', 't_mobilenetv3_small_050', 't_resnext26ts',
+            't_seresnext26ts', 't_resnext50_32x4d', 't_seresnext26d_32x4d'} <= registered
+    # TensorFlow-padded ports (Conv2dSame) and CondConv models cannot be reproduced: not registered
+    assert not {'t_tf_efficientnet_b0', 't_tf_mobilenetv3_large_100', 't_efficientnet_cc_b0_4e'} & registered
+    for family in FAMILIES:
+        assert {f't_{s}' for s in family.sources()} <= registered, family.module
+    for name, source_class in (('t_convnext_atto', ConvNeXt), ('t_efficientnet_b0', EfficientNet),
+                               ('t_mobilenetv3_small_050', MobileNetV3), ('t_regnety_002', RegNet)):
+        with torch.device('meta'):
+            model = timm.create_model(name, device='meta')
+        cls = type(model)
+        assert cls.__name__ == f'Transformed{source_class.__name__}' and cls.__mro__[1:3] == (TransformedModel,
+                                                                                           source_class)
+        assert transformed_class(source_class) is cls is getattr(tcnn.models, cls.__name__)  # pickles by name
+    assert transformed_class(timm.models.resnet.ResNet) is TransformedResNet
+    cfg = timm.models.get_pretrained_cfg('t_convnext_atto')
+    source_cfg = timm.models.get_pretrained_cfg('convnext_atto')
+    assert all(getattr(cfg, k) == getattr(source_cfg, k) for k in DATA_KEYS) and not cfg.has_weights
+
+
+@pytest.mark.parametrize('name, size', [('t_convnext_atto', 64), ('t_efficientnet_b0', 64),
+                                        ('t_mobilenetv3_large_100', 96), ('t_resnext26ts', 64)])
+def test_family_features_only(name, size):
+    """timm's test_model_forward_features for the families (their stages are not direct children: flattened)."""
+    model = timm.create_model(name, features_only=True).eval()
+    channels, reductions = model.feature_info.channels(), model.feature_info.reduction()
+    with torch.no_grad():
+        outputs = model(_x(1, size))
+    assert len(outputs) == len(channels) >= 4 and reductions[-1] == 32
+    for c, r, o in zip(channels, reductions, outputs):
+        assert o.shape[1:] == (c, math.ceil(size / r), math.ceil(size / r)) and not torch.isnan(o).any()
+    assert gpsa_layers(model)
+    last = timm.create_model(name, features_only=True, out_indices=(-1,))
+    assert last.feature_info.channels() == channels[-1:] and gpsa_layers(last)
+
+
+def test_family_fx():
+    model = _model('t_convnext_atto')
+    fx_model = _fx_model(model)
+    x = _x(2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(list(fx_model.eval()(x).values())[0], model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['convnext_atto', 'efficientnet_b0'])
+def test_family_pretrained_converts_source_weights(monkeypatch, name):
+    """pretrained=True converts the source's weights (stubbed: no download): in the exact configuration the T-CNN is
+    the CNN; a new class count re-initialises the head (ConvNeXt head.fc, EfficientNet classifier) only."""
+    cnn = nontrivial(timm.create_model(name))
+    monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda source, **kwargs: cnn)
+    model = timm.create_model(f't_{name}', pretrained=True).eval()  # offline: stubbed source weights
+    x = _x(2, 64)
+    with torch.no_grad(), exact_configuration(model):
+        exact, ref = model(x), cnn(x)
+    torch.testing.assert_close(exact, ref, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        assert (model(x) - ref).abs().max() > 1e-3 * ref.abs().max()  # the paper init; and the layers matter
+    head = timm.create_model(f't_{name}', pretrained=True, num_classes=10).eval()  # offline: stubbed
+    assert head.get_classifier().out_features == 10
+    with torch.no_grad(), exact_configuration(head), exact_configuration(model):
+        torch.testing.assert_close(head.forward_features(x), model.forward_features(x), rtol=1e-4, atol=1e-4)
+
+
+def test_family_file_round_trip_and_stage_conflicts(tmp_path):
+    """A T-CNN file of another family loads through pretrained_cfg_overlay; stages=4 is its stages.3 (compared on
+    the built model), stages=3 conflicts."""
+    torch.manual_seed(0)
+    model = nontrivial(timm.create_model('t_convnext_atto', num_classes=5))
+    path = str(tmp_path / 'model.pt')
+    tcnn.save(model, path)
+    x = _x(2, 64)
+    with torch.no_grad():
+        expected = model(x)
+    for stages in (None, 4, ['stages.3']):
+        loaded = timm.create_model('t_convnext_atto', pretrained=True, stages=stages,  # offline: a local file
+                                   pretrained_cfg_overlay=dict(file=path)).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+    with pytest.raises(TcnnError, match=r"stages=3 conflicts with .*model\.pt \(stages=\['stages\.3'\]\)"):
+        timm.create_model('t_convnext_atto', pretrained=True, stages=3,  # offline: a local file
+                          pretrained_cfg_overlay=dict(file=path))
+    assert type(tcnn.load(path)).__name__ == 'TransformedConvNeXt'

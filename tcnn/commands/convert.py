@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import TcnnError, check_conversion_settings, check_number
 from ..paths import check_output_file
@@ -17,6 +17,8 @@ from ..version import EXTENSIONS
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
+
+    from ..convert import StageRow
 
 __all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size', 'FLAG_NAMES']
 
@@ -27,9 +29,15 @@ FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gati
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='MODEL',
-                        help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, ...) or torchvision:NAME')
-    parser.add_argument('--out', '-o', required=True, metavar='FILE',
-                        help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors')
+                        help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, convnext_tiny, regnety_040, '
+                             'efficientnet_b0, ...) or torchvision:NAME')
+    parser.add_argument('--out', '-o', metavar='FILE',
+                        help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
+                             '(required unless --list-stages)')
+    parser.add_argument('--list-stages', action='store_true',
+                        help='print the stages of MODEL (random init, offline) with their k x k convs, channels, '
+                             'token grid at the pretrained input size (or --img-size), whether they convert exactly, '
+                             'and the default; convert nothing')
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--weights', metavar='PATH',
                          help='local checkpoint of MODEL (.pt/.pth/.safetensors; plain state_dict or wrapped under '
@@ -39,8 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--num-classes', type=int, metavar='N',
                         help='classifier size (a checkpoint head of another size is re-initialised)')
     parser.add_argument('--stages', nargs='+', metavar='STAGE',
-                        help='stages whose k x k convs become GPSA: 1-4 or submodule names (layer3, layer4.2); '
-                             'default: the last stage (layer4), as in the paper')
+                        help='what becomes GPSA: stage names (layer4, stages.3, s4, blocks.5, features.7, '
+                             'trunk_output.block4), module paths (layer4.2), fnmatch patterns of module names '
+                             '(\'stages.3.blocks.*.conv_dw\') or resolution levels 1-4 (ResNet layer1-layer4; other '
+                             'models: every stage at 1/2**(i+1) of the input). Default: the last stage with a k x k '
+                             'conv (layer4 for ResNets, as in the paper); see --list-stages')
     parser.add_argument('--locality-strength', type=float, default=1.0, metavar='ALPHA',
                         help='initial locality strength alpha of every head (default 1.0, the paper\'s fine-tuning '
                              'init; >= 30 gives a T-CNN that is exactly the CNN)')
@@ -143,7 +154,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
         if report.vacuous:
             # e.g. a random-init timm ResNet: zero-initialised last BNs silence every residual branch
             out.append('  note        the replaced layers do not affect these logits (zero-initialised residual '
-                       'branches?), so this check cannot catch a wrong conversion')
+                       'branches or tiny layer scales?), so this check cannot catch a wrong conversion')
         else:
             note = ('within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol
                     else 'this init departs from the CNN by design, T-CNN paper section 2')
@@ -153,8 +164,65 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
     print('\n'.join(out))
 
 
+def _convs_text(row: 'StageRow') -> str:
+    if not row.convs:
+        return 'none (1x1 only)' if row.in_chs is not None else 'none'
+    return ', '.join(f'{n} {kind}' for kind, n in row.conv_kinds.items())
+
+
+def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
+    return 'x'.join(map(str, grid)) if grid else '-'
+
+
+def list_stages(args: argparse.Namespace) -> int:
+    """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
+    from ..convert import list_stages as stage_rows
+    from ..hub import create_cnn
+    from ..models import source_model_name
+
+    source = source_model_name(args.model)
+    cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes)
+    rows = stage_rows(cnn, parse_img_size(args.img_size, _in_chans(cnn)))
+    if not rows:
+        raise TcnnError(f'{args.model} has no known stages (no ResNet layer1-4, timm feature_info or '
+                        'features/stages/blocks container): name modules or patterns with --stages')
+    size = parse_img_size(args.img_size, _in_chans(cnn)) or _input_size(cnn)
+    header = ('stage', 'level', 'channels', 'grid', 'tokens', 'k x k convs', 'exact')
+    notes: Dict[str, List[str]] = {}  # reason -> the convs it applies to (one note per reason)
+    table = []
+    for row in rows:
+        for conv, reason in row.unsupported.items():
+            notes.setdefault(reason, []).append(conv)
+        numbers = sorted({list(notes).index(r) + 1 for r in row.unsupported.values()})
+        exact = 'yes' if row.exact else '-' if not row.convs else f'no ({", ".join(map(str, numbers))})'
+        channels = f'{row.in_chs}->{row.out_chs}' if row.in_chs is not None else '-'
+        table.append((row.name + (' *' if row.default else ''), '-' if row.level is None else str(row.level),
+                      channels, _grid_text(row.out_grid), _grid_text(row.tokens), _convs_text(row), exact))
+    widths = [max(len(r[i]) for r in (header, *table)) for i in range(len(header))]
+    default = next((r.name for r in rows if r.default), None)
+    out = [f'{args.model}: {len(rows)} stages at {"x".join(map(str, size))} (random init); '
+           f'default {default + " (*)" if default else "none: no stage holds a k x k conv"}']
+    out += ['  ' + '  '.join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (header, *table)]
+    out += [f'  ({i}) {", ".join(convs)}: {reason}' for i, (reason, convs) in enumerate(notes.items(), 1)]
+    out += ['  level i: output at 1/2**(i+1) of the input (ResNet layer{i}); grid: the stage\'s output; tokens: '
+            'the key grid of its largest GPSA layer',
+            '  --stages takes stage names, levels, module paths (layer4.2) or patterns (\'stages.3.blocks.*.conv_dw\')']
+    print('\n'.join(out))
+    return 0
+
+
+def _input_size(model: 'nn.Module') -> Tuple[int, ...]:
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    return tuple(cfg.get('input_size', (3, 224, 224)))
+
+
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    if args.list_stages:
+        parse_img_size(args.img_size, 3)
+        return list_stages(args)
+    if not args.out:
+        raise TcnnError('--out FILE is required (or --list-stages to list the stages of MODEL)')
     # every flag and the output path before torch loads and the CNN is built: a mistake costs no conversion
     check_output_file(args.out, '--out', EXTENSIONS)
     path = args.out

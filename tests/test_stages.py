@@ -1,0 +1,213 @@
+"""Stages of any timm / torchvision CNN: resolution (names, paths, patterns, levels, defaults), ``list_stages`` and
+``tcnn convert --list-stages``, and exact conversions of RegNet, ConvNeXt, EfficientNet, MobileNetV3, ResNeXt
+(random weights with non-trivial normalisation statistics and layer scales, so that the checks are not vacuous)."""
+import time
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+import torchvision
+
+import tcnn
+from nontrivial import nontrivial
+from tcnn.cli import main
+from tcnn.convert import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
+
+
+def _timm(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(name)
+
+
+def _tv(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None)
+    model.tcnn_source = {'model': f'torchvision:{name}'}  # the name in messages, as tcnn.hub.create_cnn sets it
+    return model
+
+
+_BUILT = {}
+
+
+def _model(name: str) -> nn.Module:
+    """A shared random model (``tv:NAME`` for torchvision); callers must not modify it."""
+    if name not in _BUILT:
+        _BUILT[name] = _tv(name[3:]) if name.startswith('tv:') else _timm(name)
+    return _BUILT[name]
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+
+
+@pytest.mark.parametrize('name, stages, expected', [
+    ('resnet18d', None, ['layer4']),
+    ('resnet18d', 3, ['layer3']),
+    ('resnet18d', [3, 'layer3.0'], ['layer3']),  # a module inside another selected one adds nothing
+    ('resnet18d', 'layer4.1', ['layer4.1']),
+    ('resnet18d', 'layer4.*.conv2', ['layer4.0.conv2', 'layer4.1.conv2']),
+    ('seresnext26d_32x4d', None, ['layer4']),
+    ('resnext26ts', None, ['stages.3']),  # final_conv (feature_info's last entry) is 1x1
+    ('resnext26ts', 4, ['stages.3', 'final_conv']),
+    ('regnety_002', None, ['s4']),
+    ('regnety_002', [1, 's2'], ['s1', 's2']),
+    ('convnext_atto', None, ['stages.3']),
+    ('convnext_atto', 4, ['stages.3']),
+    ('convnext_atto', 'stages.3.blocks.*.conv_dw', ['stages.3.blocks.0.conv_dw', 'stages.3.blocks.1.conv_dw']),
+    ('efficientnet_b0', None, ['blocks.6']),
+    ('efficientnet_b0', 4, ['blocks.5', 'blocks.6']),  # every stage at 1/32 of the input
+    ('efficientnet_b0', 'blocks.5.[12].conv_dw', ['blocks.5.1.conv_dw', 'blocks.5.2.conv_dw']),
+    ('mobilenetv3_large_100', None, ['blocks.5']),  # blocks.6 is a 1x1 conv
+    ('mobilenetv3_small_050', None, ['blocks.4']),
+    ('tv:resnext50_32x4d', None, ['layer4']),
+    ('tv:regnet_y_400mf', None, ['trunk_output.block4']),
+    ('tv:regnet_y_400mf', 2, ['trunk_output.block2']),
+    ('tv:convnext_tiny', None, ['features.7']),
+    ('tv:convnext_tiny', 4, ['features.6', 'features.7']),  # measured levels: the downsample and the stage
+    ('tv:efficientnet_b0', None, ['features.7']),  # features.8 is 1x1
+])
+def test_resolve_stages(name, stages, expected):
+    model = _model(name)
+    assert resolve_stages(model, stages) == expected
+    if stages is None:
+        assert default_stage(model) == expected[0]
+
+
+@pytest.mark.parametrize('name, stages, message', [
+    ('resnet18d', 9, "resnet18d has no submodule 'layer9' (stage given as 9); stages of resnet18d: layer1, layer2, "
+                     'layer3, layer4'),
+    ('convnext_atto', 'stage3', "convnext_atto has no submodule 'stage3'; stages of convnext_atto: stages.0, "
+                                'stages.1, stages.2, stages.3'),
+    ('regnety_002', 'S4', "regnety_002 has no submodule 'S4'; stages of regnety_002: stem, s1, s2, s3, s4"),
+    ('efficientnet_b0', 'blocks.*.conv_pw_typo', "no module of efficientnet_b0 matches 'blocks.*.conv_pw_typo'; "
+                                                 'stages of efficientnet_b0: blocks.0, blocks.1'),
+    ('efficientnet_b0', 5, 'efficientnet_b0 has no stage at level 5 (an int i is the resolution 1/2**(i+1) of the '
+                           "input, as ResNet's layer{i}); stages (level): blocks.0 (0), blocks.1 (1)"),
+    ('tv:convnext_tiny', 'features.9', "torchvision:convnext_tiny has no submodule 'features.9'; stages of "
+                                       'torchvision:convnext_tiny: features.0, features.1'),
+    ('vit_tiny_patch16_224', None, 'vit_tiny_patch16_224 has no stage with a k x k convolution (searched for layer1, '
+                                   'layer2, layer3, layer4'),
+])
+def test_bad_stages_are_one_line_errors_listing_candidates(name, stages, message):
+    with pytest.raises(ConversionError) as info:
+        resolve_stages(_model(name), stages)
+    assert message in str(info.value) and '\n' not in str(info.value)
+    assert len(str(info.value)) < 400  # long stage lists are abridged
+
+
+def test_converted_model_keeps_its_default_stage():
+    """A T-CNN's converted stage (GPSA layers, no convs left) stays its default: converting again is an error, not
+    a silent conversion of the stage before it."""
+    model = timm.create_model('t_convnext_atto')
+    assert default_stage(model) == 'stages.3' == resolve_stages(model, 4)[0]
+    with pytest.raises(ConversionError, match=r'no k x k convolution \(k > 1\) in stages\.3'):
+        tcnn.reparameterize(model, verify=False)
+
+
+def test_unconvertible_convs_name_the_layer():
+    model = _model('tf_efficientnet_b0')
+    assert resolve_stages(model) == ['blocks.6']  # stride 1: timm pads it statically, a plain Conv2d
+    with pytest.raises(ConversionError, match=r'tf_efficientnet_b0: cannot reproduce blocks\.5\.0\.conv_dw exactly: '
+                                              r'Conv2dSame .*asymmetrically') as info:
+        find_convertible_convs(model, 4)
+    assert '\n' not in str(info.value)
+    with pytest.raises(ConversionError, match=r'blocks\.6\.0\.conv_dw exactly: CondConv2d'):
+        find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
+
+
+# ---------------------------------------------------------------------------------------------- list_stages
+
+
+def test_list_stages_rows():
+    rows = list_stages(_model('convnext_atto'), input_size=(3, 64, 64))
+    assert [r.name for r in rows] == ['stages.0', 'stages.1', 'stages.2', 'stages.3']
+    assert [r.default for r in rows] == [False, False, False, True] and [r.level for r in rows] == [1, 2, 3, 4]
+    last = rows[-1]
+    assert last.convs == 3 and last.conv_kinds == {'2x2/2 dense': 1, '7x7 depthwise': 2}
+    assert (last.in_chs, last.out_chs, last.in_grid, last.out_grid) == (160, 320, (4, 4), (2, 2))
+    assert last.tokens == (8, 8) and last.exact and last.unsupported == {}  # 2x2 grid padded by 3 for the 7x7
+    rows = {r.name: r for r in list_stages(_model('mobilenetv3_large_100'), input_size=(3, 96, 96))}
+    assert rows['blocks.6'].convs == 0 and not rows['blocks.6'].exact and rows['blocks.5'].default
+    assert rows['blocks.0'].level == 0 and rows['blocks.5'].level == 4 and rows['blocks.5'].out_grid == (3, 3)
+    rows = {r.name: r for r in list_stages(_model('tf_efficientnet_b0'), input_size=(3, 64, 64))}
+    assert not rows['blocks.5'].exact and list(rows['blocks.5'].unsupported) == ['blocks.5.0.conv_dw']
+    assert 'Conv2dSame' in rows['blocks.5'].unsupported['blocks.5.0.conv_dw'] and rows['blocks.6'].exact
+    rows = list_stages(_model('tv:regnet_y_400mf'), input_size=(3, 64, 64))
+    assert [r.level for r in rows] == [1, 2, 3, 4] and rows[-1].conv_kinds == {'3x3/2 grouped g55': 1,
+                                                                               '3x3 grouped g55': 5}
+
+
+def test_cli_list_stages(capsys):
+    start = time.perf_counter()
+    assert main(['convert', '--list-stages', 'convnext_tiny']) == 0  # random init, offline, nothing written
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == 'convnext_tiny: 4 stages at 3x224x224 (random init); default stages.3 (*)'
+    assert out[1].split() == ['stage', 'level', 'channels', 'grid', 'tokens', 'k', 'x', 'k', 'convs', 'exact']
+    assert out[5].split() == ['stages.3', '*', '4', '384->768', '7x7', '14x14', '1', '2x2/2', 'dense,', '3', '7x7',
+                              'depthwise', 'yes']
+    assert elapsed < 10, elapsed  # about 1 s in process on 2 busy cores
+    assert main(['convert', '--list-stages', 'torchvision:efficientnet_b0', '--img-size', '64']) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:11]}
+    assert 'default features.7 (*)' in out and list(rows) == [f'features.{i}' for i in range(9)]
+    assert rows['features.7'][0] == '*' and rows['features.8'] == ['4', '320->1280', '2x2', '-', 'none', '(1x1',
+                                                                   'only)', '-']
+    assert main(['convert', '--list-stages', 'tf_efficientnet_b0', '--img-size', '64']) == 0
+    out = capsys.readouterr().out
+    assert 'no (1)' in out and '(1) blocks.1.0.conv_dw, blocks.2.0.conv_dw, blocks.3.0.conv_dw, blocks.5.0.conv_dw: ' \
+                               'Conv2dSame' in out
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize('name, stages, layers', [
+    ('regnety_002', None, 7),  # grouped 3x3 + SE
+    ('convnext_atto', None, 3),  # 2x2 stride-2 downsample + depthwise 7x7
+    ('convnext_atto', 'stages.2.blocks.*.conv_dw', 6),
+    ('efficientnet_b0', 4, 5),  # depthwise 5x5 (strided) and 3x3
+    ('mobilenetv3_large_100', None, 3),  # depthwise 5x5, hard-swish, SE
+    ('resnext26ts', None, 2),
+    ('seresnext26d_32x4d', None, 2),
+    ('tv:resnext50_32x4d', None, 3),
+    ('tv:regnet_y_400mf', None, 6),
+    ('tv:convnext_tiny', None, 3),
+    ('tv:efficientnet_b0', None, 1),
+])
+def test_exact_conversion(name, stages, layers):
+    cnn = nontrivial(_model(name))
+    t_cnn = tcnn.reparameterize(cnn, stages=stages, input_size=(3, 64, 64))
+    report = t_cnn.tcnn_report
+    assert len(tcnn.gpsa_layers(t_cnn)) == layers == len(t_cnn.tcnn_config['layers'])
+    assert report.max_rel_err < 1e-5 and report.sensitivity > 1e-3, report  # exact, and the check can see it
+    odd = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 80, 72))
+    assert odd.max_rel_err < 1e-5 and odd.init_max_rel_err > 1e-3, odd  # the paper init is another function
+
+
+def test_convert_command_other_family(tmp_path, capsys):
+    """A ConvNeXt through the command with a pattern: the file rebuilds as the t_* registry model."""
+    path = str(tmp_path / 't.pt')
+    assert main(['convert', 'convnext_atto', '--no-pretrained', '--out', path, '--img-size', '64',
+                 '--stages', 'stages.3.blocks.*.conv_dw']) == 0
+    out = capsys.readouterr().out
+    assert '2 convs in stages.3.blocks.0.conv_dw, stages.3.blocks.1.conv_dw' in out
+    assert 'tiny layer scales' in out  # random-init ConvNeXt blocks are scaled by 1e-6: the check is vacuous
+    model = tcnn.load(path)
+    assert type(model).__name__ == 'TransformedConvNeXt'
+    assert [n for n, _ in tcnn.gpsa_layers(model)] == ['stages.3.blocks.0.conv_dw', 'stages.3.blocks.1.conv_dw']
+
+
+def test_torchvision_file_round_trip():
+    """A torchvision T-CNN other than a ResNet (classifier.1, not fc) saves with its class count and rebuilds."""
+    from tcnn.hub import classifier_layer, create_cnn
+    cnn = nontrivial(create_cnn('torchvision:efficientnet_b0', pretrained=False, num_classes=7))
+    name, head = classifier_layer(cnn)
+    assert name == 'classifier.1' and head.out_features == 7
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+    d = tcnn.io.model_to_dict(t_cnn)
+    assert d['num_classes'] == 7 and d['conversion']['stages'] == ['features.7']
+    rebuilt = tcnn.io.model_from_dict(d)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), t_cnn(x), rtol=0, atol=0)
