@@ -5,7 +5,7 @@ import dataclasses
 import fnmatch
 import math
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -15,9 +15,9 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_con
 from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
-           'exact_configuration', 'eval_mode', 'gpsa_layers', 'gpsa_summary', 'find_convertible_convs',
-           'resolve_stages', 'default_stage', 'stage_candidates', 'stage_levels', 'probe_stages', 'list_stages',
-           'StageRow']
+           'ConversionSettings', 'CONVERSION_KEYS', 'exact_configuration', 'eval_mode', 'gpsa_layers', 'gpsa_summary',
+           'find_convertible_convs', 'resolve_stages', 'default_stage', 'stage_candidates', 'stage_levels',
+           'probe_stages', 'list_stages', 'StageRow']
 
 StageSpec = Union[None, int, str, Sequence[Union[int, str]]]
 
@@ -617,40 +617,71 @@ def check_equivalence(
     return _measure(lambda: contextlib.nullcontext(cnn), t_cnn, input_size, batch_size, seed, device, dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConversionSettings:
+    """How a CNN's convs become GPSA layers (T-CNN, arXiv:2106.05795, section 2): which stages, and every layer's
+    initial locality strength alpha, gate lambda and content q/k width. The defaults are the paper's fine-tuning init
+    (alpha = lambda = 1) on the default stage.
+
+    The one home of these settings: ``reparameterize``, the ``t_*`` models, ``tcnn train``'s recipe keys, T-CNN files
+    (``'conversion'``) and ``model.tcnn_config`` all spell them with these names.
+    """
+    stages: StageSpec = None
+    locality_strength: float = 1.0
+    gating_init: float = 1.0
+    qk_dim: Optional[int] = None
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, Any]) -> 'ConversionSettings':
+        """The settings held by a recipe, a T-CNN file's ``'conversion'``, a ``tcnn_config`` or keyword arguments
+        (other keys are ignored; a missing or None value takes the default)."""
+        return cls(**{f.name: mapping[f.name] for f in dataclasses.fields(cls) if mapping.get(f.name) is not None})
+
+    def kwargs(self) -> Dict[str, Any]:
+        """As keyword arguments of ``reparameterize`` / ``timm.create_model('t_...')``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+CONVERSION_KEYS = tuple(f.name for f in dataclasses.fields(ConversionSettings))
+
+
 def reparameterize_(
         model: nn.Module,
+        settings: Optional[ConversionSettings] = None,
         *,
-        stages: StageSpec = None,
-        locality_strength: float = 1.0,
-        gating_init: float = 1.0,
-        qk_dim: Optional[int] = None,
         verify: bool = True,
         input_size: Optional[Sequence[int]] = None,
         tol: float = DEFAULT_TOLERANCE,
+        **kwargs: Any,
 ) -> nn.Module:
     """In-place ``reparameterize``: swaps the convs of ``model`` itself and returns it.
 
     Every other parameter stays the same object, so an optimiser that holds them keeps its state (late
     reparameterisation, T-CNN Table 3). Verification puts the original convs back temporarily to get the CNN's
-    logits, so no copy of the model is made. See ``reparameterize`` for the arguments.
+    logits, so no copy of the model is made. The conversion settings come as a ``ConversionSettings`` or as the
+    keyword arguments of ``reparameterize`` (``stages``, ``locality_strength``, ``gating_init``, ``qk_dim``); see
+    ``reparameterize`` for the others.
     """
-    check_conversion_settings(locality_strength, gating_init, qk_dim, tol)
+    unknown = sorted(set(kwargs) - set(CONVERSION_KEYS))
+    if unknown or (settings is not None and kwargs):
+        raise InvalidArgumentError(f'unexpected arguments {unknown or sorted(kwargs)}: pass settings or the keywords '
+                                   f'{", ".join(CONVERSION_KEYS)}, not both')
+    s = settings if settings is not None else ConversionSettings(**kwargs)
+    check_conversion_settings(s.locality_strength, s.gating_init, s.qk_dim, tol)
     if input_size is not None:
         input_size = check_size(input_size, 'input_size', 3)
-    stage_names = resolve_stages(model, stages)
+    stage_names = resolve_stages(model, s.stages)
     targets = _convertible_convs(model, stage_names)
     source_name = _model_name(model)
     convs = {}
     for name, conv in targets:
-        model.set_submodule(name, GPSA.from_conv(conv, locality_strength, gating_init, qk_dim=qk_dim))
+        model.set_submodule(name, GPSA.from_conv(conv, s.locality_strength, s.gating_init, qk_dim=s.qk_dim))
         convs[name] = conv
     model.tcnn_config = {
         'architecture': source_name,
-        'stages': stage_names,
         'layers': list(convs),
-        'locality_strength': float(locality_strength),
-        'gating_init': float(gating_init),
-        'qk_dim': qk_dim,
+        **dataclasses.asdict(dataclasses.replace(s, stages=stage_names, locality_strength=float(s.locality_strength),
+                                                 gating_init=float(s.gating_init))),
     }
     if verify:
         try:
@@ -741,5 +772,5 @@ def reparameterize(
         check_size(input_size, 'input_size', 3)
     stages = resolve_stages(model, stages)  # once: an int on a torchvision model costs a probing forward pass
     _convertible_convs(model, stages)
-    return reparameterize_(copy.deepcopy(model), stages=stages, locality_strength=locality_strength,
-                           gating_init=gating_init, qk_dim=qk_dim, verify=verify, input_size=input_size, tol=tol)
+    settings = ConversionSettings(stages, locality_strength, gating_init, qk_dim)
+    return reparameterize_(copy.deepcopy(model), settings, verify=verify, input_size=input_size, tol=tol)

@@ -29,7 +29,7 @@ from timm.models._features_fx import FeatureGraphNet
 
 from . import data
 from .atomic import atomic_torch_save, atomic_write, atomic_write_text
-from .convert import gpsa_layers, reparameterize
+from .convert import ConversionSettings, gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import upgrade_proj_weight
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
@@ -197,14 +197,10 @@ def _build(d: Dict[str, Any]) -> nn.Module:
         if conversion and kind == 'timm' and source_model_name(transformed_model_name(arch)) is not None:
             return timm.create_model(
                 transformed_model_name(arch), pretrained=False, num_classes=num_classes,
-                stages=conversion['stages'], qk_dim=conversion.get('qk_dim'),
-                locality_strength=conversion.get('locality_strength', 1.0),
-                gating_init=conversion.get('gating_init', 1.0), **kwargs)
+                **ConversionSettings.of(conversion).kwargs(), **kwargs)
         model = create_cnn(name, pretrained=False, num_classes=num_classes, **kwargs)
         if conversion:
-            model = reparameterize(model, stages=conversion['stages'], qk_dim=conversion.get('qk_dim'),
-                                   locality_strength=conversion.get('locality_strength', 1.0),
-                                   gating_init=conversion.get('gating_init', 1.0), verify=False)
+            model = reparameterize(model, **ConversionSettings.of(conversion).kwargs(), verify=False)
         return model
     except TcnnError:
         raise

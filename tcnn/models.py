@@ -30,7 +30,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pr
 from timm.models.resnet import BasicBlock, ResNet
 
 from . import hub, io
-from .convert import StageSpec, gpsa_layers, reparameterize_, resolve_stages
+from .convert import CONVERSION_KEYS, ConversionSettings, gpsa_layers, reparameterize_, resolve_stages
 from .errors import TcnnError
 from .gpsa import GPSA
 from .hub import T_PREFIX, record_source, source_model_name, transformed_model_name
@@ -40,7 +40,6 @@ __all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURC
 
 PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with self-attention'
 PAPER_ID = 'arXiv:2106.05795'
-CONVERSION_ARGS = ('stages', 'locality_strength', 'gating_init', 'qk_dim')
 # Factory kwargs that describe the wrapper or placement, not the architecture (not stored in tcnn_source).
 _NON_ARCH_KWARGS = ('features_only', 'out_indices', 'feature_cls', 'feature_cfg', 'flatten_sequential', 'device',
                     'dtype', 'num_classes', 'cache_dir')
@@ -64,14 +63,7 @@ class TransformedModel:
     source_class: Type[nn.Module] = nn.Module
 
     @classmethod
-    def from_model(
-            cls,
-            model: nn.Module,
-            stages: StageSpec = None,
-            locality_strength: float = 1.0,
-            gating_init: float = 1.0,
-            qk_dim: Optional[int] = None,
-    ) -> nn.Module:
+    def from_model(cls, model: nn.Module, settings: ConversionSettings = ConversionSettings()) -> nn.Module:
         """Convert a freshly built source model in place and return it as an instance of ``cls``.
 
         timm's entrypoints keep each variant's arguments inside the entrypoint, so the registry builds the source
@@ -80,8 +72,7 @@ class TransformedModel:
         """
         if type(model) is not cls.source_class:
             raise TcnnError(f'expected a timm {cls.source_class.__name__}, got {type(model).__name__}')
-        reparameterize_(model, stages=stages, locality_strength=locality_strength, gating_init=gating_init,
-                        qk_dim=qk_dim, verify=False)
+        reparameterize_(model, settings, verify=False)
         model.__class__ = cls
         return model
 
@@ -105,30 +96,15 @@ class TransformedResNet(TransformedModel, ResNet):
     """
     source_class = ResNet
 
-    def __init__(
-            self,
-            *args,
-            stages: StageSpec = None,
-            locality_strength: float = 1.0,
-            gating_init: float = 1.0,
-            qk_dim: Optional[int] = None,
-            **kwargs,
-    ):
+    def __init__(self, *args, **kwargs):
+        settings = ConversionSettings.of({k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs})
         super().__init__(*args, **kwargs)
-        reparameterize_(self, stages=stages, locality_strength=locality_strength, gating_init=gating_init,
-                        qk_dim=qk_dim, verify=False)
+        reparameterize_(self, settings, verify=False)
 
     @classmethod
-    def from_resnet(
-            cls,
-            model: ResNet,
-            stages: StageSpec = None,
-            locality_strength: float = 1.0,
-            gating_init: float = 1.0,
-            qk_dim: Optional[int] = None,
-    ) -> 'TransformedResNet':
+    def from_resnet(cls, model: ResNet, settings: ConversionSettings = ConversionSettings()) -> 'TransformedResNet':
         """``from_model`` under its original name."""
-        return cls.from_model(model, stages, locality_strength, gating_init, qk_dim)
+        return cls.from_model(model, settings)
 
 
 _CLASSES: Dict[type, type] = {ResNet: TransformedResNet}
@@ -250,7 +226,7 @@ def _build(source: str, conversion: Dict[str, Any], **kwargs) -> nn.Module:
         if resolve_stages(cnn, conversion['stages']) != resolve_stages(cnn, file_stages):
             raise TcnnError(f'stages={conversion["stages"]!r} conflicts with {path} (stages={file_stages!r})')
         conversion['stages'] = file_stages
-    return transformed_class(type(cnn)).from_model(cnn, **conversion)
+    return transformed_class(type(cnn)).from_model(cnn, ConversionSettings.of(conversion))
 
 
 def _resolve_tag(variant: str, pretrained_cfg: Any) -> Optional[str]:
@@ -265,7 +241,7 @@ def _resolve_tag(variant: str, pretrained_cfg: Any) -> Optional[str]:
 
 
 def _create_transformed(variant: str, source: str, pretrained: bool = False, **kwargs) -> nn.Module:
-    conversion = {k: kwargs.pop(k) for k in CONVERSION_ARGS if k in kwargs}
+    conversion = {k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs}
     overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     tag = _resolve_tag(variant, pretrained_cfg)

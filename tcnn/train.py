@@ -33,7 +33,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_write_text
 from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
-from .convert import find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary, reparameterize_
+from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
+                      reparameterize_)
 from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
                           rng_state, seed_all, set_rng_state, setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
@@ -151,8 +152,7 @@ def _convert_in_place(model: nn.Module, recipe: Dict[str, Any]) -> List[torch.Te
     optimiser that holds them keeps its state). Returns the replaced conv parameters."""
     removed = [p for _, conv in find_convertible_convs(model, recipe['stages']) for p in conv.parameters()]
     with full_precision_matmul():
-        reparameterize_(model, stages=recipe['stages'], locality_strength=recipe['locality_strength'],
-                        gating_init=recipe['gating_init'], qk_dim=recipe['qk_dim'], verify=True,
+        reparameterize_(model, ConversionSettings.of(recipe), verify=True,
                         input_size=(3, recipe['img_size'], recipe['img_size']))
     return removed
 
