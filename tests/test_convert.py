@@ -10,18 +10,7 @@ from timm.models.resnet import Bottleneck, ResNet
 import tcnn
 from tcnn.convert import ConversionError, find_convertible_convs
 
-
-def _nontrivial_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random BN statistics and affine parameters, so that BN folding mistakes cannot hide."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-    return model.eval()
+from nontrivial import nontrivial as _nontrivial_batchnorm
 
 
 MODELS = {
