@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from .atomic import atomic_write
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module
-from .gpsa import upgrade_proj_weight
+from .gpsa import match_grouped_storage, upgrade_proj_weight
 from .paths import check_input_file, check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
 
@@ -238,6 +238,7 @@ def _build(d: Dict[str, Any]) -> nn.Module:
 
 
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
+    match_grouped_storage(model, state_dict)  # files of tcnn <= 0.2 hold grouped convs' filters dense
     expected = model.state_dict()
     state_dict = {k: upgrade_proj_weight(v, expected[k].shape) if k.endswith('proj_weight') and k in expected else v
                   for k, v in state_dict.items()}  # format version 1 (tcnn 0.1.0) stored GPSA filters in 2-D

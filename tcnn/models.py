@@ -27,7 +27,7 @@ from timm.models.resnet import ResNet
 
 from .convert import StageSpec, gpsa_layers, reparameterize_
 from .errors import TcnnError
-from .gpsa import GPSA
+from .gpsa import GPSA, match_grouped_storage
 
 __all__ = ['TransformedResNet', 'SOURCE_MODELS', 'T_PREFIX', 'no_weight_decay_names', 'source_model_name',
            'transformed_model_name']
@@ -120,9 +120,11 @@ def _load_filter(
 
     The filter of every replaced conv becomes the output projection of its GPSA layer (T-CNN eq. 6) with values
     = identity and the positional init of the model's ``tcnn_config``; state dicts that already hold GPSA
-    parameters pass through unchanged.
+    parameters pass through unchanged (a grouped layer whose filter is stored dense, as tcnn <= 0.2 wrote it, is
+    rebuilt dense in ``model`` to load it: ``match_grouped_storage``).
     """
     out = dict(weights if weights is not None else state_dict)
+    match_grouped_storage(model, out)
     cfg = model.tcnn_config
     for name, layer in gpsa_layers(model):
         weight = out.pop(f'{name}.weight', None)
