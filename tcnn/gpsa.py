@@ -425,19 +425,28 @@ class GPSA(nn.Module):
             return F.linear(heads.view(b, n_q, -1), self.proj_weight.view(self.out_chs, -1), self.proj_bias)
         nh, g, c = self.num_heads, self.groups, self.in_chs
         if g == c:
-            # depthwise, C_out = m * C_in with output channel c * m + j reading input channel c: per-channel taps,
-            # a scale and sum over the heads (no GEMM has anything to contract)
+            # depthwise, C_out = m * C_in with output channel c * m + j reading input channel c: per channel a scale
+            # and sum over the heads (nothing for a GEMM to contract); vecdot does both in one pass
             m = self.out_chs // c
             taps = self.proj_weight.view(c, m, nh).permute(2, 0, 1).to(heads.dtype)  # (N_h, C_in, m)
-            out = (heads.view(b * n_q, nh, c, 1) * taps).sum(dim=1).view(b, n_q, self.out_chs)
-        else:
-            # grouped: one batched GEMM over the groups, (g, B * N_q, N_h * C_in / g) x (g, N_h * C_in / g, C_out / g)
-            cg = c // g
-            heads = heads.view(b * n_q, nh, g, cg).permute(2, 0, 1, 3).reshape(g, b * n_q, nh * cg)
-            taps = self.proj_weight.view(g, self.out_chs // g, nh * cg).transpose(1, 2)
-            out = torch.bmm(heads, taps).transpose(0, 1).reshape(b, n_q, self.out_chs)
-        if self.proj_bias is not None:
-            out = out + self.proj_bias.to(out.dtype)
+            out = torch.linalg.vecdot(heads.view(b * n_q, nh, c, 1), taps.contiguous(), dim=1)
+            return self._add_bias(out.view(b, n_q, self.out_chs))
+        # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
+        # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
+        # GEMM over (h, c) needs a group-major copy of the whole heads tensor first: measured against it (CPU,
+        # 1 thread, 7x7 and 14x14 grids, 768-1024 channels in 32-48 groups, batch 8-32) this is 1.1-2.3x faster
+        # forward and 0.9-1.4x forward+backward.
+        parts = heads.view(b * n_q, nh, g, c // g).unbind(1)
+        taps = self.proj_weight.view(g, self.out_chs // g, nh, c // g).unbind(2)
+        out = torch.bmm(parts[0].transpose(0, 1), taps[0].transpose(1, 2))  # (g, B * N_q, C_out / g)
+        for h in range(1, nh):
+            out = torch.baddbmm(out, parts[h].transpose(0, 1), taps[h].transpose(1, 2))
+        return self._add_bias(out.transpose(0, 1).reshape(b, n_q, self.out_chs))
+
+    def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
+        bias = self.proj_bias  # a local, so that TorchScript refines the Optional
+        if bias is not None:
+            out = out + bias.to(out.dtype)
         return out
 
     def _content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
