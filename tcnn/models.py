@@ -63,7 +63,8 @@ class TransformedResNet(ResNet):
         stages: Which stages to convert (``tcnn.convert.resolve_stages``); default the last one.
         locality_strength: Initial alpha of every head (1.0: the paper's fine-tuning init).
         gating_init: Initial lambda of every head (1.0: the paper's fine-tuning init).
-        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``).
+        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group
+            width ``C_in // groups`` if smaller).
         **kwargs: ``ResNet`` keyword arguments.
     """
 
