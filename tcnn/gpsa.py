@@ -99,11 +99,12 @@ class GPSA(nn.Module):
     batch, from the input's shape only (any size, different call after call, nothing cached on the module).
 
     Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
-    the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied as one
-    batched GEMM over the groups (``g`` GEMMs of ``B * N_q`` rows), or for depthwise as a per-channel scale and sum
+    the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
+    head as one batched GEMM over the groups (``B * N_q`` rows each), or for depthwise as a per-channel scale and sum
     over the heads; the attention stays one ``N_h x N_q x N_k`` matrix shared by all channels. The dense
-    block-diagonal filter (tcnn <= 0.2) is exact too but multiplies the filter's parameters and FLOPs by ``g``
-    (resnext50_32x4d went 25.0M -> 61.9M parameters, convnext_atto with ``stages.3`` 3.7M -> 14.4M).
+    block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
+    ``g`` (resnext50_32x4d went 25.0M -> 61.9M parameters, convnext_atto with ``stages.3`` 3.7M -> 14.4M) and was
+    3-12x slower per layer (forward, CPU, batch 8, 7x7 grid).
 
     Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
     one alone adds 3.1M parameters to resnext50_32x4d (+12.6%, more than the whole growth of resnet50d's T-CNN,
@@ -419,7 +420,7 @@ class GPSA(nn.Module):
         return v.transpose(0, 1).reshape(b, n, c)
 
     def _output_projection(self, heads: torch.Tensor, b: int, n_q: int) -> torch.Tensor:
-        """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5) for ``heads`` ``(B, N_q * N_h, C_in)``: ``(B, N_q, C_out)``."""
+        """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``."""
         if self.groups == 1:
             # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
             return F.linear(heads.view(b, n_q, -1), self.proj_weight.view(self.out_chs, -1), self.proj_bias)
@@ -518,11 +519,12 @@ def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor])
     """Rebuild with dense storage (``groups=1``) every grouped GPSA layer of ``model`` for which ``state_dict``
     holds a dense filter, so that the state dict loads; returns the names of the rebuilt layers.
 
-    tcnn <= 0.2 stored a grouped conv's filter as its dense block-diagonal equivalent, with a dense ``W_val`` and the
-    dense default ``qk_dim``; fine-tuning may have filled the off-diagonal blocks, so such a layer is not cut back to
-    its groups but loaded as the dense layer it is (``conv_groups`` keeps the source conv's groups for parameter
-    counts). A filter is dense when it has ``C_out * N_h * C_in`` elements (either stored layout); ``qk_dim`` is read
-    from the stored ``q_weight``. The model's layers are replaced in place (on their device and dtype, meta included).
+    tcnn 0.2.0 and earlier stored a grouped conv's filter as its dense block-diagonal equivalent, with a dense
+    ``W_val`` and the dense default ``qk_dim``; fine-tuning may have filled the off-diagonal blocks, so such a layer
+    is not cut back to its groups but loaded as the dense layer it is (``conv_groups`` keeps the source conv's groups
+    for parameter counts). A filter is dense when it has ``C_out * N_h * C_in`` elements (either stored layout);
+    ``qk_dim`` is read from the stored ``q_weight``. The model's layers are replaced in place (on their device and
+    dtype, meta included); a ``model`` that is itself a GPSA layer is left alone (build it with ``groups=1``).
     """
     rebuilt = []
     for name, layer in list(model.named_modules()):

@@ -238,7 +238,7 @@ def _build(d: Dict[str, Any]) -> nn.Module:
 
 
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
-    match_grouped_storage(model, state_dict)  # files of tcnn <= 0.2 hold grouped convs' filters dense
+    match_grouped_storage(model, state_dict)  # files of tcnn 0.2.0 and earlier: grouped filters dense
     expected = model.state_dict()
     state_dict = {k: upgrade_proj_weight(v, expected[k].shape) if k.endswith('proj_weight') and k in expected else v
                   for k, v in state_dict.items()}  # format version 1 (tcnn 0.1.0) stored GPSA filters in 2-D

@@ -121,7 +121,7 @@ def _load_filter(
 
     The filter of every replaced conv becomes the output projection of its GPSA layer (T-CNN eq. 6) with values
     = identity and the positional init of the model's ``tcnn_config``; state dicts that already hold GPSA
-    parameters pass through unchanged (a grouped layer whose filter is stored dense, as tcnn <= 0.2 wrote it, is
+    parameters pass through unchanged (a grouped layer whose filter is stored dense, as tcnn 0.2.0 wrote it, is
     rebuilt dense in ``model`` to load it: ``match_grouped_storage``).
     """
     out = dict(weights if weights is not None else state_dict)

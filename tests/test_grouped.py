@@ -40,7 +40,7 @@ def _nontrivial_norms(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def _block_diagonal(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """Dense ``(rows, cols * groups, ...)`` block-diagonal matrix of the blocks ``weight`` ``(rows, cols, ...)``:
-    how tcnn <= 0.2 stored a grouped filter."""
+    how tcnn 0.2.0 stored a grouped filter."""
     rows, cols = weight.shape[:2]
     dense = weight.new_zeros(rows, cols * groups, *weight.shape[2:])
     per_group = rows // groups
@@ -176,7 +176,7 @@ def test_model_parameter_growth_follows_the_formula_and_stays_near_the_dense_cas
                                          m.qk_dim) - m.conv_parameters() for _, m in layers)
         assert all(m.groups > 1 for _, m in layers)
         assert n_t - n_cnn == extra
-        # "within a few percent of the dense-conv case's growth" (tcnn <= 0.2: resnext50_32x4d +147%)
+        # "within a few percent of the dense-conv case's growth" (tcnn 0.2.0: resnext50_32x4d +147%)
         assert abs((n_t - n_cnn) / n_cnn - dense_growth) < 0.03, name
     n_cnn, n_t, layers = _growth('resnext50_32x4d')
     assert (round(n_cnn / 1e6, 2), round(n_t / 1e6, 2)) == (25.03, 26.9)
@@ -233,7 +233,7 @@ def _grouped_cnn() -> nn.Module:
 
 
 def _old_dense_state_dict(t_cnn: nn.Module, layout: str) -> dict:
-    """The state dict that tcnn <= 0.2 saved for a grouped T-CNN after fine-tuning: every filter dense and
+    """The state dict that tcnn 0.2.0 saved for a grouped T-CNN after fine-tuning: every filter dense and
     block-diagonal with its off-diagonal blocks no longer zero, a dense W_val, q/k of the dense default width
     C_in // N_h; ``layout='2d'`` gives tcnn 0.1.0's ``(C_out, C_in * N_h)`` filters."""
     gen = torch.Generator().manual_seed(1)
