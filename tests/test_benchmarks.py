@@ -239,6 +239,14 @@ def test_presets_and_compile_warmup():
     # Compiled functions compile on their first calls: those are never timed, whatever --warmup says.
     compiled = run.make_settings(parser.parse_args(['--smoke', '--compile', '--warmup', '1']), parser)
     assert compiled.warmup == run.COMPILE_WARMUP >= 2 and report.config_tag(compiled) == 'cpu-smoke-compile'
+    # other models with their stages, under their own label (a preset's results are not replaced)
+    other = run.make_settings(parser.parse_args(['--timer', 'cpu', '--models', 'resnext50_32x4d', 'convnext_tiny',
+                                                 '--stages', 'convnext_tiny=stages.3', '--label', 'grouped']), parser)
+    assert other.stages == {'convnext_tiny': ['stages.3']} and report.config_tag(other) == 'cpu-full-cputime-grouped'
+    for bad in (['--models', 'convnext_tiny', '--stages', 'resnet50d=layer4'], ['--stages', 'resnet50d'],
+                ['--label', 'a/b']):
+        with pytest.raises(SystemExit):
+            run.make_settings(parser.parse_args(bad), parser)
 
 
 def test_flops_at_the_papers_resolutions():
