@@ -590,4 +590,3 @@ def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:
             raise ValueError('padding="same" with an even effective kernel pads asymmetrically; not supported')
         pads.append(total // 2)
     return pads[0], pads[1]
-
