@@ -104,7 +104,7 @@ class GPSA(nn.Module):
     over the heads; the attention stays one ``N_h x N_q x N_k`` matrix shared by all channels. The dense
     block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
     ``g`` (resnext50_32x4d went 25.0M -> 61.9M parameters, convnext_atto with ``stages.3`` 3.7M -> 14.4M) and was
-    3-12x slower per layer (forward, CPU, batch 8, 7x7 grid).
+    2.4-12x slower per layer (forward, CPU, 1 thread, batch 8, 7x7 grids, 320-1152 channels).
 
     Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
     one alone adds 3.1M parameters to resnext50_32x4d (+12.6%, more than the whole growth of resnet50d's T-CNN,
