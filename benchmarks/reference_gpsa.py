@@ -14,9 +14,10 @@ handling of stride:
   average pooling, as BoTNet does for its strided block. Subsampling equals the strided conv exactly; average
   pooling (BoTNet's choice) changes the function and is only offered to measure its cost.
 
-The parameters have the names and shapes of ``tcnn.GPSA``, so ``ReferenceGPSA.from_gpsa`` runs the same function
-the obvious way, and ``from_conv`` loads a conv filter exactly as ``GPSA.from_conv`` does. Only zero padding and
-ungrouped convs (the ResNet case) are supported.
+The parameters have the names and shapes of a dense ``tcnn.GPSA``, so ``ReferenceGPSA.from_gpsa`` runs the same
+function the obvious way, and ``from_conv`` loads a conv filter exactly as ``GPSA.from_conv`` does. A grouped or
+depthwise layer is taken the obvious way too: its block-diagonal ``W_val`` and taps as dense matrices. Only zero
+padding is supported.
 """
 from typing import Optional
 
@@ -100,12 +101,17 @@ class ReferenceGPSA(nn.Module):
 
     @classmethod
     def from_gpsa(cls, gpsa: GPSA, downsample: str = 'subsample') -> 'ReferenceGPSA':
-        """The same function as ``gpsa`` (a copy of its parameters), computed the obvious way."""
+        """The same function as ``gpsa`` (a copy of its parameters), computed the obvious way; the blocks of a
+        grouped layer become dense block-diagonal matrices."""
         if gpsa.padding_mode != 'zeros':
             raise ValueError(f'the reference GPSA supports zero padding only, got {gpsa.padding_mode!r}')
         ref = cls(gpsa.in_chs, gpsa.out_chs, gpsa.kernel_size, gpsa.stride, gpsa.padding, gpsa.dilation,
                   bias=gpsa.proj_bias is not None, qk_dim=gpsa.qk_dim, downsample=downsample)
-        ref.load_state_dict(gpsa.state_dict())
+        state = gpsa.state_dict()
+        if gpsa.groups > 1:
+            state['v_weight'] = _block_diagonal(state['v_weight'], gpsa.groups)
+            state['proj_weight'] = _block_diagonal(state['proj_weight'].transpose(1, 2), gpsa.groups).transpose(1, 2)
+        ref.load_state_dict(state)
         return ref.to(device=gpsa.q_weight.device, dtype=gpsa.q_weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,6 +156,17 @@ class ReferenceGPSA(nn.Module):
         if self.downsample == 'avgpool':
             return F.avg_pool2d(out, (sy, sx), ceil_mode=True)
         return out[:, :, ::sy, ::sx]
+
+
+def _block_diagonal(blocks: torch.Tensor, groups: int) -> torch.Tensor:
+    """``(rows, cols, ...)`` blocks of ``groups`` groups (rows grouped, as in a grouped conv filter) as the dense
+    ``(rows, cols * groups, ...)`` block-diagonal matrix."""
+    rows, cols = blocks.shape[:2]
+    dense = blocks.new_zeros(rows, cols * groups, *blocks.shape[2:])
+    step = rows // groups
+    for g in range(groups):
+        dense[g * step:(g + 1) * step, g * cols:(g + 1) * cols] = blocks[g * step:(g + 1) * step]
+    return dense
 
 
 def _kernel_centers(kernel_size, dilation, anchor) -> torch.Tensor:

@@ -82,7 +82,7 @@ def machine_info(device: torch.device) -> Dict[str, Any]:
 
 
 def config_tag(settings) -> str:
-    """``<device>-<preset>[-cputime][-bf16][-channels_last][-compile]``: what makes runs comparable."""
+    """``<device>-<preset>[-cputime][-bf16][-channels_last][-compile][-<label>]``: what makes runs comparable."""
     tag = [settings.torch_device.type, settings.preset]
     if settings.timer == 'cpu':
         tag.append('cputime')
@@ -92,6 +92,8 @@ def config_tag(settings) -> str:
         tag.append('channels_last')
     if settings.compile:
         tag.append('compile')
+    if getattr(settings, 'label', ''):
+        tag.append(settings.label)
     return '-'.join(tag)
 
 

@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick                      # a few minutes on 2 CPU cores
     python benchmarks/run.py --device cuda --amp --channels-last --batch-size 32 256
     python benchmarks/run.py --device cuda --amp --channels-last --compile --batch-size 32 256
+    python benchmarks/run.py --timer cpu --models convnext_tiny --stages convnext_tiny=stages.3 --label convnext
 
 Writes ``<out>/<device>[-flags]-<date>.json`` and regenerates ``<out>/README.md`` (default out:
 ``benchmarks/results``). Models and inputs are random; nothing is downloaded. See docs/benchmarks.md.
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--compile', action='store_true', help='torch.compile every model and layer (static shapes)')
     p.add_argument('--batch-size', type=int, nargs='+', help='batch size(s) of the whole-model runs')
     p.add_argument('--models', nargs='+', help=f'timm model names (full run: {" ".join(FULL_MODELS)})')
+    p.add_argument('--stages', nargs='+', metavar='MODEL=STAGE[,STAGE]', default=[],
+                   help='stages to convert per model (default: the last ResNet stage), e.g. convnext_tiny=stages.3')
+    p.add_argument('--label', default='',
+                   help='added to the results name and configuration tag (runs of other models or stages)')
     p.add_argument('--sizes', type=int, nargs='+', help='input resolutions (default 160 224 320)')
     p.add_argument('--repeats', type=int, help='timed repeats per measurement (medians are reported)')
     p.add_argument('--warmup', type=int, help=f'untimed calls before timing (at least {COMPILE_WARMUP} with --compile)')
@@ -112,8 +117,17 @@ def make_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     unknown = [m for m in values['models'] if not timm.is_model(m)]
     if unknown:
         parser.error(f'unknown timm model(s): {", ".join(unknown)}')
+    stages = {}
+    for spec in args.stages:
+        model, _, names = spec.partition('=')
+        if model not in values['models'] or not names:
+            parser.error(f'--stages {spec}: expected MODEL=STAGE[,STAGE] with MODEL one of the --models')
+        stages[model] = names.split(',')
+    if args.label and not args.label.replace('_', '').isalnum():
+        parser.error(f'--label {args.label}: letters, digits and underscores only (it names the results file)')
     return suites.Settings(device=args.device, preset=preset, amp=args.amp, channels_last=args.channels_last,
-                           compile=args.compile, sections=list(args.sections), timer=args.timer, **values)
+                           compile=args.compile, sections=list(args.sections), timer=args.timer, stages=stages,
+                           label=args.label, **values)
 
 
 def _log(start: float):

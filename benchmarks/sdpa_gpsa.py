@@ -31,16 +31,19 @@ class SdpaGPSA(GPSA):
         tokens = x_pad.flatten(2)
         q = torch.matmul(self.q_weight, x_q).view(b, self.num_heads, self.qk_dim, -1).transpose(-1, -2)
         k = torch.matmul(self.k_weight, tokens).view(b, self.num_heads, self.qk_dim, -1).transpose(-1, -2)
-        v = torch.matmul(self.v_weight, tokens).transpose(1, 2)  # (B, N_k, C_in), shared by the heads
+        if self.groups == 1:
+            v = torch.matmul(self.v_weight, tokens).transpose(1, 2)  # (B, N_k, C_in), shared by the heads
+        else:
+            v = self._grouped_values(tokens.transpose(1, 2))
         v_heads = v[:, None].expand(b, self.num_heads, v.shape[1], c)
         content = F.scaled_dot_product_attention(q, k, v_heads, scale=self.scale)  # (B, N_h, N_q, C_in)
         pos = self.positional_attention(x.shape[-2], x.shape[-1], x.device).to(v.dtype)
         positional = torch.matmul(pos, v[:, None])  # (B, N_h, N_q, C_in): the batch-shared map, second product
         gate = torch.sigmoid(self.gating.float()).to(v.dtype)[:, None, None]
         heads = torch.lerp(content, positional, gate)
-        # Per query the N_h head outputs side by side, [h][c] as the filter (C_out, N_h, C_in), as in GPSA.forward.
-        heads = heads.transpose(1, 2).reshape(b, h_out * w_out, self.num_heads * c)
-        out = F.linear(heads, self.proj_weight.view(self.out_chs, -1), self.proj_bias)  # (B, N_q, C_out)
+        # Per query the N_h head outputs one after the other, [q][h][c] as in GPSA.forward, and its projection.
+        heads = heads.transpose(1, 2).reshape(b, h_out * w_out * self.num_heads, c)
+        out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
         return out.transpose(1, 2).reshape(b, self.out_chs, h_out, w_out)
 
 

@@ -57,6 +57,8 @@ class Settings:
     goal_size: int = 224
     timer: str = 'wall'  # 'cpu': thread CPU time, with one torch thread (see measure.py)
     seed: int = 0
+    stages: Dict[str, List[str]] = dataclasses.field(default_factory=dict)  # per model (default: its last stage)
+    label: str = ''  # appended to the configuration tag: runs of other models must not replace a preset's results
 
     @property
     def torch_device(self) -> torch.device:
@@ -134,7 +136,7 @@ class _Runner:
 
 def _model_variants(name: str, settings: Settings) -> Dict[str, nn.Module]:
     cnn = _create_cnn(name, settings.seed)
-    t_cnn = tcnn.reparameterize(cnn, verify=False)
+    t_cnn = tcnn.reparameterize(cnn, stages=settings.stages.get(name), verify=False)
     variants = {'cnn': cnn, 'tcnn': t_cnn}
     if settings.variant_sizes is None or any(s in settings.variant_sizes for s in settings.sizes):
         if 'sdpa' in settings.variants:
@@ -318,7 +320,7 @@ def bench_conversion(settings: Settings, log: Log) -> List[Dict[str, Any]]:
         for _ in range(runs):
             for key, verify in (('no_verify', False), ('verify', True)):
                 start = time.perf_counter()
-                t_cnn = tcnn.reparameterize(cnn, verify=verify)
+                t_cnn = tcnn.reparameterize(cnn, stages=settings.stages.get(name), verify=verify)
                 synchronize(settings.torch_device)
                 times[key].append(time.perf_counter() - start)
                 report = getattr(t_cnn, 'tcnn_report', report)
@@ -378,7 +380,8 @@ def profile_gap(model: str, size: int, batch: int, mode: str, settings: Settings
     cnn = _create_cnn(model, settings.seed)
     eager = dataclasses.replace(settings, compile=False)
     runners = {'cnn': _Runner(settings.prepare(cnn), eager),
-               'tcnn': _Runner(settings.prepare(tcnn.reparameterize(cnn, verify=False)), eager)}
+               'tcnn': _Runner(settings.prepare(tcnn.reparameterize(cnn, stages=settings.stages.get(model),
+                                                                   verify=False)), eager)}
     torch.manual_seed(settings.seed)
     x = settings.tensor(batch, 3, size, size)
     y = torch.randint(0, 1000, (batch,), device=settings.torch_device)

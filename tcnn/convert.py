@@ -756,7 +756,8 @@ def reparameterize(
             (``layer4`` for ResNets).
         locality_strength: Initial alpha of every head.
         gating_init: Initial lambda of every head.
-        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``).
+        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group
+            width ``C_in // groups`` if smaller).
         verify: Compare logits with the CNN in the exact configuration (eval mode, 2 random images of
             ``input_size``) and raise ``ConversionError`` if the relative error exceeds ``tol``. The report is stored
             as ``t_model.tcnn_report``; a warning says when the check is vacuous (the layers do not change the logits).

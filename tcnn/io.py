@@ -31,7 +31,7 @@ from . import data
 from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from .convert import ConversionSettings, gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
-from .gpsa import upgrade_proj_weight
+from .gpsa import match_grouped_storage, upgrade_proj_weight
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
                   file_head, load_torch_file, record_source, source_model_name, split_model_name,
                   transformed_model_name)
@@ -209,6 +209,7 @@ def _build(d: Dict[str, Any]) -> nn.Module:
 
 
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
+    match_grouped_storage(model, state_dict)  # files of tcnn 0.2.0 and earlier: grouped filters dense
     expected = model.state_dict()
     state_dict = {k: upgrade_proj_weight(v, expected[k].shape) if k.endswith('proj_weight') and k in expected else v
                   for k, v in state_dict.items()}  # format version 1 (tcnn 0.1.0) stored GPSA filters in 2-D

@@ -32,7 +32,7 @@ from timm.models.resnet import BasicBlock, ResNet
 from . import hub, io
 from .convert import CONVERSION_KEYS, ConversionSettings, gpsa_layers, reparameterize_, resolve_stages
 from .errors import TcnnError
-from .gpsa import GPSA
+from .gpsa import GPSA, match_grouped_storage
 from .hub import T_PREFIX, record_source, source_model_name, transformed_model_name
 
 __all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURCE_MODELS', 'T_PREFIX',
@@ -91,7 +91,8 @@ class TransformedResNet(TransformedModel, ResNet):
         stages: Which stages to convert (``tcnn.convert.resolve_stages``); default the last one.
         locality_strength: Initial alpha of every head (1.0: the paper's fine-tuning init).
         gating_init: Initial lambda of every head (1.0: the paper's fine-tuning init).
-        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``).
+        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group
+            width ``C_in // groups`` if smaller).
         **kwargs: ``ResNet`` keyword arguments.
     """
     source_class = ResNet
@@ -138,9 +139,11 @@ def _load_filter(
 
     The filter of every replaced conv becomes the output projection of its GPSA layer (T-CNN eq. 6) with values
     = identity and the positional init of the model's ``tcnn_config``; state dicts that already hold GPSA
-    parameters pass through unchanged.
+    parameters pass through unchanged (a grouped layer whose filter is stored dense, as tcnn 0.2.0 wrote it, is
+    rebuilt dense in ``model`` to load it: ``match_grouped_storage``).
     """
     out = dict(weights if weights is not None else state_dict)
+    match_grouped_storage(model, out)
     cfg = model.tcnn_config
     for name, layer in gpsa_layers(model):
         weight = out.pop(f'{name}.weight', None)

@@ -50,7 +50,7 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
                  'stages whose k x k convs become GPSA (null: the default; see tcnn convert --list-stages MODEL)'),
     'locality_strength': _k(1.0, float, 'initial alpha of every head (paper: 1.0, on the verge of locality)'),
     'gating_init': _k(1.0, float, 'initial lambda of every head (paper: 1.0)'),
-    'qk_dim': _k(None, (int, NoneType), 'per-head query/key width (null: C_in // heads)'),
+    'qk_dim': _k(None, (int, NoneType), 'per-head query/key width (null: min(C_in // heads, C_in // groups))'),
     # data
     'data': _k(None, (str, NoneType), 'dataset root in ImageFolder layout, with train/ and val/ class folders'),
     'train_split': _k('train', str, 'training sub-folder of the data root'),

@@ -69,6 +69,22 @@ def test_reference_and_sdpa_compute_our_gpsa_away_from_the_conv(stride, size):
     assert _rel_err(out, sdpa(x)) < 1e-5
 
 
+@pytest.mark.parametrize('c_in,c_out,groups', [(16, 24, 4), (12, 12, 12), (6, 12, 6)])
+def test_reference_and_sdpa_compute_our_grouped_gpsa(c_in, c_out, groups):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(c_in, c_out, 3, 2, 1, groups=groups, bias=True)
+    x = torch.randn(2, c_in, 9, 10)
+    exact = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    assert _rel_err(conv(x), ReferenceGPSA.from_gpsa(exact)(x)) < 1e-5
+    gpsa = _off_exact(GPSA.from_conv(conv))
+    out = gpsa(x)
+    assert _rel_err(conv(x), out) > 0.1
+    sdpa = SdpaGPSA.from_conv(conv)
+    sdpa.load_state_dict(gpsa.state_dict())
+    assert _rel_err(out, ReferenceGPSA.from_gpsa(gpsa)(x)) < 1e-5
+    assert _rel_err(out, sdpa(x)) < 1e-5
+
+
 def test_reference_avgpool_is_botnet_and_not_the_conv():
     conv = _asymmetric_conv(8, 8, 2)
     x = torch.randn(2, 8, 10, 10)
@@ -223,6 +239,14 @@ def test_presets_and_compile_warmup():
     # Compiled functions compile on their first calls: those are never timed, whatever --warmup says.
     compiled = run.make_settings(parser.parse_args(['--smoke', '--compile', '--warmup', '1']), parser)
     assert compiled.warmup == run.COMPILE_WARMUP >= 2 and report.config_tag(compiled) == 'cpu-smoke-compile'
+    # other models with their stages, under their own label (a preset's results are not replaced)
+    other = run.make_settings(parser.parse_args(['--timer', 'cpu', '--models', 'resnext50_32x4d', 'convnext_tiny',
+                                                 '--stages', 'convnext_tiny=stages.3', '--label', 'grouped']), parser)
+    assert other.stages == {'convnext_tiny': ['stages.3']} and report.config_tag(other) == 'cpu-full-cputime-grouped'
+    for bad in (['--models', 'convnext_tiny', '--stages', 'resnet50d=layer4'], ['--stages', 'resnet50d'],
+                ['--label', 'a/b']):
+        with pytest.raises(SystemExit):
+            run.make_settings(parser.parse_args(bad), parser)
 
 
 def test_flops_at_the_papers_resolutions():

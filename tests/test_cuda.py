@@ -107,16 +107,18 @@ def test_conversion_error_with_tf32_is_reported(name):
 
 @pytest.mark.parametrize('stride, padding_mode', [(1, 'zeros'), (2, 'zeros'), (1, 'reflect'), (2, 'circular')])
 @pytest.mark.parametrize('channels_last', [False, True])
-def test_gpsa_layer_cuda_matches_cpu(stride, padding_mode, channels_last):
+@pytest.mark.parametrize('groups, out_chs', [(1, 48), (4, 48), (32, 64)], ids=['dense', 'grouped', 'depthwise-x2'])
+def test_gpsa_layer_cuda_matches_cpu(stride, padding_mode, channels_last, groups, out_chs):
     """One layer far from the conv configuration (content attention matters): GPU == CPU in fp32 without TF32, and
     the output keeps the input's memory format."""
     torch.manual_seed(0)
-    layer = GPSA(32, 48, stride=stride, padding_mode=padding_mode, locality_strength=0.7, gating_init=0.3)
+    layer = GPSA(32, out_chs, stride=stride, padding_mode=padding_mode, groups=groups, locality_strength=0.7,
+                 gating_init=0.3)
     with torch.no_grad():
         layer.q_weight.normal_(0, 0.3)
         layer.k_weight.normal_(0, 0.3)
     x = torch.randn(3, 32, 11, 9)
-    gpu_layer = GPSA(32, 48, stride=stride, padding_mode=padding_mode).to(CUDA)
+    gpu_layer = GPSA(32, out_chs, stride=stride, padding_mode=padding_mode, groups=groups).to(CUDA)
     gpu_layer.load_state_dict(layer.state_dict())
     xg = x.to(CUDA)
     if channels_last:

@@ -244,7 +244,7 @@ def test_forward_intermediates(name):
 
 
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_efficientnet_b0',
-                                  't_mobilenetv3_large_100'])
+                                  't_mobilenetv3_large_100', 't_regnety_002', 't_resnext26ts'])
 def test_torchscript(name):
     """timm's test_model_forward_torchscript, plus equality with eager."""
     model = _model(name)
@@ -381,18 +381,18 @@ def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
 
 
 def test_grouped_source_converts_exactly(monkeypatch):
-    """ResNeXt's grouped 3x3 convs become dense GPSA filters (block diagonal): still the CNN exactly."""
+    """ResNeXt's grouped 3x3 convs become grouped GPSA layers (the filter stored per group, as the conv stores it):
+    still the CNN exactly."""
     cnn = _source_cnn('seresnext26d_32x4d')
     monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda name, **kwargs: cnn)
     model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()  # offline: a local file
     x = _x(1, 96)
     with torch.no_grad(), exact_configuration(model):
         torch.testing.assert_close(model(x), cnn(x), rtol=1e-4, atol=1e-4)
-    conv, proj = cnn.layer4[0].conv2, model.layer4[0].conv2.proj_weight
-    c, group = conv.out_channels, conv.out_channels // conv.groups
-    assert conv.groups == 32 and proj.shape == (c, 9, c)
-    # block diagonal: the first group's outputs read only the first group's inputs
-    assert proj[:group, :, group:].abs().max() == 0 and proj[:group, :, :group].abs().max() > 0
+    conv, layer = cnn.layer4[0].conv2, model.layer4[0].conv2
+    c = conv.out_channels
+    assert conv.groups == layer.groups == 32 and layer.proj_weight.shape == (c, 9, c // 32)
+    assert torch.equal(layer.conv_filter(), conv.weight)
 
 
 # ---------------------------------------------------------------------------------------------- other families

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='initial gating parameter lambda of every head (default 1.0; >= 20 with a large alpha '
                              'gives the exact CNN)')
     parser.add_argument('--qk-dim', type=int, metavar='D',
-                        help='per-head query/key width of the content attention (default C_in // heads)')
+                        help='per-head query/key width of the content attention (default C_in // heads; for a grouped '
+                             'conv the group width C_in // groups if smaller)')
     parser.add_argument('--img-size', metavar='SIZE',
                         help='input size of the equivalence check: N or HxW (default: the model\'s pretrained input '
                              'size)')
@@ -119,6 +120,8 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
     for name, layer in gpsa_layers(t_model):
         kh, kw = layer.kernel_size
         stride = f', stride {layer.stride[0]}' if max(layer.stride) > 1 else ''
+        if layer.groups > 1:
+            stride += ', depthwise' if layer.groups == layer.in_chs else f', groups {layer.groups}'
         lines.append(f'{name}: {layer.in_chs}->{layer.out_chs}, {kh}x{kw}{stride} -> {layer.num_heads} heads, '
                      f'qk_dim {layer.qk_dim}')
     return lines
@@ -159,7 +162,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
             note = ('within tolerance: at this init the T-CNN is the CNN' if report.init_max_rel_err <= args.tol
                     else 'this init departs from the CNN by design, T-CNN paper section 2')
             out.append(f'  at init     {init}: max rel err {report.init_max_rel_err:.2g} ({note})')
-    out.append(f'  init        {init}, qk_dim {config["qk_dim"] or "C_in // heads"}')
+    out.append(f'  init        {init}, qk_dim {config["qk_dim"] or "min(C_in // heads, C_in // groups)"}')
     out.append(f'  saved       {path} ({_size(path)}) in {seconds:.1f} s')
     print('\n'.join(out))
 

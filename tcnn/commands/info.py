@@ -193,7 +193,7 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
     if conversion:
         lines.append(f'  conversion  {", ".join(conversion["stages"])}: {len(conversion["layers"])} GPSA layers, '
                      f'init alpha={conversion["locality_strength"]:g} lambda={conversion["gating_init"]:g}, '
-                     f'qk_dim {conversion["qk_dim"] or "C_in // heads"}')
+                     f'qk_dim {conversion["qk_dim"] or "min(C_in // heads, C_in // groups)"}')
         lines.append(f'  parameters  {_m(params["total"])} (CNN {_m(params["cnn"])}, '
                      f'{params["self_attention"] / 1e6:+.2f}M for self-attention)')
     else:
