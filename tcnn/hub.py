@@ -26,8 +26,8 @@ from .errors import InvalidTypeError, TcnnError, check_device, check_number
 from .paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
-           'create_cnn', 'record_source', 'load_torch_file', 'load_state_dict_file', 'clean_state_dict',
-           'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
+           'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'load_state_dict_file',
+           'clean_state_dict', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
 T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
@@ -296,22 +296,28 @@ def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
         raise TcnnError(f'cannot read weights from {path}: not a valid safetensors file ({reason})') from e
 
 
+def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor], optional: str = '') -> str:
+    """What keeps ``state_dict`` from loading strictly into ``model`` ('' when it fits): keys missing, unexpected
+    and of another shape. Keys under the prefix ``optional`` (a classifier head) may be missing or mismatched."""
+    expected = model.state_dict()
+    allowed = (lambda k: bool(optional) and k.startswith(optional))
+    missing = [k for k in expected if k not in state_dict and not allowed(k)]
+    unexpected = [k for k in state_dict if k not in expected]
+    mismatched = [k for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape
+                  and not allowed(k)]
+    return '; '.join(f'{label} {len(keys)} (e.g. {", ".join(keys[:3])})' for label, keys in
+                     (('missing', missing), ('unexpected', unexpected), ('shape mismatch', mismatched)) if keys)
+
+
 def _load_weights(model: nn.Module, path: str, name: str) -> None:
     sd = load_state_dict_file(path)
-    model_sd = model.state_dict()
-    head = getattr(model, 'pretrained_cfg', {}).get('classifier', 'fc')
-    mismatched = [k for k, v in sd.items() if k in model_sd and model_sd[k].shape != v.shape]
-    if mismatched and all(k.startswith(head + '.') for k in mismatched):
-        # a checkpoint with another class count: keep the backbone, leave the new head at its init
-        sd = {k: v for k, v in sd.items() if k not in mismatched}
-    elif mismatched:
-        raise TcnnError(f'{path} does not fit {name}: shape mismatch for {", ".join(mismatched[:3])}')
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not k.startswith(head + '.')]
-    if missing or unexpected:
-        detail = ((f'missing {len(missing)} keys (e.g. {missing[:2]})' if missing else '')
-                  + (f' unexpected {len(unexpected)} keys (e.g. {unexpected[:2]})' if unexpected else ''))
-        raise TcnnError(f'{path} does not fit {name}: {detail.strip()}')
+    head = getattr(model, 'pretrained_cfg', {}).get('classifier', 'fc') + '.'
+    misfit = state_dict_misfit(model, sd, optional=head)
+    if misfit:
+        raise TcnnError(f'{path} does not fit {name}: {misfit}')
+    # a checkpoint with another class count: keep the backbone, leave the new head at its init
+    expected = model.state_dict()
+    model.load_state_dict({k: v for k, v in sd.items() if expected[k].shape == v.shape}, strict=False)
 
 
 def create_cnn(

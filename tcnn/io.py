@@ -33,7 +33,7 @@ from .convert import ConversionSettings, gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import match_grouped_storage, upgrade_proj_weight
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
-                  file_head, load_torch_file, record_source, source_model_name, split_model_name,
+                  file_head, load_torch_file, record_source, source_model_name, state_dict_misfit, split_model_name,
                   transformed_model_name)
 from .paths import check_output_file
 from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
@@ -213,14 +213,9 @@ def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: 
     expected = model.state_dict()
     state_dict = {k: upgrade_proj_weight(v, expected[k].shape) if k.endswith('proj_weight') and k in expected else v
                   for k, v in state_dict.items()}  # format version 1 (tcnn 0.1.0) stored GPSA filters in 2-D
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    mismatched = [k for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape]
-    if missing or unexpected or mismatched:
-        parts = [f'{label} {len(keys)} (e.g. {", ".join(keys[:3])})'
-                 for label, keys in (('missing', missing), ('unexpected', unexpected), ('mismatched', mismatched))
-                 if keys]
-        raise TcnnError(f'{where}: the weights do not fit the rebuilt model: {"; ".join(parts)}')
+    misfit = state_dict_misfit(model, state_dict)
+    if misfit:
+        raise TcnnError(f'{where}: the weights do not fit the rebuilt model: {misfit}')
     model.load_state_dict(state_dict, strict=True, assign=assign)
 
 
