@@ -66,32 +66,24 @@ class GPSA(nn.Module):
     * the output projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the conv filter. In the
       exact configuration the rows *are* im2col(X W_val) and the layer is literally the conv.
 
-    Why token-major and not channel-first (``V A^T`` as ``(B, C_in, N_h * N_q)``, the previous design, whose
-    ``[c][h][q]`` order is the conv's own im2col layout): the channel-first output projection is ``B`` small GEMMs of
-    ``N_q`` columns, or one GEMM after a transposed copy of the whole ``heads`` tensor; token-major gives one GEMM
-    with ``B * N_q`` rows and copies nothing. The filter is stored to match, as ``(C_out, N_h, C_in)``: per head its
-    tap, so ``view(C_out, -1)`` is the projection matrix. State dicts of the old 2-D ``(C_out, C_in * N_h)`` layout
-    still load (``_load_from_state_dict`` reorders them; the shapes differ, so neither can be mistaken for the
-    other). Measured against the channel-first layer in one process (CPU, 1 thread, 512 channels, forward /
-    forward+backward): 1.06-1.12 / 1.07-1.15x faster at batch 4 (7x7, 12x12, 14 -> 7 and 24 -> 12 grids, NCHW or
-    channels_last input) and 1.17-1.32 / 1.14-1.22x at batch 32 on a 7x7 grid. A channels_last input is read
-    without any copy; the output is channels_last in memory and made contiguous only for an NCHW input.
+    Why token-major and not channel-first (``V A^T`` as ``(B, C_in, N_h * N_q)``, the conv's own im2col order): the
+    channel-first output projection is ``B`` small GEMMs of ``N_q`` columns, or one GEMM after a transposed copy of
+    the whole ``heads`` tensor; token-major gives one GEMM with ``B * N_q`` rows and copies nothing (faster at every
+    grid and batch measured). The filter is stored to match, as ``(C_out, N_h, C_in)``: per head its tap, so
+    ``view(C_out, -1)`` is the projection matrix. State dicts of the old 2-D ``(C_out, C_in * N_h)`` layout still
+    load (``_load_from_state_dict`` reorders them; the shapes differ, so neither can be mistaken for the other). A
+    channels_last input is read without any copy; the output is channels_last in memory and made contiguous only for
+    an NCHW input.
 
     Why the mixed attention matrix and not ``scaled_dot_product_attention``: the two attentions are mixed into one
     ``N_h x N_q x N_k`` matrix (``torch.lerp``) and applied to the values once. SDPA would apply the content part
     per head with the value width C_in (above the flash kernels' head-dim limit) and the positional part would need
-    a second value product. Measured with ``benchmarks/run.py`` (CPU, 1 thread, batch 4, 512 channels, 7x7 grid):
-    the SDPA design takes 28 / 75 ms (forward / forward+backward) where this one takes 18 / 53 ms; in a whole
-    resnet50d at 224 px it brings the T-CNN to 0.84x / 0.88x the CNN's img/s (inference / training step) instead
-    of 0.93x / 0.91x, and its FLOPs to 1.10x the CNN's instead of 1.06x.
+    a second value product: slower, and more FLOPs.
 
     Why keys and values are projected on the unpadded input: ``W_k`` and ``W_val`` are 1x1 projections without
     bias, which commute with every padding mode, so projecting first and padding afterwards is exact; with zero
     padding the padded values are zero, so the value product only needs the attention on real keys (both softmaxes
-    are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid (60 of 256 for the
-    stride-2 block): the layer is 1.10-1.2x faster than when it projected the padded grid (forward and
-    forward+backward, 5x5 to 10x10 grids, stride 1 and 2, CPU, 1 thread), a T-CNN resnet50d at 224 px went from
-    0.91x to 0.93x the CNN's inference img/s, and its forward FLOPs from 1.083x to 1.062x the CNN's.
+    are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid.
 
     Why the positional softmax is separable: the logit ``-alpha |d - Delta|^2`` splits into a row term plus a
     column term, and keys form a full grid, so the 2-D softmax is the outer product of a row softmax and a column
@@ -103,20 +95,21 @@ class GPSA(nn.Module):
     head as one batched GEMM over the groups (``B * N_q`` rows each), or for depthwise as a per-channel scale and sum
     over the heads; the attention stays one ``N_h x N_q x N_k`` matrix shared by all channels. The dense
     block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
-    ``g`` (resnext50_32x4d went 25.0M -> 61.9M parameters, convnext_atto with ``stages.3`` 3.7M -> 14.4M) and was
-    2.4-12x slower per layer (forward, CPU, 1 thread, batch 8, 7x7 grids, 320-1152 channels).
+    ``g``.
 
     Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
-    one alone adds 3.1M parameters to resnext50_32x4d (+12.6%, more than the whole growth of resnet50d's T-CNN,
-    +9.1%), the grouped one 98K, and it keeps the exact configuration a grouped conv (per-channel rather than
-    identity-only for depthwise: C_in parameters, learnable, and the same code as the other groups).
+    one alone would grow a grouped model more than the whole T-CNN growth of a dense ResNet, and the grouped one keeps
+    the exact configuration a grouped conv (per-channel rather than identity-only for depthwise: learnable, and the
+    same code as the other groups).
 
     Why the default ``qk_dim`` of a grouped layer is its group width ``C_in // g`` (capped at the dense default
     ``C_in // N_h``): with the dense default the content queries and keys (``2 C_in^2`` parameters) dominate wide
-    grouped stages, so even with a grouped ``W_val`` resnext50_32x4d's T-CNN grows +25%, regnety_008's (``s4``) +38%
-    and efficientnet_b0's (``blocks.6``) +50%; with the group width they grow +7.5%, +7.5% and +0.4%, resnet50d's
-    +9.1% being the dense reference. ``qk_dim = 1`` (depthwise) still gives every head a global softmax over one
-    learned key feature whose sign and sharpness the query sets; pass ``qk_dim`` for more.
+    grouped stages; with the group width a grouped model grows about as much as a dense ResNet does. ``qk_dim = 1``
+    (depthwise) still gives every head a global softmax over one learned key feature whose sign and sharpness the
+    query sets; pass ``qk_dim`` for more.
+
+    The measurements behind each choice are in ``docs/benchmarks.md`` ("Design choices of the GPSA layer") and
+    ``docs/convert.md`` (parameter counts of grouped models).
 
     Args:
         in_chs: Input channels C_in.
@@ -410,7 +403,7 @@ class GPSA(nn.Module):
         ``H x W`` real pixels (the padded ones are zero); otherwise they are padded to the full grid here, which is
         exact because a 1x1 projection without bias commutes with reflect/replicate/circular padding.
         """
-        b, c, height, width = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
+        b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         nh, d = self.num_heads, self.qk_dim
         h_out, w_out = self.output_size(height, width)
         # Token-major (B, H * W, C_in): a free view of a channels_last input, one copy of an NCHW one.
@@ -502,7 +495,7 @@ class GPSA(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, height, width = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
+        b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         ph, pw = self.padding
         q, k, v = self._project(x)

@@ -3,7 +3,7 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
-    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.2.0',
+    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.3.0',  # version 3 when it holds grouped GPSA layers
      'source': {'model': 'resnet50d', 'num_classes': 1000, 'kwargs': {...}},   # tcnn.hub.create_cnn arguments
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
@@ -36,10 +36,10 @@ from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, class
                   file_head, load_torch_file, record_source, source_model_name, state_dict_misfit, split_model_name,
                   transformed_model_name)
 from .paths import check_output_file
-from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, __version__
+from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 
-__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load', 'read', 'model_to_dict',
-           'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
+__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
+           'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
            'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
            'write_checkpoint', 'read_metrics', 'write_metrics']
 
@@ -139,9 +139,10 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
             raise TcnnError(f'the model\'s GPSA layers {layers} differ from its tcnn_config {conversion["layers"]}')
     config = _plain(data.data_config(model), 'data_config')
     config.update(_plain(dict(data_config or {}), 'data_config'))
+    grouped = any(layer.groups > 1 for _, layer in gpsa_layers(model))
     return {
         'format': FORMAT_NAME,
-        'version': FORMAT_VERSION,
+        'version': FORMAT_VERSION if grouped else PLAIN_FORMAT_VERSION,  # older tcnn reads what it can
         'tcnn_version': __version__,
         'source': _plain(_source_of(model), 'source'),
         'conversion': conversion or None,

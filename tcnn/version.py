@@ -1,9 +1,14 @@
 """What identifies this tcnn and the files it writes: the package version and the T-CNN file format (name, version,
 extensions). Free of imports, so the CLI can check an output path before torch loads."""
 
-__all__ = ['__version__', 'FORMAT_NAME', 'FORMAT_VERSION', 'EXTENSIONS']
+__all__ = ['__version__', 'FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS']
 
-__version__ = '0.2.0'
+__version__ = '0.3.0'
 FORMAT_NAME = 'tcnn'
-FORMAT_VERSION = 2  # 2: GPSA filters as (C_out, N_h, C_in); version 1 files (2-D filters) are read and upgraded
+# The newest T-CNN file format this tcnn reads and writes. 3: grouped and depthwise GPSA layers stored per group
+# (tcnn 0.3). Files without such layers are written as version 2 (GPSA filters as (C_out, N_h, C_in), tcnn 0.2), which
+# tcnn 0.2 reads too, while it refuses a version 3 file with 'upgrade tcnn' instead of a shape error. Version 1
+# files (tcnn 0.1, 2-D filters) are read and upgraded.
+FORMAT_VERSION = 3
+PLAIN_FORMAT_VERSION = 2
 EXTENSIONS = ('.pt', '.pth', '.safetensors')

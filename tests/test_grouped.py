@@ -295,8 +295,11 @@ def test_new_grouped_files_round_trip_grouped(tmp_path):
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
     path = str(tmp_path / 'new.pt')
     tcnn.save(t_cnn, path)
-    state = tio.read(path)['state_dict']
+    d = tio.read(path)
+    state = d['state_dict']
     assert state['layer4.0.conv2.proj_weight'].shape == (256, 9, 8)
+    # format version 3: tcnn 0.2 (version 2) refuses the file with 'upgrade tcnn' instead of a shape error
+    assert d['version'] == tio.FORMAT_VERSION == 3
     loaded = tcnn.load(path)
     assert all(m.groups == 32 for _, m in tcnn.gpsa_layers(loaded))
     x = torch.randn(2, 3, 64, 64)

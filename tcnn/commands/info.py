@@ -124,7 +124,7 @@ def _read_safetensors_settings(path: str) -> Optional[Dict[str, Any]]:
     """The T-CNN settings of a ``.safetensors`` file and its GPSA head parameters (``'head_values'``), read from the
     header and those few tensors without torch; None when the file is anything but a well-formed T-CNN file of
     this format (the full path then reports what is wrong)."""
-    from ..version import FORMAT_NAME, FORMAT_VERSION
+    from ..version import FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION
     try:
         with open(path, 'rb') as f:
             (size,) = struct.unpack('<Q', f.read(8))
@@ -133,7 +133,8 @@ def _read_safetensors_settings(path: str) -> Optional[Dict[str, Any]]:
             header = json.loads(f.read(size))
             settings = json.loads(header.get('__metadata__', {}).get('tcnn', 'null'))
             if not (isinstance(settings, dict) and settings.get('format') == FORMAT_NAME
-                    and settings.get('version') == FORMAT_VERSION and isinstance(settings.get('source'), dict)):
+                    and settings.get('version') in (PLAIN_FORMAT_VERSION, FORMAT_VERSION)
+                    and isinstance(settings.get('source'), dict)):
                 return None
             values = {}
             for name, entry in header.items():
