@@ -243,7 +243,7 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
     ('state_dict_safetensors', '.safetensors', 'without T-CNN settings.*tcnn convert'),
     ('pickled_object', '.pt', 'pickled Python objects'),
     ('other_format', '.pt', "not a T-CNN file \\(format 'something-else'"),
-    ('future_version', '.pt', 'format version 3.*upgrade tcnn'),
+    ('future_version', '.pt', 'format version 4.*upgrade tcnn'),
     ('missing_weight', '.pt', 'missing 1'),
 ])
 def test_load_rejects_bad_files_clearly(t_model, tmp_path, kind, suffix, message):
