@@ -109,8 +109,8 @@ class ReferenceGPSA(nn.Module):
                   bias=gpsa.proj_bias is not None, qk_dim=gpsa.qk_dim, downsample=downsample)
         state = gpsa.state_dict()
         if gpsa.groups > 1:
-            state['v_weight'] = _block_diagonal(state['v_weight'], gpsa.groups)
-            state['proj_weight'] = _block_diagonal(state['proj_weight'].transpose(1, 2), gpsa.groups).transpose(1, 2)
+            state['v_weight'] = block_diagonal(state['v_weight'], gpsa.groups)
+            state['proj_weight'] = block_diagonal(state['proj_weight'].transpose(1, 2), gpsa.groups).transpose(1, 2)
         ref.load_state_dict(state)
         return ref.to(device=gpsa.q_weight.device, dtype=gpsa.q_weight.dtype)
 
@@ -158,7 +158,7 @@ class ReferenceGPSA(nn.Module):
         return out[:, :, ::sy, ::sx]
 
 
-def _block_diagonal(blocks: torch.Tensor, groups: int) -> torch.Tensor:
+def block_diagonal(blocks: torch.Tensor, groups: int) -> torch.Tensor:
     """``(rows, cols, ...)`` blocks of ``groups`` groups (rows grouped, as in a grouped conv filter) as the dense
     ``(rows, cols * groups, ...)`` block-diagonal matrix."""
     rows, cols = blocks.shape[:2]

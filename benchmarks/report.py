@@ -205,8 +205,9 @@ def _layers(res: Dict[str, Any]) -> List[str]:
             f'{first["channels"]} -> {first["channels"]} channels, 3x3, {batch}; milliseconds '
             'per call as forward / forward+backward; speed-ups > 1 mean ours is faster; GFLOPs per image and peak '
             'forward+backward MiB as conv / ours / SDPA / reference.', ''] + _table(
-        (['batch'] if mixed else []) + ['grid in->out', 'stride', 'conv ms', 'ours ms', 'SDPA ms', 'reference ms', 'ours vs reference',
-         'ours vs SDPA', 'ours vs conv', 'GFLOPs', 'peak MiB'], rows)
+        (['batch'] if mixed else []) + ['grid in->out', 'stride', 'conv ms', 'ours ms', 'SDPA ms', 'reference ms',
+                                        'ours vs reference', 'ours vs SDPA', 'ours vs conv', 'GFLOPs', 'peak MiB'],
+        rows)
 
 
 def _conversion(res: Dict[str, Any]) -> List[str]:

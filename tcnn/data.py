@@ -192,14 +192,11 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
     ImageNet defaults (a torchvision ResNet is evaluated at resize 232 / crop 224, not 224 / 0.875).
 
     Args:
-        model: The model (DDP / compiled wrappers are looked through).
+        model: The model itself (not a DDP wrapper: ``tcnn.save`` unwraps before asking).
         img_size: Square input resolution instead of the model's.
         crop_pct: Centre-crop fraction instead of the model's.
     """
     check_image_options(img_size, crop_pct)
-    while isinstance(getattr(model, 'module', None), nn.Module) or isinstance(getattr(model, '_orig_mod', None),
-                                                                               nn.Module):
-        model = getattr(model, '_orig_mod', None) or model.module
     config = None
     source = (getattr(model, 'tcnn_source', None) or {}).get('model', '')
     if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):

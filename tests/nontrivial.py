@@ -22,3 +22,30 @@ def nontrivial(model: nn.Module, seed: int = 0) -> nn.Module:
             if name.endswith(('gamma', 'layer_scale')):
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
     return model.eval()
+
+
+def varied_heads(model: nn.Module, seed: int = 1) -> nn.Module:
+    """Distinct per-head gates, locality strengths and centres in every GPSA layer of ``model`` (away from the
+    paper's uniform init, so per-head outputs can be told apart)."""
+    from tcnn.convert import gpsa_layers
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in gpsa_layers(model):
+            layer.gating.copy_(torch.randn(layer.num_heads, generator=gen) * 2)
+            layer.pos_locality.copy_(torch.rand(layer.num_heads, generator=gen) * 3 - 0.5)
+            layer.pos_centers.add_(torch.randn(layer.num_heads, 2, generator=gen) * 0.3)
+    return model
+
+
+def away_from_exact(layer: nn.Module, value_noise: float) -> nn.Module:
+    """One GPSA layer far from its exact configuration, so that every branch matters: random content queries/keys and
+    gates, shifted centres, values off the identity, a random bias (uses the global RNG)."""
+    with torch.no_grad():
+        layer.q_weight.normal_()
+        layer.k_weight.normal_()
+        layer.gating.normal_()
+        layer.pos_centers.add_(torch.randn_like(layer.pos_centers) * 0.5)
+        layer.v_weight.add_(torch.randn_like(layer.v_weight) * value_noise)
+        if layer.proj_bias is not None:
+            layer.proj_bias.normal_()
+    return layer

@@ -18,6 +18,8 @@ from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.gpsa import GPSA
 
+from nontrivial import varied_heads
+
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
@@ -25,14 +27,7 @@ PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 def t_cnn() -> nn.Module:
     """resnet18d T-CNN (4 GPSA layers, the first with stride 2) with distinct per-head parameters."""
     torch.manual_seed(0)
-    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _, layer in tcnn.gpsa_layers(model):
-            layer.gating.copy_(torch.randn(layer.num_heads, generator=gen) * 2)
-            layer.pos_locality.copy_(torch.rand(layer.num_heads, generator=gen) * 3 - 0.5)
-            layer.pos_centers.add_(torch.randn(layer.num_heads, 2, generator=gen) * 0.3)
-    return model
+    return varied_heads(tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval())
 
 
 def _assert_png(path) -> None:

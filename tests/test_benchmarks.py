@@ -3,18 +3,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside tcnn/, outside the installed package
-
-from benchmarks.measure import PeakTensorMemory, interleaved_times, paired_ratio, storage_bytes  # noqa: E402
-from benchmarks.reference_gpsa import ReferenceGPSA, to_reference  # noqa: E402
+from benchmarks.measure import PeakTensorMemory, interleaved_times, paired_ratio, storage_bytes
+from benchmarks.reference_gpsa import ReferenceGPSA, to_reference
+from conftest import ROOT
 from benchmarks.sdpa_gpsa import SdpaGPSA, to_sdpa  # noqa: E402
 from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA  # noqa: E402
 

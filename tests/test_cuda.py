@@ -24,6 +24,7 @@ from tcnn.cli import main
 from tcnn.gpsa import GPSA
 
 from imagegen import make_image_folder
+from nontrivial import varied_heads
 from test_convert import _nontrivial_batchnorm
 from test_eval import CLASSES, _class_folder, _rigged_tcnn
 from test_train import common, metrics
@@ -247,12 +248,7 @@ def test_eval_command_on_cuda(tmp_path, capsys):
 
 def test_inspect_command_on_cuda_matches_cpu(tmp_path, capsys):
     torch.manual_seed(0)
-    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _, layer in tcnn.gpsa_layers(model):
-            layer.gating.copy_(torch.randn(layer.num_heads, generator=gen) * 2)
-            layer.pos_locality.copy_(torch.rand(layer.num_heads, generator=gen) * 3 - 0.5)
+    model = varied_heads(tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval())
     path = tcnn.io.save(model, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
     rng = np.random.default_rng(0)
     images = []

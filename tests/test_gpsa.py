@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
 
+from nontrivial import away_from_exact
+
 CASES = [
     # kernel, stride, padding, dilation, bias, groups, padding_mode, (H, W)
     pytest.param(3, 1, 1, 1, False, 1, 'zeros', (7, 7), id='k3-s1'),
@@ -88,13 +90,7 @@ def test_general_parameters_match_the_naive_definition(kernel, stride, padding, 
     torch.manual_seed(0)
     gpsa = GPSA(12, 10, kernel, stride, padding, dilation, bias=True, padding_mode=mode, qk_dim=5,
                 locality_strength=0.7)
-    with torch.no_grad():
-        gpsa.q_weight.normal_()
-        gpsa.k_weight.normal_()
-        gpsa.gating.normal_()
-        gpsa.pos_centers.add_(torch.randn_like(gpsa.pos_centers) * 0.5)
-        gpsa.v_weight.add_(torch.randn_like(gpsa.v_weight) * 0.2)
-        gpsa.proj_bias.normal_()
+    away_from_exact(gpsa, value_noise=0.2)
     x = torch.randn(2, 12, *size)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)

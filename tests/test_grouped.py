@@ -15,22 +15,12 @@ from tcnn.errors import InvalidArgumentError
 from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
 from tcnn.hub import create_cnn
 
-from nontrivial import nontrivial as _nontrivial_norms
+from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
+from nontrivial import away_from_exact, nontrivial as _nontrivial_norms
 
 
 def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
     return ((out - ref).abs().max() / ref.abs().max()).item()
-
-
-def _block_diagonal(weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """Dense ``(rows, cols * groups, ...)`` block-diagonal matrix of the blocks ``weight`` ``(rows, cols, ...)``:
-    how tcnn 0.2.0 stored a grouped filter."""
-    rows, cols = weight.shape[:2]
-    dense = weight.new_zeros(rows, cols * groups, *weight.shape[2:])
-    per_group = rows // groups
-    for g in range(groups):
-        dense[g * per_group:(g + 1) * per_group, g * cols:(g + 1) * cols] = weight[g * per_group:(g + 1) * per_group]
-    return dense
 
 
 LAYER_CASES = [
@@ -89,13 +79,7 @@ def test_grouped_layer_is_its_dense_block_diagonal_layer_at_any_parameters(cin, 
     torch.manual_seed(0)
     grouped = GPSA(cin, cout, 3, stride, 1, bias=True, padding_mode=mode, groups=groups, qk_dim=4,
                    locality_strength=0.7)
-    with torch.no_grad():
-        grouped.q_weight.normal_()
-        grouped.k_weight.normal_()
-        grouped.gating.normal_()
-        grouped.pos_centers.add_(torch.randn_like(grouped.pos_centers) * 0.5)
-        grouped.v_weight.add_(torch.randn_like(grouped.v_weight) * 0.3)
-        grouped.proj_bias.normal_()
+    away_from_exact(grouped, value_noise=0.3)
     dense = GPSA(cin, cout, 3, stride, 1, bias=True, padding_mode=mode, qk_dim=4)
     state = dict(grouped.state_dict(), v_weight=_block_diagonal(grouped.v_weight.detach(), groups),
                  proj_weight=_block_diagonal(grouped.proj_weight.detach().transpose(1, 2), groups).transpose(1, 2))

@@ -266,13 +266,19 @@ def _fx_model(model: nn.Module) -> nn.Module:
                                     tracer_kwargs=tracer_kwargs)
 
 
-def test_fx_forward_backward_and_features():
-    """timm's test_model_forward_fx / test_model_backward_fx and FX feature extraction (feature_cls='fx')."""
-    model = _model('t_resnet18d')
+def _fx_matches_eager(name: str, size: int) -> tuple:
+    """timm's test_model_forward_fx: the FX-traced model of ``name`` computes what the model computes (eval mode)."""
+    model = _model(name)
     fx_model = _fx_model(model)
-    x = _x(2, 96)
+    x = _x(2, size)
     with torch.no_grad():
         torch.testing.assert_close(list(fx_model.eval()(x).values())[0], model(x), rtol=1e-4, atol=1e-5)
+    return fx_model, x
+
+
+def test_fx_forward_backward_and_features():
+    """timm's test_model_forward_fx / test_model_backward_fx and FX feature extraction (feature_cls='fx')."""
+    fx_model, x = _fx_matches_eager('t_resnet18d', 96)
     out = list(fx_model.train()(x).values())[0]
     out.mean().backward()
     assert out.shape == (2, 1000)
@@ -438,11 +444,7 @@ def test_family_features_only(name, size):
 
 
 def test_family_fx():
-    model = _model('t_convnext_atto')
-    fx_model = _fx_model(model)
-    x = _x(2, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(list(fx_model.eval()(x).values())[0], model(x), rtol=1e-4, atol=1e-5)
+    _fx_matches_eager('t_convnext_atto', 64)
 
 
 @pytest.mark.parametrize('name', ['convnext_atto', 'efficientnet_b0'])
