@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .depthwise import attend_depthwise, attend_heads_first
 from .errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
@@ -83,7 +84,9 @@ class GPSA(nn.Module):
     Why keys and values are projected on the unpadded input: ``W_k`` and ``W_val`` are 1x1 projections without
     bias, which commute with every padding mode, so projecting first and padding afterwards is exact; with zero
     padding the padded values are zero, so the value product only needs the attention on real keys (both softmaxes
-    are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid.
+    are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid. The padded keys' content
+    scores are exactly 0 as well, so together they weigh ``n_pad * exp(0)`` in the content softmax: one extra key of
+    score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7 kernel on a 7x7 grid).
 
     Why the positional softmax is separable: the logit ``-alpha |d - Delta|^2`` splits into a row term plus a
     column term, and keys form a full grid, so the 2-D softmax is the outer product of a row softmax and a column
@@ -92,8 +95,10 @@ class GPSA(nn.Module):
 
     Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
     the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
-    head as one batched GEMM over the groups (``B * N_q`` rows each), or for depthwise as a per-channel scale and sum
-    over the heads; the attention stays one ``N_h x N_q x N_k`` matrix shared by all channels. The dense
+    head as one batched GEMM over the groups (``B * N_q`` rows each); the attention stays one ``N_h x N_q x N_k``
+    matrix shared by all channels. A depthwise layer folds its per-channel taps into the values instead and computes
+    attention, values and filter as one GEMM per image over all heads and keys, in cache-sized chunks, wherever that
+    beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.depthwise``). The dense
     block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
     ``g``.
 
@@ -431,18 +436,12 @@ class GPSA(nn.Module):
         return v.transpose(0, 1).reshape(b, n, c)
 
     def _output_projection(self, heads: torch.Tensor, b: int, n_q: int) -> torch.Tensor:
-        """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``."""
+        """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``;
+        dense and grouped layers (depthwise ones: ``_depthwise_product``)."""
         if self.groups == 1:
             # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
             return F.linear(heads.view(b, n_q, -1), self.proj_weight.view(self.out_chs, -1), self.proj_bias)
         nh, g, c = self.num_heads, self.groups, self.in_chs
-        if g == c:
-            # depthwise, C_out = m * C_in with output channel c * m + j reading input channel c: per channel a scale
-            # and sum over the heads (nothing for a GEMM to contract); vecdot does both in one pass
-            m = self.out_chs // c
-            taps = self.proj_weight.view(c, m, nh).permute(2, 0, 1).to(heads.dtype)  # (N_h, C_in, m)
-            out = torch.linalg.vecdot(heads.view(b * n_q, nh, c, 1), taps.contiguous(), dim=1)
-            return self._add_bias(out.view(b, n_q, self.out_chs))
         # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
         # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
         # GEMM over (h, c) needs a group-major copy of the whole heads tensor first: measured against it (CPU,
@@ -454,6 +453,21 @@ class GPSA(nn.Module):
         for h in range(1, nh):
             out = torch.baddbmm(out, parts[h].transpose(0, 1), taps[h].transpose(1, 2))
         return self._add_bias(out.transpose(0, 1).reshape(b, n_q, self.out_chs))
+
+    def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
+        ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``. Eager mode picks the faster of two orders for the shape
+        (``tcnn.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first."""
+        taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
+        if torch.jit.is_scripting():
+            out = attend_heads_first(attn, v, taps)
+        else:
+            out = self._attend_depthwise(attn, v, taps)
+        return self._add_bias(out)
+
+    @torch.jit.unused
+    def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        return attend_depthwise(attn, v, taps)
 
     def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
         bias = self.proj_bias  # a local, so that TorchScript refines the Optional
@@ -468,13 +482,32 @@ class GPSA(nn.Module):
         padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
         """
         ph, pw = self.padding
-        scores = torch.matmul(q, k) * self.scale  # (B, N_h, N_q, N_k)
+        scores = torch.matmul(q * self.scale, k)  # (B, N_h, N_q, N_k)
         if self.padding_mode == 'zeros':
             scores = scores.view(scores.shape[0], self.num_heads, -1, height, width)
             if ph > 0 or pw > 0:
                 scores = F.pad(scores, (pw, pw, ph, ph))
         scores = scores.reshape(scores.shape[0], self.num_heads, scores.shape[2], -1)
         return scores.softmax(dim=-1).view(scores.shape[0], self.num_heads, -1, height + 2 * ph, width + 2 * pw)
+
+    def _real_key_content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Zero padding: the content attention on the real keys, query-major ``(B, N_q, N_h, H, W)``, still
+        normalised over the padded grid. The ``n_pad`` padded keys all score exactly 0, so together they weigh
+        ``n_pad * exp(0)``: one extra key of score ``log(n_pad)`` normalises the same. The softmax then runs over
+        ``H * W + 1`` keys instead of the padded grid (49 + 1 instead of 169 for a 7x7 conv on a 7x7 grid), with no
+        padded copy; the concatenation that appends the extra key also writes the scores query-major, the order in
+        which the value product reads the attention, so the mixed attention needs no reordering copy."""
+        ph, pw = self.padding
+        # (B, N_q, N_h, H * W); float32, so that log(n_pad) is not rounded to bf16 under autocast; scaling q is N_k
+        # times less work than scaling the scores
+        scores = torch.matmul(q * self.scale, k).float().transpose(1, 2)
+        if ph > 0 or pw > 0:  # decided from attributes only, for FX
+            n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
+            padded = torch.full_like(scores[..., :1], n_pad).log()
+            content = torch.cat([scores, padded], dim=-1).softmax(dim=-1)[..., :-1]
+        else:
+            content = scores.contiguous().softmax(dim=-1)
+        return content.unflatten(-1, (height, width))
 
     def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
@@ -499,21 +532,25 @@ class GPSA(nn.Module):
         h_out, w_out = self.output_size(height, width)
         ph, pw = self.padding
         q, k, v = self._project(x)
-        content = self._content_attention(q, k, height, width)  # (B, N_h, N_q, H_pad, W_pad)
         py, px = self._positional_factors(height, width, x.device)
         if self.padding_mode == 'zeros':
             # Padded tokens have zero values: only the attention on real keys contributes. Both attentions are still
-            # normalised over the padded grid (content above, positional in its separable factors).
-            content = content[:, :, :, ph:ph + height, pw:pw + width]
+            # normalised over the padded grid (content in its extra key, positional in its separable factors).
+            content = self._real_key_content_attention(q, k, height, width)  # (B, N_q, N_h, H, W)
             py = py[:, :, ph:ph + height]
             px = px[:, :, pw:pw + width]
+        else:
+            content = self._content_attention(q, k, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
         pos = _outer(py, px).to(content.dtype)  # (N_h, N_q, keys_h, keys_w)
         gate = torch.sigmoid(self.gating.float()).to(content.dtype)[:, None, None]
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
-        attn = torch.lerp(content.transpose(1, 2), pos.transpose(0, 1), gate)
-        attn = attn.reshape(b, h_out * w_out * self.num_heads, -1)
-        heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in) = per query, the N_h attended value vectors
-        out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
+        attn = torch.lerp(content, pos.transpose(0, 1), gate)
+        if self.groups == self.in_chs:
+            out = self._depthwise_product(attn.reshape(b, h_out * w_out, -1), v)  # (B, N_q, C_out)
+        else:
+            attn = attn.reshape(b, h_out * w_out * self.num_heads, -1)
+            heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in): per query, the N_h attended value vectors
+            out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
         return _like_input_format(out, x)
 
@@ -564,6 +601,7 @@ def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 torch.fx.wrap('_like_input_format')  # a leaf for FX: the branch depends on the input tensor
+torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
 
 
 def _outer(py: torch.Tensor, px: torch.Tensor) -> torch.Tensor:

@@ -254,3 +254,20 @@ def test_flops_at_the_papers_resolutions():
     assert abs(got['cnn'] - 4.6) / 4.6 < 0.02  # Table 2: ResNet50-RS, 4.6 GFLOPs at 160 px
     assert 9.0 < got['tcnn'] < 10.0  # ours at the paper's 224 px (the paper's T-ResNet50-RS: 17.6)
     assert suites._flops_at_paper_resolutions('resnet18d', models, settings) == {}
+
+
+def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
+    from benchmarks import depthwise
+    out = tmp_path / 'dw.json'
+    budget, threads = depthwise.dw.CPU_CHUNK_ELEMENTS, torch.get_num_threads()
+    try:
+        assert depthwise.main(['--cases', 'efficientnet_b0:blocks.6', '--batch-size', '1', '--repeats', '1',
+                               '--warmup', '0', '--out', str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # main() measures one thread
+    assert depthwise.dw.CPU_CHUNK_ELEMENTS == budget  # the budget sweep leaves the default behind
+    res = json.loads(out.read_text())
+    assert [r['mode'] for r in res['rows']] == ['fwd', 'fwd_bwd'] and res['machine']['torch_threads'] == 1
+    for r in res['rows']:
+        assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in depthwise.BUDGETS}
+        assert all(v > 0 for v in r['ms'].values()) and r['picked'] == 'heads_first'  # 3x3 at batch 1

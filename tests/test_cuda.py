@@ -131,6 +131,34 @@ def test_gpsa_layer_cuda_matches_cpu(stride, padding_mode, channels_last, groups
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+@pytest.mark.parametrize('batch', [2, 32])
+def test_folded_depthwise_layer_cuda_matches_cpu(batch):
+    """A 7x7 depthwise layer (the folded product, one chunk on the GPU) far from the conv configuration: forward and
+    gradients on the GPU equal the CPU's in fp32 without TF32; under bf16 autocast it runs in bf16 and stays close."""
+    torch.manual_seed(0)
+    layer = GPSA.from_conv(torch.nn.Conv2d(64, 64, 7, padding=3, groups=64, bias=True))
+    with torch.no_grad():
+        layer.q_weight.normal_(0, 0.3)
+        layer.k_weight.normal_(0, 0.3)
+        layer.gating.fill_(0.3)
+        layer.pos_locality.fill_(0.2)
+    gpu_layer = GPSA.from_conv(torch.nn.Conv2d(64, 64, 7, padding=3, groups=64, bias=True)).to(CUDA)
+    gpu_layer.load_state_dict(layer.state_dict())
+    x = torch.randn(batch, 64, 7, 7)
+    grads = {}
+    for name, module, inp in (('cpu', layer, x), ('cuda', gpu_layer, x.to(CUDA))):
+        inp = inp.clone().requires_grad_(True)
+        with tf32(False):
+            out = module(inp)
+            out.square().mean().backward()
+        grads[name] = [out.detach().cpu(), inp.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+    for got, want in zip(grads['cuda'], grads['cpu']):
+        assert _rel(got, want) < 1e-4
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        low = gpu_layer(x.to(CUDA))
+    assert low.dtype == torch.bfloat16 and _rel(low.float().cpu(), grads['cpu'][0]) < 3e-2
+
+
 # ------------------------------------------------------------------------------------------------ autocast
 
 def _amp_vs_fp32(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, amp_dtype: torch.dtype):

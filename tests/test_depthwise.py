@@ -1,0 +1,123 @@
+"""The depthwise GPSA product (tcnn.depthwise): both orders (folded and chunked, attending first) against the
+written-out sum, with gradients in float64 (gradcheck) for every chunking (one chunk; images and channels in chunks
+with a partial last one; heads in chunks), channel multipliers, autocast, which order each shape gets, and whole
+depthwise layers against their TorchScript form, which attends first."""
+import pytest
+import torch
+import torch.nn as nn
+
+import tcnn.depthwise as dw
+from tcnn.gpsa import GPSA
+
+from nontrivial import away_from_exact
+
+
+def _definition(attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """out[b, q, c] = sum_h taps[h, c] sum_k attn[b, q, h, k] values[b, k, c // m], written out."""
+    b, n_q = attn.shape[:2]
+    num_heads = taps.shape[0]
+    multiplier = taps.shape[1] // values.shape[-1]
+    a = attn.view(b, n_q, num_heads, -1)
+    return torch.einsum('bqhk,hc,bkc->bqc', a, taps, values.repeat_interleave(multiplier, dim=-1))
+
+
+def _inputs(b: int, n_q: int, num_heads: int, n_k: int, c_in: int, c_out: int, dtype=torch.float64):
+    torch.manual_seed(0)
+    attn = torch.rand(b, n_q, num_heads, n_k, dtype=dtype).softmax(-1).view(b, n_q, -1)
+    values = torch.randn(b, n_k, c_in, dtype=dtype)
+    taps = torch.randn(num_heads, c_out, dtype=dtype)
+    return attn, values, taps
+
+
+@pytest.fixture
+def folded(monkeypatch):
+    """The folded product at any shape (the tests' shapes are small enough to attend first)."""
+    monkeypatch.setattr(dw, 'FOLD_MIN_ROW', 0)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of one image, 8 channels and single heads, as a CPU takes them at large batch or width."""
+    monkeypatch.setattr(dw, 'CPU_CHUNK_ELEMENTS', 1)
+    monkeypatch.setattr(dw, 'MIN_CHUNK', 8)
+    monkeypatch.setattr(dw, 'MIN_GEMM_COLUMNS', 1)
+
+
+@pytest.mark.parametrize('order', ['heads-first', 'folded', 'folded-chunks'])
+@pytest.mark.parametrize('c_in,c_out', [(20, 20), (10, 30)], ids=['depthwise', 'multiplier3'])
+def test_product_and_gradients_match_the_definition(request, order, c_in, c_out):
+    if order == 'heads-first':
+        assert not dw.folding_pays(2, 6, 9, 5, c_out)  # shapes this small attend first
+    else:
+        request.getfixturevalue('folded')
+    if order == 'folded-chunks':
+        request.getfixturevalue('small_chunks')
+        assert dw._plan(2, 9 * 5, c_out, torch.device('cpu')) == (1, 8)  # one image, 8 channels: 8 + 8 + 4 (30: +6)
+    attn, values, taps = (t.requires_grad_() for t in _inputs(2, 6, 9, 5, c_in, c_out))
+    torch.testing.assert_close(dw.attend_depthwise(attn, values, taps), _definition(attn, values, taps))
+    assert torch.autograd.gradcheck(dw.attend_depthwise, (attn, values, taps))
+
+
+def test_which_order_each_shape_gets():
+    # (batch, N_q, N_h, N_k, channels) of depthwise last stages at 224 px; docs/benchmarks.md has the timings
+    assert dw.folding_pays(1, 49, 49, 49, 768)  # ConvNeXt 7x7: long attention rows
+    assert dw.folding_pays(1, 49, 25, 49, 960)  # MobileNetV3 5x5
+    assert not dw.folding_pays(4, 49, 9, 49, 1152)  # EfficientNet 3x3 at batch 4: attended values fit in cache
+    assert dw.folding_pays(16, 49, 9, 49, 1152)  # ... at batch 16 they do not
+
+
+def test_only_the_gradients_asked_for(folded, small_chunks):
+    # a frozen attention (no grad) and frozen values: only the taps' gradient, equal to the definition's
+    attn, values, taps = _inputs(3, 4, 9, 4, 24, 24)
+    taps.requires_grad_()
+    grad = torch.randn(3, 4, 24, dtype=torch.float64)
+    (got,) = torch.autograd.grad(dw.attend_depthwise(attn, values, taps), taps, grad)
+    (want,) = torch.autograd.grad(_definition(attn, values, taps), taps, grad)
+    torch.testing.assert_close(got, want)
+
+
+def test_autocast_computes_in_the_autocast_dtype(folded):
+    attn, values, taps = (t.requires_grad_() for t in _inputs(2, 5, 9, 5, 40, 40, dtype=torch.float32))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = dw.attend_depthwise(attn, values, taps)
+    assert out.dtype == torch.bfloat16
+    ref = _definition(attn, values, taps)
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 3e-2
+    out.float().square().sum().backward()
+    assert attn.grad.dtype == values.grad.dtype == taps.grad.dtype == torch.float32  # back in the inputs' dtype
+
+
+def _not_here(*args):
+    raise AssertionError('attended first where folding was expected')
+
+
+@pytest.mark.parametrize('mode', ['zeros', 'reflect'])
+@pytest.mark.parametrize('cin,cout,stride', [(40, 40, 1), (20, 40, 2)], ids=['depthwise', 'multiplier2-s2'])
+def test_depthwise_layer_matches_its_torchscript_form(monkeypatch, small_chunks, cin, cout, stride, mode):
+    # TorchScript cannot call the autograd function and evaluates the heads first (attention times values, then the
+    # per-channel sum over the heads): the same layer computed the other way round, forward and backward
+    torch.manual_seed(0)
+    layer = GPSA.from_conv(nn.Conv2d(cin, cout, 5, stride, 2, groups=cin, bias=True, padding_mode=mode))
+    away_from_exact(layer, value_noise=0.3)
+    scripted = torch.jit.script(layer)
+    monkeypatch.setattr(dw, 'attend_heads_first', _not_here)  # eager mode folds (25 heads x 72 keys); script cannot
+    x = torch.randn(3, cin, 9, 8, requires_grad=True)
+    out, ref = layer(x), scripted(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    grad = torch.randn_like(out)
+    params = [x] + list(layer.parameters())
+    for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(ref, params, grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_folded_layer_compiles_without_graph_breaks(small_chunks):
+    # torch.compile(fullgraph=True) traces the autograd function and its chunk loops (aot_eager: no C++ toolchain)
+    torch.manual_seed(0)
+    layer = GPSA.from_conv(nn.Conv2d(32, 32, 7, 1, 3, groups=32))
+    away_from_exact(layer, value_noise=0.3)
+    compiled = torch.compile(layer, fullgraph=True, backend='aot_eager')
+    x = torch.randn(2, 32, 7, 7, requires_grad=True)
+    out, ref = compiled(x), layer(x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out.square().sum(), x)[0],
+                               torch.autograd.grad(ref.square().sum(), x)[0])
