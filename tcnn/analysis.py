@@ -45,6 +45,7 @@ class AttentionMaps:
         out_size: Output grid ``(H_out, W_out)``.
         key_size: Padded key grid ``(H_k, W_k)``.
         padding: Padding ``(p_h, p_w)``: key ``(r, c)`` is input token ``(r - p_h, c - p_w)``.
+        kernel_size: The source conv's kernel ``(k_h, k_w)``: head ``h`` started at tap ``(h // k_w, h % k_w)``.
     """
     layer: str
     content: torch.Tensor
@@ -57,6 +58,7 @@ class AttentionMaps:
     out_size: Tuple[int, int]
     key_size: Tuple[int, int]
     padding: Tuple[int, int]
+    kernel_size: Tuple[int, int]
 
     def part(self, name: str, index: int = 0) -> torch.Tensor:
         """``(N_h, H_k, W_k)`` maps of one part (``'mixed'``, ``'content'`` or ``'positional'``) for image ``index``."""
@@ -171,6 +173,7 @@ def attention_maps(
             out_size=(h_out, w_out),
             key_size=(h_k, w_k),
             padding=tuple(layer.padding),
+            kernel_size=tuple(layer.kernel_size),
         )
     return result
 

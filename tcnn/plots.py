@@ -26,6 +26,9 @@ from .paths import check_output_file
 __all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure', 'check_figure_path']
 
 PART_TITLES = {'mixed': 'gated mix', 'content': 'content', 'positional': 'positional'}
+# Layers with more heads than this (5x5 and 7x7 depthwise convs: 25, 49) get compact figures: heat charts stacked,
+# without numbers in the cells; attention maps laid out as the kernel, each head at the tap it started from.
+MANY_HEADS = 16
 
 
 def check_figure_path(path: str, name: str = 'path') -> str:
@@ -60,7 +63,7 @@ def _short(name: str) -> str:
 
 
 def _heat(ax, values: np.ndarray, rows: Sequence[str], title: str, fmt: str, cmap: str, vmin=None, vmax=None,
-          log: bool = False) -> None:
+          log: bool = False, annotate: bool = True) -> None:
     masked = np.ma.masked_invalid(values)
     finite = values[np.isfinite(values)]
     norm = None
@@ -74,12 +77,13 @@ def _heat(ax, values: np.ndarray, rows: Sequence[str], title: str, fmt: str, cma
         vmin, vmax = centre - 0.5 * max(abs(centre), 1.0), centre + 0.5 * max(abs(centre), 1.0)
     im = ax.imshow(masked, cmap=cmap, vmin=vmin, vmax=vmax, norm=norm, aspect='auto')
     n_cols = values.shape[1]
-    ax.set_xticks(range(n_cols), [f'h{h}' for h in range(n_cols - 1)] + ['mean'], fontsize=8)
+    labels = [f'h{h}' for h in range(n_cols - 1)] + ['mean']
+    ax.set_xticks(range(n_cols), labels, fontsize=8 if annotate else 6, rotation=0 if annotate else 90)
     ax.set_yticks(range(len(rows)), [_short(r) for r in rows], fontsize=8)
     ax.axvline(n_cols - 1.5, color='white', lw=2)
     ax.set_title(title, fontsize=10)
     for (r, c), v in np.ndenumerate(values):
-        if np.isfinite(v):
+        if annotate and np.isfinite(v):
             ax.text(c, r, format(v, fmt), ha='center', va='center', fontsize=7, color='white',
                     path_effects=_outline())
     ax.figure.colorbar(im, ax=ax, fraction=0.025, pad=0.01)
@@ -114,16 +118,21 @@ def plot_summary(summary: Mapping[str, Any], path: str) -> str:
     has_nl = all(entry.get('nonlocality') for entry in layers.values())
     panels = 3 if has_nl else 2
     n_heads = max(len(v['gate']) for v in layers.values())
-    fig = Figure(figsize=(1.0 + 0.62 * (n_heads + 1) * panels, 1.1 + 0.45 * len(layers)), layout='constrained')
-    axes = fig.subplots(1, panels, squeeze=False)[0]
-    rows = list(layers)
+    if n_heads > MANY_HEADS:  # narrow cells without numbers, one chart under the other
+        fig = Figure(figsize=(2.2 + 0.2 * (n_heads + 1), panels * (0.9 + 0.3 * len(layers))), layout='constrained')
+        axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
+    else:
+        fig = Figure(figsize=(1.0 + 0.62 * (n_heads + 1) * panels, 1.1 + 0.45 * len(layers)), layout='constrained')
+        axes = fig.subplots(1, panels, squeeze=False)[0]
+    rows, annotate = list(layers), n_heads <= MANY_HEADS
     _heat(axes[0], _matrix(layers, 'gate', 'gate_mean'), rows, r'gate $\sigma(\lambda_h)$ (1 = positional)',
-          '.2f', 'viridis', 0.0, 1.0)
-    _heat(axes[1], _matrix(layers, 'span', 'span_mean'), rows, r'span $1/\alpha_h$', '.2g', 'magma', log=True)
+          '.2f', 'viridis', 0.0, 1.0, annotate=annotate)
+    _heat(axes[1], _matrix(layers, 'span', 'span_mean'), rows, r'span $1/\alpha_h$', '.2g', 'magma', log=True,
+          annotate=annotate)
     if has_nl:
         _heat(axes[2], _matrix(layers, 'nonlocality', 'nonlocality_mean'), rows,
-              f'nonlocality (eq. 8, {summary.get("num_images", "?")} images)', '.2f', 'cividis')
-    for ax in axes[1:]:
+              f'nonlocality (eq. 8, {summary.get("num_images", "?")} images)', '.2f', 'cividis', annotate=annotate)
+    for ax in axes[1:] if annotate else ():  # side by side: the first chart's layer names serve all
         ax.set_yticks([])
     fig.suptitle('GPSA heads per layer', fontsize=11)
     return save_figure(fig, path)
@@ -144,7 +153,9 @@ def plot_attention(
 
     One row per (part, layer), one column per head, the input image with the query pixel on the left. Each panel
     shows the head's attention over the layer's input grid (padding tokens cropped) with the query cell boxed, and
-    the gate sigmoid(lambda_h) in red.
+    the gate sigmoid(lambda_h) in red. With more than ``MANY_HEADS`` heads in a layer (5x5 and 7x7 depthwise convs),
+    each (layer, part) is instead a block shaped like the conv's kernel, every head at the tap it started from, one
+    block row per layer and one block column per part (gates: ``plot_summary``).
 
     Args:
         maps: ``tcnn.analysis.attention_maps`` output.
@@ -152,7 +163,7 @@ def plot_attention(
         path: Output image path.
         index: Which image of the batch the maps belong to.
         parts: Attention parts to show, rows in this order.
-        title: Figure title.
+        title: Put before the figure's caption (e.g. the image's name).
     """
     check_figure_path(path)
     if not maps:
@@ -166,6 +177,8 @@ def plot_attention(
     if index >= batch:
         raise InvalidArgumentError(f'index {index} is out of range: the maps hold {batch} images')
     n_heads = max(m.gate.numel() for m in layers)
+    if n_heads > MANY_HEADS:
+        return save_figure(_attention_by_tap(layers, image, index, parts, title), path)
     rows = [(part, m) for part in parts for m in layers]
     # square panels of `cell` inches: size the figure from the grid so that no space is left over
     cell, wspace, hspace, top = 1.1, 0.06, 0.12, 0.5
@@ -175,18 +188,7 @@ def plot_attention(
     grid = fig.add_gridspec(len(rows), n_heads + 1, width_ratios=[1.6] + [1] * n_heads, wspace=wspace,
                             hspace=hspace, left=0.0, right=1.0, bottom=0.0, top=1 - top / height)
 
-    ax = fig.add_subplot(grid[0:min(2, len(rows)), 0])
-    ax.set_anchor('N')
-    img = image.detach().float().cpu().permute(1, 2, 0).numpy()
-    ax.imshow(img)
-    first = layers[0]
-    h_img, w_img = img.shape[:2]
-    # the query cell of the first layer, in image pixels
-    cy, cx = h_img / first.out_size[0], w_img / first.out_size[1]
-    ax.add_patch(Rectangle((first.query[1] * cx, first.query[0] * cy), cx, cy, fill=False, ec='red', lw=1.5))
-    ax.set_title('query', fontsize=8)
-    ax.axis('off')
-
+    _query_image(fig.add_subplot(grid[0:min(2, len(rows)), 0]), image, layers[0])
     for r, (part, m) in enumerate(rows):
         data = m.unpadded(m.part(part, index)).numpy()
         qy, qx = m.query_key[0] - m.padding[0], m.query_key[1] - m.padding[1]
@@ -206,9 +208,56 @@ def plot_attention(
             if h == n_heads - 1:  # row label on the right: the left column holds the input image
                 ax.yaxis.set_label_position('right')
                 ax.set_ylabel(f'{_short(m.layer)}\n{PART_TITLES[part]}', fontsize=7, rotation=270, labelpad=18)
-    fig.suptitle(title or r'attention of the query pixel (red: gate $\sigma(\lambda_h)$)', fontsize=10,
+    fig.suptitle(_titled(title, r'attention of the query pixel (red: gate $\sigma(\lambda_h)$)'), fontsize=10,
                  y=1 - 0.15 / height)
     return save_figure(fig, path)
+
+
+def _query_image(ax, image: torch.Tensor, first: AttentionMaps) -> None:
+    """The input image with the query cell of the first layer boxed."""
+    ax.set_anchor('N')
+    img = image.detach().float().cpu().permute(1, 2, 0).numpy()
+    ax.imshow(img)
+    h_img, w_img = img.shape[:2]
+    cy, cx = h_img / first.out_size[0], w_img / first.out_size[1]  # one query cell, in image pixels
+    ax.add_patch(Rectangle((first.query[1] * cx, first.query[0] * cy), cx, cy, fill=False, ec='red', lw=1.5))
+    ax.set_title('query', fontsize=8)
+    ax.axis('off')
+
+
+def _attention_by_tap(layers: Sequence[AttentionMaps], image: torch.Tensor, index: int, parts: Sequence[str],
+                      title: Optional[str]) -> Figure:
+    """``plot_attention`` for many heads: per (layer, part) a block of panels shaped like the kernel."""
+    kh = max(m.kernel_size[0] for m in layers)
+    kw = max(m.kernel_size[1] for m in layers)
+    cell, top = 0.42, 0.6  # inches per panel (of the largest kernel), title band
+    block_w, block_h = cell * kw * 1.08, cell * kh * 1.08 + 0.3  # + the block's title
+    width, height = block_w * (len(parts) + 0.7), block_h * len(layers) + top
+    fig = Figure(figsize=(width, height))
+    outer = fig.add_gridspec(len(layers), len(parts) + 1, width_ratios=[0.7] + [1] * len(parts), wspace=0.08,
+                             hspace=0.3 / block_h, left=0.0, right=1.0, bottom=0.0, top=1 - top / height)
+    _query_image(fig.add_subplot(outer[0, 0]), image, layers[0])
+    for r, m in enumerate(layers):
+        qy, qx = m.query_key[0] - m.padding[0], m.query_key[1] - m.padding[1]
+        for c, part in enumerate(parts):
+            data = m.unpadded(m.part(part, index)).numpy()
+            label = fig.add_subplot(outer[r, c + 1])
+            label.axis('off')
+            label.set_title(f'{_short(m.layer)}: {PART_TITLES[part]}', fontsize=8)
+            taps = outer[r, c + 1].subgridspec(m.kernel_size[0], m.kernel_size[1], wspace=0.08, hspace=0.08)
+            for h in range(data.shape[0]):
+                ax = fig.add_subplot(taps[h // m.kernel_size[1], h % m.kernel_size[1]])
+                ax.imshow(data[h], cmap='viridis', interpolation='nearest')
+                ax.add_patch(Rectangle((qx - 0.5, qy - 0.5), 1, 1, fill=False, ec='red', lw=0.6))
+                ax.set_xticks([])
+                ax.set_yticks([])
+    fig.suptitle(_titled(title, 'attention of the query pixel, each head at the kernel tap it started from'),
+                 fontsize=10, y=1 - 0.15 / height)
+    return fig
+
+
+def _titled(title: Optional[str], caption: str) -> str:
+    return f'{title}: {caption}' if title else caption
 
 
 def _outline_white():
@@ -270,7 +319,7 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
     Args:
         records: ``load_metrics`` output (``epoch``, ``train_top1``, ``val_top1``, ``gpsa`` per record).
         path: Output image path.
-        title: Figure title.
+        title: Put before the figure's caption (e.g. the image's name).
     """
     check_figure_path(path)
     if not records:

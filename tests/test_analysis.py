@@ -241,3 +241,21 @@ def test_inspect_command(t_cnn, tmp_path, capsys):
     fresh = tmp_path / 'fresh' / 'out'  # a bad query fails before anything is written, and leaves no folder
     assert main(['inspect', path, '--image', images[0], '--query', '999,1', '--out', str(fresh)]) == 2
     assert 'outside' in capsys.readouterr().err and not (tmp_path / 'fresh').exists()
+
+
+def test_figures_of_many_headed_layers_stay_readable(tmp_path):
+    # a 7x7 depthwise stage (49 heads per layer): heat charts stacked, attention maps laid out as the kernel
+    torch.manual_seed(0)
+    model = tcnn.reparameterize(timm.create_model('convnext_atto', num_classes=3), stages=['stages.3']).eval()
+    x = torch.randn(1, 3, 64, 64)
+    summary = analysis.summarize(model, x)
+    heads_path = plots.plot_summary(summary, str(tmp_path / 'heads.png'))
+    maps = analysis.attention_maps(model, x)
+    assert {m.kernel_size for m in maps.values()} == {(2, 2), (7, 7)}  # the downsample and the depthwise convs
+    att_path = plots.plot_attention(maps, x[0].sigmoid(), str(tmp_path / 'att.png'), title='x')
+    _assert_png(heads_path)
+    _assert_png(att_path)
+    heads, att = Image.open(heads_path), Image.open(att_path)
+    # one row of 49 cells per chart was 10352 px wide; 49 panels per (layer, part) in a row, 6539 px
+    assert heads.width < 2000 and heads.height > heads.width / 4
+    assert att.width < 2000 and 0.5 < att.height / att.width < 2

@@ -113,8 +113,7 @@ def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts:
     if maps is not None:
         for i, (path, fig_name) in enumerate(zip(args.image, _figure_names(args.image))):
             written.append(plots.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
-                                                parts=parts, title=f'{os.path.basename(path)}: attention of the '
-                                                                   r'query pixel (red: gate $\sigma(\lambda_h)$)'))
+                                                parts=parts, title=os.path.basename(path)))
     return written
 
 
