@@ -88,7 +88,7 @@ def attend_heads_first(attn: torch.Tensor, values: torch.Tensor, taps: torch.Ten
     b, n_q = attn.shape[0], attn.shape[1]
     num_heads, c_out = taps.shape
     c_in = values.shape[-1]
-    heads = torch.bmm(attn.reshape(b, n_q * num_heads, -1).to(values.dtype), values)
+    heads = torch.bmm(attn.reshape(b, n_q * num_heads, attn.shape[2] // num_heads).to(values.dtype), values)
     per_input = taps.reshape(num_heads, c_in, c_out // c_in, 1).to(heads.dtype)  # output channel c * m + j reads c
     out = torch.linalg.vecdot(heads.view(b * n_q, num_heads, c_in, 1, 1), per_input.contiguous(), dim=1)
     return out.view(b, n_q, c_out)
@@ -110,16 +110,16 @@ def _plan(batch: int, row: int, channels: int, device: torch.device) -> Tuple[in
     """Images and channels per chunk for attention rows of ``row = N_h * N_k``: chunks of about the device's budget,
     channels first (at least ``MIN_CHUNK``), then the batch in equal parts once even that is too large."""
     budget = _budget(device)
-    chunk = min(channels, max(MIN_CHUNK, budget // (batch * row)))
+    chunk = min(channels, max(MIN_CHUNK, budget // max(1, batch * row)))
     images = max(1, 2 * budget // (row * chunk))
-    parts = -(-batch // images)
-    return -(-batch // parts), chunk
+    parts = max(1, -(-batch // images))
+    return max(1, -(-batch // parts)), chunk  # at least 1: the loops step by it, also over an empty batch
 
 
 def _heads_per_chunk(images: int, n_k: int, channels: int, num_heads: int, device: torch.device) -> int:
     """Heads per GEMM of the attention's gradient: about the device's budget of ``U``, but at least
     ``MIN_GEMM_COLUMNS`` output columns."""
-    return min(num_heads, max(-(-MIN_GEMM_COLUMNS // n_k), _budget(device) // (images * n_k * channels)))
+    return min(num_heads, max(-(-MIN_GEMM_COLUMNS // n_k), _budget(device) // max(1, images * n_k * channels)))
 
 
 class _Workspace:
@@ -147,7 +147,7 @@ def _folded_values(values: torch.Tensor, taps: torch.Tensor, work: _Workspace) -
     b, n_k, c = values.shape
     u = work.take('u', b, taps.shape[0], n_k, c)
     torch.mul(taps[None, :, None, :], values[:, None, :, :], out=u)
-    return u.view(b, -1, c)
+    return u.view(b, taps.shape[0] * n_k, c)
 
 
 class _AttendDepthwise(torch.autograd.Function):
@@ -171,7 +171,7 @@ class _AttendDepthwise(torch.autograd.Function):
                     u = work.take('u', n, num_heads, n_k, width)
                     torch.mul(w[..., c0:c0 + width], v[..., c0:c0 + width], out=u)
                     # through a contiguous buffer: torch.compile refuses a strided out= (a slice of `out`)
-                    out[b0:b0 + n, :, c0:c0 + width] = torch.bmm(a, u.view(n, -1, width),
+                    out[b0:b0 + n, :, c0:c0 + width] = torch.bmm(a, u.view(n, num_heads * n_k, width),
                                                                  out=work.take('out', n, n_q, width))
         ctx.save_for_backward(attn, values, taps)
         ctx.plan = images, chunk

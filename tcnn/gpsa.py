@@ -419,9 +419,10 @@ class GPSA(nn.Module):
         else:
             kv = torch.cat([torch.matmul(tokens, self.k_weight.t()), self._grouped_values(tokens)], dim=-1)
         if self.padding_mode != 'zeros':
-            kv = self._pad(kv.transpose(1, 2).view(b, -1, height, width)).flatten(2).transpose(1, 2)
-        q = q.view(b, -1, nh, d).transpose(1, 2)
-        k = kv[..., :nh * d].reshape(b, -1, nh, d).permute(0, 2, 3, 1)
+            kv = self._pad(kv.transpose(1, 2).view(b, kv.shape[-1], height, width)).flatten(2).transpose(1, 2)
+        # explicit sizes rather than -1 here and below: an empty batch has no size to infer
+        q = q.view(b, h_out * w_out, nh, d).transpose(1, 2)
+        k = kv[..., :nh * d].reshape(b, kv.shape[1], nh, d).permute(0, 2, 3, 1)
         return q, k, kv[..., nh * d:]
 
     def _grouped_values(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -440,7 +441,8 @@ class GPSA(nn.Module):
         dense and grouped layers (depthwise ones: ``_depthwise_product``)."""
         if self.groups == 1:
             # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
-            return F.linear(heads.view(b, n_q, -1), self.proj_weight.view(self.out_chs, -1), self.proj_bias)
+            return F.linear(heads.view(b, n_q, self.num_heads * self.in_chs), self.proj_weight.view(self.out_chs, -1),
+                            self.proj_bias)
         nh, g, c = self.num_heads, self.groups, self.in_chs
         # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
         # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
@@ -484,11 +486,12 @@ class GPSA(nn.Module):
         ph, pw = self.padding
         scores = torch.matmul(q * self.scale, k)  # (B, N_h, N_q, N_k)
         if self.padding_mode == 'zeros':
-            scores = scores.view(scores.shape[0], self.num_heads, -1, height, width)
+            scores = scores.view(scores.shape[0], self.num_heads, scores.shape[2], height, width)
             if ph > 0 or pw > 0:
                 scores = F.pad(scores, (pw, pw, ph, ph))
-        scores = scores.reshape(scores.shape[0], self.num_heads, scores.shape[2], -1)
-        return scores.softmax(dim=-1).view(scores.shape[0], self.num_heads, -1, height + 2 * ph, width + 2 * pw)
+        scores = scores.reshape(scores.shape[0], self.num_heads, scores.shape[2], (height + 2 * ph) * (width + 2 * pw))
+        return scores.softmax(dim=-1).view(scores.shape[0], self.num_heads, scores.shape[2], height + 2 * ph,
+                                           width + 2 * pw)
 
     def _real_key_content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Zero padding: the content attention on the real keys, query-major ``(B, N_q, N_h, H, W)``, still
@@ -545,10 +548,11 @@ class GPSA(nn.Module):
         gate = torch.sigmoid(self.gating.float()).to(content.dtype)[:, None, None]
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
         attn = torch.lerp(content, pos.transpose(0, 1), gate)
+        n_k = attn.shape[-2] * attn.shape[-1]
         if self.groups == self.in_chs:
-            out = self._depthwise_product(attn.reshape(b, h_out * w_out, -1), v)  # (B, N_q, C_out)
+            out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v)  # (B, N_q, C_out)
         else:
-            attn = attn.reshape(b, h_out * w_out * self.num_heads, -1)
+            attn = attn.reshape(b, h_out * w_out * self.num_heads, n_k)
             heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in): per query, the N_h attended value vectors
             out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory

@@ -301,3 +301,17 @@ def test_t_model_converts_grouped_cnn_weights():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad(), tcnn.exact_configuration(model):  # features: timm re-initialises a 10-class head
         assert _rel_err(cnn.forward_features(x), model.forward_features(x)) < 1e-5
+
+
+@pytest.mark.parametrize('groups,kernel,mode',
+                         [(1, 3, 'zeros'), (8, 3, 'reflect'), (64, 7, 'zeros'), (64, 3, 'circular')],
+                         ids=['dense', 'grouped-reflect', 'depthwise-k7', 'depthwise-circular'])
+def test_empty_batch_gives_the_convs_empty_output(groups, kernel, mode):
+    # like nn.Conv2d: batch 0 in, batch 0 out with the conv's shape, forward and backward (no size to infer from)
+    conv = nn.Conv2d(64, 64, kernel, stride=2, padding=kernel // 2, groups=groups, padding_mode=mode)
+    layer = GPSA.from_conv(conv)
+    x = torch.randn(0, 64, 9, 8, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert out.shape == conv(x).shape == (0, 64, 5, 4) and x.grad.shape == x.shape
+    assert torch.jit.script(layer)(x).shape == out.shape
