@@ -160,19 +160,14 @@ class _AttendDepthwise(torch.autograd.Function):
         images, chunk = _plan(b, attn.shape[2], channels, values.device)
         out = values.new_empty(b, n_q, channels)
         work = _Workspace(values)
-        num_heads, n_k = taps.shape[0], values.shape[1]
-        w = taps[None, :, None, :]  # (1, N_h, 1, C): the loop only slices channels (it runs up to ~50 times a layer)
         with _autocast_off(values):
             for b0 in range(0, b, images):
-                a, v = attn[b0:b0 + images], values[b0:b0 + images, None]  # v: (images, 1, N_k, C)
-                n = a.shape[0]
+                a, v = attn[b0:b0 + images], values[b0:b0 + images]
                 for c0 in range(0, channels, chunk):
-                    width = min(chunk, channels - c0)
-                    u = work.take('u', n, num_heads, n_k, width)
-                    torch.mul(w[..., c0:c0 + width], v[..., c0:c0 + width], out=u)
+                    c1 = min(c0 + chunk, channels)
+                    u = _folded_values(v[:, :, c0:c1], taps[:, c0:c1], work)
                     # through a contiguous buffer: torch.compile refuses a strided out= (a slice of `out`)
-                    out[b0:b0 + n, :, c0:c0 + width] = torch.bmm(a, u.view(n, num_heads * n_k, width),
-                                                                 out=work.take('out', n, n_q, width))
+                    out[b0:b0 + images, :, c0:c1] = torch.bmm(a, u, out=work.take('out', a.shape[0], n_q, c1 - c0))
         ctx.save_for_backward(attn, values, taps)
         ctx.plan = images, chunk
         return out

@@ -194,13 +194,10 @@ def plot_attention(
         qy, qx = m.query_key[0] - m.padding[0], m.query_key[1] - m.padding[1]
         for h in range(n_heads):
             ax = fig.add_subplot(grid[r, h + 1])
-            ax.set_xticks([])
-            ax.set_yticks([])
             if h >= data.shape[0]:
                 ax.axis('off')
                 continue
-            ax.imshow(data[h], cmap='viridis', interpolation='nearest')
-            ax.add_patch(Rectangle((qx - 0.5, qy - 0.5), 1, 1, fill=False, ec='red', lw=1))
+            _map_panel(ax, data[h], qy, qx, lw=1)
             ax.text(0.03, 0.97, f'{m.gate[h].item():.2f}', transform=ax.transAxes, ha='left', va='top',
                     color='red', fontsize=7, fontweight='bold', path_effects=_outline_white())
             if r == 0:
@@ -246,14 +243,18 @@ def _attention_by_tap(layers: Sequence[AttentionMaps], image: torch.Tensor, inde
             label.set_title(f'{_short(m.layer)}: {PART_TITLES[part]}', fontsize=8)
             taps = outer[r, c + 1].subgridspec(m.kernel_size[0], m.kernel_size[1], wspace=0.08, hspace=0.08)
             for h in range(data.shape[0]):
-                ax = fig.add_subplot(taps[h // m.kernel_size[1], h % m.kernel_size[1]])
-                ax.imshow(data[h], cmap='viridis', interpolation='nearest')
-                ax.add_patch(Rectangle((qx - 0.5, qy - 0.5), 1, 1, fill=False, ec='red', lw=0.6))
-                ax.set_xticks([])
-                ax.set_yticks([])
+                _map_panel(fig.add_subplot(taps[h // m.kernel_size[1], h % m.kernel_size[1]]), data[h], qy, qx, lw=0.6)
     fig.suptitle(_titled(title, 'attention of the query pixel, each head at the kernel tap it started from'),
                  fontsize=10, y=1 - 0.15 / height)
     return fig
+
+
+def _map_panel(ax, data: np.ndarray, qy: int, qx: int, lw: float) -> None:
+    """One head's attention map with the query cell boxed in red, no ticks."""
+    ax.imshow(data, cmap='viridis', interpolation='nearest')
+    ax.add_patch(Rectangle((qx - 0.5, qy - 0.5), 1, 1, fill=False, ec='red', lw=lw))
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _titled(title: Optional[str], caption: str) -> str:
