@@ -1,7 +1,8 @@
 """``tcnn eval MODEL [MODEL ...] --suite SUITE [SUITE ...] --data DIR [DIR ...]``: accuracy and robustness suites.
 
 Several models give one table with a column per model (T-CNN, arXiv:2106.05795, Table 2, sideways); several suites
-are paired with their data directories in order.
+are paired with their data directories in order. Every model runs at a size and crop the table states: by default its
+test size (timm's validate.py; ``--resolution model|N`` otherwise), ImageNet-C at 224 px (``--imagenet-c-size``).
 """
 import argparse
 import os
