@@ -429,15 +429,19 @@ def gpsa_layers(model: nn.Module) -> List[Tuple[str, GPSA]]:
 
 @torch.no_grad()
 def gpsa_summary(model: nn.Module) -> Dict[str, Dict[str, Any]]:
-    """Per GPSA layer: per-head gate sigmoid(lambda), locality strength alpha, span 1/alpha, centre (row, col),
-    and the layer means, as plain Python values (JSON-ready; T-CNN Fig. 4 plots these over training)."""
+    """Per GPSA layer: per-head gate sigmoid(lambda), locality strength alpha (1/tokens^2), span 1/alpha
+    (tokens^2), width sigma = 1/sqrt(2 alpha) (tokens: the positional logits -alpha |delta - Delta|^2 are a Gaussian
+    of that standard deviation along each axis), centre (row, col, tokens), and the layer means, as plain Python values
+    (JSON-ready; T-CNN Fig. 4 plots the spans and gates over training)."""
     summary = {}
     for name, layer in gpsa_layers(model):
         gate, alpha = layer.gate(), layer.locality_strength()
+        sigma = torch.rsqrt(2.0 * alpha)
         summary[name] = {
-            'gate': gate.tolist(), 'alpha': alpha.tolist(), 'span': (1.0 / alpha).tolist(),
+            'gate': gate.tolist(), 'alpha': alpha.tolist(), 'span': (1.0 / alpha).tolist(), 'sigma': sigma.tolist(),
             'center': layer.pos_centers.float().tolist(),
             'gate_mean': gate.mean().item(), 'span_mean': (1.0 / alpha).mean().item(),
+            'sigma_mean': sigma.mean().item(),
         }
     return summary
 

@@ -644,7 +644,7 @@ class Trainer:
     def _summary(row: Dict[str, Any], epochs: int) -> str:
         gates = [v['gate_mean'] for v in row['gpsa'].values()]
         spans = [v['span_mean'] for v in row['gpsa'].values()]
-        gpsa = (f', gate {np.mean(gates):.3f}, span {np.mean(spans):.3f}' if gates else '')
+        gpsa = (f', gate {np.mean(gates):.3f}, span 1/alpha {np.mean(spans):.3f} tokens^2' if gates else '')
         line = (f'epoch {row["epoch"] + 1}/{epochs}: train loss {row["train_loss"]:.4f}, val loss '
                 f'{row["val_loss"]:.4f}, top-1 {row["val_top1"]:.2f}%, top-5 {row["val_top5"]:.2f}%, lr '
                 f'{_fmt(row["lr"], ".3g")}, gating lr {_fmt(row["gating_lr"], ".3g")}, '

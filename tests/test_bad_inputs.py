@@ -479,7 +479,7 @@ def test_info_reads_stored_counts_without_building_the_model(tmp_path):
         assert {k: v for k, v in fast.items() if k != 'layers'} == {k: v for k, v in rebuilt.items() if k != 'layers'}
         for name, layer in rebuilt['layers'].items():
             assert fast['layers'][name]['center'] == layer['center']
-            for key in ('gate', 'alpha', 'span', 'gate_mean', 'span_mean'):
+            for key in ('gate', 'alpha', 'span', 'sigma', 'gate_mean', 'span_mean', 'sigma_mean'):
                 a, b = fast['layers'][name][key], layer[key]
                 assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(*(([a], [b]) if isinstance(a, float)
                                                                             else (a, b)))), (name, key)

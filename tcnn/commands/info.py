@@ -115,8 +115,10 @@ def _layers_from_values(d: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         gate = [_sigmoid(g) for g in gating]
         alpha = [_softplus(r, _SOFTPLUS_BETA) for r in raw]
         span = [1.0 / a for a in alpha]
-        summary[name] = {'gate': gate, 'alpha': alpha, 'span': span, 'center': centers,
-                         'gate_mean': sum(gate) / len(gate), 'span_mean': sum(span) / len(span)}
+        sigma = [1.0 / math.sqrt(2.0 * a) for a in alpha]
+        summary[name] = {'gate': gate, 'alpha': alpha, 'span': span, 'sigma': sigma, 'center': centers,
+                         'gate_mean': sum(gate) / len(gate), 'span_mean': sum(span) / len(span),
+                         'sigma_mean': sum(sigma) / len(sigma)}
     return summary
 
 
@@ -205,14 +207,16 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
         lines.append('  training    ' + ', '.join(f'{k} {v}' for k, v in info['training'].items()))
     if info['layers']:
         width = max(len(n) for n in info['layers'])
-        lines.append(f'  {"layer":<{width}}  heads  gate sigmoid(lambda) mean [min-max]  span 1/alpha mean [min-max]')
+        lines.append(f'  {"layer":<{width}}  heads  {"gate sigmoid(lambda), 0-1":<26}  {"span 1/alpha, tokens^2":<26}  '
+                     'sigma 1/sqrt(2 alpha), tokens  (each: mean [min-max] over heads)')
         for name, layer in info['layers'].items():
-            lines.append(f'  {name:<{width}}  {len(layer["gate"]):>5}  {_range(layer["gate"]):<35}  '
-                         f'{_range(layer["span"])}')
+            lines.append(f'  {name:<{width}}  {len(layer["gate"]):>5}  {_range(layer["gate"]):<26}  '
+                         f'{_range(layer["span"]):<26}  {_range(layer["sigma"])}')
             if heads:
-                for h, (g, a, s, c) in enumerate(zip(layer['gate'], layer['alpha'], layer['span'], layer['center'])):
-                    lines.append(f'    head {h}: gate {g:.3f}  alpha {a:.3f}  span {s:.3f}  '
-                                 f'centre ({c[0]:+.2f}, {c[1]:+.2f})')
+                for h, (g, a, s, w, c) in enumerate(zip(layer['gate'], layer['alpha'], layer['span'], layer['sigma'],
+                                                        layer['center'])):
+                    lines.append(f'    head {h}: gate {g:.3f}  alpha {a:.3f} /tokens^2  span {s:.3f} tokens^2  '
+                                 f'sigma {w:.3f} tokens  centre ({c[0]:+.2f}, {c[1]:+.2f}) tokens')
     return '\n'.join(lines)
 
 
