@@ -226,7 +226,7 @@ def test_param_groups_and_gating_lr_ratio():
 
 def test_param_groups_of_plain_cnn_have_no_gating():
     model = timm.create_model('resnet18d', num_classes=3)
-    groups = param_groups(model, 0.05, 1000.0)
+    groups = param_groups(model, 1e-4, 0.05)
     assert [g['group_name'] for g in groups] == ['decay', 'no_decay']
 
 
