@@ -46,8 +46,8 @@ from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, ma
                  read_checkpoint, read_metrics, write_checkpoint, write_metrics)
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe,
-                     scaled_lrs, validate_recipe)
+from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, mark_absolute_lrs, parse_set,
+                     resolve_recipe, scaled_lrs, validate_recipe)
 from .train_args import add_arguments, flag_overrides
 
 __all__ = ['add_arguments', 'run', 'main', 'Trainer', 'CheckpointWriteError']
@@ -57,7 +57,7 @@ FROZEN_ON_RESUME = ('model', 'num_classes', 'no_sa', 'reparam_epoch', 'stages', 
                     'gating_init', 'opt', 'drop_path_rate')
 # If these are unchanged on resume, the saved scheduler state is loaded as is; otherwise it is rebuilt.
 SCHEDULE_KEYS = ('sched', 'epochs', 'warmup_epochs', 'warmup_lr', 'min_lr', 'lr', 'gating_lr', 'lr_base_batch',
-                 'scale_lr')
+                 'scale_lr', 'absolute_lrs')
 # Below this batch-scaling factor (global batch 64 for the paper's reference 1024) a small run barely moves.
 SMALL_LR_FACTOR = 1 / 16
 
@@ -89,6 +89,7 @@ def _resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: 
         raise TcnnError(f'cannot change {", ".join(changed)} when resuming (they define the model and the '
                         'optimiser); start a new run instead')
     apply_overrides(recipe, overrides)
+    mark_absolute_lrs(recipe, overrides)
     if 'output' not in overrides:
         recipe['output'] = os.path.dirname(os.path.abspath(path))
     return validate_recipe(recipe)
@@ -532,21 +533,37 @@ class Trainer:
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
                  f'{r["batch_size"]} x {ctx.world_size} process(es) x {r["accum_steps"]} accum, '
                  f'{self.updates_per_epoch} updates/epoch')
-        rule = (f'recipe values x {self.lrs["factor"]:.4g} = global batch {self.global_batch} / '
-                f'{r["lr_base_batch"]}' if r['scale_lr'] else 'recipe values, scale_lr off')
-        self.log(f'lr {self.lrs["lr"]:.3g}, gating lr {self.lrs["gating_lr"]:.3g} ({rule}); {r["warmup_epochs"]} '
-                 f'warm-up epochs from {self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
+        self.log(f'lr {self.lrs["lr"]:.3g} ({self._lr_rule("lr")}), gating lr {self.lrs["gating_lr"]:.3g} '
+                 f'({self._lr_rule("gating_lr")}); {r["warmup_epochs"]} warm-up epochs from '
+                 f'{self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
         for warning in self.small_run_warnings():
             self.log(f'warning: {warning}')
         self.log(f'output {self.output}')
 
+    def _lr_rule(self, key: str) -> str:
+        """How the run got the learning rate ``key``: as the user gave it, or the recipe's value batch-scaled."""
+        r = self.recipe
+        if key in r['absolute_lrs']:
+            return 'as given'
+        if not r['scale_lr']:
+            return 'recipe value, scale_lr off'
+        return f'recipe value x {self.lrs["factor"]:.4g} = global batch {self.global_batch} / {r["lr_base_batch"]}'
+
     def small_run_warnings(self) -> List[str]:
-        """What makes a small run's first try learn nothing, while the paper's recipe stays exact for ImageNet."""
+        """What makes a small run's first try learn nothing, while the paper's recipe stays exact for ImageNet; and
+        a gating lr that lost its ratio to the lr because only one of them was given (the other one scaled)."""
         r, out = self.recipe, []
-        if r['scale_lr'] and self.lrs['factor'] < SMALL_LR_FACTOR:
+        scaled = [k for k in ('lr', 'gating_lr') if k not in r['absolute_lrs']]
+        if r['scale_lr'] and len(scaled) == 2 and self.lrs['factor'] < SMALL_LR_FACTOR:
             out.append(f'the batch rule scales every learning rate by {self.global_batch}/{r["lr_base_batch"]} = '
                        f'{self.lrs["factor"]:.3g} (lr {self.lrs["lr"]:.2g}, gating lr {self.lrs["gating_lr"]:.2g}): '
                        'a small run may barely move; consider --set scale_lr=false or a larger --lr')
+        if r['scale_lr'] and len(scaled) == 1 and self.lrs['factor'] != 1:
+            ratio, planned = self.lrs['gating_lr'] / self.lrs['lr'], r['gating_lr'] / r['lr']
+            given = 'lr' if scaled == ['gating_lr'] else 'gating_lr'
+            out.append(f'gating lr / lr = {ratio:.3g}, not the recipe\'s {planned:.4g}: --{given.replace("_", "-")} '
+                       f'is used as given while the batch rule scales {scaled[0]}; give --{scaled[0].replace("_", "-")} '
+                       'too to choose both')
         return out
 
     def _train_epoch(self, epoch: int, position: EpochPosition) -> Tuple[EpochPosition, Dict[str, Any]]:

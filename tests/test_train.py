@@ -176,6 +176,40 @@ def test_bad_set_items(item, message):
         parse_set([item])
 
 
+def test_explicit_learning_rates_are_absolute():
+    """As in timm, the batch rule scales a recipe's learning rates, never one the user typed (issue 25)."""
+    recipe = resolve_recipe('t_resnet50_d', {'lr': 1e-3}, [])
+    assert recipe['absolute_lrs'] == ['lr']
+    lrs = scaled_lrs(recipe, global_batch=64)
+    assert lrs['lr'] == 1e-3 and math.isclose(lrs['gating_lr'], 0.1 * 64 / 1024)  # not 6.25e-5
+    assert math.isclose(lrs['warmup_lr'], 1e-6 * 64 / 1024)
+    recipe = resolve_recipe(None, {}, ['gating_lr=0.5', 'min_lr=0'])
+    assert recipe['absolute_lrs'] == ['gating_lr', 'min_lr']
+    lrs = scaled_lrs(recipe, global_batch=256)
+    assert math.isclose(lrs['lr'], 2.5e-5) and lrs['gating_lr'] == 0.5 and lrs['min_lr'] == 0
+    path = resolve_recipe('t_resnet50_d')  # a recipe's own values are scaled
+    assert path['absolute_lrs'] == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
+    with pytest.raises(TcnnError, match="absolute_lrs"):
+        resolve_recipe(None, {}, ['absolute_lrs=[momentum]'])
+
+
+def test_explicit_lr_in_a_run_and_on_resume(data_dir, tmp_path, capsys):
+    run = tmp_path / 'run'
+    args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
+            '--batch-size', '4', '--img-size', '64', '--workers', '0', '--no-progress', '--device', 'cpu',
+            '--lr', '1e-3', '--set', 'warmup_epochs=0']
+    assert tcnn_train.main(args) == 0
+    out = capsys.readouterr().out
+    assert 'lr 0.001 (as given), gating lr 0.000391 (recipe value x 0.003906 = global batch 4 / 1024)' in out
+    assert 'warning: gating lr / lr = 0.39' in out and '--gating-lr' in out  # the paper's 1000:1 ratio is gone
+    last = load(run / 'last.pt')
+    assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
+    assert tcnn_train.main(['--resume', str(run), '--epochs', '2', '--no-progress']) == 0
+    last = load(run / 'last.pt')
+    assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
+    assert 'lr 0.001 (as given)' in capsys.readouterr().out
+
+
 def test_print_config(capsys):
     rc = tcnn_train.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
                           'mixup=0', '--print-config'])
