@@ -14,16 +14,9 @@ import tcnn
 from tcnn.optim import GATING_LR_RATIO, group_lrs
 
 from nontrivial import nontrivial
+from test_train import one_thread  # noqa: F401  (one intra-op thread on the shared 2-core CI machine)
 
 LR, GATING_LR, WD = 1e-4, 0.1, 0.05  # T-CNN (arXiv:2106.05795) section 3
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _t_resnet():
