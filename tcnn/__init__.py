@@ -13,7 +13,8 @@ from typing import Any, List
 from .version import __version__  # noqa: F401  (tcnn.__version__)
 
 __all__ = ['GPSA', 'reparameterize', 'reparameterize_', 'check_equivalence', 'exact_configuration', 'gpsa_layers',
-           'gpsa_summary', 'ConversionError', 'EquivalenceReport', 'load', 'save', 'models', 'TcnnError']
+           'gpsa_summary', 'ConversionError', 'EquivalenceReport', 'load', 'save', 'param_groups', 'models',
+           'TcnnError']
 
 # public name -> the submodule that defines it
 _LAZY = {
@@ -22,6 +23,7 @@ _LAZY = {
     'exact_configuration': 'convert', 'gpsa_layers': 'convert', 'gpsa_summary': 'convert',
     'ConversionError': 'convert', 'EquivalenceReport': 'convert',
     'load': 'io', 'save': 'io',
+    'param_groups': 'optim',
     'TcnnError': 'errors',
 }
 

@@ -18,7 +18,7 @@ Borders and strides are exact: the input is padded like the conv pads it (the pa
 and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
 """
 import math
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -134,11 +134,17 @@ class GPSA(nn.Module):
         gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
     """
 
-    # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT): the positional geometry and the gates take no
-    # weight decay, and the gates get their own learning rate. The filter parameters are the conv's (T-CNN eq. 6).
+    # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT). The gates get their own learning rate
+    # (``tcnn.param_groups``). No weight decay (``no_weight_decay()``) on: the positional geometry and the gates (as
+    # ConViT exempts them); the conv's bias ``proj_bias`` (timm and DeiT decay no bias, so the CNN's bias was not
+    # decayed: the conversion must not start decaying it); and ``W_val`` where it is a per-channel gain (depthwise:
+    # ``(C_in, 1)``), which is norm-like (timm decays no 1-D gain; decay would pull the layer's identity init towards
+    # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
+    # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
+    # filter parameters are the conv's (T-CNN eq. 6).
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
-    no_weight_decay_params = positional_params + gating_params
+    no_weight_decay_params = positional_params + gating_params + ('proj_bias',)
     filter_params = ('proj_weight', 'proj_bias')
 
     def __init__(
@@ -306,6 +312,15 @@ class GPSA(nn.Module):
         kh, kw = self.kernel_size
         bias = self.out_chs if self.proj_bias is not None else 0
         return self.out_chs * (self.in_chs // self.conv_groups) * kh * kw + bias
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Names of the parameters that take no weight decay (timm's ``no_weight_decay()`` contract; reasons at
+        ``no_weight_decay_params``): the positional and gating parameters, the bias, and a per-channel ``W_val``."""
+        names = {n for n in self.no_weight_decay_params if getattr(self, n) is not None}
+        if self.in_chs // self.groups == 1:
+            names.add('v_weight')
+        return names
 
     def gate(self) -> torch.Tensor:
         """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""

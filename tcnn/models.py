@@ -49,8 +49,9 @@ _WEIGHTS_PLACEHOLDER = {'tcnn': 'weights supplied by tcnn.models'}
 
 
 def no_weight_decay_names(model: nn.Module) -> Set[str]:
-    """Names of the GPSA positional and gating parameters of ``model`` (timm's ``no_weight_decay()`` contract)."""
-    return {f'{name}.{p}' for name, _ in gpsa_layers(model) for p in GPSA.no_weight_decay_params}
+    """Names of the GPSA parameters of ``model`` that take no weight decay (timm's ``no_weight_decay()`` contract):
+    positional and gating parameters, biases, per-channel value gains (``GPSA.no_weight_decay``)."""
+    return {f'{name}.{p}' for name, layer in gpsa_layers(model) for p in layer.no_weight_decay()}
 
 
 class TransformedModel:
@@ -78,7 +79,9 @@ class TransformedModel:
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """GPSA centres, locality strengths and gates (and the source's own exemptions): exempt from weight decay."""
+        """GPSA centres, locality strengths, gates, biases and per-channel value gains (and the source's own
+        exemptions): exempt from weight decay, so that timm's ``create_optimizer_v2`` decays what ``tcnn.param_groups``
+        decays. The gates' own learning rate needs ``param_group_fn=tcnn.param_groups`` (docs/train.md)."""
         own = getattr(super(), 'no_weight_decay', None)
         return no_weight_decay_names(self) | (set(own()) if own is not None else set())
 
