@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import timm
 import torch
@@ -25,7 +25,7 @@ from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (
 from . import io
 from .convert import ConversionSettings, gpsa_summary
 from .errors import TcnnError
-from .hub import error_reason, hub_unreachable, split_model_name, transformed_model_name
+from .hub import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
 from .paths import check_replaceable_dir
 from .recipe import dump_recipe
 from .robustness import format_markdown
@@ -86,10 +86,11 @@ def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str,
         raise TcnnError(f'{where} holds a plain CNN ({d["source"]["model"]}), not a T-CNN: tcnn publish shares '
                         'T-CNNs (a plain timm CNN is shared with timm.models.push_to_hf_hub)')
     kind, name = split_model_name(d['source']['model'])
-    if kind != 'timm' or not timm.is_model(transformed_model_name(name.split('.')[0])):
-        raise TcnnError(f'{where} is a T-CNN of {d["source"]["model"]}, which has no timm architecture '
-                        f'({transformed_model_name(name.split(".")[0])} is not registered): Hub folders are loaded by '
-                        'timm.create_model, so only T-CNNs of timm CNNs can be published')
+    t_name = transformed_model_name(name.split('.')[0])
+    if kind != 'timm' or source_model_name(t_name) is None:
+        raise TcnnError(f'{where} is a T-CNN of {d["source"]["model"]}, which has no timm architecture ({t_name} is '
+                        'not registered): Hub folders are loaded by timm.create_model, so only T-CNNs of timm CNNs '
+                        'can be published')
     model = io.model_from_dict(d, where=where)
     metrics_path = os.path.join(os.path.dirname(os.path.abspath(path)), io.METRICS_FILE)
     metrics = io.read_metrics(metrics_path) if d.get('training') is not None and os.path.isfile(metrics_path) else []
@@ -250,13 +251,13 @@ def model_card(
     cfg, source = model.pretrained_cfg, d['source']
     architecture = cfg.get('architecture')
     size = 'x'.join(map(str, (d.get('data_config') or cfg).get('input_size', [])[1:]))
+    stages = ', '.join(f'`{s}`' for s in model.tcnn_config['stages'])
     intro = (f'A Transformed CNN (T-CNN, [arXiv:2106.05795]({PAPER_URL})) made with tcnn from timm\'s '
-             f'`{source["model"]}`: the k x k convolutions of {", ".join(f"`{s}`" for s in model.tcnn_config["stages"])} '
-             'are Gated Positional Self-Attention layers (ConViT, arXiv:2103.10697) that started out as those '
-             'convolutions (their filters are the output projections) and were then free to learn content '
-             'attention.')
+             f'`{source["model"]}`: the k x k convolutions of {stages} are Gated Positional Self-Attention layers '
+             '(ConViT, arXiv:2103.10697) that started out as those convolutions (their filters are the output '
+             'projections) and were then free to learn content attention.')
     details = [f'- **Architecture:** `{architecture}` (timm; `import tcnn` registers it)',
-               f'- **Source CNN:** `{source["model"]}`' + (f' with `{source["kwargs"]}`' if source.get('kwargs') else ''),
+               f'- **Source CNN:** `{source["model"]}`' + (f' with `{source["kwargs"]}`' if source['kwargs'] else ''),
                f'- **Source weights:** {_source_weights(source)}',
                f'- **Classes:** {d.get("num_classes")}',
                f'- **Image size:** {size} (crop {cfg.get("crop_pct")}, {cfg.get("interpolation")})',

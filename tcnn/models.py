@@ -11,7 +11,12 @@ data config), minus the weight locations: there are no converted weights to down
   within seconds offline);
 * ``pretrained_cfg_overlay=dict(file=PATH)`` loads a T-CNN file (``tcnn.save``), a training checkpoint, or a plain
   checkpoint of the source CNN (converted on the fly); ``checkpoint_path=PATH`` loads a T-CNN file with timm's own
-  loader.
+  loader;
+* a Hub folder (``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)``, or
+  ``pretrained_cfg_overlay=dict(file=DIR)`` / ``dict(hf_hub_id=ORG/NAME)``) rebuilds the T-CNN its config.json
+  describes and loads the folder's own weights with timm's ``load_pretrained``, checked to fit exactly (see "Hub
+  folders" below). The models carry their conversion settings as timm's ``_model_args``, so ``save_for_hf`` writes
+  such a folder.
 
 The models are built by timm's ``build_model_with_cfg`` (so ``features_only``, ``out_indices``, ``in_chans``,
 ``num_classes`` adaptation of pretrained weights etc. are timm's own code) from the source's own entrypoint, and
@@ -27,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 import torch
 import torch.nn as nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, get_pretrained_cfg, \
-    is_model, list_models, model_entrypoint, register_model, resolve_pretrained_cfg
+    is_model, list_models, load_model_config_from_hf, model_entrypoint, register_model, resolve_pretrained_cfg
 from timm.models._hub import load_model_config_from_path  # what 'local-dir:' names read (not in timm.models)
 from timm.models.resnet import BasicBlock, ResNet
 
@@ -229,9 +234,6 @@ def _pretrained_weights(
 # weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``_check_folder_weights`` makes sure they
 # are exactly this T-CNN's (never a CNN's converted on the fly, never a partial load).
 
-_FOLDER_SOURCES = ('local-dir', 'hf-hub')
-
-
 def _timm_location(cfg: Dict[str, Any]) -> Optional[str]:
     """Where timm's ``load_pretrained`` finds the T-CNN weights of a resolved pretrained config (``'local-dir:PATH'``,
     ``'hf-hub:ORG/NAME'``, a URL), or None when tcnn supplies them (a file, a state dict, the source's weights).
@@ -245,20 +247,32 @@ def _timm_location(cfg: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _folder_config(variant: str, folder: str, conversion: Dict[str, Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """``pretrained_cfg_overlay=dict(file=FOLDER)``: read FOLDER/config.json as ``timm.create_model('local-dir:FOLDER')``
-    does (its ``model_args`` are defaults of the keyword arguments) and return its pretrained config."""
+def _folder_config(
+        variant: str,
+        location: Dict[str, str],
+        conversion: Dict[str, Any],
+        kwargs: Dict[str, Any],
+) -> Dict[str, Any]:
+    """``pretrained_cfg_overlay=dict(file=FOLDER)`` or ``dict(hf_hub_id=ORG/NAME)``: read the folder's config.json as
+    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does (its ``model_args`` become defaults of the
+    keyword arguments, its pretrained config describes the weights) and return that pretrained config."""
+    folder, hub_id = location.get('file'), location.get('hf_hub_id')
+    where = f'hf-hub:{hub_id}' if hub_id else folder
     try:
-        cfg, architecture, model_args = load_model_config_from_path(folder)
+        if hub_id:
+            cfg, architecture, model_args = load_model_config_from_hf(hub_id)
+        else:
+            cfg, architecture, model_args = load_model_config_from_path(folder)
     except FileNotFoundError:
         raise TcnnError(f'{folder} is a folder without config.json: give a T-CNN file, or a folder written by tcnn '
                         'publish or timm.models.save_for_hf') from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise TcnnError(f'{folder}/config.json is not a timm model config ({hub.error_reason(e)})') from e
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's (offline, not found) and JSON errors
+        raise TcnnError(f'cannot read the config.json of {where} ({hub.error_reason(e)})') from e
     if architecture != variant:
         what = 'a T-CNN of another CNN' if source_model_name(architecture) else 'a plain CNN, not a T-CNN'
-        raise TcnnError(f'{folder} holds {architecture} ({what}): load it with '
-                        f'timm.create_model("local-dir:{folder}", pretrained=True) or tcnn.load')
+        name = where if hub_id else f'local-dir:{folder}'
+        raise TcnnError(f'{where} holds {architecture} ({what}): load it with '
+                        f'timm.create_model("{name}", pretrained=True) or tcnn.load')
     for key, value in model_args.items():
         (conversion if key in CONVERSION_KEYS else kwargs).setdefault(key, value)
     return cfg
@@ -291,9 +305,9 @@ def _check_folder_weights(
         raise TcnnError(f'{where} holds the weights of a plain CNN (no GPSA layers), not of the T-CNN {arch} that its '
                         'config names: convert the CNN first (tcnn convert), then tcnn publish')
     if set(held) != set(layers):  # a safetensors file lists its keys sorted, not in module order
-        raise TcnnError(f'{where}: its config builds {arch} with GPSA layers {_layer_range(sorted(layers))} (stages '
-                        f'{model.tcnn_config["stages"]}), its weights have GPSA layers {_layer_range(held)}: the '
-                        'config.json does not describe these weights')
+        raise TcnnError(f'{where}: {arch} as built from its config.json (and the arguments given) has GPSA layers '
+                        f'{_layer_range(sorted(layers))} (stages {model.tcnn_config["stages"]}), the weights have GPSA '
+                        f'layers {_layer_range(held)}')
     check = dict(state_dict)
     first = cfg.get('first_conv')
     for conv in ([first] if isinstance(first, str) else list(first or ())):
@@ -304,7 +318,8 @@ def _check_folder_weights(
     head = features or getattr(model, 'num_classes', None) != cfg.get('num_classes')
     misfit = hub.state_dict_misfit(model, check, optional=f'{classifier}.' if head and classifier else '')
     if misfit:
-        raise TcnnError(f'{where}: the weights do not fit {arch} as its config.json builds it: {misfit}')
+        raise TcnnError(f'{where}: the weights do not fit {arch} as built from its config.json (and the arguments '
+                        f'given): {misfit}')
     return state_dict
 
 
@@ -315,7 +330,8 @@ def _layer_range(layers: List[str]) -> str:
 def _model_args(model: nn.Module, arch_kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """What timm's ``save_for_hf`` writes as config.json's ``model_args``, and ``create_model('local-dir:...')``
     passes back to the entrypoint: the source's keyword arguments and every conversion setting (the stages as
-    resolved module names), so that the folder rebuilds this architecture with no other input."""
+    resolved module names), so that the folder rebuilds this architecture with no other input. (``timm.create_model``
+    then lays the caller's own arguments over these, e.g. ``stages='layer3'`` as given: the same stages.)"""
     return dict(arch_kwargs, **ConversionSettings.of(model.tcnn_config).kwargs())
 
 
@@ -350,7 +366,9 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
     overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     if pretrained and overlay.get('file') and os.path.isdir(overlay['file']):  # a Hub folder: as 'local-dir:'
-        pretrained_cfg = _folder_config(variant, overlay.pop('file'), conversion, kwargs)
+        pretrained_cfg = _folder_config(variant, {'file': overlay.pop('file')}, conversion, kwargs)
+    elif pretrained and overlay.get('hf_hub_id') and overlay.get('source') != 'hf-hub':  # a Hub repo: as 'hf-hub:'
+        pretrained_cfg = _folder_config(variant, {'hf_hub_id': overlay.pop('hf_hub_id')}, conversion, kwargs)
     tag = _resolve_tag(variant, pretrained_cfg)
     arch_kwargs = {k: v for k, v in kwargs.items() if k not in _NON_ARCH_KWARGS}
     features = bool(kwargs.get('features_only'))
@@ -363,7 +381,6 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
             weights_origin = None  # the source CNN's weights are not recorded in the folder's config
         else:
             weights, weights_origin = _pretrained_weights(source, tag, cfg.get('file'), conversion, overlay)
-            overlay.pop('file', None)
             overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
             filter_fn = functools.partial(_load_filter, weights=weights)
     if features:  # the family's feature wrapper settings (what its own entrypoint passes)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import save_for_hf
 
 import tcnn
+import tcnn.hf
 from imagegen import make_image_folder
 from nontrivial import nontrivial, varied_heads
 from tcnn.cli import main
@@ -155,6 +156,13 @@ def test_hf_hub_round_trip_from_the_cache(t_model, folder, offline_cache):
     assert torch.equal(_logits(loaded), _logits(t_model))
     via_tcnn = tcnn.load(f'hf-hub:{REPO}')
     assert not via_tcnn.training and torch.equal(_logits(via_tcnn), _logits(t_model))
+    # the repo as a registry model's weight location: read as the hf-hub: name reads it
+    overlay = timm.create_model('t_resnet18d', pretrained=True,  # offline: the local HF cache
+                                pretrained_cfg_overlay=dict(hf_hub_id=REPO))
+    assert overlay.num_classes == 10 and torch.equal(_logits(overlay), _logits(t_model))
+    with pytest.raises(TcnnError, match='t_resnet18d as built .* has GPSA layers layer4'):
+        timm.create_model('t_resnet18d', pretrained=True, stages=4,  # offline: the local HF cache
+                          pretrained_cfg_overlay=dict(hf_hub_id=REPO))
     with pytest.raises(TcnnError, match='cannot load hf-hub:tcnn-tests/missing') as info:
         tcnn.load('hf-hub:tcnn-tests/missing')  # not in the cache, offline
     assert '\n' not in str(info.value)
@@ -204,6 +212,10 @@ def test_num_classes_and_features_only_on_a_folder(t_model, folder):
     overlay = timm.create_model('t_resnet18d', pretrained=True,  # offline: the folder as pretrained_cfg file
                                 pretrained_cfg_overlay=dict(file=folder))
     assert overlay.tcnn_config == t_model.tcnn_config and torch.equal(_logits(overlay), _logits(t_model))
+    gray = timm.create_model(f'local-dir:{folder}', pretrained=True, in_chans=1)  # offline: a local folder
+    assert gray.conv1[0].in_channels == 1  # timm adapts the stem, the rest is the folder's
+    torch.testing.assert_close(gray.conv1[0].weight[:, 0], t_model.conv1[0].weight.sum(1))
+    assert torch.equal(gray.layer3[1].conv2.gating, t_model.layer3[1].conv2.gating)
 
 
 def test_tcnn_load_reads_folders(t_model, folder):
@@ -240,8 +252,8 @@ def _one_line_error(name: str, match: str, **kwargs) -> str:
 def test_folder_whose_config_does_not_fit_its_weights(folder, tmp_path):
     stage4 = _copy_folder(folder, tmp_path / 'stage4', config=lambda c: dict(
         c, model_args=dict(c['model_args'], stages=['layer4'])))
-    text = _one_line_error(f'local-dir:{stage4}', 'GPSA layers layer4.0.conv1..layer4.1.conv2')
-    assert 'layer3.0.conv1..layer3.1.conv2' in text  # what the weights hold
+    text = _one_line_error(f'local-dir:{stage4}', r'has GPSA layers layer4\.0\.conv1\.\.layer4\.1\.conv2 \(4\)')
+    assert 'the weights have GPSA layers layer3.0.conv1..layer3.1.conv2 (4)' in text
     with pytest.raises(TcnnError, match='GPSA layers'):
         tcnn.load(stage4)
     qk = _copy_folder(folder, tmp_path / 'qk', config=lambda c: dict(c, model_args=dict(c['model_args'], qk_dim=8)))
@@ -345,6 +357,14 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
     assert rc == 0 and sorted(os.listdir(out.parent)) == ['my-t-resnet18d'], err
 
 
+@pytest.mark.parametrize('origin, text', [
+    ('pretrained', "timm's pretrained weights of `resnet50d.a1_in1k` ([timm/resnet50d.a1_in1k]"
+                   '(https://huggingface.co/timm/resnet50d.a1_in1k))'),
+    ('random', 'random initialisation'), ('file:w.pth', 'a local checkpoint, `w.pth`'), (None, 'not recorded')])
+def test_card_names_the_source_weights(origin, text):
+    assert tcnn.hf._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
+
+
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check
 def test_publish_a_training_run(tmp_path, capsys):
     data = make_image_folder(str(tmp_path / 'shapes'), num_classes=3, train_per_class=4, val_per_class=2, size=48)
@@ -362,7 +382,8 @@ def test_publish_a_training_run(tmp_path, capsys):
     card = (out / 'README.md').read_text()
     row = next(r for r in records if r['epoch'] == best['epoch'])
     for expected in ('## Fine-tuning', 'random initialisation', f'after epoch {best["epoch"] + 1}',
-                     f'| top-1 % | {row["val_top1"]:.4g}', f'Best validation top-1 of the run: {best["best_top1"]:.2f}%',
+                     f'| top-1 % | {row["val_top1"]:.4g}',
+                     f'Best validation top-1 of the run: {best["best_top1"]:.2f}%',
                      '```yaml', 'epochs: 2', 'data: shapes', 'stages: 3', 'layer3'):
         assert expected in card, expected
     assert str(tmp_path) not in card  # the machine's paths stay on the machine

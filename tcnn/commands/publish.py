@@ -10,6 +10,7 @@ import os
 import re
 
 from ..errors import TcnnError
+from .convert import _size  # a file's size in words, as tcnn convert prints it
 
 __all__ = ['add_arguments', 'run', 'REPO_ID']
 
@@ -30,20 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--private', action='store_true', help='with --push: create the repo private')
 
 
-def _size(path: str) -> str:
-    size = os.path.getsize(path)
-    return f'{size / 2 ** 20:.1f} MiB' if size >= 2 ** 20 else f'{size / 2 ** 10:.1f} KiB'
-
-
 def run(args: argparse.Namespace) -> int:
     from ..paths import check_input_file, check_replaceable_dir
-    if not os.path.isdir(args.file):
-        check_input_file(args.file, 'FILE')
     if args.push is not None and not REPO_ID.fullmatch(args.push):
         raise TcnnError(f'--push takes a Hub repo id ORG/NAME (e.g. my-org/t_resnet50d), got {args.push!r}')
     if args.private and args.push is None:
         raise TcnnError('--private applies to --push ORG/NAME only')
     out = check_replaceable_dir(args.out, 'config.json')  # before torch loads: a wrong path costs nothing
+    if not os.path.isdir(args.file):
+        check_input_file(args.file, 'FILE')
 
     from .. import hf
 
