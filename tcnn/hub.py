@@ -27,7 +27,8 @@ from .paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
            'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'load_state_dict_file',
-           'clean_state_dict', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
+           'clean_state_dict', 'file_weights_origin', 'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT',
+           'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
 T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
@@ -123,6 +124,15 @@ def _host_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 def _offline_env() -> bool:
     return os.environ.get('HF_HUB_OFFLINE', '0').lower() in ('1', 'true', 'yes', 'on')
+
+
+def hub_unreachable() -> Optional[str]:
+    """Why the Hugging Face Hub cannot be reached now (offline mode, or no answer within ``PROBE_TIMEOUT_S``), or
+    None: callers fail in seconds instead of after huggingface_hub's retries."""
+    if _offline_env():
+        return 'HF_HUB_OFFLINE is set (offline mode)'
+    endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
+    return None if _host_reachable(endpoint) else f'{endpoint} is not reachable (offline?)'
 
 
 def _cached_timm_file(pretrained_cfg: Dict[str, Any]) -> Optional[str]:
@@ -363,20 +373,36 @@ def create_cnn(
     if weights is not None:
         _load_weights(model, os.fspath(weights), name)
     kwargs = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'pretrained_cfg_overlay')}
-    return record_source(model, name, num_classes, kwargs)
+    origin = file_weights_origin(weights) if weights is not None else 'pretrained' if pretrained else 'random'
+    return record_source(model, name, num_classes, kwargs, origin)
 
 
 # ---------------------------------------------------------------------------------------------- model attributes
 # What tcnn records on the models it creates, converts or loads, as plain Python values (tcnn.save stores them, so
 # that tcnn.load rebuilds the model offline):
-#   tcnn_source  {'model': NAME, 'num_classes': int or None, 'kwargs': {...}}: the create_cnn arguments that rebuild
-#                the architecture (set by create_cnn, the t_* registry and tcnn.load, through record_source);
+#   tcnn_source  {'model': NAME, 'num_classes': int or None, 'kwargs': {...}, 'weights': ORIGIN}: the create_cnn
+#                arguments that rebuild the architecture (set by create_cnn, the t_* registry and tcnn.load, through
+#                record_source) and where the source CNN's weights came from: 'pretrained' (the library's weights of
+#                NAME), 'random', 'file:BASENAME' (a local checkpoint), or None (not recorded);
 #   tcnn_config  the conversion settings {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init',
 #                'qk_dim'} (set by tcnn.reparameterize and tcnn.load);
 #   tcnn_report  the EquivalenceReport of a verified conversion (tcnn.reparameterize with verify=True).
 
 
-def record_source(model: nn.Module, name: str, num_classes: Optional[int], kwargs: Dict[str, Any]) -> nn.Module:
-    """Record how to rebuild ``model``'s architecture offline (``tcnn_source``, see above); returns the model."""
-    model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs)}
+def record_source(
+        model: nn.Module,
+        name: str,
+        num_classes: Optional[int],
+        kwargs: Dict[str, Any],
+        weights: Optional[str] = None,
+) -> nn.Module:
+    """Record how to rebuild ``model``'s architecture offline and where its source's weights came from
+    (``tcnn_source``, see above); returns the model."""
+    model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs), 'weights': weights}
     return model
+
+
+def file_weights_origin(path: Union[str, os.PathLike]) -> str:
+    """``tcnn_source['weights']`` of weights read from a local checkpoint: its file name (the folder is the user's
+    machine's, not the model's)."""
+    return f'file:{os.path.basename(os.fspath(path))}'

@@ -79,7 +79,8 @@ def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):
     assert '8 convs in layer3, layer4' in out and 'departs from the CNN' in out and '2x3x64x80' in out
     d = tcnn.io.read(out_path)
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 8
-    assert d['num_classes'] == 10 and d['source'] == {'model': 'resnet18d', 'kwargs': {}}
+    assert d['num_classes'] == 10
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {}, 'weights': 'file:resnet18d.pth'}
     model = tcnn.load(out_path)
     gate = torch.sigmoid(torch.tensor(1.0)).item()
     assert all(g == pytest.approx(gate) for layer in tcnn.gpsa_summary(model).values() for g in layer['gate'])

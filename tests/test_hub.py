@@ -60,7 +60,8 @@ def test_unknown_names_suggest_close_matches():
 def test_random_init_records_the_source():
     model = create_cnn('resnet18d', pretrained=False, num_classes=7, drop_path_rate=0.1)
     assert model.num_classes == 7
-    assert model.tcnn_source == {'model': 'resnet18d', 'num_classes': 7, 'kwargs': {'drop_path_rate': 0.1}}
+    assert model.tcnn_source == {'model': 'resnet18d', 'num_classes': 7, 'kwargs': {'drop_path_rate': 0.1},
+                                 'weights': 'random'}
     tv = create_cnn('torchvision:resnet18', pretrained=False, num_classes=5)
     assert tv.fc.out_features == 5 and tv.tcnn_source['model'] == 'torchvision:resnet18'
 
@@ -82,6 +83,7 @@ def test_local_weights_in_common_layouts(tmp_path, wrap):
     model = create_cnn('resnet18d', weights=str(path), num_classes=4)
     for k, v in model.state_dict().items():
         assert torch.equal(v, sd[k]), k
+    assert model.tcnn_source['weights'] == f'file:{path.name}'  # where the weights came from (a model card says)
 
 
 def test_checkpoint_with_another_head_keeps_the_backbone(tmp_path):

@@ -90,7 +90,8 @@ def test_pt_file_is_a_plain_dict(t_model, tmp_path):
     state_dict = d.pop('state_dict')
     # no grouped GPSA layers: format version 2, which tcnn 0.2 reads too
     assert d['format'] == 'tcnn' and d['version'] == tio.PLAIN_FORMAT_VERSION == 2
-    assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05}}
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05},
+                           'weights': 'random'}
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 16
     assert d['conversion']['gating_init'] == 0.5 and d['num_classes'] == 10
     assert d['data_config']['input_size'] == [3, 224, 224] and len(d['data_config']['mean']) == 3
@@ -145,10 +146,10 @@ def test_registry_and_timm_models_round_trip(tmp_path):
             assert torch.equal(loaded(_x()), model(_x()))
         assert loaded.num_classes == model.num_classes
     assert tio.read(str(tmp_path / 'registry.safetensors'))['source'] == \
-        {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}}
+        {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}, 'weights': 'random'}
     default_tag = timm.models.get_pretrained_cfg('resnet18d').tag
     assert tio.read(str(tmp_path / 'timm.safetensors'))['source'] == {'model': f'resnet18d.{default_tag}',
-                                                                      'kwargs': {'drop_rate': 0.2}}
+                                                                      'kwargs': {'drop_rate': 0.2}, 'weights': None}
 
 
 def test_torchvision_round_trip(tmp_path):
@@ -176,6 +177,26 @@ def test_training_checkpoint(t_model, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(_x()), t_model(_x()))
     assert tio.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
+    assert tio.read(str(path))['recipe'] == {'lr': 1e-4}  # the run's recipe, for tcnn publish's model card
+
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_verified_report_and_weights_origin_round_trip(tmp_path, ext):
+    """The conversion's verified report and where the CNN's weights came from travel with the file (a model card
+    states both)."""
+    torch.manual_seed(0)
+    cnn = timm.create_model('resnet10t', num_classes=4, zero_init_last=False)
+    weights = tmp_path / 'cnn.pth'
+    torch.save(cnn.state_dict(), weights)
+    model = tcnn.reparameterize(create_cnn('resnet10t', weights=str(weights), num_classes=4), input_size=(3, 64, 64))
+    path = str(tmp_path / f'model{ext}')
+    tcnn.save(model, path)
+    loaded = tcnn.load(path)
+    assert loaded.tcnn_report == model.tcnn_report and loaded.tcnn_report.max_rel_err < 1e-5
+    assert loaded.tcnn_source['weights'] == 'file:cnn.pth'
+    again = str(tmp_path / f'again{ext}')
+    tcnn.save(loaded, again)  # and on to the next file
+    assert tcnn.load(again).tcnn_report == model.tcnn_report
 
 
 def test_atomic_save_leaves_no_partial_file(t_model, tmp_path, monkeypatch):
