@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--data', nargs='+', required=True, metavar='DIR',
                         help='data directory per suite: imagenet DIR/<class>/<img>, imagenet-c '
                              'DIR/<corruption>/<1-5>/<class>/<img>, imagenet-a/-r DIR/<wnid>/<img>')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='evaluate the EMA weights of the training checkpoints given (tcnn train --model-ema) '
+                             'instead of their raw weights; every MODEL must then be such a checkpoint')
     parser.add_argument('--names', nargs='+', metavar='NAME', help='column names of the models (default: file names)')
     parser.add_argument('--img-size', type=int, metavar='N',
                         help='input resolution (default: the model\'s; 224 for imagenet-c)')
@@ -39,13 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
 
 
-def load_model(spec: str) -> 'nn.Module':
-    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint) or a pretrained model name."""
+def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
+    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
+    a pretrained model name."""
     if os.path.exists(spec):
         from .. import io as tio
-        return tio.load(spec, map_location='cpu')
+        return tio.load(spec, map_location='cpu', ema=use_ema)
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
+    if use_ema:
+        raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
     from ..hub import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
@@ -100,10 +106,11 @@ def run(args: argparse.Namespace) -> int:
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
-    models: Dict[str, nn.Module] = {name: load_model(spec) for name, spec in zip(names, args.models)}
+    models: Dict[str, nn.Module] = {name: load_model(spec, args.use_ema) for name, spec in zip(names, args.models)}
 
+    weights = {'weights': 'ema'} if args.use_ema else {}
     report = {'format': 'tcnn-eval', 'version': 1,
-              'models': {name: {'source': spec} for name, spec in zip(names, args.models)}, 'suites': {}}
+              'models': {name: {'source': spec, **weights} for name, spec in zip(names, args.models)}, 'suites': {}}
     for suite, d in data.items():
         results = rb.evaluate(models, suite, d.root, img_size=args.img_size, crop_pct=args.crop_pct,
                               batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
