@@ -41,9 +41,9 @@ class EquivalenceReport:
     T-CNN's actual parameters (e.g. the paper's alpha = lambda = 1 fine-tuning init, which is *not* the CNN).
     ``sensitivity`` is the relative logits change when every GPSA layer attends by content only: if it is below the
     default tolerance the replaced layers hardly influence the logits (e.g. timm's random init zeroes the last BN of
-    each residual block) and the check proves nothing (``vacuous``). ``float64_max_rel_err`` is set when a float32
-    check missed its tolerance and was repeated in float64: a wrong conversion misses there too, float32 rounding
-    amplified by an ill-conditioned network (e.g. a random one with large activations) does not.
+    each residual block) and the check proves nothing (``vacuous``). ``float64_max_rel_err`` is set when a float32,
+    float16 or bfloat16 check missed its tolerance and was repeated in float64: a wrong conversion misses there too,
+    rounding amplified by an ill-conditioned network (e.g. a random one with large activations) does not.
 
     Nested outputs (detection models' lists of dicts, segmentation models' dicts, ``features_only`` lists) are
     compared leaf by leaf, each tensor relative to its own largest value, and the errors are the largest over the
@@ -626,7 +626,7 @@ def _run_cnn(cnn: nn.Module, args: Tuple[Any, ...], what: str, fix: str) -> Any:
         raise
     except (RuntimeError, TypeError, ValueError, AssertionError, IndexError, KeyError, AttributeError) as e:
         # a wrong channel count, an image smaller than the network's strides, a forward that takes other arguments
-        raise InvalidArgumentError(f'cannot run {_model_name(cnn)} on {what}: {type(e).__name__}: '
+        raise InvalidArgumentError(f'{what} the model ({_model_name(cnn)}): {type(e).__name__}: '
                                    f'{" ".join(str(e).split())[:200]}; {fix}') from e
 
 
@@ -647,13 +647,13 @@ def _measure(
     if example_inputs is None:
         gen = torch.Generator().manual_seed(seed)
         args = (torch.randn((batch_size, *input_size), generator=gen).to(device=device, dtype=dtype),)
-        what = f'random input of input_size {tuple(input_size)}'
-        fix = 'pass the input_size the model takes, or its inputs as example_inputs=(...)'
+        what = f'input_size {tuple(input_size)} does not fit'
+        fix = 'pass the input_size it takes, or inputs it takes as example_inputs=(...)'
         described = None
     else:
         args = _inputs_to(example_inputs, device, dtype)
         described, input_size, batch_size = _describe_inputs(args), (), 0
-        what, fix = f'example_inputs ({described})', 'pass the arguments of one forward call as a tuple'
+        what, fix = f'example_inputs ({described}) do not fit', 'pass the arguments of one forward call as a tuple'
     with cnn_context() as cnn, eval_mode(cnn):
         ref = _run_cnn(cnn, args, what, fix)
     with eval_mode(t_cnn):
