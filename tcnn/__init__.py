@@ -1,4 +1,4 @@
-"""tcnn: Transformed CNNs. Reparameterise pretrained CNNs into CNN + GPSA hybrids that start from the CNN's function.
+"""tcnn: Transformed CNNs. Reparameterise pretrained CNNs into CNN + GPSA hybrids that hold the CNN's filters.
 
 ``import tcnn`` is light: torch and timm load on first use of an attribute (PEP 562), so the ``tcnn`` command
 answers ``--help``, argument errors and file checks without the seconds those imports take. The ``t_*`` models still

@@ -608,7 +608,8 @@ def _readme_result(results: Mapping[str, Any]) -> str:
     return f"""# tcnn demo: a Transformed CNN in miniature
 
 T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
-(ConViT, arXiv:2103.10697) that start from the CNN's function, then the hybrid is fine-tuned. This folder holds the
+(ConViT, arXiv:2103.10697) that hold the CNN's filters (in their exact configuration, the CNN's function), then
+the hybrid is fine-tuned. This folder holds the
 whole experiment on a task made for it, with every file needed to check the numbers.
 {smoke}
 ## Result ({seeds_note}; test split, never used to choose settings)

@@ -187,6 +187,8 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
     if isinstance(d, dict) and isinstance(d.get('model_file'), dict) and 'format' not in d:
         training = {k: d[k] for k in ('epoch', 'best_top1') if k in d and not isinstance(d[k], torch.Tensor)}
         recipe = d.get('config') if isinstance(d.get('config'), dict) else None
+        if d.get('ema_weights'):
+            training['weights'] = 'ema'
         d = dict(d['model_file'], training=training, recipe=recipe)
     if not isinstance(d, dict):
         raise NotTcnnFileError(f'{where} is not a T-CNN file (it holds a {type(d).__name__}, not a dict)')
@@ -387,18 +389,39 @@ def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
     return load_torch_file(path, 'T-CNN file', map_location)
 
 
-def read(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> Dict[str, Any]:
+def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> Dict[str, Any]:
     """The validated T-CNN dict stored in ``path`` (a T-CNN file or a training checkpoint), without building the
-    model. For a training checkpoint, ``'training'`` holds its ``epoch`` and ``best_top1``, ``'recipe'`` its recipe.
+    model. For a training checkpoint, ``'training'`` holds its ``epoch`` and ``best_top1`` (and ``'weights':
+    'ema'`` with ``ema``), ``'recipe'`` its recipe.
+
+    Args:
+        path: The file.
+        map_location: Where the tensors go (as in ``torch.load``).
+        ema: The EMA weights of a training checkpoint (``tcnn train --model-ema``) as the ``state_dict``.
 
     Raises:
         NotTcnnFileError: A readable file that is not a T-CNN file (e.g. a plain state_dict).
-        TcnnError: Missing, junk or truncated file; unknown format version.
+        TcnnError: Missing, junk or truncated file; unknown format version; ``ema`` and no EMA weights.
     """
-    return _check_dict(_read_any(path, map_location), str(path))
+    d = _read_any(path, map_location)
+    return _check_dict(_with_ema(d, str(path)) if ema else d, str(path))
 
 
-def load(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
+def _with_ema(d: Any, where: str) -> Dict[str, Any]:
+    """A training checkpoint whose model holds the checkpoint's EMA weights (``'ema'``, ``tcnn train --model-ema``);
+    anything else is a one-line error: never the raw weights in their place."""
+    if not (isinstance(d, dict) and isinstance(d.get('model_file'), dict)):
+        kind = 'a T-CNN file' if isinstance(d, dict) and d.get('format') == FORMAT_NAME else 'not a training checkpoint'
+        raise TcnnError(f'{where} is {kind}, which holds no EMA weights: EMA weights are in the checkpoints of '
+                        '`tcnn train --model-ema` (RUN/last.pt, RUN/best.pt); load this file without ema / --use-ema')
+    ema = d.get('ema')
+    if not (isinstance(ema, dict) and ema and all(isinstance(v, torch.Tensor) for v in ema.values())):
+        raise TcnnError(f'{where} holds no EMA weights (its run did not use --model-ema): load it without ema / '
+                        '--use-ema')
+    return dict(d, model_file=dict(d['model_file'], state_dict=ema), ema_weights=True)
+
+
+def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> nn.Module:
     """Rebuild the model stored in a T-CNN file (or training checkpoint) or a Hub folder without network, load its
     weights strictly and return it in eval mode.
 
@@ -407,13 +430,18 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.
             Hub folder (``config.json`` + weights, from ``tcnn publish`` or ``timm.models.save_for_hf``): its path,
             ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'`` (read from the local Hugging Face cache when offline).
         map_location: Where the weights go (as in ``torch.load``; a device for a Hub folder).
+        ema: Load the EMA weights of a training checkpoint (``tcnn train --model-ema``) instead of the raw ones.
 
     Raises:
-        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit.
+        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit;
+            ``ema`` and a file without EMA weights.
     """
     if isinstance(path, str) and path.startswith(HUB_PREFIXES) or os.path.isdir(check_path(path, 'path')):
+        if ema:
+            raise TcnnError(f'{path} is a Hub folder, which holds one set of weights (no EMA): load it without ema / '
+                            '--use-ema')
         return load_folder(os.fspath(path), map_location)
-    return model_from_dict(read(path, map_location), map_location=None, where=str(path))
+    return model_from_dict(read(path, map_location, ema=ema), map_location=None, where=str(path))
 
 
 # ---------------------------------------------------------------------------------------------- Hub folders

@@ -179,18 +179,26 @@ def _file_weights(
         source: str,
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
+        num_classes: Optional[int] = None,
 ) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
     """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint (its conversion settings,
     class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter).
-    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``)."""
+    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``).
+
+    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.hub.create_cnn`` (the same
+    helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
+    differs from the count recorded in the pretrained config."""
     try:
         d = io.read(path)
+        state_dict = d['state_dict']
     except io.NotTcnnFileError:
-        state_dict = hub.load_state_dict_file(path)
-        classifier = getattr(get_pretrained_cfg(source), 'classifier', None) or 'fc'
-        head = state_dict.get(f'{classifier}.weight') if isinstance(classifier, str) else None
+        d, state_dict = None, hub.load_state_dict_file(path)
+    classifiers = hub.classifier_names(source)
+    hub.checkpoint_num_classes(state_dict, classifiers, num_classes, where=path)
+    head = hub.checkpoint_head(state_dict, classifiers)
+    if d is None:
         if head is not None:
-            overlay.setdefault('num_classes', head.shape[0])
+            overlay.setdefault('num_classes', head[1])
         return state_dict, hub.file_weights_origin(path)
     file_source = d['source']['model']
     if file_source.split('.')[0] != source:
@@ -207,10 +215,10 @@ def _file_weights(
         conversion['stages'] = file_conversion['stages']
     else:  # stages=4 and ['layer4'] are the same: compared on the built model (_build)
         conversion['file_stages'] = (path, file_conversion['stages'])
-    overlay.setdefault('num_classes', d['num_classes'])
+    overlay.setdefault('num_classes', head[1] if head is not None else d['num_classes'])
     for key, value in (d.get('data_config') or {}).items():
         overlay.setdefault(key, tuple(value) if isinstance(value, list) else value)
-    return d['state_dict'], d['source'].get('weights')
+    return state_dict, d['source'].get('weights')
 
 
 def _pretrained_weights(
@@ -219,13 +227,14 @@ def _pretrained_weights(
         file: Optional[str],
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
+        num_classes: Optional[int] = None,
 ) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
     """The weights that ``pretrained=True`` loads when tcnn supplies them (see the module docstring), with the origin
     of the source CNN's weights; may update conversion/overlay."""
     if overlay.get('state_dict') is not None:
         return overlay.pop('state_dict'), None
     if file:
-        return _file_weights(file, source, conversion, overlay)
+        return _file_weights(file, source, conversion, overlay, num_classes)
     name = f'{source}.{tag}' if tag else source
     return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained'  # fails fast offline, naming the fix
 
@@ -383,7 +392,8 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
             filter_fn = functools.partial(_check_folder_weights, where=location, features=features)
             weights_origin = None  # the source CNN's weights are not recorded in the folder's config
         else:
-            weights, weights_origin = _pretrained_weights(source, tag, cfg.get('file'), conversion, overlay)
+            weights, weights_origin = _pretrained_weights(source, tag, cfg.get('file'), conversion, overlay,
+                                                          kwargs.get('num_classes'))
             overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
             filter_fn = functools.partial(_load_filter, weights=weights)
     if features:  # the family's feature wrapper settings (what its own entrypoint passes)

@@ -3,6 +3,7 @@ import argparse
 import copy
 import json
 import os
+import re
 
 import pytest
 import timm
@@ -278,3 +279,62 @@ def test_load_missing_path_and_folder(tmp_path):
         tcnn.load(str(tmp_path / 'nope.pt'))
     with pytest.raises(TcnnError, match='folder'):
         tcnn.load(str(tmp_path))
+
+
+def test_training_checkpoint_ema_weights(t_model, tmp_path):
+    """A tcnn train checkpoint keeps the EMA under 'ema': load(ema=True) rebuilds the model with those weights;
+    a file without EMA weights is a one-line error, never the raw weights in their place."""
+    ema = copy.deepcopy(t_model)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    path = str(tmp_path / 'last.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0), path)
+    with torch.no_grad():
+        assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
+        assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))
+    assert tio.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
+    assert tio.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
+    no_ema = str(tmp_path / 'no_ema.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=None, epoch=3), no_ema)
+    model_file = tcnn.save(t_model, str(tmp_path / 't.safetensors'))
+    for where, message in ((no_ema, 'holds no EMA weights (its run did not use --model-ema)'),
+                           (model_file, 'is a T-CNN file, which holds no EMA weights')):
+        with pytest.raises(TcnnError, match=re.escape(message)) as info:
+            tcnn.load(where, ema=True)
+        assert '\n' not in str(info.value)
+
+
+def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
+    """tcnn info / inspect / eval --use-ema read the checkpoint's EMA weights."""
+    from tcnn.cli import main
+    ema = copy.deepcopy(t_model)
+    with torch.no_grad():
+        for _, layer in tcnn.gpsa_layers(ema):
+            layer.gating.fill_(-3.0)  # gate sigmoid(-3) = 0.047 in every head
+    path = str(tmp_path / 'best.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
+    assert main(['info', path, '--use-ema']) == 0
+    out = capsys.readouterr().out
+    assert '0.047 [0.047-0.047]' in out and 'weights ema' in out
+    assert main(['info', path]) == 0 and '0.047 [0.047-0.047]' not in capsys.readouterr().out
+    assert main(['inspect', path, '--use-ema', '--out', str(tmp_path / 'inspect')]) == 0
+    summary = json.loads((tmp_path / 'inspect' / 'summary.json').read_text())
+    assert summary['weights'] == 'ema'
+    assert all(g == pytest.approx(0.0474, abs=1e-4) for layer in summary['layers'].values() for g in layer['gate'])
+    capsys.readouterr()
+    from PIL import Image
+    for k, cls in enumerate('abcdefghij'):  # the model's 10 classes
+        os.makedirs(tmp_path / 'val' / cls)
+        Image.new('RGB', (8, 8), (40 * k, 90, 200)).save(tmp_path / 'val' / cls / '0.png')
+    out_json = tmp_path / 'res.json'
+    rc = main(['eval', path, '--use-ema', '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
+               '--workers', '0', '--no-progress', '--out', str(out_json)])
+    assert rc == 0 and json.loads(out_json.read_text())['models']['best']['weights'] == 'ema'
+    capsys.readouterr()
+    raw_file = tcnn.save(t_model, str(tmp_path / 't.pt'))
+    for argv in (['info', raw_file, '--use-ema'], ['inspect', raw_file, '--use-ema', '--out', str(tmp_path / 'x')],
+                 ['eval', 'resnet18d', '--use-ema', '--suite', 'imagenet', '--data', str(tmp_path / 'val')]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and 'EMA weights' in err[0], err

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--data', nargs='+', required=True, metavar='DIR',
                         help='data directory per suite: imagenet DIR/<class>/<img>, imagenet-c '
                              'DIR/<corruption>/<1-5>/<class>/<img>, imagenet-a/-r DIR/<wnid>/<img>')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='evaluate the EMA weights of the training checkpoints given (tcnn train --model-ema) '
+                             'instead of their raw weights; every MODEL must then be such a checkpoint')
     parser.add_argument('--names', nargs='+', metavar='NAME', help='column names of the models (default: file names)')
     size = parser.add_mutually_exclusive_group()
     size.add_argument('--resolution', type=_resolution, default=None, metavar='test|model|N',
@@ -63,13 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
 
 
-def load_model(spec: str) -> 'nn.Module':
-    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint) or a pretrained model name."""
+def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
+    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
+    a pretrained model name."""
     if os.path.exists(spec):
         from .. import io as tio
-        return tio.load(spec, map_location='cpu')
+        return tio.load(spec, map_location='cpu', ema=use_ema)
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
+    if use_ema:
+        raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
     from ..hub import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
@@ -125,10 +131,11 @@ def run(args: argparse.Namespace) -> int:
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
-    models: Dict[str, nn.Module] = {name: load_model(spec) for name, spec in zip(names, args.models)}
+    models: Dict[str, nn.Module] = {name: load_model(spec, args.use_ema) for name, spec in zip(names, args.models)}
 
+    weights = {'weights': 'ema'} if args.use_ema else {}
     report = {'format': 'tcnn-eval', 'version': 2,
-              'models': {name: {'source': spec} for name, spec in zip(names, args.models)}, 'suites': {}}
+              'models': {name: {'source': spec, **weights} for name, spec in zip(names, args.models)}, 'suites': {}}
     for suite, d in data.items():
         if suite == 'imagenet-c':  # its own size: the corruptions are defined at 224 px, the images are the crops
             size, crop = rb.resolution_policy(suite, args.imagenet_c_size), 1.0

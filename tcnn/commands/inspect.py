@@ -15,6 +15,8 @@ from ..errors import TcnnError, check_device, check_number
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='FILE', help='a T-CNN file (tcnn convert) or a training checkpoint')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
     parser.add_argument('--image', nargs='+', default=[], metavar='IMG',
                         help='images to draw the attention maps of (and to measure the nonlocality on)')
     parser.add_argument('--images-dir', metavar='DIR', help='a folder of images (searched recursively) to average '
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, '--out')
     if not os.path.exists(args.model):
         raise TcnnError(f'model file not found: {args.model}')
-    model = tio.load(args.model, map_location='cpu')
+    model = tio.load(args.model, map_location='cpu', ema=args.use_ema)
     try:
         model.to(args.device).eval()
     except RuntimeError as e:
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     batches = (data.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
                for i in range(0, len(all_paths), args.batch_size))
     summary = analysis.summarize(model, batches if all_paths else None)
-    summary.update({'source': os.path.abspath(args.model), 'images': all_paths, 'sample': sample, 'data_config': {
+    summary.update({'source': os.path.abspath(args.model), 'weights': 'ema' if args.use_ema else 'raw',
+                    'images': all_paths, 'sample': sample, 'data_config': {
         k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}})
 
     maps = None
