@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -97,15 +98,12 @@ class ExportReport:
 
 
 def check_export_options(path: str, exporter: str = 'dynamo', opset: Optional[int] = None) -> str:
-    """The format of ``path`` (``'onnx'`` or ``'pt2'``, by extension), after checking that the exporter and opset
-    make sense for it; one-line ``TcnnError``s otherwise (names as on the command line)."""
-    ext = os.path.splitext(str(path))[1].lower()
-    if ext not in EXPORT_EXTENSIONS:
-        raise InvalidArgumentError(f'{path}: unknown export format {ext or "(no extension)"!r}: use '
-                                   f'{" or ".join(EXPORT_EXTENSIONS)}')
+    """The format of ``path`` (``'onnx'`` or ``'pt2'``, by its extension, which ``check_output_file`` has checked),
+    after checking that the exporter and opset make sense for it; one-line ``TcnnError``s otherwise (named as on the
+    command line)."""
     if exporter not in EXPORTERS:
         raise InvalidArgumentError(f'exporter must be one of {", ".join(EXPORTERS)}, got {exporter!r}')
-    fmt = ext[1:]
+    fmt = 'pt2' if str(path).lower().endswith('.pt2') else 'onnx'
     if fmt == 'pt2':
         if opset is not None:
             raise InvalidArgumentError('--opset applies to .onnx files; a .pt2 file (torch.export) has no opset')
@@ -171,6 +169,24 @@ def _quiet_loggers(names: Sequence[str] = ('torch', 'onnxscript', 'onnx_ir')) ->
             logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _native_output_dropped() -> Iterator[None]:
+    """Drop what native code writes to file descriptors 1 and 2 inside the block: the TorchScript exporter's C++ side
+    prints the whole graph when an op has no ONNX form, which ``export`` reports in one line instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
+    try:
+        with open(os.devnull, 'wb') as sink:
+            for fd in (1, 2):
+                os.dup2(sink.fileno(), fd)
+            yield
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
 def _first_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     return f'{type(e).__name__}: {lines[0] if lines else ""}'.rstrip(': ')
@@ -223,7 +239,7 @@ def _onnx_torchscript(model: nn.Module, x: torch.Tensor, opset: int, dynamic_siz
     buffer = io.BytesIO()
     axes = _dynamic_axes(dynamic_size)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _native_output_dropped():
             warnings.simplefilter('ignore', DeprecationWarning)  # the legacy exporter, chosen knowingly
             torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
                               output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: {0: 'batch'}})
@@ -362,8 +378,8 @@ def export(
     check_module(model, 'model')
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidTypeError(f'path must be a file path, got {type(path).__name__}')
-    fmt = check_export_options(os.fspath(path), exporter, opset)
-    path = check_output_file(os.fspath(path), 'path', EXPORT_EXTENSIONS)
+    path = check_output_file(os.fspath(path), 'path', EXPORT_EXTENSIONS)  # the format too, by extension
+    fmt = check_export_options(path, exporter, opset)
     check_number(tol, 'tol', gt=0)
     if fmt == 'onnx':
         require_onnx(exporter)

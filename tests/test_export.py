@@ -312,6 +312,23 @@ def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, c
     assert out_path.read_bytes() == b'previous export' and os.listdir(tmp_path) == ['m.onnx']
 
 
+@pytest.mark.parametrize('exporter', ['dynamo', 'torchscript'])
+def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, family_files, tmp_path, capfd,
+                                                                       monkeypatch):
+    # tcnn 0.3.1 traced the eager product: its batch-size decisions fixed the batch under torch.export, its
+    # linalg.vecdot has no ONNX form in the TorchScript exporter; either way one line (no graph dump), nothing written
+    monkeypatch.setattr(tcnn.gpsa, '_is_exporting', lambda: False)
+    path = family_files('efficientnet_b0')
+    rc = main(['export', path, '--out', str(tmp_path / 'm.onnx'), '--img-size', str(SIZE), '--exporter', exporter])
+    out, err = capfd.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not out, err[:2000]
+    assert err.startswith({'dynamo': 'tcnn export: error: torch.export cannot export this model with a dynamic batch',
+                           'torchscript': "tcnn export: error: the torchscript ONNX exporter cannot export this model "
+                                          "at opset 17: UnsupportedOperatorError: Exporting the operator "
+                                          "'aten::linalg_vecdot'"}[exporter]), err
+    assert os.listdir(tmp_path) == []
+
+
 def test_api_refuses_a_float64_model(tmp_path):
     model = _t_cnn('resnet10t').double()
     with pytest.raises(tcnn.errors.InvalidArgumentError, match='export takes a float32 model on the CPU'):
