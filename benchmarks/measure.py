@@ -54,8 +54,9 @@ def interleaved_times(
         warmup: Untimed calls of each function first (allocator, oneDNN/cuDNN plans, torch.compile).
         repeats: Timed blocks per function; the order of the functions alternates between repeats.
         iters: Calls per timed block (raise it on GPU, where a single call is short).
-        timer: ``'wall'`` (``time.perf_counter``) or ``'cpu'`` (``time.thread_time``: CPU time of the calling
-            thread; only meaningful with one torch thread on the CPU).
+        timer: ``'wall'`` (``time.perf_counter``), ``'cpu'`` (``time.thread_time``: CPU time of the calling
+            thread; only meaningful with one torch thread on the CPU) or ``'process'`` (``time.process_time``: CPU
+            time of all the process's threads, for work that runs on threads of its own, e.g. onnxruntime's).
     """
     clock = _clock(timer, device)
     names = list(fns)
@@ -78,8 +79,10 @@ def interleaved_times(
 def _clock(timer: str, device: torch.device) -> Callable[[], float]:
     if timer == 'wall':
         return time.perf_counter
+    if timer == 'process':
+        return time.process_time
     if timer != 'cpu':
-        raise ValueError(f'timer must be "wall" or "cpu", got {timer!r}')
+        raise ValueError(f'timer must be "wall", "cpu" or "process", got {timer!r}')
     if device.type != 'cpu' or torch.get_num_threads() != 1:
         raise ValueError('timer="cpu" measures one CPU thread: use it on the CPU with torch.set_num_threads(1)')
     return time.thread_time

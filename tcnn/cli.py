@@ -21,6 +21,7 @@ COMMANDS = {
     'plot': ('tcnn.commands.plot', 'training curves (accuracy, gates, spans) of a run directory'),
     'eval': ('tcnn.commands.eval', 'accuracy on ImageNet / ImageNet-C / -A / -R layouts'),
     'publish': ('tcnn.commands.publish', 'write a T-CNN as a Hugging Face Hub folder with a model card (and push it)'),
+    'export': ('tcnn.commands.export', 'export a T-CNN to ONNX or torch.export (.pt2), checked against PyTorch'),
 }
 
 

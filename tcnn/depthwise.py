@@ -22,7 +22,8 @@ from typing import ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ['attend_depthwise', 'attend_folded', 'attend_heads_first', 'folding_pays', 'CPU_CHUNK_ELEMENTS']
+__all__ = ['attend_depthwise', 'attend_folded', 'attend_heads_first', 'attend_traceable', 'folding_pays',
+           'CPU_CHUNK_ELEMENTS']
 
 # Elements of one chunk's U (B * N_h * N_k * chunk) on a CPU: 2^17 float32 = 512 KiB, a quarter of a core's L2, the
 # fastest budget for forward + backward over the depthwise shapes measured (docs/benchmarks.md); never fewer than
@@ -92,6 +93,29 @@ def attend_heads_first(attn: torch.Tensor, values: torch.Tensor, taps: torch.Ten
     per_input = taps.reshape(num_heads, c_in, c_out // c_in, 1).to(heads.dtype)  # output channel c * m + j reads c
     out = torch.linalg.vecdot(heads.view(b * n_q, num_heads, c_in, 1, 1), per_input.contiguous(), dim=1)
     return out.view(b, n_q, c_out)
+
+
+def attend_traceable(attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """The product in plain tensor ops for exporters and tracers (``torch.export``, both ONNX exporters,
+    ``torch.jit.trace``), attending first like ``attend_heads_first``: ``heads = A V`` in one batched GEMM, then the
+    per-channel sum over the heads as a broadcast product and a sum. ``attend_depthwise``'s arguments and result,
+    without its autocast handling (an exported graph runs in the dtype it was traced in).
+
+    Why not ``attend_depthwise`` itself: it picks its order from the batch size (``folding_pays``) and loops over a
+    chunk plan of images and channels, Python decisions on sizes that ``torch.export`` must turn into guards, which
+    fix the batch (or fail to export with a dynamic one), and its autograd function is opaque to exporters. Why not
+    ``attend_heads_first``: ``linalg.vecdot`` has no ONNX form in the TorchScript exporter. Why attending first rather
+    than the folded order in plain ops (``U = taps * V``, then one GEMM): both write one ``B N_h N C`` tensor and run
+    within 6% of each other in onnxruntime (``benchmarks/onnx_cpu.py --forms``), and the attended values are the smaller
+    of the two for a strided layer (``N_q < N_k``)."""
+    b, n_q = attn.shape[0], attn.shape[1]
+    num_heads, c_out = taps.shape
+    c_in = values.shape[-1]
+    heads = torch.bmm(attn.reshape(b, n_q * num_heads, attn.shape[2] // num_heads).to(values.dtype), values)
+    # output channel c * m + j reads input channel c (nn.Conv2d's channel multiplier m): a broadcast, no copy
+    per_input = taps.reshape(num_heads, c_in, c_out // c_in).to(heads.dtype)
+    out = (heads.reshape(b, n_q, num_heads, c_in, 1) * per_input).sum(2)
+    return out.reshape(b, n_q, c_out)
 
 
 def _has_autocast(t: torch.Tensor) -> bool:

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .depthwise import attend_depthwise, attend_heads_first
+from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
 from .errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
@@ -481,7 +481,8 @@ class GPSA(nn.Module):
     def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
         ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``. Eager mode picks the faster of two orders for the shape
-        (``tcnn.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first."""
+        (``tcnn.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first;
+        exporters and tracers get the same product in plain ops (``tcnn.depthwise.attend_traceable``)."""
         taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
         if torch.jit.is_scripting():
             out = attend_heads_first(attn, v, taps)
@@ -491,6 +492,8 @@ class GPSA(nn.Module):
 
     @torch.jit.unused
     def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        if _is_exporting():  # plain ops without the order and chunks chosen from the sizes (attend_traceable)
+            return attend_traceable(attn, v, taps)
         return attend_depthwise(attn, v, taps)
 
     def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
@@ -624,6 +627,14 @@ def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
     a softmax over a few hundred keys keeps its precision; float32 and float64 layers compute in their own dtype, so
     that a float64 layer is float64 throughout (``torch.autograd.gradcheck``, float64 verification)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _is_exporting() -> bool:
+    """Whether an exporter or tracer is recording the forward: ``torch.export`` (also under the dynamo ONNX
+    exporter), the TorchScript ONNX exporter or ``torch.jit.trace``. Such a graph must hold for other input sizes
+    than the one traced, so the depthwise product takes its plain-op form there (``attend_traceable``)."""
+    exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.6
+    return bool(exporting is not None and exporting()) or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
 def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What identifies this tcnn and the files it writes: the package version and the T-CNN file format (name, version,
 extensions). Free of imports, so the CLI can check an output path before torch loads."""
 
-__all__ = ['__version__', 'FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS']
+__all__ = ['__version__', 'FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'EXPORT_EXTENSIONS']
 
 __version__ = '0.3.1'
 FORMAT_NAME = 'tcnn'
@@ -12,3 +12,5 @@ FORMAT_NAME = 'tcnn'
 FORMAT_VERSION = 3
 PLAIN_FORMAT_VERSION = 2
 EXTENSIONS = ('.pt', '.pth', '.safetensors')
+# Formats of `tcnn export` (tcnn.export): ONNX and torch.export's archive
+EXPORT_EXTENSIONS = ('.onnx', '.pt2')

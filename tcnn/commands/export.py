@@ -1,0 +1,78 @@
+"""``tcnn export FILE --out OUT.onnx|OUT.pt2``: a T-CNN for deployment (ONNX or ``torch.export``), dynamic batch,
+checked against PyTorch at batch 1 and 5 before it is written (``tcnn.export``)."""
+import argparse
+import warnings
+
+from ..errors import TcnnError, check_number
+from ..paths import check_input_file, check_output_file
+from ..version import EXPORT_EXTENSIONS
+from .convert import _in_chans, parse_img_size
+
+__all__ = ['add_arguments', 'run']
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('file', metavar='FILE',
+                        help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save) or a training '
+                             'checkpoint (last.pt / best.pt of tcnn train)')
+    parser.add_argument('--out', '-o', metavar='OUT', required=True,
+                        help='output file: .onnx (onnxruntime, TensorRT, ...) or .pt2 (torch.export: AOTInductor, '
+                             'ExecuTorch, torch.export.load)')
+    parser.add_argument('--img-size', metavar='SIZE',
+                        help='input size of the trace and the check: N or HxW (default: the file\'s data config)')
+    parser.add_argument('--dynamic-size', action='store_true',
+                        help='dynamic height and width too (checked at a second size, +32 px); default: only the '
+                             'batch is dynamic')
+    parser.add_argument('--exporter', choices=['dynamo', 'torchscript'],
+                        help='ONNX exporter: dynamo (default; torch.export-based, opsets 18 and later) or torchscript '
+                             '(legacy tracing exporter, opsets 13-20)')
+    parser.add_argument('--opset', type=int, metavar='N',
+                        help='ONNX opset (default 18 with the dynamo exporter, 17 with the torchscript one)')
+    parser.add_argument('--tol', type=float, default=1e-4,
+                        help='largest accepted logit error relative to the largest logit (default 1e-4)')
+
+
+def _size(n: int) -> str:
+    return f'{n / 2 ** 20:.1f} MiB' if n >= 2 ** 20 else f'{n / 2 ** 10:.1f} KiB'
+
+
+def _shape(shape) -> str:
+    return '(' + ', '.join(map(str, shape)) + ')'
+
+
+def run(args: argparse.Namespace) -> int:
+    # the cheap checks first: a mistake costs no model load and no export
+    check_input_file(args.file, 'T-CNN file')
+    path = check_output_file(args.out, '--out', EXPORT_EXTENSIONS)  # also the format, by extension
+    if path.lower().endswith('.pt2') and args.exporter:
+        raise TcnnError('--exporter applies to .onnx files; a .pt2 file is written by torch.export')
+    check_number(args.tol, '--tol', gt=0)
+    parse_img_size(args.img_size, 3)
+
+    from .. import export as tex
+    from .. import io as tio
+    from ..convert import gpsa_layers
+
+    exporter = args.exporter or 'dynamo'
+    fmt = tex.check_export_options(path, exporter, args.opset)
+    if fmt == 'onnx':
+        tex.require_onnx(exporter)
+    model = tio.load(args.file)
+    if not gpsa_layers(model):
+        raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
+                        '`tcnn convert MODEL --weights WEIGHTS --out FILE`')
+    size = parse_img_size(args.img_size, _in_chans(model))
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', module=r'torch\.(onnx|export|_export|fx)')  # exporters' progress notes
+        report = tex.export(model, path, input_size=size, exporter=exporter, opset=args.opset,
+                            dynamic_size=args.dynamic_size, tol=args.tol)
+    how = f'ONNX opset {report.opset}, {report.exporter} exporter' if fmt == 'onnx' else 'torch.export'
+    checks = ', '.join(f'batch {c.batch} {c.height}x{c.width} {c.max_rel_err:.2g}' for c in report.checks)
+    print('\n'.join([
+        f'{args.file} -> {report.path} ({how}, {_size(report.size_bytes)}) in {report.seconds:.1f} s',
+        f'  input       {tex.INPUT_NAME} {_shape(report.input_shape)} float32',
+        f'  output      {tex.OUTPUT_NAME} {_shape(report.output_shape)}',
+        f'  checked     {report.runtime} against PyTorch, max rel err of the logits: {checks} '
+        f'(tolerance {report.tol:g})',
+    ]))
+    return 0

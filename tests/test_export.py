@@ -1,0 +1,356 @@
+"""``tcnn export`` (tcnn.export) end to end: every family T-CNNs are made from exports with a dynamic batch, and
+onnxruntime (or ``torch.export.load``) reproduces PyTorch's logits; the plain-op depthwise product that exporters
+trace equals the eager one; bad input gets one line and writes nothing.
+
+Families at 64 px (the last stage sees 2x2 grids), random weights made non-trivial (every block reaches the logits)
+and per-head GPSA settings away from the paper's init, so that a GPSA layer exported wrongly shows in the logits.
+"""
+import os
+import sys
+
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+import torch.nn as nn
+
+import tcnn
+import tcnn.depthwise as dw
+import tcnn.export as tex
+import tcnn.gpsa
+import tcnn.io as tio
+from nontrivial import away_from_exact, nontrivial, varied_heads
+from test_depthwise import _definition
+from tcnn.cli import main
+from tcnn.gpsa import GPSA
+from tcnn.hub import create_cnn
+
+SIZE = 64
+# one model per family: timm ResNet (from a training checkpoint), byobnet ResNeXt, RegNet (grouped), ConvNeXt
+# (depthwise 7x7, 2x2/2 downsample), EfficientNet (depthwise 3x3), MobileNetV3 (depthwise 5x5), torchvision ResNet
+FAMILIES = ['resnet10t', 'resnext26ts', 'regnetx_002', 'convnext_atto', 'efficientnet_b0', 'mobilenetv3_small_050',
+            'torchvision:resnet18']
+# the default stages but for RegNet's (seven grouped 3x3 layers): its first block, stride 2, exports in a third the time
+STAGES = {'regnetx_002': 's4.b1'}
+
+
+def _run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _x(batch: int, size: int = SIZE, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def _rel_err(out, ref) -> float:
+    out, ref = torch.as_tensor(out).double(), ref.double()
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def _t_cnn(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    cnn = nontrivial(create_cnn(name, pretrained=False))
+    return varied_heads(tcnn.reparameterize(cnn, stages=STAGES.get(name), verify=False)).eval()
+
+
+@pytest.fixture(scope='module')
+def family_files(tmp_path_factory):
+    """name -> path of its T-CNN file, made on first use (``resnet10t``: a ``tcnn train`` checkpoint instead)."""
+    folder = tmp_path_factory.mktemp('families')
+    files = {}
+
+    def get(name: str) -> str:
+        if name not in files:
+            model = _t_cnn(name)
+            path = str(folder / (name.replace(':', '_') + '.pt'))
+            if name == 'resnet10t':
+                tio.write_checkpoint(tio.make_checkpoint(model, epoch=3, best_top1=12.5), path)
+            else:
+                tcnn.save(model, path)
+            files[name] = path
+        return files[name]
+
+    return get
+
+
+def _check_onnx(path: str, model_file: str, size: int = SIZE, batches=(3,)) -> ort.InferenceSession:
+    """Our own check of an exported file, at batches the command did not use: onnxruntime against the T-CNN."""
+    session = tex.onnx_session(path)
+    assert session.get_inputs()[0].shape[0] == 'batch'  # a dynamic batch, named
+    model = tcnn.load(model_file)
+    for b in batches:
+        x = _x(b, size)
+        with torch.no_grad():
+            ref = model(x)
+        assert _rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
+    return session
+
+
+def _gpsa_matters(model: nn.Module) -> None:
+    """The GPSA layers shape the logits: an export that computed them wrongly could not pass the check."""
+    x = _x(2)
+    with torch.no_grad():
+        ref = model(x)
+        with tcnn.exact_configuration(model):
+            exact = model(x)
+    assert _rel_err(exact, ref) > 1e-2
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_every_family_exports_to_onnx_with_a_dynamic_batch(name, family_files, tmp_path, capsys):
+    path = family_files(name)
+    _gpsa_matters(tcnn.load(path))
+    out_path = str(tmp_path / 'model.onnx')
+    rc, out, err = _run(['export', path, '--out', out_path, '--img-size', str(SIZE)], capsys)
+    assert rc == 0, err
+    for text in ('ONNX opset 18, dynamo exporter', f'input       input (batch, 3, {SIZE}, {SIZE}) float32',
+                 'output      logits (batch, ', 'checked     onnxruntime', f'batch 1 {SIZE}x{SIZE}',
+                 f'batch 5 {SIZE}x{SIZE}', 'tolerance 0.0001'):
+        assert text in out, (text, out)
+    assert os.listdir(tmp_path) == ['model.onnx']
+    _check_onnx(out_path, path)
+
+
+@pytest.mark.parametrize('name', ['convnext_atto', 'efficientnet_b0'])
+def test_torchscript_exporter(name, family_files, tmp_path, capsys):
+    # the two families it failed on (aten::linalg_vecdot has no ONNX symbolic) before the traceable product
+    path = family_files(name)
+    out_path = str(tmp_path / 'model.onnx')
+    rc, out, err = _run(['export', path, '--out', out_path, '--img-size', str(SIZE), '--exporter', 'torchscript',
+                         '--opset', '13'], capsys)
+    assert rc == 0, err
+    assert 'ONNX opset 13, torchscript exporter' in out
+    _check_onnx(out_path, path)
+    import onnx
+    assert [o.version for o in onnx.load(out_path).opset_import if o.domain in ('', 'ai.onnx')] == [13]
+
+
+def test_dynamic_size_onnx(family_files, tmp_path, capsys):
+    path = family_files('convnext_atto')
+    out_path = str(tmp_path / 'model.onnx')
+    rc, out, err = _run(['export', path, '--out', out_path, '--img-size', str(SIZE), '--dynamic-size'], capsys)
+    assert rc == 0, err
+    assert 'input (batch, 3, height, width)' in out and f'batch 2 {SIZE + 32}x{SIZE + 32}' in out
+    session = _check_onnx(out_path, path)
+    model = tcnn.load(path)
+    x = torch.randn(2, 3, 80, 112, generator=torch.Generator().manual_seed(2))  # non-square, not checked by export
+    with torch.no_grad():
+        ref = model(x)
+    assert _rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
+
+
+@pytest.mark.parametrize('dynamic_size', [False, True], ids=['batch', 'batch-and-size'])
+def test_pt2(dynamic_size, family_files, tmp_path, capsys):
+    # EfficientNet: the family whose dynamic batch torch.export refused before the traceable product
+    name = 'convnext_atto' if dynamic_size else 'efficientnet_b0'
+    path = family_files(name)
+    out_path = str(tmp_path / 'model.pt2')
+    argv = ['export', path, '--out', out_path, '--img-size', str(SIZE)] + (['--dynamic-size'] if dynamic_size else [])
+    rc, out, err = _run(argv, capsys)
+    assert rc == 0, err
+    assert 'torch.export' in out and 'checked     torch.export.load' in out
+    program = torch.export.load(out_path)
+    model = tcnn.load(path)
+    size = 96 if dynamic_size else SIZE
+    x = _x(3, size)
+    with torch.no_grad():
+        assert _rel_err(program.module()(x), model(x)) < 1e-4
+    if not dynamic_size:
+        with pytest.raises(Exception):  # the size is part of the program
+            program.module()(_x(3, 96))
+
+
+def test_api_report_and_metadata(tmp_path):
+    import json
+
+    import onnx
+    model = _t_cnn('resnet10t')
+    report = tex.export(model, tmp_path / 'm.onnx', input_size=(3, 48, 48), exporter='torchscript')
+    assert report.format == 'onnx' and report.exporter == 'torchscript' and report.opset == 17
+    assert report.input_shape == ('batch', 3, 48, 48) and report.output_shape == ('batch', 1000)
+    assert [(c.batch, c.height, c.width) for c in report.checks] == [(1, 48, 48), (5, 48, 48)]
+    assert 0 < report.max_rel_err < 1e-5 and report.size_bytes == os.path.getsize(tmp_path / 'm.onnx')
+    meta = json.loads({p.key: p.value for p in onnx.load(tmp_path / 'm.onnx').metadata_props}['tcnn'])
+    assert meta['source'] == 'resnet10t' and meta['conversion']['stages'] == ['layer4']
+    assert meta['data_config']['mean'] == list(timm.data.IMAGENET_DEFAULT_MEAN)
+    assert model.training is False
+
+
+# ------------------------------------------------------------------------------------- the traceable product
+
+
+@pytest.mark.parametrize('c_in,c_out', [(20, 20), (10, 30)], ids=['depthwise', 'multiplier3'])
+@pytest.mark.parametrize('fold', [False, True], ids=['eager-heads-first', 'eager-folded'])
+def test_traceable_product_equals_the_eager_one(monkeypatch, c_in, c_out, fold):
+    if fold:  # the folded, chunked autograd function, in chunks of 8 channels
+        monkeypatch.setattr(dw, 'FOLD_MIN_ROW', 0)
+        monkeypatch.setattr(dw, 'CPU_CHUNK_ELEMENTS', 1)
+        monkeypatch.setattr(dw, 'MIN_CHUNK', 8)
+    torch.manual_seed(0)
+    attn = torch.rand(3, 6, 9, 5, dtype=torch.float64).softmax(-1).view(3, 6, 45)
+    values, taps = torch.randn(3, 5, c_in, dtype=torch.float64), torch.randn(9, c_out, dtype=torch.float64)
+    assert dw.folding_pays(3, 6, 9, 5, c_out) == fold
+    eager, traceable = dw.attend_depthwise(attn, values, taps), dw.attend_traceable(attn, values, taps)
+    torch.testing.assert_close(traceable, _definition(attn, values, taps), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(traceable, eager, rtol=1e-12, atol=1e-12)
+
+
+def _not_here(*args):
+    raise AssertionError('the eager depthwise product ran while exporting')
+
+
+def _layer(stride: int = 1) -> GPSA:
+    torch.manual_seed(0)
+    layer = GPSA.from_conv(nn.Conv2d(16, 32, 5, stride, 2, groups=16, bias=True))
+    return away_from_exact(layer, value_noise=0.3).eval()
+
+
+def _features(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 16, 7, 7, generator=torch.Generator().manual_seed(batch))
+
+
+@pytest.mark.parametrize('tracer', ['jit.trace', 'torch.export'])
+def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
+    # a 5x5 depthwise layer with a channel multiplier, traced at batch 2, run at batch 1 and 5
+    layer = _layer()
+    with torch.no_grad():
+        eager = {b: layer(_features(b)) for b in (1, 5)}
+    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', _not_here)
+    with torch.no_grad():
+        if tracer == 'jit.trace':
+            traced = torch.jit.trace(layer, _features(2), check_trace=False)  # the check would rerun eagerly
+        else:
+            traced = torch.export.export(layer, (_features(2),),
+                                         dynamic_shapes=({0: torch.export.Dim('batch')},)).module()
+        for b in (1, 5):
+            torch.testing.assert_close(traced(_features(b)), eager[b], rtol=1e-5, atol=1e-6)
+        with pytest.raises(AssertionError, match='eager depthwise'):
+            layer(_features(2))  # outside an exporter: the eager product (here the stand-in that refuses)
+
+
+def test_eager_product_outside_exporters():
+    assert not tcnn.gpsa._is_exporting()
+    layer = _layer(stride=2)
+    x = torch.randn(2, 16, 9, 9, requires_grad=True)
+    out = layer(x)
+    out.square().sum().backward()  # training still goes through the autograd function (it has a backward)
+    assert x.grad is not None and out.grad_fn is not None
+
+
+# ------------------------------------------------------------------------------------- bad input, one line
+
+
+@pytest.fixture(scope='module')
+def small_file(family_files):
+    return family_files('resnet10t')
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--out', 'OUT/m.tflite'], 'the extension must be one of .onnx, .pt2'),
+    (['--out', 'OUT/m.pt2', '--opset', '18'], '--opset applies to .onnx files'),
+    (['--out', 'OUT/m.pt2', '--exporter', 'dynamo'], '--exporter applies to .onnx files'),
+    (['--out', 'OUT/m.onnx', '--opset', '17'], '--opset 17: the dynamo exporter writes opsets 18 and later; '
+                                                '--exporter torchscript writes it'),
+    (['--out', 'OUT/m.onnx', '--opset', '12', '--exporter', 'torchscript'],
+     '--opset 12: the torchscript exporter writes opsets 13-20'),
+    (['--out', 'OUT/m.onnx', '--opset', '21', '--exporter', 'torchscript'],
+     '--opset 21: the torchscript exporter writes opsets 13-20; --exporter dynamo writes it'),
+    (['--out', 'OUT/blocker/m.onnx'], 'is a file, so'),
+    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size takes N or HxW'),
+    (['--out', 'OUT/m.onnx', '--tol', 'nan'], '--tol must be a finite number'),
+])
+def test_bad_options(small_file, tmp_path, capsys, args, message):
+    (tmp_path / 'blocker').write_text('a file where a folder is needed')
+    args = [a.replace('OUT', str(tmp_path)) for a in args]
+    rc, out, err = _run(['export', small_file] + args, capsys)
+    assert rc == 2 and err.startswith('tcnn export: error: ') and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ['blocker']
+
+
+def test_plain_cnn_and_non_tcnn_files(tmp_path, capsys):
+    cnn = timm.create_model('resnet10t')
+    tcnn.save(cnn, str(tmp_path / 'cnn.pt'))
+    torch.save(cnn.state_dict(), str(tmp_path / 'sd.pth'))
+    for name, message in (('cnn.pt', 'holds a plain CNN (no GPSA layers), not a T-CNN: convert it first'),
+                          ('sd.pth', 'is a plain state_dict, not a T-CNN file'),
+                          ('missing.pt', 'T-CNN file not found')):
+        rc, out, err = _run(['export', str(tmp_path / name), '--out', str(tmp_path / 'm.onnx')], capsys)
+        assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / 'm.onnx').exists()
+
+
+def test_missing_onnxruntime_names_the_extra(small_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'onnxruntime', None)  # import onnxruntime -> ImportError
+    rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.onnx')], capsys)
+    assert rc == 2 and err.strip() == ("tcnn export: error: exporting to ONNX needs onnxruntime (to export and to "
+                                       "check the export against PyTorch): pip install 'tcnn[onnx]'")
+    rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.pt2'), '--img-size', '32'], capsys)
+    assert rc == 0, err  # torch.export needs no extra
+    assert os.listdir(tmp_path) == ['m.pt2']
+
+
+def test_opset_the_exporter_cannot_convert(small_file, tmp_path, capsys):
+    rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.onnx'), '--img-size', '32', '--opset',
+                         '30'], capsys)
+    assert rc == 2 and err.strip() == ('tcnn export: error: --opset 30: the dynamo exporter could not convert this '
+                                       'model to opset 30 (it wrote opset 18); use a lower opset'), err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, capsys, monkeypatch):
+    # an exported depthwise product 1% off: the check at batch 1 and 5 catches it; the previous file stays
+    path = family_files('convnext_atto')
+    out_path = tmp_path / 'm.onnx'
+    out_path.write_bytes(b'previous export')
+    monkeypatch.setattr(tcnn.gpsa, 'attend_traceable', lambda a, v, t: dw.attend_traceable(a, v, t) * 1.01)
+    rc, out, err = _run(['export', path, '--out', str(out_path), '--img-size', str(SIZE), '--exporter', 'torchscript'],
+                        capsys)
+    assert rc == 2, err
+    assert err.startswith('tcnn export: error: the exported model differs from PyTorch: max rel err ')
+    assert 'at batch 1, 64x64 (onnxruntime 1.' in err and 'tolerance 0.0001); nothing written' in err
+    assert out_path.read_bytes() == b'previous export' and os.listdir(tmp_path) == ['m.onnx']
+
+
+@pytest.mark.parametrize('exporter', ['dynamo', 'torchscript'])
+def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, family_files, tmp_path, capfd,
+                                                                       monkeypatch):
+    # tcnn 0.3.1 traced the eager product: its batch-size decisions fixed the batch under torch.export, its
+    # linalg.vecdot has no ONNX form in the TorchScript exporter; either way one line (no graph dump), nothing written
+    monkeypatch.setattr(tcnn.gpsa, '_is_exporting', lambda: False)
+    path = family_files('efficientnet_b0')
+    rc = main(['export', path, '--out', str(tmp_path / 'm.onnx'), '--img-size', str(SIZE), '--exporter', exporter])
+    out, err = capfd.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not out, err[:2000]
+    assert err.startswith({'dynamo': 'tcnn export: error: torch.export cannot export this model with a dynamic batch',
+                           'torchscript': "tcnn export: error: the torchscript ONNX exporter cannot export this model "
+                                          "at opset 17: UnsupportedOperatorError: Exporting the operator "
+                                          "'aten::linalg_vecdot'"}[exporter]), err
+    assert os.listdir(tmp_path) == []
+
+
+def test_api_refuses_a_float64_model(tmp_path):
+    model = _t_cnn('resnet10t').double()
+    with pytest.raises(tcnn.errors.InvalidArgumentError, match='export takes a float32 model on the CPU'):
+        tex.export(model, tmp_path / 'm.pt2')
+    assert os.listdir(tmp_path) == []
+
+
+def test_onnx_benchmark_runs(tmp_path):
+    import json
+
+    from benchmarks import onnx_cpu
+    out = tmp_path / 'onnx.json'
+    threads = torch.get_num_threads()
+    try:
+        assert onnx_cpu.main(['--models', 'resnet10t', '--size', '48', '--batch-size', '2', '--threads', '1',
+                              '--repeats', '1', '--warmup', '0', '--out', str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # main() sets the thread count it measures
+    res = json.loads(out.read_text())
+    assert res['machine']['onnxruntime'] == ort.__version__ and res['command'].startswith('python ')
+    (row,) = res['rows']
+    assert set(row['ms']) == {'ort_cnn', 'ort_t_cnn', 'torch_cnn', 'torch_t_cnn'} and min(row['ms'].values()) > 0
+    assert row['clock'] == 'process CPU time' and row['ort_t_over_cnn'] > 0 and row['ort_over_torch_t_cnn'] > 0
