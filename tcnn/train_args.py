@@ -6,7 +6,7 @@ timm takes; ``tcnn.train`` (the run itself) imports this module for its own pars
 import argparse
 from typing import Any, Dict, Tuple
 
-from .recipe import RECIPE_KEYS
+from .recipe import LOG_BACKENDS, RECIPE_KEYS
 
 __all__ = ['FLAGS', 'add_arguments', 'flag_overrides']
 
@@ -37,6 +37,10 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--skip-bad-images', 'skip_bad_images', {'action': 'store_const', 'const': True}),
     ('--no-progress', 'progress', {'action': 'store_const', 'const': False,
                                    'help': 'no progress bar (log lines only)'}),
+    ('--log', 'log', {'nargs': '+', 'choices': LOG_BACKENDS + ('none',), 'metavar': 'BACKEND',
+                      'help': 'live dashboards on rank 0: tensorboard (OUTPUT/tensorboard) and/or wandb; none: off '
+                      '(extras: pip install "tcnn[tensorboard]" / "tcnn[wandb]")'}),
+    ('--log-every', 'log_every', {'type': int, 'metavar': 'N'}),
 )
 
 

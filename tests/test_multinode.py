@@ -1,0 +1,96 @@
+"""Multi-node training on one machine: two ``torchrun`` agents (``--nnodes 2 --nproc_per_node 1``, c10d rendezvous
+on localhost, gloo on CPU) run a short recipe; the same run preempted by a SIGTERM to one agent in the middle of an
+epoch and continued by a fresh two-agent launch with ``--resume auto`` ends with the same epochs and weights.
+
+torchrun turns the preemption into its own exit codes (the signalled agent exits 1 with a ``SignalException``
+traceback, the other reports its worker's failure), so what says "preempted" is ``OUTPUT/status.json``."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from imagegen import make_image_folder
+from test_train import _free_port, assert_same_weights, load, metrics, same_numbers
+
+EPOCHS, UPDATES = 2, 20  # 80 training images / (2 processes x batch 2)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=2, train_per_class=40,
+                             val_per_class=2, size=32)
+
+
+def train_args(data_dir, output):
+    return ['--data', data_dir, '--output', str(output), '--model', 'demo_resnet10', '--no-pretrained', '--epochs',
+            str(EPOCHS), '--batch-size', '2', '--img-size', '32', '--workers', '0', '--no-progress', '--lr', '1e-3',
+            '--gating-lr', '1.0', '--set', 'warmup_epochs=1', '--set', 'scale_lr=false', '--device', 'cpu',
+            '--resume', 'auto']
+
+
+def launch_two_nodes(args, logs):
+    """Two torchrun agents of one 2-node job (one process each), as two machines would start them."""
+    port, rdzv_id = _free_port(), f'tcnn-test-{time.monotonic_ns()}'
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2', '--nproc_per_node', '1',
+           '--rdzv-backend', 'c10d', '--rdzv-endpoint', f'localhost:{port}', '--rdzv-id', rdzv_id,
+           '-m', 'tcnn.train', *args]
+    env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    agents = []
+    for node in range(2):
+        log = open(logs / f'node{node}.log', 'w')
+        agents.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True))
+        log.close()
+    return agents
+
+
+def finish(agents, logs, timeout=300):
+    """Wait for both agents; returns their exit codes."""
+    deadline = time.monotonic() + timeout
+    try:
+        for agent in agents:
+            agent.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for agent in agents:
+            agent.kill()
+    return [a.returncode for a in agents]
+
+
+def tail(logs):
+    return '\n'.join(f'--- {p}\n' + (logs / p).read_text()[-3000:] for p in sorted(os.listdir(logs)))
+
+
+def test_two_agents_and_a_preempted_agent_resume_exactly(data_dir, tmp_path):
+    straight, run = tmp_path / 'straight', tmp_path / 'run'
+    for name in ('straight-logs', 'run-logs', 'resume-logs'):
+        (tmp_path / name).mkdir()
+    codes = finish(launch_two_nodes(train_args(data_dir, straight), tmp_path / 'straight-logs'), tmp_path)
+    assert codes == [0, 0], tail(tmp_path / 'straight-logs')
+    assert [r['epoch'] for r in metrics(straight)] == list(range(EPOCHS))
+    assert load(straight / 'last.pt')['world_size'] == 2
+
+    logs = tmp_path / 'run-logs'
+    agents = launch_two_nodes(train_args(data_dir, run), logs)
+    try:
+        deadline = time.monotonic() + 300
+        while not (os.path.isfile(run / 'metrics.jsonl') and metrics(run)):  # epoch 1 saved: epoch 2 is starting
+            assert all(a.poll() is None for a in agents), tail(logs)
+            assert time.monotonic() < deadline, tail(logs)
+            time.sleep(0.02)
+        agents[1].send_signal(signal.SIGTERM)  # preempt one machine
+    finally:
+        codes = finish(agents, logs)
+    with open(run / 'status.json') as f:
+        status = f.read()
+    assert '"state": "preempted"' in status, f'torchrun exit codes {codes}\n{status}\n{tail(logs)}'
+    last = load(run / 'last.pt')
+    assert last['partial']['epoch'] == 1 and 0 < last['num_updates'] - UPDATES < UPDATES, tail(logs)
+    assert [r['epoch'] for r in metrics(run)] == [0]
+
+    codes = finish(launch_two_nodes(train_args(data_dir, run), tmp_path / 'resume-logs'), tmp_path)
+    assert codes == [0, 0], tail(tmp_path / 'resume-logs')
+    assert 'resuming in epoch 2/2' in tail(tmp_path / 'resume-logs')
+    assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
