@@ -37,8 +37,9 @@ import yaml
 from .analysis import attention_maps, nonlocality
 from .convert import gpsa_layers
 from .data import denormalize
-from .errors import TcnnError
+from .errors import TcnnError, first_line
 from .plots import attention_figure, figure_pixels
+from .recipe import dump_recipe
 
 __all__ = ['Dashboards', 'check_backends', 'TENSORBOARD_DIR', 'PROBE_IMAGES', 'epoch_scalars']
 
@@ -70,9 +71,9 @@ def epoch_scalars(row: Mapping[str, Any]) -> Dict[str, float]:
     out = {'epoch': row['epoch'] + 1}
     out.update({tag: row[key] for key, tag in EPOCH_TAGS.items() if row.get(key) is not None})
     for layer, entry in row.get('gpsa', {}).items():
-        for name, key in (('gate', 'gate'), ('span', 'span')):
-            out[f'{name}/{layer}/mean'] = entry[f'{key}_mean']
-            out.update({f'{name}/{layer}/head_{h}': v for h, v in enumerate(entry[key])})
+        for name in ('gate', 'span'):
+            out[f'{name}/{layer}/mean'] = entry[f'{name}_mean']
+            out.update({f'{name}/{layer}/head_{h}': v for h, v in enumerate(entry[name])})
     return out
 
 
@@ -118,8 +119,8 @@ class _TensorBoard:
         from torch.utils.tensorboard.summary import hparams
         for summary in hparams(_flat(recipe), {'val/top1': None, 'val/top5': None}):
             self.writer.file_writer.add_summary(summary, 0)
-        text = yaml.safe_dump(dict(recipe), sort_keys=False, default_flow_style=None)
-        self.writer.add_text('recipe', ''.join(f'    {line}\n' for line in text.splitlines()), 0)  # markdown code
+        text = ''.join(f'    {line}\n' for line in dump_recipe(recipe).splitlines())  # a markdown code block
+        self.writer.add_text('recipe', text, 0)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -145,10 +146,13 @@ class _WandB:
         import wandb
         self.wandb = wandb
         project = recipe['wandb_project'] or os.environ.get('WANDB_PROJECT') or 'tcnn'
-        # the config at every start: a resumed run may override recipe keys (--epochs to extend it)
-        self.run = wandb.init(project=project, id=run_id, resume='allow', config=dict(recipe),
-                              name=os.path.basename(os.path.normpath(output)),
-                              dir=None if os.environ.get('WANDB_DIR') else output)
+        try:  # the config at every start: a resumed run may override recipe keys (--epochs to extend it)
+            self.run = wandb.init(project=project, id=run_id, resume='allow', config=dict(recipe),
+                                  name=os.path.basename(os.path.normpath(output)),
+                                  dir=None if os.environ.get('WANDB_DIR') else output)
+        except Exception as e:  # noqa: BLE001 - wandb raises its own errors (no API key, no connection, ...)
+            raise TcnnError(f'--log wandb: cannot start the W&B run ({first_line(e)}); log in (wandb login), set '
+                            'WANDB_MODE=offline to sync later, or leave out wandb') from e
 
     def hparams(self, recipe: Mapping[str, Any]) -> None:
         pass  # the config, set at every start

@@ -42,7 +42,8 @@ from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSI
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
            'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
            'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
-           'write_checkpoint', 'read_metrics', 'write_metrics', 'STATUS_FILE', 'RUN_STATES', 'write_status', 'read_status']
+           'write_checkpoint', 'read_metrics', 'write_metrics', 'STATUS_FILE', 'RUN_STATES', 'write_status',
+           'read_status']
 
 _METADATA_KEY = 'tcnn'
 

@@ -41,7 +41,7 @@ from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopReq
                           setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
                      autocast_fn, to_device, train_one_epoch, validate)
-from .errors import TcnnError
+from .errors import TcnnError, first_line
 from .gpsa import GPSA
 from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
 from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, STATUS_FILE, make_checkpoint,
@@ -184,12 +184,6 @@ def _copy_gpsa_init(src: nn.Module, dst: nn.Module) -> None:
 
 def _fmt(v: Optional[float], spec: str = '.4g') -> str:
     return 'n/a' if v is None else format(v, spec)
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of an error's message (its type's name if it has none)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _loader_seed(seed: int, epoch: int, rank: int) -> int:
@@ -491,7 +485,7 @@ class Trainer:
         try:
             write()
         except Exception as e:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError, not OSError
-            reason = _first_line(e)
+            reason = first_line(e)
             kept = (f'the previous {os.path.basename(self.last_path)} is intact' if os.path.isfile(self.last_path)
                     else 'no checkpoint was written yet')
             raise CheckpointWriteError(f'cannot write {path} ({type(e).__name__}: {reason}); {kept}; free disk space '
@@ -749,7 +743,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     except BaseException as e:
         status.write_if_started('failed', trainer, exit_code=2 if isinstance(e, TcnnError) else 1,
-                                message=_first_line(e))
+                                message=first_line(e))
         raise
     finally:
         if trainer is not None:

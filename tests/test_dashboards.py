@@ -266,3 +266,15 @@ def test_missing_extra_is_one_line_naming_it(data_dir, tmp_path, monkeypatch, ca
     assert tcnn_train.main(train_args(data_dir, tmp_path / 'bad', '--set', 'log=[tensorbord]')) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recipe key 'log' takes tensorboard, wandb or none, got 'tensorbord'" in err[0], err
+
+
+def test_wandb_that_cannot_start_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv('WANDB_MODE', 'online')  # without an API key: wandb refuses at once, without the network
+    monkeypatch.delenv('WANDB_API_KEY', raising=False)
+    monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv('WANDB_DIR', str(tmp_path))
+    run = tmp_path / 'run'
+    assert tcnn_train.main(train_args(data_dir, run, '--log', 'wandb')) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and '--log wandb: cannot start the W&B run (No API key configured' in err[0], err
+    assert 'WANDB_MODE=offline' in err[0] and status(run)['state'] == 'failed'

@@ -382,7 +382,7 @@ def test_torchrun_two_processes(data_dir, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count('epoch 1/1:') == 1 and proc.stdout.count('2 process(es)') == 2  # rank 0 prints only
-    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl']
+    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl', 'status.json']
     (row,) = metrics(run)
     # each rank trains on its half (3 updates of 4 images) and evaluates a disjoint shard; metrics are global
     assert row['train_images'] == TRAIN_IMAGES and row['val_images'] == VAL_IMAGES
