@@ -4,6 +4,7 @@ epoch and continued by a fresh two-agent launch with ``--resume auto`` ends with
 
 torchrun turns the preemption into its own exit codes (the signalled agent exits 1 with a ``SignalException``
 traceback, the other reports its worker's failure), so what says "preempted" is ``OUTPUT/status.json``."""
+import argparse
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from imagegen import make_image_folder
 from test_train import _free_port, assert_same_weights, load, metrics, same_numbers
@@ -24,11 +26,11 @@ def data_dir(tmp_path_factory):
                              val_per_class=2, size=32)
 
 
-def train_args(data_dir, output):
+def train_args(data_dir, output, *extra):
     return ['--data', data_dir, '--output', str(output), '--model', 'demo_resnet10', '--no-pretrained', '--epochs',
             str(EPOCHS), '--batch-size', '2', '--img-size', '32', '--workers', '0', '--no-progress', '--lr', '1e-3',
             '--gating-lr', '1.0', '--set', 'warmup_epochs=1', '--set', 'scale_lr=false', '--device', 'cpu',
-            '--resume', 'auto']
+            '--resume', 'auto', *extra]
 
 
 def launch_two_nodes(args, logs):
@@ -62,6 +64,29 @@ def tail(logs):
     return '\n'.join(f'--- {p}\n' + (logs / p).read_text()[-3000:] for p in sorted(os.listdir(logs)))
 
 
+def test_every_train_option_passes_through_torchrun():
+    """torchrun's parser checks the script's arguments too, against abbreviations of its own options: every option of
+    ``tcnn train`` reaches the script, or has a spelling that does (``--log`` clashes with ``--log-dir``...)."""
+    from torch.distributed.run import get_args_parser
+    from tcnn.train_args import ALIASES, add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parser.add_argument('--debug', action='store_true')  # python -m tcnn.train's own
+    torchrun = get_args_parser()
+
+    def passes(option):
+        try:
+            args = torchrun.parse_args(['--nproc_per_node', '1', '-m', 'tcnn.train', option, 'x'])
+        except SystemExit:
+            return False
+        return args.training_script_args == [option, 'x']
+    options = [o for action in parser._actions for o in action.option_strings if o not in ('-h', '--help')]
+    assert '--log-to' in options and '--log-every' in options
+    refused = [o for o in options if not passes(o)]
+    assert set(refused) <= set(ALIASES), refused
+    assert all(any(passes(alias) for alias in ALIASES[o]) for o in refused)
+
+
 def test_two_agents_and_a_preempted_agent_resume_exactly(data_dir, tmp_path):
     straight, run = tmp_path / 'straight', tmp_path / 'run'
     for name in ('straight-logs', 'run-logs', 'resume-logs'):
@@ -71,8 +96,8 @@ def test_two_agents_and_a_preempted_agent_resume_exactly(data_dir, tmp_path):
     assert [r['epoch'] for r in metrics(straight)] == list(range(EPOCHS))
     assert load(straight / 'last.pt')['world_size'] == 2
 
-    logs = tmp_path / 'run-logs'
-    agents = launch_two_nodes(train_args(data_dir, run), logs)
+    logs, dashboard = tmp_path / 'run-logs', ('--log-to', 'tensorboard', '--log-every', '5')
+    agents = launch_two_nodes(train_args(data_dir, run, *dashboard), logs)
     try:
         deadline = time.monotonic() + 300
         while not (os.path.isfile(run / 'metrics.jsonl') and metrics(run)):  # epoch 1 saved: epoch 2 is starting
@@ -89,8 +114,16 @@ def test_two_agents_and_a_preempted_agent_resume_exactly(data_dir, tmp_path):
     assert last['partial']['epoch'] == 1 and 0 < last['num_updates'] - UPDATES < UPDATES, tail(logs)
     assert [r['epoch'] for r in metrics(run)] == [0]
 
-    codes = finish(launch_two_nodes(train_args(data_dir, run), tmp_path / 'resume-logs'), tmp_path)
+    codes = finish(launch_two_nodes(train_args(data_dir, run, *dashboard), tmp_path / 'resume-logs'), tmp_path)
     assert codes == [0, 0], tail(tmp_path / 'resume-logs')
     assert 'resuming in epoch 2/2' in tail(tmp_path / 'resume-logs')
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
-    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))  # logging on rank 0 changes nothing
+
+    # the dashboard: rank 0 only (one event file a start), every 5th update once across the preemption
+    assert len(os.listdir(run / 'tensorboard')) == 2
+    events = EventAccumulator(str(run / 'tensorboard'), size_guidance={'scalars': 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars('train/loss')] == list(range(5, EPOCHS * UPDATES + 1, 5))
+    assert [(e.step, e.value) for e in events.Scalars('val/top1')] == [
+        (UPDATES * (r['epoch'] + 1), pytest.approx(r['val_top1'])) for r in metrics(run)]
