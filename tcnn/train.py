@@ -686,11 +686,10 @@ class RunStatus:
             info = dict(epochs=trainer.recipe['epochs'],
                         completed_epochs=trainer.num_updates // trainer.updates_per_epoch,
                         num_updates=trainer.num_updates, **info)
-        write = lambda: write_status(self.path, state, **info)  # noqa: E731
         if trainer is None:
-            write()
+            write_status(self.path, state, **info)
         else:
-            trainer._guarded_write(self.path, write)
+            trainer._guarded_write(self.path, lambda: write_status(self.path, state, **info))
 
     def write_if_started(self, state: str, trainer: Optional[Trainer], **info: Any) -> None:
         """After an error or Ctrl-C: only where a status exists (this run's, or a previous attempt's that a script

@@ -39,7 +39,16 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def wandb_dir(tmp_path, monkeypatch):
+def fresh_wandb():
+    """wandb reads its environment (mode, folder, key) once per process: start and leave these tests afresh."""
+    import wandb
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+@pytest.fixture
+def wandb_dir(tmp_path, monkeypatch, fresh_wandb):
     folder = tmp_path / 'wandb-files'
     folder.mkdir()
     monkeypatch.setenv('WANDB_MODE', 'offline')
@@ -268,7 +277,7 @@ def test_missing_extra_is_one_line_naming_it(data_dir, tmp_path, monkeypatch, ca
     assert len(err) == 1 and "recipe key 'log' takes tensorboard, wandb or none, got 'tensorbord'" in err[0], err
 
 
-def test_wandb_that_cannot_start_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
+def test_wandb_that_cannot_start_is_one_line(data_dir, tmp_path, monkeypatch, capsys, fresh_wandb):
     monkeypatch.setenv('WANDB_MODE', 'online')  # without an API key: wandb refuses at once, without the network
     monkeypatch.delenv('WANDB_API_KEY', raising=False)
     monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.netrc
