@@ -6,6 +6,7 @@ torchrun turns the preemption into its own exit codes (the signalled agent exits
 traceback, the other reports its worker's failure), so what says "preempted" is ``OUTPUT/status.json``."""
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,9 +29,15 @@ def data_dir(tmp_path_factory):
 
 def train_args(data_dir, output, *extra):
     return ['--data', data_dir, '--output', str(output), '--model', 'demo_resnet10', '--no-pretrained', '--epochs',
-            str(EPOCHS), '--batch-size', '2', '--img-size', '32', '--workers', '0', '--no-progress', '--lr', '1e-3',
+            str(EPOCHS), '--batch-size', '2', '--img-size', '32', '--workers', '0', '--lr', '1e-3',
             '--gating-lr', '1.0', '--set', 'warmup_epochs=1', '--set', 'scale_lr=false', '--device', 'cpu',
-            '--resume', 'auto', *extra]
+            '--resume', 'auto', *extra]  # with the progress bar: it shows when an epoch is under way
+
+
+def epoch_progress(text, epoch, epochs):
+    """The most updates of epoch ``epoch`` (1-based) that the progress bars in a log ``text`` show done (0: none)."""
+    done = re.findall(rf'epoch {epoch}/{epochs}: +\d+%\|[^|\n\r]*\| *(\d+)/\d+', text)
+    return max((int(n) for n in done), default=0)
 
 
 def launch_two_nodes(args, logs):
@@ -60,8 +67,8 @@ def finish(agents, logs, timeout=300):
     return [a.returncode for a in agents]
 
 
-def tail(logs):
-    return '\n'.join(f'--- {p}\n' + (logs / p).read_text()[-3000:] for p in sorted(os.listdir(logs)))
+def tail(logs, chars=3000):
+    return '\n'.join(f'--- {p}\n' + (logs / p).read_text()[-chars:] for p in sorted(os.listdir(logs)))
 
 
 def test_every_train_option_passes_through_torchrun():
@@ -100,10 +107,10 @@ def test_two_agents_and_a_preempted_agent_resume_exactly(data_dir, tmp_path):
     agents = launch_two_nodes(train_args(data_dir, run, *dashboard), logs)
     try:
         deadline = time.monotonic() + 300
-        while not (os.path.isfile(run / 'metrics.jsonl') and metrics(run)):  # epoch 1 saved: epoch 2 is starting
+        while not epoch_progress(tail(logs), 2, EPOCHS):  # the first update of epoch 2 is done
             assert all(a.poll() is None for a in agents), tail(logs)
             assert time.monotonic() < deadline, tail(logs)
-            time.sleep(0.02)
+            time.sleep(0.05)
         agents[1].send_signal(signal.SIGTERM)  # preempt one machine
     finally:
         codes = finish(agents, logs)

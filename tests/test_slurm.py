@@ -16,6 +16,7 @@ import pytest
 import tcnn.train as tcnn_train
 
 from imagegen import make_image_folder
+from test_multinode import epoch_progress
 from test_train import _free_port, assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,8 +24,8 @@ DAEMONS = ('munged', 'slurmctld', 'slurmd')
 CLIENTS = ('sbatch', 'scontrol', 'scancel', 'squeue', 'sinfo')
 EPOCHS, UPDATES = 3, 50  # 200 training images / batch 4: an epoch lasts a few seconds, long enough to preempt in it
 TRAIN_ARGS = ['--model', 'demo_resnet10', '--no-pretrained', '--epochs', str(EPOCHS), '--batch-size', '4',
-              '--img-size', '32', '--workers', '0', '--no-progress', '--lr', '1e-3', '--gating-lr', '1.0', '--set',
-              'warmup_epochs=1', '--set', 'scale_lr=false', '--device', 'cpu']
+              '--img-size', '32', '--workers', '0', '--lr', '1e-3', '--gating-lr', '1.0', '--set', 'warmup_epochs=1',
+              '--set', 'scale_lr=false', '--device', 'cpu']  # with the progress bar: it shows an epoch under way
 
 
 def sbatch_script():
@@ -196,21 +197,24 @@ def test_preempted_job_requeues_until_the_run_is_finished(cluster, tmp_path):
     def job_log():
         return log.read_text() if log.exists() else ''
 
-    def epochs_done():
-        return len(metrics(run)) if (run / 'metrics.jsonl').exists() else 0
+    def in_epoch(epoch):
+        """Whether the current start of the job has done an update of ``epoch`` (1-based)."""
+        text = job_log()
+        current = text[text.rfind(f'job {job_id} start'):]
+        return epoch_progress(current, epoch, EPOCHS) > 0
 
     def restarts():
         return int(cluster.job(job_id)['Restarts'])
 
     # 1. the time limit's signal to the job steps in epoch 2: the script finds the run preempted and requeues it
-    wait_for(lambda: epochs_done() >= 1, cluster, job_id, 'epoch 1', job_log)
+    wait_for(lambda: in_epoch(2), cluster, job_id, 'epoch 2', job_log)
     cluster.run('scancel', '--signal=TERM', job_id)
     wait_for(lambda: restarts() == 1, cluster, job_id, 'the script to requeue the job', job_log)
     assert 'stopped by SIGTERM in epoch 2 after update' in job_log(), job_log()[-3000:]
     assert re.search(r'torchrun exit code \d+, run preempted', job_log()), job_log()[-3000:]
 
     # 2. the scheduler preempts the second start in epoch 3 (signals every process of the job and requeues it)
-    wait_for(lambda: epochs_done() >= 2, cluster, job_id, 'epoch 2', job_log)
+    wait_for(lambda: restarts() == 1 and in_epoch(3), cluster, job_id, 'epoch 3', job_log)
     cluster.run('scontrol', 'requeue', job_id)
     wait_for(lambda: restarts() == 2, cluster, job_id, 'the scheduler to requeue the job', job_log)
 
