@@ -47,6 +47,7 @@ def test_report_files_and_keys(tiny):
         assert (run['analysis'] is None) == (run['arm'] == 'no-sa')
         if run['analysis']:
             assert 0 <= run['gate_mean'] <= 1 and run['span_mean'] > 0 and run['nonlocality_mean'] >= 0
+            assert run['sigma_mean'] > 0 and run['nonlocality_real_mean'] >= 0 and 0 <= run['padding_share_mean'] < 1
     assert results['conversion']['max_rel_err'] < 1e-4 and results['conversion']['gpsa_layers'] == 2
     assert results['conversion']['init_max_rel_err'] > 1e-3  # the paper's init is not the CNN
     assert len(results['recipe_changes']) >= 5 and results['wall_s'] > 0
@@ -96,6 +97,10 @@ def test_readme_states_the_result_and_the_changes(tiny):
     for change in results['recipe_changes']:
         assert change in text
     assert '](figures/fig3_robustness.png)' in text
+    # the attention statistics carry their units (the definitions of tcnn.analysis)
+    for header in ('span 1/α, tokens²', 'σ = 1/√(2α), tokens', 'nonlocality on real keys, tokens',
+                   'attention on padding, %', '6x6 tokens of 16 px'):
+        assert header in text, header
 
 
 def test_same_seed_same_numbers_and_continuing_reuses_the_runs(tiny, tmp_path):
