@@ -16,15 +16,16 @@ import pytest
 import tcnn.train as tcnn_train
 
 from imagegen import make_image_folder
-from test_multinode import epoch_progress
 from test_train import _free_port, assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMONS = ('munged', 'slurmctld', 'slurmd')
 CLIENTS = ('sbatch', 'scontrol', 'scancel', 'squeue', 'sinfo')
-EPOCHS, UPDATES = 3, 50  # 200 training images / batch 4: an epoch lasts a few seconds, long enough to preempt in it
+# 200 training images / batch 4 at 64 px: an epoch lasts about 5 s on a quiet 2-core machine (at 32 px 1.5 s, which
+# the log's output buffering and scancel's latency could overrun), long enough to preempt in the middle of it
+EPOCHS, UPDATES = 3, 50
 TRAIN_ARGS = ['--model', 'demo_resnet10', '--no-pretrained', '--epochs', str(EPOCHS), '--batch-size', '4',
-              '--img-size', '32', '--workers', '0', '--lr', '1e-3', '--gating-lr', '1.0', '--set', 'warmup_epochs=1',
+              '--img-size', '64', '--workers', '0', '--lr', '1e-3', '--gating-lr', '1.0', '--set', 'warmup_epochs=1',
               '--set', 'scale_lr=false', '--device', 'cpu']  # with the progress bar: it shows an epoch under way
 
 
@@ -197,24 +198,25 @@ def test_preempted_job_requeues_until_the_run_is_finished(cluster, tmp_path):
     def job_log():
         return log.read_text() if log.exists() else ''
 
-    def in_epoch(epoch):
-        """Whether the current start of the job has done an update of ``epoch`` (1-based)."""
-        text = job_log()
-        current = text[text.rfind(f'job {job_id} start'):]
-        return epoch_progress(current, epoch, EPOCHS) > 0
+    def into_epoch(epoch):
+        """Wait until the current start of the job is about 40% into ``epoch`` (1-based; epoch ``epoch - 1`` must
+        be in metrics.jsonl), timed from the last epoch's duration. The log cannot tell: srun passes a task's output
+        on line by line, and a progress bar ends its line only when its epoch ends."""
+        wait_for(lambda: (run / 'metrics.jsonl').is_file() and len(metrics(run)) >= epoch - 1, cluster, job_id, f'epoch {epoch - 1} to end', job_log)
+        time.sleep(0.4 * metrics(run)[-1]['epoch_time_s'])
 
     def restarts():
         return int(cluster.job(job_id)['Restarts'])
 
     # 1. the time limit's signal to the job steps in epoch 2: the script finds the run preempted and requeues it
-    wait_for(lambda: in_epoch(2), cluster, job_id, 'epoch 2', job_log)
+    into_epoch(2)
     cluster.run('scancel', '--signal=TERM', job_id)
     wait_for(lambda: restarts() == 1, cluster, job_id, 'the script to requeue the job', job_log)
     assert 'stopped by SIGTERM in epoch 2 after update' in job_log(), job_log()[-3000:]
     assert re.search(r'torchrun exit code \d+, run preempted', job_log()), job_log()[-3000:]
 
     # 2. the scheduler preempts the second start in epoch 3 (signals every process of the job and requeues it)
-    wait_for(lambda: restarts() == 1 and in_epoch(3), cluster, job_id, 'epoch 3', job_log)
+    into_epoch(3)
     cluster.run('scontrol', 'requeue', job_id)
     wait_for(lambda: restarts() == 2, cluster, job_id, 'the scheduler to requeue the job', job_log)
 
