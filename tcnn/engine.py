@@ -21,8 +21,7 @@ from .errors import TcnnError
 from .optim import group_lrs
 
 __all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'ForwardPass', 'EpochPlan', 'train_one_epoch',
-           'validate', 'autocast_fn',
-           'to_device', 'DATA_BOUND_FRACTION']
+           'validate', 'autocast_fn', 'grad_norm', 'to_device', 'DATA_BOUND_FRACTION']
 
 # A run is "data-bound" when the step waits this fraction of its time or more for the loader.
 DATA_BOUND_FRACTION = 0.1
@@ -77,12 +76,16 @@ class UpdateStep:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss / self.accum_steps).backward()
 
-    def step(self, model: nn.Module, num_updates: int) -> None:
+    def step(self, model: nn.Module, num_updates: int, measure_norm: bool = False) -> Optional[torch.Tensor]:
         """Clip, step (through the scaler), zero the gradients, advance the scheduler to ``num_updates`` and
-        update the EMA."""
-        if self.clip_grad is not None:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_grad)
+        update the EMA. Returns the gradient norm before clipping when clipping or ``measure_norm`` (else None)."""
+        norm = None
+        if self.clip_grad is not None or measure_norm:
+            self.scaler.unscale_(self.optimizer)  # what scaler.step would do anyway: the update is the same
+            if self.clip_grad is not None:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_grad)
+            else:
+                norm = grad_norm(model.parameters())
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -90,6 +93,13 @@ class UpdateStep:
             self.scheduler.step_update(num_updates=num_updates)
         if self.model_ema is not None:
             self.model_ema.update(self.ema_source, step=num_updates)
+        return norm
+
+
+def grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all gradients together (what ``clip_grad_norm_`` measures), without touching them."""
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32) for p in parameters if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
 
 
 def to_device(x: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -130,6 +140,12 @@ class EpochPlan:
         should_stop: Polled after every update; the stop is agreed between processes.
         progress: Show a tqdm bar (main process).
         desc: Bar description.
+        on_update: Called after every ``log_every``-th update (by the global update count) with that update's
+            ``step`` (the global update count), global mean ``loss``, ``lr``, ``gating_lr``, ``grad_norm`` (before
+            clipping) and, since the previous call, ``img_per_s`` (all processes) and ``data_wait`` (the share of
+            the time spent waiting for the loader). Only the process that logs passes it: the norm costs a pass
+            over the gradients.
+        log_every: See ``on_update``.
     """
     epoch: int
     updates_per_epoch: int
@@ -138,6 +154,8 @@ class EpochPlan:
     should_stop: Callable[[], bool] = lambda: False
     progress: bool = False
     desc: str = ''
+    on_update: Optional[Callable[[Dict[str, Optional[float]]], None]] = None
+    log_every: int = 1
 
 
 def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Dict[str, str]:
@@ -145,6 +163,31 @@ def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Di
     return {'loss': f'{position.loss_sum / max(position.updates, 1):.4f}', 'lr': f'{lr:.3g}',
             'img_s': f'{position.images * world / elapsed:.1f}',
             'data': f'{100 * position.data_time_s / elapsed:.0f}%'}
+
+
+class _UpdateReporter:
+    """What ``EpochPlan.on_update`` receives: the update's own numbers and the throughput since the last report."""
+
+    def __init__(self, plan: EpochPlan, position: EpochPosition):
+        self.plan = plan
+        self.enabled = plan.on_update is not None and plan.log_every > 0
+        self._since = (position.images, position.train_time_s, position.data_time_s)
+
+    def wants(self, num_updates: int) -> bool:
+        """Whether update ``num_updates`` (1-based global count) is reported."""
+        return self.enabled and num_updates % self.plan.log_every == 0
+
+    def report(self, num_updates: int, loss: float, lrs: Dict[str, Optional[float]], norm: Optional[torch.Tensor],
+               position: EpochPosition) -> None:
+        images, elapsed, waited = (now - before for now, before in zip(
+            (position.images, position.train_time_s, position.data_time_s), self._since))
+        self._since = (position.images, position.train_time_s, position.data_time_s)
+        self.plan.on_update({
+            'step': num_updates, 'loss': loss, 'lr': lrs['lr'], 'gating_lr': lrs['gating_lr'],
+            'grad_norm': None if norm is None else norm.item(),
+            'img_per_s': images * world_size() / elapsed if elapsed > 0 else None,
+            'data_wait': waited / elapsed if elapsed > 0 else None,
+        })
 
 
 class _UpdateSums:
@@ -208,7 +251,8 @@ def train_one_epoch(
     update.optimizer.zero_grad(set_to_none=True)
     sums = _UpdateSums(forward.device)
     lrs = group_lrs(update.optimizer)
-    micro, stopped = 0, False
+    reporter = _UpdateReporter(plan, position)
+    micro, stopped, loss_value, norm = 0, False, math.nan, None
     bar = tqdm(total=plan.updates_per_epoch, initial=position.updates, desc=plan.desc, disable=not plan.progress,
                dynamic_ncols=True, leave=True)
     tick = time.perf_counter()
@@ -236,7 +280,7 @@ def train_one_epoch(
                                              f'update {position.updates + 1}: stopping')
                 lrs = group_lrs(update.optimizer)
                 num_updates += 1
-                update.step(model, num_updates)
+                norm = update.step(model, num_updates, measure_norm=reporter.wants(num_updates))
                 position.updates += 1
                 position.loss_sum += loss_value
                 position.correct += sums.take_correct()
@@ -246,6 +290,8 @@ def train_one_epoch(
                 if plan.progress:
                     bar.set_postfix(_bar_postfix(position, lrs['lr'], world_size()), refresh=False)
                 bar.update(1)
+                if reporter.wants(num_updates):
+                    reporter.report(num_updates, loss_value, lrs, norm, position)
                 if stopped:
                     break
     finally:

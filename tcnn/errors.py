@@ -8,7 +8,7 @@ import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = ['TcnnError', 'InvalidArgumentError', 'InvalidTypeError', 'check_number', 'check_size', 'check_module',
-           'check_device', 'check_conversion_settings']
+           'check_device', 'check_conversion_settings', 'first_line']
 
 
 class TcnnError(Exception):
@@ -21,6 +21,12 @@ class InvalidArgumentError(TcnnError, ValueError):
 
 class InvalidTypeError(TcnnError, TypeError):
     """An argument of the wrong type; also a ``TypeError``, as Python callers expect."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none), for a one-line report."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _type_name(value: Any) -> str:

@@ -18,6 +18,7 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
 checkpoints (a dict whose ``'model_file'`` entry is such a dict).
 """
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -45,8 +46,8 @@ from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSI
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
            'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
            'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
-           'write_checkpoint', 'read_metrics', 'write_metrics', 'HUB_PREFIXES', 'load_folder', 'report_to_dict',
-           'report_from_dict']
+           'write_checkpoint', 'read_metrics', 'write_metrics', 'STATUS_FILE', 'RUN_STATES', 'write_status',
+           'read_status', 'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict']
 
 _METADATA_KEY = 'tcnn'
 
@@ -514,7 +515,8 @@ def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu')
 # ---------------------------------------------------------------------------------------------- training runs
 # A ``tcnn train`` output folder: RUN/config.yaml (the resolved recipe), RUN/metrics.jsonl (one JSON object per
 # epoch), RUN/last.pt and RUN/best.pt (training checkpoints: a T-CNN dict under 'model_file' plus the optimiser,
-# scheduler, scaler, EMA, RNG and position state, all tensors and plain values).
+# scheduler, scaler, EMA, RNG and position state, all tensors and plain values), RUN/status.json (where the run
+# stands, for cluster scripts).
 
 # Marks a training checkpoint (value: its layout version). Not 'format': that key marks T-CNN files, and ``read``
 # recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
@@ -523,6 +525,10 @@ CHECKPOINT_VERSION = 2
 CONFIG_FILE = 'config.yaml'
 METRICS_FILE = 'metrics.jsonl'
 LAST_CHECKPOINT, BEST_CHECKPOINT = 'last.pt', 'best.pt'
+STATUS_FILE = 'status.json'
+# running: set up and training; preempted: stopped by SIGTERM/SIGUSR1 after writing last.pt (requeue with
+# --resume auto); interrupted: Ctrl-C; finished: every epoch done; failed: stopped by an error (requeueing repeats it).
+RUN_STATES = ('running', 'preempted', 'interrupted', 'finished', 'failed')
 
 
 def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, **state: Any) -> Dict[str, Any]:
@@ -581,3 +587,23 @@ def read_metrics(path: str) -> List[Dict[str, Any]]:
 def write_metrics(path: str, records: Sequence[Dict[str, Any]]) -> None:
     """Write ``metrics.jsonl`` atomically, one JSON object per line."""
     atomic_write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
+
+
+def write_status(path: str, state: str, **info: Any) -> None:
+    """Write a run's ``status.json`` atomically: ``{"state": STATE, ...info, "time": UTC ISO time}``.
+
+    A cluster script reads ``state`` to decide whether to requeue, whatever exit code a launcher (torchrun, srun)
+    made of the run's own: ``preempted`` is the only state worth requeueing.
+    """
+    if state not in RUN_STATES:
+        raise ValueError(f'unknown run state {state!r}; expected one of {RUN_STATES}')
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+    atomic_write_text(path, json.dumps({'state': state, **info, 'time': stamp}, indent=2) + '\n')
+
+
+def read_status(path: str) -> Optional[Dict[str, Any]]:
+    """The content of a ``status.json``, or None when there is none."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding='utf-8') as f:
+        return json.load(f)

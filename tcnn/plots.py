@@ -6,6 +6,7 @@ module never changes the user's matplotlib backend and works on headless machine
 """
 import math
 import os
+from io import BytesIO
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,6 +17,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
+from PIL import Image
 
 from .analysis import ATTENTION_PARTS, AttentionMaps
 from .atomic import atomic_open
@@ -23,7 +25,8 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_num
 from .io import METRICS_FILE, read_metrics
 from .paths import check_output_file
 
-__all__ = ['plot_summary', 'plot_attention', 'plot_training_curves', 'load_metrics', 'save_figure', 'check_figure_path']
+__all__ = ['plot_summary', 'plot_attention', 'attention_figure', 'plot_training_curves', 'load_metrics', 'save_figure',
+           'figure_pixels', 'check_figure_path']
 
 PART_TITLES = {'mixed': 'gated mix', 'content': 'content', 'positional': 'positional'}
 # Layers with more heads than this (5x5 and 7x7 depthwise convs: 25, 49) get compact figures: heat charts stacked,
@@ -53,6 +56,16 @@ def save_figure(fig: Figure, path: str, dpi: int = 110) -> str:
     with atomic_open(path, 'wb') as f:
         fig.savefig(f, format=fmt, dpi=dpi, bbox_inches='tight')
     return path
+
+
+def figure_pixels(fig: Figure, dpi: int = 80) -> np.ndarray:
+    """``fig`` as an ``(H, W, 3)`` uint8 RGB array, drawn as ``save_figure`` draws a file (for a dashboard)."""
+    FigureCanvasAgg(fig)
+    buffer = BytesIO()
+    fig.savefig(buffer, format='png', dpi=dpi, bbox_inches='tight')
+    buffer.seek(0)
+    with Image.open(buffer) as img:
+        return np.asarray(img.convert('RGB'))
 
 
 def _short(name: str) -> str:
@@ -171,6 +184,18 @@ def plot_attention(
         parts: Sequence[str] = ATTENTION_PARTS,
         title: Optional[str] = None,
 ) -> str:
+    """Write ``attention_figure(maps, image, index, parts, title)`` to ``path``; returns ``path``."""
+    check_figure_path(path)
+    return save_figure(attention_figure(maps, image, index, parts, title), path)
+
+
+def attention_figure(
+        maps: Mapping[str, AttentionMaps],
+        image: torch.Tensor,
+        index: int = 0,
+        parts: Sequence[str] = ATTENTION_PARTS,
+        title: Optional[str] = None,
+) -> Figure:
     """Attention maps of every head of every GPSA layer for one query, laid out like T-CNN Fig. 5.
 
     One row per (part, layer), one column per head, the input image with the query pixel on the left. Each panel
@@ -182,12 +207,10 @@ def plot_attention(
     Args:
         maps: ``tcnn.analysis.attention_maps`` output.
         image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.data.denormalize``).
-        path: Output image path.
         index: Which image of the batch the maps belong to.
         parts: Attention parts to show, rows in this order.
         title: Put before the figure's caption (e.g. the image's name).
     """
-    check_figure_path(path)
     if not maps:
         raise TcnnError('no attention maps to plot')
     bad = [p for p in parts if p not in ATTENTION_PARTS] if not isinstance(parts, str) else [parts]
@@ -200,7 +223,7 @@ def plot_attention(
         raise InvalidArgumentError(f'index {index} is out of range: the maps hold {batch} images')
     n_heads = max(m.gate.numel() for m in layers)
     if n_heads > MANY_HEADS:
-        return save_figure(_attention_by_tap(layers, image, index, parts, title), path)
+        return _attention_by_tap(layers, image, index, parts, title)
     rows = [(part, m) for part in parts for m in layers]
     # square panels of `cell` inches: size the figure from the grid so that no space is left over
     cell, wspace, hspace, top = 1.1, 0.06, 0.12, 0.5
@@ -233,7 +256,7 @@ def plot_attention(
     caption = (r'attention weights of the query pixel on the real keys (red: gate $\sigma(\lambda_h)$; pad: share on '
                r'the padded keys, not drawn)')
     fig.suptitle(_titled(title, caption), fontsize=10, y=1 - 0.15 / height)
-    return save_figure(fig, path)
+    return fig
 
 
 def _query_image(ax, image: torch.Tensor, first: AttentionMaps) -> None:

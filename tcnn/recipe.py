@@ -18,12 +18,15 @@ import yaml
 
 from .errors import TcnnError
 
-__all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'default_recipe', 'load_recipe', 'parse_set', 'apply_overrides',
-           'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe', 'scaled_lrs',
-           'auto_workers']
+__all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'default_recipe', 'load_recipe', 'parse_set',
+           'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe',
+           'scaled_lrs', 'auto_workers']
 
 # The learning rates the batch rule scales (``scaled_lrs``), unless the user gave them (``absolute_lrs``).
 LR_KEYS = ('lr', 'gating_lr', 'warmup_lr', 'min_lr')
+
+# Live dashboards of `tcnn train --log` (tcnn.dashboards), each an optional extra of the same name.
+LOG_BACKENDS = ('tensorboard', 'wandb')
 BASE_KEY = 'base'  # names a parent recipe file; resolved while loading, never part of the resolved recipe
 NoneType = type(None)
 
@@ -119,11 +122,15 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'seed': _k(0, int, 'random seed (model init, data order, augmentation)'),
     'output': _k(None, (str, NoneType), 'run directory (null: runs/<recipe or model name>)'),
     'progress': _k(True, bool, 'show a progress bar per epoch'),
+    # live dashboards (rank 0 only)
+    'log': _k([], (list, str), 'live dashboards: tensorboard (OUTPUT/tensorboard), wandb, both, or none'),
+    'log_every': _k(50, int, 'log the training loss, learning rates, gradient norm and throughput every N updates'),
+    'wandb_project': _k(None, (str, NoneType), 'W&B project (null: $WANDB_PROJECT, else tcnn)'),
 }
 
 # Keys that must be > 0, >= 0, or in [0, 1].
 _POSITIVE = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_batch', 'img_size',
-             'locality_strength', 'model_ema_decay')
+             'locality_strength', 'model_ema_decay', 'log_every')
 _NON_NEGATIVE = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_decay', 'mixup', 'cutmix', 'recount',
                  'reparam_epoch', 'num_classes', 'eval_img_size', 'qk_dim', 'clip_grad')
 _UNIT_INTERVAL = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
@@ -282,7 +289,17 @@ def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
             raise TcnnError(f'recipe key {key!r} must be a list of 3 numbers, got {recipe[key]!r}')
     if recipe['device'] not in ('auto', 'cpu', 'cuda') and not recipe['device'].startswith('cuda:'):
         raise TcnnError(f'device must be auto, cpu, cuda or cuda:N, got {recipe["device"]!r}')
+    recipe['log'] = _log_backends(recipe['log'])
     return recipe
+
+
+def _log_backends(value: Any) -> List[str]:
+    """The ``log`` key as a list of distinct backends in ``LOG_BACKENDS`` order (``none``: no dashboard)."""
+    names = [value] if isinstance(value, str) else list(value)
+    bad = [n for n in names if n not in LOG_BACKENDS + ('none',)]
+    if bad:
+        raise TcnnError(f'recipe key \'log\' takes {", ".join(LOG_BACKENDS)} or none, got {bad[0]!r}')
+    return [n for n in LOG_BACKENDS if n in names]
 
 
 def resolve_recipe(

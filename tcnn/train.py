@@ -35,15 +35,17 @@ from .atomic import atomic_copy, atomic_write_text
 from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
 from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
                       reparameterize_)
-from .distributed import (DistContext, StopRequest, all_reduce_sum, cleanup_distributed, gather, ignore_stop_signals,
-                          rng_state, seed_all, set_rng_state, setup_distributed)
+from .dashboards import Dashboards, check_backends
+from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopRequest, all_reduce_sum,
+                          cleanup_distributed, gather, ignore_stop_signals, rng_state, seed_all, set_rng_state,
+                          setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
                      autocast_fn, to_device, train_one_epoch, validate)
-from .errors import TcnnError
+from .errors import TcnnError, first_line
 from .gpsa import GPSA
 from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
-from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, make_checkpoint, model_from_dict,
-                 read_checkpoint, read_metrics, write_checkpoint, write_metrics)
+from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, STATUS_FILE, make_checkpoint,
+                 model_from_dict, read_checkpoint, read_metrics, write_checkpoint, write_metrics, write_status)
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
 from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, mark_absolute_lrs, parse_set,
@@ -220,6 +222,7 @@ class Trainer:
         self.position = EpochPosition()
         self.best_top1 = -math.inf
         self.model_ema = None
+        self.dashboards, self.dashboards_state = Dashboards(), {}  # opened by fit()
         self._setup_precision()
         self._setup_batch_layout()
         self._setup_model(checkpoint)
@@ -406,6 +409,7 @@ class Trainer:
         if self.model_ema is not None and ckpt.get('ema') is not None:
             self.model_ema.module.load_state_dict(ckpt['ema'])
         self.best_top1 = ckpt['best_top1'] if ckpt.get('best_top1') is not None else -math.inf
+        self.dashboards_state = ckpt.get('dashboards') or {}
         if ckpt.get('best_metric', 'val_top1') != self.best_metric:
             self.log(f'note: the checkpoint chose best.pt on {ckpt.get("best_metric", "val_top1")}, this run chooses '
                      f'on {self.best_metric} (model_ema changed): the next epoch starts a new best')
@@ -479,6 +483,7 @@ class Trainer:
             world_size=self.ctx.world_size,
             config=dict(self.recipe),
             best_top1=self.best_top1 if math.isfinite(self.best_top1) else None,
+            dashboards=self.dashboards.state_dict(),
             best_metric=self.best_metric,
         )
 
@@ -488,7 +493,7 @@ class Trainer:
         try:
             write()
         except Exception as e:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError, not OSError
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = first_line(e)
             kept = (f'the previous {os.path.basename(self.last_path)} is intact' if os.path.isfile(self.last_path)
                     else 'no checkpoint was written yet')
             raise CheckpointWriteError(f'cannot write {path} ({type(e).__name__}: {reason}); {kept}; free disk space '
@@ -509,6 +514,7 @@ class Trainer:
         states = gather({'rng': rng_state(), 'position': position.state_dict() if position else None})
         error = None
         if self.ctx.is_main:
+            self.dashboards.flush()  # whatever the checkpoint covers is on disk before it
             try:
                 ckpt = self._checkpoint(epoch - 1 if position is not None else epoch)
                 ckpt['rng'] = [s['rng'] for s in states]
@@ -585,7 +591,8 @@ class Trainer:
         try:
             plan = EpochPlan(epoch, self.updates_per_epoch, self.num_updates, position,
                              should_stop=lambda: self.stop.requested, progress=r['progress'] and self.ctx.is_main,
-                             desc=f'epoch {epoch + 1}/{r["epochs"]}')
+                             desc=f'epoch {epoch + 1}/{r["epochs"]}', log_every=r['log_every'],
+                             on_update=self.dashboards.log_update if self.dashboards.enabled else None)
             return train_one_epoch(self.train_model, self.train_loader, self.criterion, self._update_step(), plan=plan,
                                    forward=self.forward)
         except NonFiniteLossError as e:
@@ -634,6 +641,9 @@ class Trainer:
         if self.start_epoch >= r['epochs']:
             self.log(f'nothing to do: the run already has {r["epochs"]} epochs (raise --epochs to continue it)')
             return 0
+        if self.ctx.is_main:
+            self.dashboards = Dashboards(r['log'], self.output, r, self.num_updates, self.dashboards_state,
+                                         self.val_set, self.data_config)
         position = self.position
         for epoch in range(self.start_epoch, r['epochs']):
             if self.late and not self.converted and epoch >= r['reparam_epoch']:
@@ -648,6 +658,7 @@ class Trainer:
             position = EpochPosition()
             self._sync_batch_norm()
             row = self._validate(epoch, stats)
+            self.dashboards.log_epoch(row, self.model, self.num_updates)
             is_best = row[self.best_metric] > self.best_top1
             self.best_top1 = max(self.best_top1, row[self.best_metric])
             row.update(best_metric=self.best_metric, is_best=is_best)
@@ -702,6 +713,37 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------------- entry points
 
+class RunStatus:
+    """Rank 0's ``OUTPUT/status.json`` (``tcnn.io.write_status``): where the run stands, so that a cluster script can
+    decide to requeue (``preempted``) or stop (``finished``, ``failed``), whatever exit code torchrun or srun made of
+    the run's own (torchrun turns a worker's 75 into 1 when it was signalled itself)."""
+
+    STATE_OF_EXIT = {0: 'finished', EXIT_PREEMPTED: 'preempted', EXIT_INTERRUPTED: 'interrupted'}
+
+    def __init__(self, output: str, active: bool):
+        self.path = os.path.join(output, STATUS_FILE)
+        self.active = active
+
+    def write(self, state: str, trainer: Optional[Trainer], **info: Any) -> None:
+        if not self.active:
+            return
+        if trainer is not None:
+            info = dict(epochs=trainer.recipe['epochs'],
+                        completed_epochs=trainer.num_updates // trainer.updates_per_epoch,
+                        num_updates=trainer.num_updates, **info)
+        if trainer is None:
+            write_status(self.path, state, **info)
+        else:
+            trainer._guarded_write(self.path, lambda: write_status(self.path, state, **info))
+
+    def write_if_started(self, state: str, trainer: Optional[Trainer], **info: Any) -> None:
+        """After an error or Ctrl-C: only where a status exists (this run's, or a previous attempt's that a script
+        would otherwise act on), and without hiding the error if the write fails too."""
+        if self.active and os.path.isfile(self.path):
+            with contextlib.suppress(Exception):
+                self.write(state, trainer, **info)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tcnn train`` with parsed arguments; user mistakes raise ``TcnnError``."""
     recipe, checkpoint, notes = _resolve(args)
@@ -713,7 +755,10 @@ def run(args: argparse.Namespace) -> int:
         raise TcnnError(f'{output} already holds a run ({LAST_CHECKPOINT}): continue it with --resume {output} '
                         f'(or --resume auto) or choose another --output')
     check_output_dir(output, '--output')
+    check_backends(recipe['log'])
     ctx = setup_distributed(recipe['device'])
+    status = RunStatus(output, ctx.is_main)
+    trainer, code = None, 1
     try:
         with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):
             for note in notes if ctx.is_main else ():
@@ -726,16 +771,27 @@ def run(args: argparse.Namespace) -> int:
                 trainer._guarded_write(os.path.join(output, CONFIG_FILE),
                                        lambda: atomic_write_text(os.path.join(output, CONFIG_FILE),
                                                                  dump_recipe(recipe)))
+            status.write('running', trainer)
             trainer.describe()
-            return trainer.fit()
+            code = trainer.fit()
+            status.write(RunStatus.STATE_OF_EXIT.get(code, 'failed'), trainer, exit_code=code)
+            return code
     except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+        status.write_if_started('interrupted', trainer, exit_code=code)
         if ctx.is_main:
             last = os.path.join(output, LAST_CHECKPOINT)
             where = (f'{last} holds the last checkpoint; continue with --resume {output}'
                      if os.path.isfile(last) else 'no checkpoint was written')
             print(f'interrupted: {where}', file=sys.stderr)
-        return 130
+        return code
+    except BaseException as e:
+        status.write_if_started('failed', trainer, exit_code=2 if isinstance(e, TcnnError) else 1,
+                                message=first_line(e))
+        raise
     finally:
+        if trainer is not None:
+            trainer.dashboards.close(code)
         cleanup_distributed()
 
 

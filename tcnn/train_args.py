@@ -6,9 +6,9 @@ timm takes; ``tcnn.train`` (the run itself) imports this module for its own pars
 import argparse
 from typing import Any, Dict, Tuple
 
-from .recipe import RECIPE_KEYS
+from .recipe import LOG_BACKENDS, RECIPE_KEYS
 
-__all__ = ['FLAGS', 'add_arguments', 'flag_overrides']
+__all__ = ['FLAGS', 'ALIASES', 'add_arguments', 'flag_overrides']
 
 # (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
 FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
@@ -37,7 +37,14 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--skip-bad-images', 'skip_bad_images', {'action': 'store_const', 'const': True}),
     ('--no-progress', 'progress', {'action': 'store_const', 'const': False,
                                    'help': 'no progress bar (log lines only)'}),
+    ('--log', 'log', {'nargs': '+', 'choices': LOG_BACKENDS + ('none',), 'metavar': 'BACKEND',
+                      'help': 'live dashboards on rank 0: tensorboard (OUTPUT/tensorboard) and/or wandb; none: off '
+                      '(extras: pip install "tcnn[tensorboard]" / "tcnn[wandb]"); under torchrun write --log-to'}),
+    ('--log-every', 'log_every', {'type': int, 'metavar': 'N'}),
 )
+# Other spellings of a flag. torchrun's parser (argparse) checks every argument of its command line, the script's
+# too, against abbreviations of its own options: it refuses --log as ambiguous (--log-dir, --logs-specs, ...).
+ALIASES: Dict[str, Tuple[str, ...]] = {'--log': ('--log-to',)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, key, kwargs in FLAGS:
         kwargs = dict(kwargs)
         help_text = kwargs.pop('help', RECIPE_KEYS[key].help)
-        group.add_argument(flag, dest=key, default=None, help=f'{help_text} (recipe key {key})', **kwargs)
+        group.add_argument(flag, *ALIASES.get(flag, ()), dest=key, default=None, help=f'{help_text} (recipe key {key})',
+                           **kwargs)
 
 
 def flag_overrides(args: argparse.Namespace) -> Dict[str, Any]:

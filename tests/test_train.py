@@ -461,7 +461,8 @@ def test_torchrun_two_processes_validate_and_save_the_same_model(data_dir, tmp_p
     run = tmp_path / 'ddp'
     proc = _torchrun(common(data_dir, run, epochs=1) + ['--model-ema', '--set', 'model_ema_decay=0.5'])
     assert proc.stdout.count('epoch 1/1:') == 1 and proc.stdout.count('2 process(es)') == 2  # rank 0 prints only
-    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl', 'rank0.pt', 'rank1.pt']
+    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl', 'rank0.pt', 'rank1.pt',
+                                       'status.json']
     (row,) = metrics(run)
     # each rank trains on its half (3 updates of 4 images) and evaluates a disjoint shard; metrics are global
     assert row['train_images'] == TRAIN_IMAGES and row['val_images'] == VAL_IMAGES
