@@ -351,11 +351,15 @@ def _train_all(ctx: _Context, runs: Sequence[_Run], timings: Dict[str, float]) -
                         continue
                     running.remove(p)
                     timings[p.run.name] = timings.get(p.run.name, 0.0) + time.perf_counter() - p.start
+                    # after a stop request, a process that the signal reached before it could install its
+                    # handlers (still importing) ends killed by it: stopped too, its run continues from its last
+                    # checkpoint
+                    stopped = rc in (EXIT_INTERRUPTED, EXIT_PREEMPTED) or (forwarded and rc < 0)
                     if rc == 0 and _complete(ctx, p.run):
                         done.add(p.run.name)
                         if p.run.finished:
                             p.run.finished()
-                    elif rc not in (EXIT_INTERRUPTED, EXIT_PREEMPTED) and failed is None:
+                    elif not stopped and failed is None:
                         failed = (f'training {p.run.name} failed (exit {rc}): {_log_tail(p.log_path)} (its log: '
                                   f'{p.log_path})')
                         for other in running:
