@@ -625,7 +625,7 @@ def run_demo(
     runs = [{'seed': seed, 'arm': arm, 'name': run_name(seed, arm), 'run_dir': ctx.run_dir(run_name(seed, arm)),
              'model_file': files[run_name(seed, arm)]} for seed in range(p.seeds) for arm in (CNN, *p.arms)]
     step = time.perf_counter()
-    report = _evaluate(ctx, files)
+    report = _evaluate(ctx, {r['name']: r['model_file'] for r in runs})  # in seed and arm order
     timings['evaluation'] = time.perf_counter() - step
     step = time.perf_counter()
     results = _collect(ctx, report, runs, [conversions[s] for s in range(p.seeds)], dataset, timings)
