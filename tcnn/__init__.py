@@ -1,4 +1,4 @@
-"""tcnn: Transformed CNNs. Reparameterise pretrained CNNs into CNN + GPSA hybrids that start from the CNN's function.
+"""tcnn: Transformed CNNs. Reparameterise pretrained CNNs into CNN + GPSA hybrids that hold the CNN's filters.
 
 ``import tcnn`` is light: torch and timm load on first use of an attribute (PEP 562), so the ``tcnn`` command
 answers ``--help``, argument errors and file checks without the seconds those imports take. The ``t_*`` models still
@@ -13,7 +13,8 @@ from typing import Any, List
 from .version import __version__  # noqa: F401  (tcnn.__version__)
 
 __all__ = ['GPSA', 'reparameterize', 'reparameterize_', 'check_equivalence', 'exact_configuration', 'gpsa_layers',
-           'gpsa_summary', 'ConversionError', 'EquivalenceReport', 'load', 'save', 'models', 'TcnnError']
+           'gpsa_summary', 'ConversionError', 'EquivalenceReport', 'load', 'save', 'param_groups', 'models',
+           'TcnnError']
 
 # public name -> the submodule that defines it
 _LAZY = {
@@ -22,6 +23,7 @@ _LAZY = {
     'exact_configuration': 'convert', 'gpsa_layers': 'convert', 'gpsa_summary': 'convert',
     'ConversionError': 'convert', 'EquivalenceReport': 'convert',
     'load': 'io', 'save': 'io',
+    'param_groups': 'optim',
     'TcnnError': 'errors',
 }
 

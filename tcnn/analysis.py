@@ -3,16 +3,31 @@
 This is the analysis of T-CNN (arXiv:2106.05795) section 4 as a Python API (``tcnn inspect`` is a thin layer over it):
 
 * ``summarize(model, images)``: per GPSA layer and head, the gate sigmoid(lambda_h) (T-CNN eq. 7), the locality
-  strength alpha_h and the span 1 / alpha_h (Fig. 4), the attention centre Delta_h, and with images the nonlocality of
-  ConViT (arXiv:2103.10697) eq. 8.
+  strength alpha_h, the span 1 / alpha_h (Fig. 4) and the width sigma_h = 1 / sqrt(2 alpha_h) of the positional
+  Gaussian, the attention centre Delta_h, and with images the nonlocality of ConViT (arXiv:2103.10697) eq. 8 and
+  the share of attention on padded keys.
 * ``attention_maps(model, x, query)``: content, positional and gated (mixed) attention of every head of every GPSA
   layer for one query pixel (Fig. 5), from ``GPSA.attention`` on the layer's actual input.
 * ``nonlocality(model, images)``: ``D^h = (1 / L) sum_q sum_k A^h_qk |delta_qk|`` averaged over images (ConViT
   eq. 8), where ``delta`` is the key - query offset in tokens of the layer's input grid (padded coordinates, the
   same ones as the attention centres, so the exact configuration gives ``D^h = |Delta_h|``).
+
+Padding. The keys of a GPSA layer include the conv's zero-padding tokens (needed for exactness: the layer computes
+the conv), and attention lands there: on a resnet18d T-CNN at 224 px, paper init, about a quarter of the stride-1
+layers' gated attention. ConViT has no padding and averages over real patches only. Both are reported: the
+nonlocality over all keys (``D^h`` above), over the real keys only with each query's attention renormalised over them,
+and the share of attention on padded keys.
+
+Units (``UNITS``). Distances are in tokens of each layer's own input grid (for a 224 px ResNet: 14 x 14 tokens of
+16 px before the stride-2 layer, 7 x 7 of 32 px after), so layers side by side are not on one scale; they are also
+given in pixels of the model input (offsets scaled by the token size, image size / grid size) and as a fraction of the
+input image's diagonal. alpha multiplies a squared distance in the positional logits ``-alpha |delta - Delta|^2``:
+alpha is in 1/tokens^2, the span 1/alpha in tokens^2 (not a distance), and the positional attention is a Gaussian of
+standard deviation sigma = 1 / sqrt(2 alpha) tokens along each axis.
 """
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+import math
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -21,10 +36,25 @@ from .convert import eval_mode, gpsa_layers, gpsa_summary
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 from .gpsa import GPSA
 
-__all__ = ['AttentionMaps', 'ATTENTION_PARTS', 'capture_gpsa_inputs', 'attention_maps', 'query_cell',
+__all__ = ['AttentionMaps', 'ATTENTION_PARTS', 'UNITS', 'capture_gpsa_inputs', 'attention_maps', 'query_cell',
            'nonlocality', 'summarize']
 
 ATTENTION_PARTS = ('mixed', 'content', 'positional')
+# The unit of every quantity of summarize() / summary.json (the keys of a layer entry, by prefix).
+UNITS = {
+    'gate': 'sigmoid(lambda_h), 0-1 (1: positional attention only, 0: content only)',
+    'alpha': '1/tokens^2 (multiplies the squared offset in the positional logits)',
+    'span': 'tokens^2 (1/alpha; not a distance)',
+    'sigma': 'tokens (1/sqrt(2 alpha), standard deviation of the positional Gaussian along each axis)',
+    'center': 'tokens (row, col offset of the attention centre from the query)',
+    'nonlocality': "tokens of the layer's input grid (ConViT eq. 8, over all keys, padded ones included)",
+    'nonlocality_real': "tokens of the layer's input grid (over the real keys, each query's attention renormalised)",
+    'padding_share': 'fraction of attention on padded keys, 0-1',
+    'px': 'pixels of the model input image (token offsets times the token size, image size / grid size)',
+    'image_fraction': "fraction of the model input image's diagonal",
+    'grid': "the layer's input grid (rows, cols), tokens",
+    'token_px': 'input-image pixels per token (rows, cols)',
+}
 
 Images = Union[torch.Tensor, Iterable[Any]]
 
@@ -178,15 +208,29 @@ def attention_maps(
     return result
 
 
-def _offset_norms(layer: GPSA, out_size: Sequence[int], key_size: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``|key - query|`` in tokens of the layer's (padded) input grid, ``(N_q, N_k)``."""
+def _offsets(layer: GPSA, out_size: Sequence[int], key_size: Sequence[int],
+             device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row and column offsets key - query in tokens of the layer's (padded) input grid, broadcastable to
+    ``(H_out, W_out, H_k, W_k)``: ``(H_out, 1, H_k, 1)`` and ``(1, W_out, 1, W_k)``."""
     qy = torch.arange(out_size[0], device=device, dtype=torch.float32) * layer.stride[0] + layer.anchor[0]
     qx = torch.arange(out_size[1], device=device, dtype=torch.float32) * layer.stride[1] + layer.anchor[1]
     ky = torch.arange(key_size[0], device=device, dtype=torch.float32)
     kx = torch.arange(key_size[1], device=device, dtype=torch.float32)
-    dy = ky[None, None, :, None] - qy[:, None, None, None]  # (H_out, 1, H_k, 1)
-    dx = kx[None, None, None, :] - qx[None, :, None, None]  # (1, W_out, 1, W_k)
-    return torch.sqrt(dy ** 2 + dx ** 2).reshape(len(qy) * len(qx), len(ky) * len(kx))
+    return ky[None, None, :, None] - qy[:, None, None, None], kx[None, None, None, :] - qx[None, :, None, None]
+
+
+def _distances(dy: torch.Tensor, dx: torch.Tensor, scale: Sequence[float] = (1.0, 1.0)) -> torch.Tensor:
+    """``|(dy * scale_y, dx * scale_x)|`` as an ``(N_q, N_k)`` matrix."""
+    d = torch.sqrt((dy * scale[0]) ** 2 + (dx * scale[1]) ** 2)
+    return d.reshape(d.shape[0] * d.shape[1], d.shape[2] * d.shape[3])
+
+
+def _real_keys(layer: GPSA, key_size: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``(N_k,)`` float mask of the keys on the layer's real input (1) rather than its padding (0)."""
+    (ph, pw), (hk, wk) = layer.padding, key_size
+    mask = torch.zeros(hk, wk, device=device)
+    mask[ph:hk - ph, pw:wk - pw] = 1.0
+    return mask.flatten()
 
 
 def _batches(images: Images) -> Iterator[torch.Tensor]:
@@ -198,13 +242,33 @@ def _batches(images: Images) -> Iterator[torch.Tensor]:
         yield x if x.ndim == 4 else x[None]
 
 
+class _Sums:
+    """Per-head sums over images of per-image means over queries, and the count of images."""
+
+    def __init__(self):
+        self.values: Dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, per_query: torch.Tensor) -> None:
+        """``per_query``: ``(B, N_h, N_q)``."""
+        v = per_query.mean(-1).sum(0)
+        self.values[key] = self.values[key] + v if key in self.values else v
+
+    def mean(self, key: str, count: int) -> List[float]:
+        return (self.values[key] / count).cpu().tolist()
+
+
 @torch.no_grad()
 def nonlocality(model: nn.Module, images: Images) -> Dict[str, Dict[str, Any]]:
-    """Nonlocality of ConViT eq. 8 per GPSA layer and head, averaged over images.
+    """Nonlocality of ConViT eq. 8 and the share of attention on padded keys, per GPSA layer and head, averaged over
+    images.
 
     ``D^h = (1 / L) sum_q sum_k A^h_qk |delta_qk|`` over the ``L`` queries of the layer, with ``delta`` in tokens of
-    the layer's input grid; the layer value is the mean over heads. Computed for the mixed attention (what the
-    layer uses) and for its content and positional parts.
+    the layer's input grid, over all keys including the padding (the layer's keys). Over the real keys only, each
+    query's attention is renormalised first: ``sum_{k real} A_qk |delta_qk| / sum_{k real} A_qk`` (ConViT has no
+    padding: its sum runs over the image's patches). The padding share is ``(1 / L) sum_q sum_{k padded} A_qk``.
+    Each is computed for the mixed attention (what the layer uses) and for its content and positional parts; layer
+    values are means over heads. The mixed attention's nonlocality is also given in pixels of the model input and as
+    a fraction of the image diagonal (offsets scaled by the token size, image size / grid size, per axis).
 
     Args:
         model: A T-CNN.
@@ -212,35 +276,75 @@ def nonlocality(model: nn.Module, images: Images) -> Dict[str, Dict[str, Any]]:
             DataLoader yields).
 
     Returns:
-        Per layer: ``{'mixed': [per head], 'content': [...], 'positional': [...], 'mean': layer value of the mixed
-        attention, 'num_images': n}``.
+        Per layer, per-head lists (see ``UNITS``): ``'mixed'``, ``'content'``, ``'positional'`` (tokens, all keys)
+        and their layer value ``'mean'`` (mixed); ``'real'`` and ``'padding_share'``, each ``{part: per head}``,
+        with ``'real_mean'`` and ``'padding_share_mean'`` (mixed); ``'px'``, ``'real_px'``, ``'image_fraction'``,
+        ``'real_image_fraction'`` (mixed) with their ``*_mean``; the geometry ``'grid'`` (the layer's input grid),
+        ``'keys'`` (padded), ``'queries'``, ``'image'`` (pixels) and ``'token_px'`` (None if the batches differ in
+        size); ``'num_images'``.
     """
     layers = dict(_require_gpsa(model))
     if images is None or isinstance(images, (str, bytes)):
         raise InvalidTypeError(f'images must be a tensor of images or an iterable of batches, got '
                                f'{type(images).__name__}')
-    sums: Dict[str, Dict[str, torch.Tensor]] = {}
+    sums: Dict[str, _Sums] = {}
+    geometry: Dict[str, Dict[str, Any]] = {}
     count = 0
     for x in _batches(images):
+        image = x.shape[-2:]
         for name, feats in capture_gpsa_inputs(model, x).items():
-            att = layers[name].attention(feats)
-            dist = _offset_norms(layers[name], att['out_size'].tolist(), att['key_size'].tolist(), feats.device)
-            acc = sums.setdefault(name, {})
+            layer = layers[name]
+            att = layer.attention(feats)
+            grid = feats.shape[-2:]
+            out_size, key_size = att['out_size'].tolist(), att['key_size'].tolist()
+            token_px = (image[0] / grid[0], image[1] / grid[1])
+            geo = {'grid': list(grid), 'keys': key_size, 'queries': out_size, 'image': list(image),
+                   'token_px': list(token_px)}
+            known = geometry.setdefault(name, geo)
+            for key, value in geo.items():  # batches of other sizes: no single geometry to report
+                if known[key] is not None and known[key] != value:
+                    known[key] = None
+            dy, dx = _offsets(layer, out_size, key_size, feats.device)
+            dist, dist_px = _distances(dy, dx), _distances(dy, dx, token_px)
+            real = _real_keys(layer, key_size, feats.device)
+            diagonal = math.hypot(image[0], image[1])
+            acc = sums.setdefault(name, _Sums())
             for part in ATTENTION_PARTS:
                 a = att[part].float()
                 a = a if a.ndim == 4 else a[None].expand(feats.shape[0], -1, -1, -1)
-                d = (a * dist).sum(-1).mean(-1).sum(0)  # sum over images of the per-head mean over queries
-                acc[part] = acc[part] + d if part in acc else d
+                a_real = a * real
+                mass = a_real.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)
+                acc.add(part, (a * dist).sum(-1))
+                acc.add(f'real_{part}', (a_real * dist).sum(-1) / mass)
+                acc.add(f'padding_{part}', (a - a_real).sum(-1))
+                if part == 'mixed':
+                    px, real_px = (a * dist_px).sum(-1), (a_real * dist_px).sum(-1) / mass
+                    acc.add('px', px)
+                    acc.add('real_px', real_px)
+                    acc.add('image_fraction', px / diagonal)
+                    acc.add('real_image_fraction', real_px / diagonal)
         count += x.shape[0]
     if count == 0:
         raise TcnnError('no images to measure the nonlocality on')
     out = {}
     for name, acc in sums.items():
-        per_head = {part: (acc[part] / count).cpu() for part in ATTENTION_PARTS}
-        out[name] = {part: v.tolist() for part, v in per_head.items()}
-        out[name]['mean'] = per_head['mixed'].mean().item()
-        out[name]['num_images'] = count
+        entry: Dict[str, Any] = {part: acc.mean(part, count) for part in ATTENTION_PARTS}
+        entry['real'] = {part: acc.mean(f'real_{part}', count) for part in ATTENTION_PARTS}
+        entry['padding_share'] = {part: acc.mean(f'padding_{part}', count) for part in ATTENTION_PARTS}
+        for key in ('px', 'real_px', 'image_fraction', 'real_image_fraction'):
+            entry[key] = acc.mean(key, count)
+            entry[f'{key}_mean'] = _mean(entry[key])
+        entry['mean'] = _mean(entry['mixed'])
+        entry['real_mean'] = _mean(entry['real']['mixed'])
+        entry['padding_share_mean'] = _mean(entry['padding_share']['mixed'])
+        entry.update(geometry[name])
+        entry['num_images'] = count
+        out[name] = entry
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 def summarize(model: nn.Module, images: Optional[Images] = None) -> Dict[str, Any]:
@@ -248,25 +352,51 @@ def summarize(model: nn.Module, images: Optional[Images] = None) -> Dict[str, An
 
     Args:
         model: A T-CNN.
-        images: Optional images (see ``nonlocality``); without them the nonlocality is ``None``.
+        images: Optional images (see ``nonlocality``); without them the image-dependent entries are ``None``.
 
     Returns:
-        ``{'config': model.tcnn_config or None, 'num_images': n, 'layers': {name: {'gate', 'alpha', 'span', 'center'
-        (per head), 'gate_mean', 'span_mean', 'nonlocality': per-head list of the mixed attention or None,
-        'nonlocality_mean', 'nonlocality_content', 'nonlocality_positional'}}}``.
+        ``{'config': model.tcnn_config or None, 'num_images': n, 'units': UNITS, 'layers': {name: {...}}}``; per
+        layer, per-head lists and their layer means (``*_mean``): ``gate``, ``alpha``, ``span``, ``sigma``,
+        ``center``; with images ``nonlocality`` (mixed attention, all keys; ``nonlocality_content``,
+        ``nonlocality_positional``), ``nonlocality_real`` (real keys renormalised; ``nonlocality_real_content``,
+        ``nonlocality_real_positional``), ``padding_share`` (``padding_share_content``, ``padding_share_positional``),
+        ``nonlocality_px``, ``nonlocality_real_px``, ``nonlocality_image_fraction``,
+        ``nonlocality_real_image_fraction``, and the geometry ``grid``, ``token_px``, ``image``.
     """
     _require_gpsa(model)
     layers = gpsa_summary(model)
     nl = nonlocality(model, images) if images is not None else {}
     for name, entry in layers.items():
-        values = nl.get(name)
-        entry['nonlocality'] = values['mixed'] if values else None
-        entry['nonlocality_mean'] = values['mean'] if values else None
-        entry['nonlocality_content'] = values['content'] if values else None
-        entry['nonlocality_positional'] = values['positional'] if values else None
+        entry.update(_image_entries(nl.get(name)))
     config = getattr(model, 'tcnn_config', None)
     return {
         'config': dict(config) if config else None,
         'num_images': next(iter(nl.values()))['num_images'] if nl else 0,
+        'units': dict(UNITS),
         'layers': layers,
     }
+
+
+# summarize()'s image-dependent entries of a layer: where each is in a nonlocality() layer entry.
+_IMAGE_ENTRIES = {
+    'nonlocality': ('mixed',), 'nonlocality_mean': ('mean',),
+    'nonlocality_content': ('content',), 'nonlocality_positional': ('positional',),
+    'nonlocality_real': ('real', 'mixed'), 'nonlocality_real_mean': ('real_mean',),
+    'nonlocality_real_content': ('real', 'content'), 'nonlocality_real_positional': ('real', 'positional'),
+    'padding_share': ('padding_share', 'mixed'), 'padding_share_mean': ('padding_share_mean',),
+    'padding_share_content': ('padding_share', 'content'), 'padding_share_positional': ('padding_share', 'positional'),
+    **{f'nonlocality_{k}{m}': (f'{k}{m}',) for k in ('px', 'real_px', 'image_fraction', 'real_image_fraction')
+       for m in ('', '_mean')},
+    'grid': ('grid',), 'token_px': ('token_px',), 'image': ('image',),
+}
+
+
+def _image_entries(values: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """A layer's image-dependent entries of ``summarize`` (all None without images)."""
+    out = {}
+    for name, path in _IMAGE_ENTRIES.items():
+        v = values
+        for key in path if values else ():
+            v = v[key]
+        out[name] = v
+    return out

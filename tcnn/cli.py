@@ -20,6 +20,7 @@ COMMANDS = {
     'inspect': ('tcnn.commands.inspect', 'gates, spans, nonlocality and attention-map figures of a T-CNN'),
     'plot': ('tcnn.commands.plot', 'training curves (accuracy, gates, spans) of a run directory'),
     'eval': ('tcnn.commands.eval', 'accuracy on ImageNet / ImageNet-C / -A / -R layouts'),
+    'publish': ('tcnn.commands.publish', 'write a T-CNN as a Hugging Face Hub folder with a model card (and push it)'),
 }
 
 

@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import os
 import random
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -30,9 +30,10 @@ from torch.utils.data import Dataset
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 
 __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
-           'recipe_data_config', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images', 'load_images', 'denormalize',
-           'build_transforms', 'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec', 'is_reader_spec',
-           'open_reader_datasets', 'StreamDataset', 'ReaderDataset', 'TrainingData', 'num_images', 'open_training_data']
+           'recipe_data_config', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images', 'sample_images',
+           'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec',
+           'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset', 'TrainingData', 'num_images',
+           'open_training_data']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
@@ -184,7 +185,8 @@ def open_dataset(data: str, split: str, *, class_map: Optional[Dict[str, int]] =
     return dataset
 
 
-def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None) -> Dict[str, Any]:
+def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None,
+                use_test_size: bool = False) -> Dict[str, Any]:
     """The eval preprocessing of ``model`` (``DATA_CONFIG_KEYS``): the one place tcnn asks for it.
 
     timm's ``resolve_data_config`` reads the model's ``pretrained_cfg`` (``tcnn.load`` puts a T-CNN file's stored
@@ -195,6 +197,10 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
         model: The model itself (not a DDP wrapper: ``tcnn.save`` unwraps before asking).
         img_size: Square input resolution instead of the model's.
         crop_pct: Centre-crop fraction instead of the model's.
+        use_test_size: The model's test size and crop (``test_input_size``, ``test_crop_pct`` of its
+            ``pretrained_cfg``, as timm's ``validate.py`` uses by default) where it has them, instead of its
+            ``input_size`` and ``crop_pct`` (for timm's pretrained CNNs, often the smaller training size: resnetrs50
+            160 px vs 224 px at test).
     """
     check_image_options(img_size, crop_pct)
     config = None
@@ -202,7 +208,7 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
     if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):
         config = _torchvision_data_config(source.split(':', 1)[1])
     if config is None:
-        config = resolve_data_config({}, model=model)
+        config = resolve_data_config({}, model=model, use_test_size=use_test_size)
     config = {k: config[k] for k in DATA_CONFIG_KEYS if k in config}
     config.setdefault('crop_mode', 'center')
     if img_size is not None:
@@ -261,6 +267,40 @@ def find_images(root: str, limit: Optional[int] = None) -> List[str]:
     if not found:
         raise TcnnError(f'no images ({", ".join(IMAGE_EXTENSIONS)}) under {root}')
     return found
+
+
+def sample_images(images: Union[str, Sequence[str]], limit: int, seed: int = 0) -> List[str]:
+    """A seeded sample of at most ``limit`` image files, spread evenly over their folders (the classes of an
+    ImageFolder), sorted.
+
+    The first ``limit`` files in sorted order of an ImageNet val folder are a handful of classes (512 images: 11
+    classes, all fish, sharks, rays and birds); here the folders are visited in a seeded random order, one random
+    image of each per round, so ``limit`` images of ``n`` folders cover ``min(limit, n)`` of them.
+
+    Args:
+        images: A folder (searched recursively, as ``find_images``) or a list of image paths.
+        limit: The sample size; a folder with at most ``limit`` images gives them all.
+        seed: Seed of the draw (Python's ``random.Random``: the same sample on every platform).
+    """
+    check_number(limit, 'limit', ge=1, integer=True)
+    check_number(seed, 'seed', integer=True)
+    paths = find_images(images) if isinstance(images, str) else sorted(images)
+    if len(paths) <= limit:
+        return paths
+    rng = random.Random(seed)
+    folders: Dict[str, List[str]] = {}
+    for p in paths:
+        folders.setdefault(os.path.dirname(p), []).append(p)
+    queues = [folders[d] for d in sorted(folders)]
+    for q in queues:
+        rng.shuffle(q)
+    rng.shuffle(queues)
+    picked: List[str] = []
+    for i in range(max(len(q) for q in queues)):  # round robin: one image per folder and round
+        picked += [q[i] for q in queues if i < len(q)][:limit - len(picked)]
+        if len(picked) == limit:
+            break
+    return sorted(picked)
 
 
 def load_images(paths: Sequence[str], data_config: Dict[str, Any]) -> torch.Tensor:

@@ -450,7 +450,8 @@ def _evaluate(ctx: _Context, files: Mapping[str, str]) -> Dict[str, Any]:
     out = os.path.join(ctx.out, 'eval.json')
     argv = ['eval', *files.values(), '--names', *files.keys(), '--suite', 'imagenet', 'imagenet-c',
             '--data', os.path.join(ctx.data, 'test'), os.path.join(ctx.data, CORRUPTED_SPLIT),
-            '--img-size', str(IMG_SIZE), '--crop-pct', '1.0', '--device', ctx.device, '--out', out]
+            '--img-size', str(IMG_SIZE), '--crop-pct', '1.0', '--imagenet-c-size', str(IMG_SIZE),
+            '--device', ctx.device, '--out', out]
     if ctx.workers is not None:
         argv += ['--workers', str(ctx.workers)]
     if not ctx.progress:
@@ -475,10 +476,16 @@ def _analyse(ctx: _Context, model_file: str) -> Dict[str, Any]:
     batches = (load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
     with torch.no_grad():
         summary = analysis.summarize(model, batches)
-    return {'num_images': summary['num_images'], 'layers': {
-        name: {k: entry[k] for k in ('gate', 'span', 'gate_mean', 'span_mean', 'nonlocality', 'nonlocality_mean',
-                                     'nonlocality_content', 'nonlocality_positional')}
+    return {'num_images': summary['num_images'], 'units': summary['units'], 'layers': {
+        name: {k: entry[k] for k in ('gate', 'span', 'sigma', 'nonlocality', 'nonlocality_content',
+                                     'nonlocality_positional', 'nonlocality_real', 'padding_share', 'grid', 'token_px',
+                                     *ANALYSIS_MEANS)}
         for name, entry in summary['layers'].items()}}
+
+
+# Layer means of tcnn.analysis.summarize that the report shows (their units: tcnn.analysis.UNITS).
+ANALYSIS_MEANS = ('gate_mean', 'span_mean', 'sigma_mean', 'nonlocality_mean', 'nonlocality_real_mean',
+                  'padding_share_mean')
 
 
 def _layer_means(analysis_result: Mapping[str, Any], key: str) -> Optional[float]:
@@ -677,9 +684,7 @@ def _collect(ctx: _Context, report: Mapping[str, Any], runs: List[Dict[str, Any]
         r['train_s'] = _train_time(r['run_dir'])
         r['analysis'] = _analyse(ctx, r['model_file']) if r['arm'] not in (CNN, 'no-sa') else None
         if r['analysis']:
-            r['gate_mean'] = _layer_means(r['analysis'], 'gate_mean')
-            r['span_mean'] = _layer_means(r['analysis'], 'span_mean')
-            r['nonlocality_mean'] = _layer_means(r['analysis'], 'nonlocality_mean')
+            r.update({key: _layer_means(r['analysis'], key) for key in ANALYSIS_MEANS})
     per_seed = [{k: c.get(k) for k in _CONVERSION_KEYS} for c in conversions]
     worst = max(per_seed, key=lambda c: c['max_rel_err'])
     return {
@@ -723,11 +728,10 @@ def _analyse_init(ctx: _Context) -> Dict[str, Any]:
     for seed in range(ctx.plan.seeds):
         path = ctx.model_file(run_name(seed, 'init-t-cnn'))
         result = _analyse(ctx, path)
-        seeds.append({'seed': seed, 'model_file': path, 'gate_mean': _layer_means(result, 'gate_mean'),
-                      'span_mean': _layer_means(result, 'span_mean'),
-                      'nonlocality_mean': _layer_means(result, 'nonlocality_mean'), 'analysis': result})
+        seeds.append({'seed': seed, 'model_file': path, **{key: _layer_means(result, key) for key in ANALYSIS_MEANS},
+                      'analysis': result})
     out: Dict[str, Any] = {}
-    for key in ('gate_mean', 'span_mean', 'nonlocality_mean'):
+    for key in ANALYSIS_MEANS:
         values = [s[key] for s in seeds if s[key] is not None]
         out[key] = sum(values) / len(values) if values else None
     out['seeds'] = seeds
@@ -949,9 +953,9 @@ def verdict(results: Mapping[str, Any]) -> List[str]:
                 'barely moved')
         line = (f'Did the T-CNN learn to use attention? Mean gate sigma(lambda) {init["gate_mean"]:.3f} at init -> '
                 f'{gate:.3f} after fine-tuning ({moved}); mean span 1/alpha {init["span_mean"]:.2f} -> {span:.2f} '
-                f'({grew})')
+                f'tokens^2 ({grew})')
         if nl and init.get('nonlocality_mean') is not None:
-            line += f'; mean nonlocality {init["nonlocality_mean"]:.2f} -> {sum(nl) / len(nl):.2f} token widths'
+            line += f'; mean nonlocality {init["nonlocality_mean"]:.2f} -> {sum(nl) / len(nl):.2f} tokens'
         lines.append(line + '.')
     return lines
 
@@ -992,7 +996,8 @@ def _readme_result(results: Mapping[str, Any]) -> str:
     return f"""# tcnn demo: a Transformed CNN in miniature
 
 T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
-(ConViT, arXiv:2103.10697) that start from the CNN's function, then the hybrid is fine-tuned. This folder holds the
+(ConViT, arXiv:2103.10697) that hold the CNN's filters (in their exact configuration, the CNN's function), then
+the hybrid is fine-tuned. This folder holds the
 whole experiment on a task made for it, with every file needed to check the numbers.
 {smoke}
 ## Result ({seeds_note}; test split, never used to choose settings)
@@ -1037,15 +1042,15 @@ documented range are what this demo gives, not a failure to reproduce it.
 
 def _readme_details(results: Mapping[str, Any]) -> str:
     """Per seed (with the attention statistics) and per corruption."""
+    def attention(r: Mapping[str, Any]) -> List[str]:  # the ANALYSIS_MEANS columns
+        return ['' if r.get(key) is None else format(r[key] * scale, fmt) for key, fmt, scale in (
+            ('gate_mean', '.3f', 1), ('span_mean', '.2f', 1), ('sigma_mean', '.2f', 1), ('nonlocality_mean', '.2f', 1),
+            ('nonlocality_real_mean', '.2f', 1), ('padding_share_mean', '.1f', 100))]
+
     per_seed = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["clean_top1"]:.1f}', f'{r["corrupted_top1"]:.1f}',
-                 '' if r.get('gate_mean') is None else f'{r["gate_mean"]:.3f}',
-                 '' if r.get('span_mean') is None else f'{r["span_mean"]:.2f}',
-                 '' if r.get('nonlocality_mean') is None else f'{r["nonlocality_mean"]:.2f}',
-                 f'{r["train_s"]:.0f}'] for r in results['runs']]
+                 *attention(r), f'{r["train_s"]:.0f}'] for r in results['runs']]
     for init in results['init']['seeds']:
-        per_seed.append([str(init['seed']), 'T-CNN at init (before fine-tuning)', '', '', f'{init["gate_mean"]:.3f}',
-                         f'{init["span_mean"]:.2f}',
-                         '' if init.get('nonlocality_mean') is None else f'{init["nonlocality_mean"]:.2f}', ''])
+        per_seed.append([str(init['seed']), 'T-CNN at init (before fine-tuning)', '', '', *attention(init), ''])
     corr_names = list(results['runs'][0]['corruptions'])
     corr_rows = []
     for arm in results['summary']:
@@ -1053,15 +1058,22 @@ def _readme_details(results: Mapping[str, Any]) -> str:
         corr_rows.append([ARM_TITLES[arm]] + [
             f'{sum(r["corruptions"][c]["top1"] for r in rs) / len(rs):.1f}' for c in corr_names])
     analysed = next((r['analysis'] for r in results['runs'] if r.get('analysis')), {})
+    grids = sorted({f'{e["grid"][0]}x{e["grid"][1]} tokens of {e["token_px"][0]:.3g} px' for e in
+                    analysed.get('layers', {}).values() if e.get('grid')})
     return f"""
 ### Per seed
 
-{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ)', 'span 1/α', 'nonlocality',
-            'train s'], per_seed)}
+{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ), 0-1', 'span 1/α, tokens²',
+            'σ = 1/√(2α), tokens', 'nonlocality, tokens', 'nonlocality on real keys, tokens',
+            'attention on padding, %', 'train s'], per_seed)}
 
-Gate: mean over heads and GPSA layers of sigma(lambda) (1: positional attention only, 0: content only). Span:
-1/alpha. Nonlocality: mean distance, in tokens, between a query and the keys it attends to (mixed attention),
-averaged over {analysed.get('num_images', 0)} test images.
+Means over heads and GPSA layers, with `tcnn.analysis` (docs/analysis.md, "What the numbers mean"). Gate:
+sigma(lambda) (1: positional attention only, 0: content only). Span: 1/alpha, in tokens² (not a distance); σ: the
+width (standard deviation) of the positional Gaussian, in tokens. Nonlocality (ConViT eq. 8): mean distance between a
+query and the keys it attends to (gated attention), in tokens of the layers' input grid
+({', '.join(grids) or 'not measured'}), over all keys including the conv's zero padding, and over the real keys with
+each query's attention renormalised over them; attention on padding: the share of the gated attention on padded keys.
+Averaged over {analysed.get('num_images', 0)} test images.
 
 ### Accuracy by corruption (top-1 %, mean over severities and seeds)
 

@@ -18,7 +18,7 @@ still wins, everything fitting in cache with fewer, larger operations: ``attend_
 """
 import contextlib
 import math
-from typing import ContextManager, Dict, Optional, Tuple
+from typing import ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
@@ -152,10 +152,17 @@ def _folded_values(values: torch.Tensor, taps: torch.Tensor, work: _Workspace) -
 
 class _AttendDepthwise(torch.autograd.Function):
     """``attn @ U`` per chunk of images and channels; see the module docstring. Inputs share one dtype; autocast is
-    off inside, so forward and backward run in that dtype."""
+    off inside, so forward and backward run in that dtype.
+
+    Written for ``torch.func`` as well as for autograd: ``forward`` and ``setup_context`` are separate, the backward
+    is itself an autograd function (``_AttendDepthwiseBackward``, with the same chunked GEMMs), and both have vmap
+    rules, so ``vmap(grad(...))`` (per-sample gradients) works. Twice differentiable (and more): the product is
+    linear in each of its three inputs, so every derivative of it is one of these two functions again (see
+    ``_AttendDepthwiseBackward.backward``).
+    """
 
     @staticmethod
-    def forward(ctx, attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    def forward(attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
         b, n_q, channels = attn.shape[0], attn.shape[1], taps.shape[1]
         images, chunk = _plan(b, attn.shape[2], channels, values.device)
         out = values.new_empty(b, n_q, channels)
@@ -168,18 +175,47 @@ class _AttendDepthwise(torch.autograd.Function):
                     u = _folded_values(v[:, :, c0:c1], taps[:, c0:c1], work)
                     # through a contiguous buffer: torch.compile refuses a strided out= (a slice of `out`)
                     out[b0:b0 + images, :, c0:c1] = torch.bmm(a, u, out=work.take('out', a.shape[0], n_q, c1 - c0))
-        ctx.save_for_backward(attn, values, taps)
-        ctx.plan = images, chunk
         return out
+
+    @staticmethod
+    def setup_context(ctx, inputs: Tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         attn, values, taps = ctx.saved_tensors
         need_attn, need_values, need_taps = ctx.needs_input_grad
-        images, chunk = ctx.plan
+        grad_attn, grad_values, grad_taps = _AttendDepthwiseBackward.apply(
+            grad_out, attn, values, taps, need_attn, need_values or need_taps)
+        return grad_attn, grad_values if need_values else None, grad_taps if need_taps else None
+
+    @staticmethod
+    def vmap(info, in_dims: Tuple[Optional[int], ...], attn: torch.Tensor, values: torch.Tensor,
+             taps: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """Under ``torch.vmap``: with shared taps (a layer's filter) the vmapped dimension joins the images, one call
+        over all of them; per-sample taps, one call per sample."""
+        if in_dims[2] is None:
+            n = info.batch_size
+            attn, values = _batch_first(attn, in_dims[0], n), _batch_first(values, in_dims[1], n)
+            out = _AttendDepthwise.apply(attn.flatten(0, 1), values.flatten(0, 1), taps)
+            return out.view(n, attn.shape[1], *out.shape[1:]), 0
+        return torch.stack([_AttendDepthwise.apply(*sample)
+                            for sample in _samples(info.batch_size, in_dims, (attn, values, taps))]), 0
+
+
+class _AttendDepthwiseBackward(torch.autograd.Function):
+    """The gradients of ``_AttendDepthwise`` for ``grad_out``: ``(dL/dattn, dL/dvalues, dL/dtaps)``, each None where
+    not asked for (``need_attn``; ``need_values_taps`` for the last two, computed together), with the chunked GEMMs of
+    ``_grad_attn`` and ``_grad_values_taps``. An autograd function itself, so that the product is twice
+    differentiable."""
+
+    @staticmethod
+    def forward(grad_out: torch.Tensor, attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor,
+                need_attn: bool, need_values_taps: bool) -> Tuple[Optional[torch.Tensor], ...]:
+        images, chunk = _plan(attn.shape[0], attn.shape[2], taps.shape[1], values.device)
         grad_attn = torch.empty_like(attn) if need_attn else None
-        grad_values = torch.empty_like(values) if need_values or need_taps else None
-        grad_taps = torch.zeros_like(taps) if need_values or need_taps else None
+        grad_values = torch.empty_like(values) if need_values_taps else None
+        grad_taps = torch.zeros_like(taps) if need_values_taps else None
         work = _Workspace(values)
         with _autocast_off(values):
             for b0 in range(0, attn.shape[0], images):
@@ -189,7 +225,59 @@ class _AttendDepthwise(torch.autograd.Function):
                 if grad_values is not None:
                     _grad_values_taps(grad_out[part], attn[part], values[part], taps, chunk, grad_values[part],
                                       grad_taps, work)
-        return grad_attn, grad_values if need_values else None, grad_taps if need_taps else None
+        return grad_attn, grad_values, grad_taps
+
+    @staticmethod
+    def setup_context(ctx, inputs: Tuple, output: Tuple) -> None:
+        ctx.save_for_backward(*inputs[:4])
+
+    @staticmethod
+    def backward(ctx, gg_attn: Optional[torch.Tensor], gg_values: Optional[torch.Tensor],
+                 gg_taps: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
+        """The first-order gradients are contractions of one 4-linear form ``T(G, A, V, w) = sum G A w V`` (the
+        product's output against ``G``): ``dL/dA = dT/dA`` and so on. What reaches them back, ``<gg_A, dT/dA> +
+        <gg_V, dT/dV> + <gg_w, dT/dw>``, is ``T`` with one argument replaced by its ``gg``; its derivative in ``G``
+        is the product of the other three (``_AttendDepthwise``), in ``A``, ``V`` or ``w`` a first-order gradient of
+        it (this function)."""
+        grad_out, attn, values, taps = ctx.saved_tensors
+        need = ctx.needs_input_grad[:4]
+        parts: Tuple[list, list, list, list] = ([], [], [], [])  # contributions to the grads of G, A, V, w
+        for i, gg in ((1, gg_attn), (2, gg_values), (3, gg_taps)):
+            if gg is None:
+                continue
+            args = [attn, values, taps]
+            args[i - 1] = gg  # T(G, ..., gg in place of input i, ...)
+            if need[0]:
+                parts[0].append(_AttendDepthwise.apply(*args))
+            others = [j for j in (1, 2, 3) if j != i and need[j]]
+            if others:
+                grads = _AttendDepthwiseBackward.apply(grad_out, *args, 1 in others, 2 in others or 3 in others)
+                for j in others:
+                    parts[j].append(grads[j - 1])
+        total = [sum(p[1:], p[0]) if p else None for p in parts]
+        return total[0], total[1], total[2], total[3], None, None
+
+    @staticmethod
+    def vmap(info, in_dims: Tuple[Optional[int], ...], grad_out: torch.Tensor, attn: torch.Tensor,
+             values: torch.Tensor, taps: torch.Tensor, need_attn: bool,
+             need_values_taps: bool) -> Tuple[Tuple[Optional[torch.Tensor], ...], Tuple[Optional[int], ...]]:
+        """Under ``torch.vmap`` (``vmap(grad(...))``): one call per sample, since the taps' gradient sums over the
+        images, which the vmapped dimension must not join."""
+        per_sample = [_AttendDepthwiseBackward.apply(*sample, need_attn, need_values_taps)
+                      for sample in _samples(info.batch_size, in_dims[:4], (grad_out, attn, values, taps))]
+        grads = tuple(torch.stack([g[k] for g in per_sample]) if need else None
+                      for k, need in enumerate((need_attn, need_values_taps, need_values_taps)))
+        return grads, tuple(0 if g is not None else None for g in grads)
+
+
+def _batch_first(t: torch.Tensor, dim: Optional[int], n: int) -> torch.Tensor:
+    """A vmapped input with its vmapped dimension first (expanded to ``n`` where it has none)."""
+    return t.movedim(dim, 0) if dim is not None else t.expand(n, *t.shape)
+
+
+def _samples(n: int, in_dims: Tuple[Optional[int], ...], args: Tuple[torch.Tensor, ...]) -> List[List[torch.Tensor]]:
+    """The arguments of each of the ``n`` samples of vmapped ``args`` (unbatched ones shared)."""
+    return [[a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)] for i in range(n)]
 
 
 def _grad_attn(grad_out: torch.Tensor, values: torch.Tensor, taps: torch.Tensor, grad_attn: torch.Tensor,

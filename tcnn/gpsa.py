@@ -18,7 +18,7 @@ Borders and strides are exact: the input is padded like the conv pads it (the pa
 and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
 """
 import math
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -30,11 +30,12 @@ from .errors import InvalidArgumentError, InvalidTypeError, check_number
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
            'match_grouped_storage']
 
-# Locality strength and gate of the exact configuration (alpha >= 30 and lambda >= 20 suffice).
-# With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(25) rounds to 1.0 in float32,
-# so the layer is the conv up to matmul rounding.
+# Locality strength and gate of the exact configuration (alpha >= 30 and lambda >= 20 suffice in float32).
+# With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(40) = 1 - 4e-18 rounds to 1.0 in
+# float64 too (sigmoid(25) = 1 - 1.4e-11 does so in float32 only, and a float64 layer computes its gate in float64),
+# so the layer is the conv up to matmul rounding in either precision.
 EXACT_LOCALITY = 50.0
-EXACT_GATING = 25.0
+EXACT_GATING = 40.0
 SOFTPLUS_BETA = 5.0
 
 _PairInt = Union[int, Tuple[int, int]]
@@ -90,8 +91,12 @@ class GPSA(nn.Module):
 
     Why the positional softmax is separable: the logit ``-alpha |d - Delta|^2`` splits into a row term plus a
     column term, and keys form a full grid, so the 2-D softmax is the outer product of a row softmax and a column
-    softmax. That is exact (not an approximation), cheaper, and computed once per forward in float32 for the whole
-    batch, from the input's shape only (any size, different call after call, nothing cached on the module).
+    softmax. That is exact (not an approximation), cheaper, and computed once per forward for the whole batch, from
+    the input's shape only (any size, different call after call, nothing cached on the module).
+
+    Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
+    ``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
+    layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
 
     Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
     the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
@@ -134,11 +139,17 @@ class GPSA(nn.Module):
         gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
     """
 
-    # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT): the positional geometry and the gates take no
-    # weight decay, and the gates get their own learning rate. The filter parameters are the conv's (T-CNN eq. 6).
+    # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT). The gates get their own learning rate
+    # (``tcnn.param_groups``). No weight decay (``no_weight_decay()``) on: the positional geometry and the gates (as
+    # ConViT exempts them); the conv's bias ``proj_bias`` (timm and DeiT decay no bias, so the CNN's bias was not
+    # decayed: the conversion must not start decaying it); and ``W_val`` where it is a per-channel gain (depthwise:
+    # ``(C_in, 1)``), which is norm-like (timm decays no 1-D gain; decay would pull the layer's identity init towards
+    # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
+    # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
+    # filter parameters are the conv's (T-CNN eq. 6).
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
-    no_weight_decay_params = positional_params + gating_params
+    no_weight_decay_params = positional_params + gating_params + ('proj_bias',)
     filter_params = ('proj_weight', 'proj_bias')
 
     def __init__(
@@ -307,9 +318,18 @@ class GPSA(nn.Module):
         bias = self.out_chs if self.proj_bias is not None else 0
         return self.out_chs * (self.in_chs // self.conv_groups) * kh * kw + bias
 
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Names of the parameters that take no weight decay (timm's ``no_weight_decay()`` contract; reasons at
+        ``no_weight_decay_params``): the positional and gating parameters, the bias, and a per-channel ``W_val``."""
+        names = {n for n in self.no_weight_decay_params if getattr(self, n) is not None}
+        if self.in_chs // self.groups == 1:
+            names.add('v_weight')
+        return names
+
     def gate(self) -> torch.Tensor:
         """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""
-        return torch.sigmoid(self.gating.float())
+        return torch.sigmoid(_at_least_float32(self.gating))
 
     def conv_filter(self) -> torch.Tensor:
         """The output projection as a conv filter ``(C_out, C_in // groups, kh, kw)`` (``nn.Conv2d``'s layout for
@@ -319,7 +339,8 @@ class GPSA(nn.Module):
 
     def locality_strength(self) -> torch.Tensor:
         """Per-head locality strength alpha, ``(N_h,)``."""
-        return F.softplus(self.pos_locality.float(), beta=5.0)  # SOFTPLUS_BETA (literal for TorchScript)
+        # SOFTPLUS_BETA (literal for TorchScript)
+        return F.softplus(_at_least_float32(self.pos_locality), beta=5.0)
 
     def span(self) -> torch.Tensor:
         """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""
@@ -358,7 +379,8 @@ class GPSA(nn.Module):
         return h_out, w_out
 
     def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
-        """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32.
+        """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32 (float64 for a
+        float64 layer).
 
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
@@ -370,8 +392,8 @@ class GPSA(nn.Module):
         hp = height + 2 * self.padding[0]
         wp = width + 2 * self.padding[1]
         h_out, w_out = self.output_size(height, width)
-        alpha = F.softplus(self.pos_locality.float(), beta=5.0)  # SOFTPLUS_BETA (literal for TorchScript)
-        centers = self.pos_centers.float()
+        alpha = self.locality_strength()
+        centers = _at_least_float32(self.pos_centers)
         py = _axis_softmax(hp, h_out, self.stride[0], self.anchor[0], alpha, centers[:, 0], device)
         px = _axis_softmax(wp, w_out, self.stride[1], self.anchor[1], alpha, centers[:, 1], device)
         return py, px
@@ -484,7 +506,7 @@ class GPSA(nn.Module):
         padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
         """
         ph, pw = self.padding
-        scores = torch.matmul(q * self.scale, k)  # (B, N_h, N_q, N_k)
+        scores = _at_least_float32(torch.matmul(q * self.scale, k))  # (B, N_h, N_q, N_k)
         if self.padding_mode == 'zeros':
             scores = scores.view(scores.shape[0], self.num_heads, scores.shape[2], height, width)
             if ph > 0 or pw > 0:
@@ -501,9 +523,9 @@ class GPSA(nn.Module):
         padded copy; the concatenation that appends the extra key also writes the scores query-major, the order in
         which the value product reads the attention, so the mixed attention needs no reordering copy."""
         ph, pw = self.padding
-        # (B, N_q, N_h, H * W); float32, so that log(n_pad) is not rounded to bf16 under autocast; scaling q is N_k
-        # times less work than scaling the scores
-        scores = torch.matmul(q * self.scale, k).float().transpose(1, 2)
+        # (B, N_q, N_h, H * W); at least float32, so that log(n_pad) is not rounded to bf16 under autocast; scaling q is
+        # N_k times less work than scaling the scores
+        scores = _at_least_float32(torch.matmul(q * self.scale, k)).transpose(1, 2)
         if ph > 0 or pw > 0:  # decided from attributes only, for FX
             n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
             padded = torch.full_like(scores[..., :1], n_pad).log()
@@ -521,7 +543,7 @@ class GPSA(nn.Module):
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, _ = self._project(x)
-        content = self._content_attention(q, k, height, width).flatten(-2).float()
+        content = self._content_attention(q, k, height, width).flatten(-2)
         pos = self.positional_attention(height, width, x.device)
         mixed = torch.lerp(content, pos, self.gate()[:, None, None])
         key_size = [height + 2 * self.padding[0], width + 2 * self.padding[1]]
@@ -545,7 +567,7 @@ class GPSA(nn.Module):
         else:
             content = self._content_attention(q, k, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
         pos = _outer(py, px).to(content.dtype)  # (N_h, N_q, keys_h, keys_w)
-        gate = torch.sigmoid(self.gating.float()).to(content.dtype)[:, None, None]
+        gate = self.gate().to(content.dtype)[:, None, None]
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
         attn = torch.lerp(content, pos.transpose(0, 1), gate)
         n_k = attn.shape[-2] * attn.shape[-1]
@@ -596,6 +618,14 @@ def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor])
     return rebuilt
 
 
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in ``promote_types(t.dtype, float32)``: the dtype of every attention computation (scores, softmaxes,
+    gates, geometry). float16 and bfloat16 (autocast outputs, half-precision layers) are computed in float32, where
+    a softmax over a few hundred keys keeps its precision; float32 and float64 layers compute in their own dtype, so
+    that a float64 layer is float64 throughout (``torch.autograd.gradcheck``, float64 verification)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``out`` (channels_last in memory) in the memory format of the input: free for channels_last models, one copy
     for NCHW ones, whose next layers would otherwise switch format."""
@@ -605,6 +635,7 @@ def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 torch.fx.wrap('_like_input_format')  # a leaf for FX: the branch depends on the input tensor
+torch.fx.wrap('_at_least_float32')  # a leaf for FX: the dtype is known at run time only
 torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
 
 
@@ -624,9 +655,9 @@ def _axis_softmax(
         centers: torch.Tensor,
         device: torch.device,
 ) -> torch.Tensor:
-    """1-D factor of the positional softmax along one axis: ``(N_h, n_out, size)``, float32."""
-    query = torch.arange(n_out, device=device, dtype=torch.float32) * stride + anchor
-    key = torch.arange(size, device=device, dtype=torch.float32)
+    """1-D factor of the positional softmax along one axis: ``(N_h, n_out, size)``, in ``alpha``'s dtype."""
+    query = torch.arange(n_out, device=device, dtype=alpha.dtype) * stride + anchor
+    key = torch.arange(size, device=device, dtype=alpha.dtype)
     delta = key[None, :] - query[:, None]  # (n_out, size), key - query
     logits = -alpha[:, None, None] * (delta[None] - centers[:, None, None]) ** 2
     return logits.softmax(dim=-1)

@@ -16,18 +16,20 @@ import os
 import pickle
 import socket
 import urllib.parse
-from typing import Any, Dict, List, Optional, Tuple, Union
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from .errors import InvalidTypeError, TcnnError, check_device, check_number
+from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_number
 from .paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
            'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'load_state_dict_file',
-           'clean_state_dict', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
+           'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes', 'file_weights_origin',
+           'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
 T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
@@ -39,7 +41,10 @@ PYTHON_HINT = ('pass pretrained=False (random init) or local weights: timm.creat
 CLI_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
 OFFLINE_HINT = CLI_HINT  # the name of CLI_HINT before it had a Python counterpart; kept for existing callers
 PROBE_TIMEOUT_S = 3.0
-_WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')
+# Where checkpoints keep their weights: the raw model first, its EMA only when asked for (timm's validate.py loads
+# the EMA only with --use-ema; timm's train.py writes both 'state_dict' and 'state_dict_ema')
+_WRAPPER_KEYS = ('state_dict', 'model')
+_EMA_KEYS = ('state_dict_ema', 'model_ema')
 ZIP_MAGIC = b'PK\x03\x04'  # torch.save's (zip) format
 PICKLE_MAGIC = b'\x80'  # torch.save's legacy format starts with a pickle protocol opcode
 
@@ -123,6 +128,15 @@ def _host_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 def _offline_env() -> bool:
     return os.environ.get('HF_HUB_OFFLINE', '0').lower() in ('1', 'true', 'yes', 'on')
+
+
+def hub_unreachable() -> Optional[str]:
+    """Why the Hugging Face Hub cannot be reached now (offline mode, or no answer within ``PROBE_TIMEOUT_S``), or
+    None: callers fail in seconds instead of after huggingface_hub's retries."""
+    if _offline_env():
+        return 'HF_HUB_OFFLINE is set (offline mode)'
+    endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
+    return None if _host_reachable(endpoint) else f'{endpoint} is not reachable (offline?)'
 
 
 def _cached_timm_file(pretrained_cfg: Dict[str, Any]) -> Optional[str]:
@@ -261,20 +275,33 @@ def load_torch_file(path: str, what: str = 'file', map_location: Union[str, torc
     return _read_torch(path, map_location, what=what)
 
 
-def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
-    """Unwrap a checkpoint into a plain state_dict: ``state_dict_ema``/``model_ema``/``state_dict``/``model``
-    wrappers and ``module.`` (DDP) / ``_orig_mod.`` (torch.compile) prefixes are handled."""
-    sd = checkpoint
+def clean_state_dict(checkpoint: Any, use_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """Unwrap a checkpoint into a plain state_dict: ``state_dict``/``model`` wrappers (nested too) and ``module.``
+    (DDP) / ``_orig_mod.`` (torch.compile) prefixes are handled.
+
+    Args:
+        checkpoint: What ``torch.load`` returned.
+        use_ema: Take the EMA weights (``state_dict_ema``/``model_ema``) instead of the raw ones; a checkpoint
+            without them is an error, never the raw weights in their place. Without it the raw weights are taken,
+            as timm's validate.py does without ``--use-ema``; a checkpoint that holds only EMA weights gives those.
+    """
+    sd, found_ema = checkpoint, False
     for _ in range(3):  # wrappers can nest (e.g. {'model': {'state_dict': ...}})
         if not isinstance(sd, dict):
             break
-        key = next((k for k in _WRAPPER_KEYS if isinstance(sd.get(k), dict)), None)
+        raw = next((k for k in _WRAPPER_KEYS if isinstance(sd.get(k), dict)), None)
+        ema = next((k for k in _EMA_KEYS if isinstance(sd.get(k), dict)), None)
+        key = ema if use_ema and ema is not None else raw or ema
         if key is None:
             break
+        found_ema = found_ema or key in _EMA_KEYS
         sd = sd[key]
+    if use_ema and not found_ema:
+        raise TcnnError(f'the checkpoint holds no EMA weights (no {"/".join(_EMA_KEYS)} entry): load its raw weights '
+                        '(without use_ema / --use-ema)')
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise TcnnError('the checkpoint holds no state_dict (expected a dict of tensors, possibly under '
-                        f'{"/".join(_WRAPPER_KEYS)})')
+                        f'{"/".join(_WRAPPER_KEYS + _EMA_KEYS)})')
     out = {}
     for k, v in sd.items():
         for prefix in ('module.', '_orig_mod.'):
@@ -284,21 +311,32 @@ def clean_state_dict(checkpoint: Any) -> Dict[str, torch.Tensor]:
     return out
 
 
-def load_state_dict_file(path: str) -> Dict[str, torch.Tensor]:
-    """Load a ``.pt``/``.pth``/``.bin``/``.safetensors`` checkpoint safely (no unpickling of code)."""
+def load_state_dict_file(path: str, use_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """Load a ``.pt``/``.pth``/``.bin``/``.safetensors`` checkpoint safely (no unpickling of code); ``use_ema`` as in
+    ``clean_state_dict``."""
     if not path.endswith('.safetensors'):
-        return clean_state_dict(load_torch_file(path, 'weights file'))
+        return _clean_file_state_dict(load_torch_file(path, 'weights file'), path, use_ema)
     file_head(path, 'weights file')  # missing, a folder, empty: one line each
     try:
-        return clean_state_dict(load_file(path, device='cpu'))
+        tensors = load_file(path, device='cpu')
     except Exception as e:  # safetensors raises its own SafetensorError, OSError and ValueError
         reason = ' '.join(str(e).split())[:160] or type(e).__name__
         raise TcnnError(f'cannot read weights from {path}: not a valid safetensors file ({reason})') from e
+    return _clean_file_state_dict(tensors, path, use_ema)
 
 
-def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor], optional: str = '') -> str:
+def _clean_file_state_dict(checkpoint: Any, path: str, use_ema: bool) -> Dict[str, torch.Tensor]:
+    try:
+        return clean_state_dict(checkpoint, use_ema)
+    except TcnnError as e:
+        raise TcnnError(f'{path}: {e}') from None
+
+
+def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor],
+                      optional: Union[str, Tuple[str, ...]] = '') -> str:
     """What keeps ``state_dict`` from loading strictly into ``model`` ('' when it fits): keys missing, unexpected
-    and of another shape. Keys under the prefix ``optional`` (a classifier head) may be missing or mismatched."""
+    and of another shape. Keys under the prefix ``optional`` (a classifier head; or a tuple of prefixes) may be
+    missing or mismatched."""
     expected = model.state_dict()
     allowed = (lambda k: bool(optional) and k.startswith(optional))
     missing = [k for k in expected if k not in state_dict and not allowed(k)]
@@ -309,15 +347,79 @@ def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor], opt
                      (('missing', missing), ('unexpected', unexpected), ('shape mismatch', mismatched)) if keys)
 
 
-def _load_weights(model: nn.Module, path: str, name: str) -> None:
-    sd = load_state_dict_file(path)
-    head = getattr(model, 'pretrained_cfg', {}).get('classifier', 'fc') + '.'
-    misfit = state_dict_misfit(model, sd, optional=head)
+def classifier_names(name: str) -> Tuple[str, ...]:
+    """Module names of a model's classifier head, from its name alone (no weights, nothing downloaded): timm's
+    ``pretrained_cfg['classifier']`` (``fc``, ``head.fc``, ``classifier``; distilled models have two), a torchvision
+    model's last ``nn.Linear`` (built on the meta device), ``()`` when unknown."""
+    source, arch = split_model_name(name)
+    try:
+        if source == 'torchvision':
+            import torchvision
+            with torch.device('meta'):
+                head, layer = classifier_layer(torchvision.models.get_model(arch, weights=None))
+            return (head,) if layer is not None else ()
+        import timm
+        cfg = timm.models.get_pretrained_cfg(arch)
+    except (ValueError, KeyError, RuntimeError, TypeError, AttributeError):  # an unknown or unusual model: no head
+        return ()
+    classifier = getattr(cfg, 'classifier', None) if cfg is not None else None
+    if isinstance(classifier, str):
+        return (classifier,)
+    return tuple(classifier) if isinstance(classifier, (list, tuple)) else ('fc',)
+
+
+def checkpoint_head(state_dict: Dict[str, torch.Tensor], classifiers: Sequence[str]) -> Optional[Tuple[str, int]]:
+    """``(name, classes)`` of the first of ``classifiers`` whose weight ``state_dict`` holds, else None."""
+    for name in classifiers:
+        weight = state_dict.get(f'{name}.weight')
+        if isinstance(weight, torch.Tensor) and weight.ndim >= 1:
+            return name, weight.shape[0]
+    return None
+
+
+def checkpoint_num_classes(
+        state_dict: Dict[str, torch.Tensor],
+        classifiers: Sequence[str],
+        num_classes: Optional[int] = None,
+        where: str = 'the checkpoint',
+) -> Optional[int]:
+    """The class count of a model built for ``state_dict``: its head's unless ``num_classes`` is given (timm's
+    ``create_model(num_classes=...)`` convention; with neither, None: the model's default).
+
+    A head that an explicit, different ``num_classes`` drops is one warning naming it: the model gets a new, randomly
+    initialised head, which a check against the CNN built the same way cannot see.
+
+    Args:
+        state_dict: The checkpoint's weights.
+        classifiers: The head's module names (``classifier_names``); the first found in ``state_dict`` counts.
+        num_classes: The caller's class count, or None.
+        where: The checkpoint, for the warning.
+    """
+    found = checkpoint_head(state_dict, classifiers)
+    if found is None:
+        if classifiers and num_classes != 0:
+            warnings.warn(f'{where} holds no classifier head ({classifiers[0]!r}): the model\'s head is new, randomly '
+                          'initialised', stacklevel=3)
+        return num_classes
+    head, classes = found
+    if num_classes is None:
+        return classes
+    if num_classes != classes:
+        warnings.warn(f'{where}: its head {head!r} ({classes} classes) is dropped for a new, randomly initialised one '
+                      f'(num_classes={num_classes}); leave num_classes out to keep it', stacklevel=3)
+    return num_classes
+
+
+def _load_weights(model: nn.Module, sd: Dict[str, torch.Tensor], path: str, name: str,
+                  classifiers: Sequence[str]) -> None:
+    misfit = state_dict_misfit(model, sd, optional=tuple(f'{c}.' for c in classifiers))
     if misfit:
         raise TcnnError(f'{path} does not fit {name}: {misfit}')
-    # a checkpoint with another class count: keep the backbone, leave the new head at its init
+    # a head of another class count (an explicit num_classes, warned about): keep the backbone, leave the new head at
+    # its init
     expected = model.state_dict()
-    model.load_state_dict({k: v for k, v in sd.items() if expected[k].shape == v.shape}, strict=False)
+    model.load_state_dict({k: v for k, v in sd.items() if k in expected and expected[k].shape == v.shape},
+                          strict=False)
 
 
 def create_cnn(
@@ -326,6 +428,7 @@ def create_cnn(
         pretrained: bool = True,
         weights: Optional[str] = None,
         num_classes: Optional[int] = None,
+        use_ema: bool = False,
         **kwargs,
 ) -> nn.Module:
     """Create a source CNN by name, failing fast and clearly when weights cannot be had.
@@ -335,7 +438,10 @@ def create_cnn(
         pretrained: Load the library's pretrained weights (from the local cache, else the network).
         weights: Path of a local checkpoint to load instead (``.pt``/``.pth``/``.safetensors``; plain or wrapped
             state_dict). Takes precedence over ``pretrained``.
-        num_classes: Classifier size; a checkpoint head of another size is dropped and re-initialised.
+        num_classes: Classifier size; default the head of ``weights`` (else the model's default). A head of
+            ``weights`` with another size is dropped for a new random one, with a warning naming it.
+        use_ema: Load the EMA weights of ``weights`` (``state_dict_ema``/``model_ema``) instead of its raw
+            ``state_dict``; an error if it has none.
         **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``).
 
     Raises:
@@ -352,6 +458,13 @@ def create_cnn(
         raise InvalidTypeError(f'weights must be a file path, got {type(weights).__name__}')
     source, arch = split_model_name(name)
     _check_known(source, arch)
+    sd, classifiers = None, ()
+    if weights is not None:  # read first: the class count of the checkpoint's head decides the model's
+        sd = load_state_dict_file(os.fspath(weights), use_ema=use_ema)
+        classifiers = classifier_names(name)
+        num_classes = checkpoint_num_classes(sd, classifiers, num_classes, where=os.fspath(weights))
+    elif use_ema:
+        raise InvalidArgumentError('use_ema=True needs weights=PATH (a checkpoint holding EMA weights)')
     if source == 'torchvision':
         if kwargs:
             raise TcnnError(f'options {sorted(kwargs)} are timm-only; not supported for {name}')
@@ -360,23 +473,39 @@ def create_cnn(
         if num_classes is not None:
             kwargs['num_classes'] = num_classes
         model = _create_timm(arch, pretrained and weights is None, **kwargs)
-    if weights is not None:
-        _load_weights(model, os.fspath(weights), name)
+    if sd is not None:
+        _load_weights(model, sd, os.fspath(weights), name, classifiers)
     kwargs = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'pretrained_cfg_overlay')}
-    return record_source(model, name, num_classes, kwargs)
+    origin = file_weights_origin(weights) if weights is not None else 'pretrained' if pretrained else 'random'
+    return record_source(model, name, num_classes, kwargs, origin)
 
 
 # ---------------------------------------------------------------------------------------------- model attributes
 # What tcnn records on the models it creates, converts or loads, as plain Python values (tcnn.save stores them, so
 # that tcnn.load rebuilds the model offline):
-#   tcnn_source  {'model': NAME, 'num_classes': int or None, 'kwargs': {...}}: the create_cnn arguments that rebuild
-#                the architecture (set by create_cnn, the t_* registry and tcnn.load, through record_source);
+#   tcnn_source  {'model': NAME, 'num_classes': int or None, 'kwargs': {...}, 'weights': ORIGIN}: the create_cnn
+#                arguments that rebuild the architecture (set by create_cnn, the t_* registry and tcnn.load, through
+#                record_source) and where the source CNN's weights came from: 'pretrained' (the library's weights of
+#                NAME), 'random', 'file:BASENAME' (a local checkpoint), or None (not recorded);
 #   tcnn_config  the conversion settings {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init',
 #                'qk_dim'} (set by tcnn.reparameterize and tcnn.load);
 #   tcnn_report  the EquivalenceReport of a verified conversion (tcnn.reparameterize with verify=True).
 
 
-def record_source(model: nn.Module, name: str, num_classes: Optional[int], kwargs: Dict[str, Any]) -> nn.Module:
-    """Record how to rebuild ``model``'s architecture offline (``tcnn_source``, see above); returns the model."""
-    model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs)}
+def record_source(
+        model: nn.Module,
+        name: str,
+        num_classes: Optional[int],
+        kwargs: Dict[str, Any],
+        weights: Optional[str] = None,
+) -> nn.Module:
+    """Record how to rebuild ``model``'s architecture offline and where its source's weights came from
+    (``tcnn_source``, see above); returns the model."""
+    model.tcnn_source = {'model': name, 'num_classes': num_classes, 'kwargs': dict(kwargs), 'weights': weights}
     return model
+
+
+def file_weights_origin(path: Union[str, os.PathLike]) -> str:
+    """``tcnn_source['weights']`` of weights read from a local checkpoint: its file name (the folder is the user's
+    machine's, not the model's)."""
+    return f'file:{os.path.basename(os.fspath(path))}'

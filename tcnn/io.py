@@ -4,18 +4,22 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
     {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.3.1',  # version 3 when it holds grouped GPSA layers
-     'source': {'model': 'resnet50d', 'num_classes': 1000, 'kwargs': {...}},   # tcnn.hub.create_cnn arguments
+     'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.hub.create_cnn arguments
+                'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.hub.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
      'num_classes': 1000,
      'parameters': {'total': int, 'cnn': int},   # counts, so that `tcnn info` need not rebuild the models
+     'report': {'max_rel_err', ...} or None,      # the verified conversion's EquivalenceReport (report_to_dict)
      'state_dict': {name: tensor}}
 
 ``FILE.safetensors`` holds the state dict as its tensors and everything else as JSON in the metadata entry
 ``'tcnn'``. Only tensors and plain Python values are stored, never pickled code. ``load`` also reads training
 checkpoints (a dict whose ``'model_file'`` entry is such a dict).
 """
+import dataclasses
 import json
+import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -29,7 +33,7 @@ from timm.models._features_fx import FeatureGraphNet
 
 from . import data
 from .atomic import atomic_torch_save, atomic_write, atomic_write_text
-from .convert import ConversionSettings, gpsa_layers, reparameterize
+from .convert import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import match_grouped_storage, upgrade_proj_weight
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
@@ -41,7 +45,8 @@ from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSI
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
            'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
            'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
-           'write_checkpoint', 'read_metrics', 'write_metrics']
+           'write_checkpoint', 'read_metrics', 'write_metrics', 'HUB_PREFIXES', 'load_folder', 'report_to_dict',
+           'report_from_dict']
 
 _METADATA_KEY = 'tcnn'
 
@@ -81,7 +86,7 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     registry), else the timm architecture name and factory kwargs that timm records."""
     source = getattr(model, 'tcnn_source', None)
     if source:
-        return {'model': source['model'], 'kwargs': dict(source.get('kwargs') or {})}
+        return {'model': source['model'], 'kwargs': dict(source.get('kwargs') or {}), 'weights': source.get('weights')}
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     arch = cfg.get('architecture')
     if not arch:
@@ -94,7 +99,7 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     skip = ('num_classes', 'device', 'dtype', 'pretrained_cfg', 'pretrained_cfg_overlay', 'features_only',
             'out_indices', 'feature_cls', 'cache_dir')
     kwargs = {k: v for k, v in (getattr(model, '_model_args', None) or {}).items() if k not in skip}
-    return {'model': name, 'kwargs': kwargs}
+    return {'model': name, 'kwargs': kwargs, 'weights': None}  # timm does not record where its weights came from
 
 
 def _num_classes(model: nn.Module) -> int:
@@ -115,6 +120,25 @@ def _parameter_counts(model: nn.Module) -> Dict[str, int]:
     layers = [layer for _, layer in gpsa_layers(model)]
     extra = sum(sum(p.numel() for p in layer.parameters()) - layer.conv_parameters() for layer in layers)
     return {'total': total, 'cnn': total - extra}
+
+
+def report_to_dict(report: Optional[EquivalenceReport]) -> Optional[Dict[str, Any]]:
+    """A conversion's ``EquivalenceReport`` as plain values (a non-finite number as None: strict JSON), or None."""
+    if report is None:
+        return None
+    d = dataclasses.asdict(report)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else list(v) if isinstance(v, tuple) else v)
+            for k, v in d.items()}
+
+
+def report_from_dict(d: Dict[str, Any]) -> EquivalenceReport:
+    """The inverse of ``report_to_dict`` (a missing sensitivity reads as not measured, NaN)."""
+    fields = {f.name for f in dataclasses.fields(EquivalenceReport)}
+    values = {k: v for k, v in d.items() if k in fields}
+    values['input_size'] = tuple(values.get('input_size') or ())
+    if values.get('sensitivity') is None:
+        values['sensitivity'] = float('nan')
+    return EquivalenceReport(**values)
 
 
 def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -149,6 +173,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         'data_config': config,
         'num_classes': _num_classes(model),
         'parameters': _parameter_counts(model),
+        'report': report_to_dict(getattr(model, 'tcnn_report', None)),
         'state_dict': {k: v.detach() for k, v in model.state_dict().items()},
     }
 
@@ -157,10 +182,14 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
 
 
 def _check_dict(d: Any, where: str) -> Dict[str, Any]:
-    """Validate a T-CNN dict (format, version, fields); a training checkpoint yields its ``model_file``."""
+    """Validate a T-CNN dict (format, version, fields); a training checkpoint yields its ``model_file`` (with
+    ``'training'``: epoch and best top-1, and ``'recipe'``: the run's resolved recipe, if a dict)."""
     if isinstance(d, dict) and isinstance(d.get('model_file'), dict) and 'format' not in d:
         training = {k: d[k] for k in ('epoch', 'best_top1') if k in d and not isinstance(d[k], torch.Tensor)}
-        d = dict(d['model_file'], training=training)
+        recipe = d.get('config') if isinstance(d.get('config'), dict) else None
+        if d.get('ema_weights'):
+            training['weights'] = 'ema'
+        d = dict(d['model_file'], training=training, recipe=recipe)
     if not isinstance(d, dict):
         raise NotTcnnFileError(f'{where} is not a T-CNN file (it holds a {type(d).__name__}, not a dict)')
     if d.get('format') != FORMAT_NAME:
@@ -254,9 +283,12 @@ def model_from_dict(
     if layers != expected_layers:
         raise TcnnError(f'{where}: this tcnn/timm builds GPSA layers {layers}, the file has {expected_layers}')
     _load_weights(model, state_dict, where, assign)
-    record_source(model, d['source']['model'], d.get('num_classes'), d['source'].get('kwargs') or {})
+    source = d['source']
+    record_source(model, source['model'], d.get('num_classes'), source.get('kwargs') or {}, source.get('weights'))
     if d['conversion']:
         model.tcnn_config = dict(d['conversion'])
+    if isinstance(d.get('report'), dict):
+        model.tcnn_report = report_from_dict(d['report'])
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
     # timm's resolve_data_config(model=...) reads pretrained_cfg: make it return the file's data config.
     model.pretrained_cfg = dict(getattr(model, 'pretrained_cfg', None) or {}, **config)
@@ -357,29 +389,126 @@ def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
     return load_torch_file(path, 'T-CNN file', map_location)
 
 
-def read(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> Dict[str, Any]:
+def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> Dict[str, Any]:
     """The validated T-CNN dict stored in ``path`` (a T-CNN file or a training checkpoint), without building the
-    model. For a training checkpoint, ``'training'`` holds its ``epoch`` and ``best_top1``.
+    model. For a training checkpoint, ``'training'`` holds its ``epoch`` and ``best_top1`` (and ``'weights':
+    'ema'`` with ``ema``), ``'recipe'`` its recipe.
+
+    Args:
+        path: The file.
+        map_location: Where the tensors go (as in ``torch.load``).
+        ema: The EMA weights of a training checkpoint (``tcnn train --model-ema``) as the ``state_dict``.
 
     Raises:
         NotTcnnFileError: A readable file that is not a T-CNN file (e.g. a plain state_dict).
-        TcnnError: Missing, junk or truncated file; unknown format version.
+        TcnnError: Missing, junk or truncated file; unknown format version; ``ema`` and no EMA weights.
     """
-    return _check_dict(_read_any(path, map_location), str(path))
+    d = _read_any(path, map_location)
+    return _check_dict(_with_ema(d, str(path)) if ema else d, str(path))
 
 
-def load(path: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
-    """Rebuild the model stored in a T-CNN file (or training checkpoint) without network, load its weights strictly
-    and return it in eval mode.
+def _with_ema(d: Any, where: str) -> Dict[str, Any]:
+    """A training checkpoint whose model holds the checkpoint's EMA weights (``'ema'``, ``tcnn train --model-ema``);
+    anything else is a one-line error: never the raw weights in their place."""
+    if not (isinstance(d, dict) and isinstance(d.get('model_file'), dict)):
+        kind = 'a T-CNN file' if isinstance(d, dict) and d.get('format') == FORMAT_NAME else 'not a training checkpoint'
+        raise TcnnError(f'{where} is {kind}, which holds no EMA weights: EMA weights are in the checkpoints of '
+                        '`tcnn train --model-ema` (RUN/last.pt, RUN/best.pt); load this file without ema / --use-ema')
+    ema = d.get('ema')
+    if not (isinstance(ema, dict) and ema and all(isinstance(v, torch.Tensor) for v in ema.values())):
+        raise TcnnError(f'{where} holds no EMA weights (its run did not use --model-ema): load it without ema / '
+                        '--use-ema')
+    return dict(d, model_file=dict(d['model_file'], state_dict=ema), ema_weights=True)
+
+
+def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> nn.Module:
+    """Rebuild the model stored in a T-CNN file (or training checkpoint) or a Hub folder without network, load its
+    weights strictly and return it in eval mode.
 
     Args:
-        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``save`` (or ``OUTPUT/last.pt``/``best.pt``).
-        map_location: Where the weights go (as in ``torch.load``).
+        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``save`` (or ``OUTPUT/last.pt``/``best.pt``), or a
+            Hub folder (``config.json`` + weights, from ``tcnn publish`` or ``timm.models.save_for_hf``): its path,
+            ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'`` (read from the local Hugging Face cache when offline).
+        map_location: Where the weights go (as in ``torch.load``; a device for a Hub folder).
+        ema: Load the EMA weights of a training checkpoint (``tcnn train --model-ema``) instead of the raw ones.
 
     Raises:
-        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit.
+        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit;
+            ``ema`` and a file without EMA weights.
     """
-    return model_from_dict(read(path, map_location), map_location=None, where=str(path))
+    if isinstance(path, str) and path.startswith(HUB_PREFIXES) or os.path.isdir(check_path(path, 'path')):
+        if ema:
+            raise TcnnError(f'{path} is a Hub folder, which holds one set of weights (no EMA): load it without ema / '
+                            '--use-ema')
+        return load_folder(os.fspath(path), map_location)
+    return model_from_dict(read(path, map_location, ema=ema), map_location=None, where=str(path))
+
+
+# ---------------------------------------------------------------------------------------------- Hub folders
+# A folder as timm's Hugging Face Hub conventions lay it out (timm.models.save_for_hf, tcnn publish): config.json
+# (architecture, model_args, pretrained_cfg) and model.safetensors. timm.create_model('local-dir:PATH' or
+# 'hf-hub:ORG/NAME', pretrained=True) rebuilds a T-CNN from it through its t_* entrypoint (tcnn.models), which loads
+# the folder's own weights and checks that they fit.
+
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')
+HUB_CONFIG = 'config.json'
+HUB_WEIGHTS = 'model.safetensors'
+
+
+def _check_local_folder(folder: str) -> None:
+    """One-line errors for a local folder that is not a Hub folder, or whose config.json names a plain CNN while its
+    weights hold GPSA layers (a T-CNN from ``tcnn.reparameterize`` saved under its CNN's timm name)."""
+    if not os.path.isdir(folder):
+        raise TcnnError(f'Hub folder not found: {folder}' if not os.path.exists(folder) else
+                        f'{folder} is a file, not a Hub folder: load a T-CNN file with tcnn.load(PATH)')
+    config_path = os.path.join(folder, HUB_CONFIG)
+    if not os.path.isfile(config_path):
+        runs = [f for f in (BEST_CHECKPOINT, LAST_CHECKPOINT) if os.path.isfile(os.path.join(folder, f))]
+        hint = (f'it is a tcnn train run folder: load {os.path.join(folder, runs[0])}' if runs else
+                'give a T-CNN file, or a folder written by tcnn publish or timm.models.save_for_hf')
+        raise TcnnError(f'{folder} is a folder without {HUB_CONFIG}: {hint}')
+    try:
+        with open(config_path, encoding='utf-8') as f:
+            architecture = json.load(f).get('architecture')
+    except (OSError, ValueError, AttributeError) as e:
+        raise TcnnError(f'{config_path} is not a timm model config ({error_reason(e)})') from e
+    weights = os.path.join(folder, HUB_WEIGHTS)
+    if isinstance(architecture, str) and source_model_name(architecture) is None and os.path.isfile(weights):
+        try:
+            with safe_open(weights, framework='pt', device='cpu') as f:
+                gpsa = any(k.endswith('.pos_centers') for k in f.keys())
+        except Exception:  # noqa: BLE001 - a corrupt weights file is timm's loader's to report
+            gpsa = False
+        if gpsa:
+            raise TcnnError(f'{folder}: config.json names the CNN {architecture} but the weights hold GPSA layers (a '
+                            'T-CNN saved under its CNN\'s name): save T-CNNs as t_* models, e.g. tcnn publish FILE '
+                            'of a tcnn.save file, or timm.models.save_for_hf(tcnn.load(FILE), DIR)')
+
+
+def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
+    """``timm.create_model(name, pretrained=True)`` of a Hub folder, with one-line errors; the model in eval mode.
+
+    Args:
+        name: A folder path, ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'``.
+        map_location: Device of the model (None: where timm builds it, the CPU).
+    """
+    if map_location is not None and not isinstance(map_location, (str, torch.device)):
+        raise InvalidArgumentError(f'map_location of a Hub folder must be a device, got {type(map_location).__name__}')
+    check_map_location(map_location)
+    if not name.startswith(HUB_PREFIXES):
+        name = f'local-dir:{name}'
+    if name.startswith('local-dir:'):
+        _check_local_folder(name[len('local-dir:'):])
+    try:
+        model = timm.create_model(name, pretrained=True)
+    except TcnnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - timm, huggingface_hub and torch report missing files, an offline Hub
+        # without a cached copy and weights that do not fit a plain CNN's architecture in their own exception types
+        raise TcnnError(f'cannot load {name}: {error_reason(e)}') from e
+    if map_location is not None:
+        model = model.to(map_location)
+    return model.eval()
 
 
 # ---------------------------------------------------------------------------------------------- training runs

@@ -11,7 +11,12 @@ data config), minus the weight locations: there are no converted weights to down
   within seconds offline);
 * ``pretrained_cfg_overlay=dict(file=PATH)`` loads a T-CNN file (``tcnn.save``), a training checkpoint, or a plain
   checkpoint of the source CNN (converted on the fly); ``checkpoint_path=PATH`` loads a T-CNN file with timm's own
-  loader.
+  loader;
+* a Hub folder (``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)``, or
+  ``pretrained_cfg_overlay=dict(file=DIR)`` / ``dict(hf_hub_id=ORG/NAME)``) rebuilds the T-CNN its config.json
+  describes and loads the folder's own weights with timm's ``load_pretrained``, checked to fit exactly (see "Hub
+  folders" below). The models carry their conversion settings as timm's ``_model_args``, so ``save_for_hf`` writes
+  such a folder.
 
 The models are built by timm's ``build_model_with_cfg`` (so ``features_only``, ``out_indices``, ``in_chans``,
 ``num_classes`` adaptation of pretrained weights etc. are timm's own code) from the source's own entrypoint, and
@@ -21,12 +26,14 @@ see ``transformed_class``) only adds ``no_weight_decay()``. Extra keyword argume
 """
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
 import torch
 import torch.nn as nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, get_pretrained_cfg, \
-    is_model, list_models, model_entrypoint, register_model
+    is_model, list_models, load_model_config_from_hf, model_entrypoint, register_model, resolve_pretrained_cfg
+from timm.models._hub import load_model_config_from_path  # what 'local-dir:' names read (not in timm.models)
 from timm.models.resnet import BasicBlock, ResNet
 
 from . import hub, io
@@ -42,15 +49,16 @@ PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with 
 PAPER_ID = 'arXiv:2106.05795'
 # Factory kwargs that describe the wrapper or placement, not the architecture (not stored in tcnn_source).
 _NON_ARCH_KWARGS = ('features_only', 'out_indices', 'feature_cls', 'feature_cfg', 'flatten_sequential', 'device',
-                    'dtype', 'num_classes', 'cache_dir')
+                    'dtype', 'num_classes', 'cache_dir', 'pretrained_model_args')
 # timm's load_pretrained takes its weights from pretrained_cfg; we hand it this placeholder and supply the weights
 # in the filter fn, so that a state dict never enters pretrained_cfg (timm deep-copies that dict, tensors included).
 _WEIGHTS_PLACEHOLDER = {'tcnn': 'weights supplied by tcnn.models'}
 
 
 def no_weight_decay_names(model: nn.Module) -> Set[str]:
-    """Names of the GPSA positional and gating parameters of ``model`` (timm's ``no_weight_decay()`` contract)."""
-    return {f'{name}.{p}' for name, _ in gpsa_layers(model) for p in GPSA.no_weight_decay_params}
+    """Names of the GPSA parameters of ``model`` that take no weight decay (timm's ``no_weight_decay()`` contract):
+    positional and gating parameters, biases, per-channel value gains (``GPSA.no_weight_decay``)."""
+    return {f'{name}.{p}' for name, layer in gpsa_layers(model) for p in layer.no_weight_decay()}
 
 
 class TransformedModel:
@@ -78,7 +86,9 @@ class TransformedModel:
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """GPSA centres, locality strengths and gates (and the source's own exemptions): exempt from weight decay."""
+        """GPSA centres, locality strengths, gates, biases and per-channel value gains (and the source's own
+        exemptions): exempt from weight decay, so that timm's ``create_optimizer_v2`` decays what ``tcnn.param_groups``
+        decays. The gates' own learning rate needs ``param_group_fn=tcnn.param_groups`` (docs/train.md)."""
         own = getattr(super(), 'no_weight_decay', None)
         return no_weight_decay_names(self) | (set(own()) if own is not None else set())
 
@@ -169,18 +179,27 @@ def _file_weights(
         source: str,
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
-) -> Dict[str, torch.Tensor]:
+        num_classes: Optional[int] = None,
+) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
     """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint (its conversion settings,
-    class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter)."""
+    class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter).
+    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``).
+
+    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.hub.create_cnn`` (the same
+    helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
+    differs from the count recorded in the pretrained config."""
     try:
         d = io.read(path)
+        state_dict = d['state_dict']
     except io.NotTcnnFileError:
-        state_dict = hub.load_state_dict_file(path)
-        classifier = getattr(get_pretrained_cfg(source), 'classifier', None) or 'fc'
-        head = state_dict.get(f'{classifier}.weight') if isinstance(classifier, str) else None
+        d, state_dict = None, hub.load_state_dict_file(path)
+    classifiers = hub.classifier_names(source)
+    hub.checkpoint_num_classes(state_dict, classifiers, num_classes, where=path)
+    head = hub.checkpoint_head(state_dict, classifiers)
+    if d is None:
         if head is not None:
-            overlay.setdefault('num_classes', head.shape[0])
-        return state_dict
+            overlay.setdefault('num_classes', head[1])
+        return state_dict, hub.file_weights_origin(path)
     file_source = d['source']['model']
     if file_source.split('.')[0] != source:
         raise TcnnError(f'{path} holds a model of {file_source}, not {source}: create '
@@ -196,25 +215,136 @@ def _file_weights(
         conversion['stages'] = file_conversion['stages']
     else:  # stages=4 and ['layer4'] are the same: compared on the built model (_build)
         conversion['file_stages'] = (path, file_conversion['stages'])
-    overlay.setdefault('num_classes', d['num_classes'])
+    overlay.setdefault('num_classes', head[1] if head is not None else d['num_classes'])
     for key, value in (d.get('data_config') or {}).items():
         overlay.setdefault(key, tuple(value) if isinstance(value, list) else value)
-    return d['state_dict']
+    return state_dict, d['source'].get('weights')
 
 
 def _pretrained_weights(
         source: str,
         tag: Optional[str],
+        file: Optional[str],
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
-) -> Dict[str, torch.Tensor]:
-    """The weights that ``pretrained=True`` loads (see the module docstring); may update conversion/overlay."""
+        num_classes: Optional[int] = None,
+) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
+    """The weights that ``pretrained=True`` loads when tcnn supplies them (see the module docstring), with the origin
+    of the source CNN's weights; may update conversion/overlay."""
     if overlay.get('state_dict') is not None:
-        return overlay.pop('state_dict')
-    if overlay.get('file'):
-        return _file_weights(overlay['file'], source, conversion, overlay)
+        return overlay.pop('state_dict'), None
+    if file:
+        return _file_weights(file, source, conversion, overlay, num_classes)
     name = f'{source}.{tag}' if tag else source
-    return hub.create_cnn(name, pretrained=True).state_dict()  # fails fast offline, naming the alternatives
+    return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained'  # fails fast offline, naming the fix
+
+
+# ---------------------------------------------------------------------------------------------- Hub folders
+# ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` reads DIR/config.json, passes its
+# ``model_args`` (the conversion settings among them, see ``_model_args``) to the entrypoint named by its
+# ``architecture`` and its ``pretrained_cfg`` with the weights' location ('source': 'local-dir' or 'hf-hub'). Those
+# weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``_check_folder_weights`` makes sure they
+# are exactly this T-CNN's (never a CNN's converted on the fly, never a partial load).
+
+def _timm_location(cfg: Dict[str, Any]) -> Optional[str]:
+    """Where timm's ``load_pretrained`` finds the T-CNN weights of a resolved pretrained config (``'local-dir:PATH'``,
+    ``'hf-hub:ORG/NAME'``, a URL), or None when tcnn supplies them (a file, a state dict, the source's weights).
+    The registry's own configs hold no location (``_t_cfg``): one here came from a Hub folder or from the caller."""
+    if cfg.get('source') == 'local-dir':
+        return f'local-dir:{cfg.get("file")}'
+    if cfg.get('source') == 'hf-hub' or (cfg.get('hf_hub_id') and not cfg.get('file')):
+        return f'hf-hub:{cfg.get("hf_hub_id")}'
+    if cfg.get('url') and not cfg.get('file'):
+        return str(cfg['url'])
+    return None
+
+
+def _folder_config(
+        variant: str,
+        location: Dict[str, str],
+        conversion: Dict[str, Any],
+        kwargs: Dict[str, Any],
+) -> Dict[str, Any]:
+    """``pretrained_cfg_overlay=dict(file=FOLDER)`` or ``dict(hf_hub_id=ORG/NAME)``: read the folder's config.json as
+    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does (its ``model_args`` become defaults of the
+    keyword arguments, its pretrained config describes the weights) and return that pretrained config."""
+    folder, hub_id = location.get('file'), location.get('hf_hub_id')
+    where = f'hf-hub:{hub_id}' if hub_id else folder
+    try:
+        if hub_id:
+            cfg, architecture, model_args = load_model_config_from_hf(hub_id)
+        else:
+            cfg, architecture, model_args = load_model_config_from_path(folder)
+    except FileNotFoundError:
+        raise TcnnError(f'{folder} is a folder without config.json: give a T-CNN file, or a folder written by tcnn '
+                        'publish or timm.models.save_for_hf') from None
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's (offline, not found) and JSON errors
+        raise TcnnError(f'cannot read the config.json of {where} ({hub.error_reason(e)})') from e
+    if architecture != variant:
+        what = 'a T-CNN of another CNN' if source_model_name(architecture) else 'a plain CNN, not a T-CNN'
+        name = where if hub_id else f'local-dir:{folder}'
+        raise TcnnError(f'{where} holds {architecture} ({what}): load it with '
+                        f'timm.create_model("{name}", pretrained=True) or tcnn.load')
+    for key, value in model_args.items():
+        (conversion if key in CONVERSION_KEYS else kwargs).setdefault(key, value)
+    return cfg
+
+
+def _gpsa_prefixes(names: Any) -> List[str]:
+    """The GPSA layers a state dict holds (its keys ending in ``.pos_centers``), sorted."""
+    suffix = '.pos_centers'
+    return sorted(k[:-len(suffix)] for k in names if k.endswith(suffix))
+
+
+def _check_folder_weights(
+        state_dict: Dict[str, torch.Tensor],
+        model: nn.Module,
+        where: str,
+        features: bool,
+) -> Dict[str, torch.Tensor]:
+    """timm ``pretrained_filter_fn`` for T-CNN weights that timm fetched (``_timm_location``): they must fit the
+    model that the folder's config built, key for key and shape for shape, or a one-line ``TcnnError`` says why.
+
+    The classifier may differ when the caller asked for another class count or ``features_only`` (timm then drops
+    it), and the first conv's input channels when ``in_chans`` differs (timm adapts it after this filter).
+    """
+    cfg = model.pretrained_cfg
+    arch = cfg.get('architecture')
+    expected = model.state_dict()
+    layers = [name for name, _ in gpsa_layers(model)]
+    held = _gpsa_prefixes(state_dict)
+    if not held:
+        raise TcnnError(f'{where} holds the weights of a plain CNN (no GPSA layers), not of the T-CNN {arch} that its '
+                        'config names: convert the CNN first (tcnn convert), then tcnn publish')
+    if set(held) != set(layers):  # a safetensors file lists its keys sorted, not in module order
+        raise TcnnError(f'{where}: {arch} as built from its config.json (and the arguments given) has GPSA layers '
+                        f'{_layer_range(sorted(layers))} (stages {model.tcnn_config["stages"]}), the weights have GPSA '
+                        f'layers {_layer_range(held)}')
+    check = dict(state_dict)
+    first = cfg.get('first_conv')
+    for conv in ([first] if isinstance(first, str) else list(first or ())):
+        key = f'{conv}.weight'
+        if key in check and key in expected and check[key].shape[0] == expected[key].shape[0]:
+            check[key] = expected[key]  # another in_chans: timm adapts the input conv after this filter
+    classifier = cfg.get('classifier')
+    head = features or getattr(model, 'num_classes', None) != cfg.get('num_classes')
+    misfit = hub.state_dict_misfit(model, check, optional=f'{classifier}.' if head and classifier else '')
+    if misfit:
+        raise TcnnError(f'{where}: the weights do not fit {arch} as built from its config.json (and the arguments '
+                        f'given): {misfit}')
+    return state_dict
+
+
+def _layer_range(layers: List[str]) -> str:
+    return f'{layers[0]}..{layers[-1]} ({len(layers)})' if len(layers) > 1 else str(layers)
+
+
+def _model_args(model: nn.Module, arch_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """What timm's ``save_for_hf`` writes as config.json's ``model_args``, and ``create_model('local-dir:...')``
+    passes back to the entrypoint: the source's keyword arguments and every conversion setting (the stages as
+    resolved module names), so that the folder rebuilds this architecture with no other input. (``timm.create_model``
+    then lays the caller's own arguments over these, e.g. ``stages='layer3'`` as given: the same stages.)"""
+    return dict(arch_kwargs, **ConversionSettings.of(model.tcnn_config).kwargs())
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -247,21 +377,34 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
     conversion = {k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs}
     overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
+    if pretrained and overlay.get('file') and os.path.isdir(overlay['file']):  # a Hub folder: as 'local-dir:'
+        pretrained_cfg = _folder_config(variant, {'file': overlay.pop('file')}, conversion, kwargs)
+    elif pretrained and overlay.get('hf_hub_id') and overlay.get('source') != 'hf-hub':  # a Hub repo: as 'hf-hub:'
+        pretrained_cfg = _folder_config(variant, {'hf_hub_id': overlay.pop('hf_hub_id')}, conversion, kwargs)
     tag = _resolve_tag(variant, pretrained_cfg)
     arch_kwargs = {k: v for k, v in kwargs.items() if k not in _NON_ARCH_KWARGS}
-    weights = None
+    features = bool(kwargs.get('features_only'))
+    filter_fn, weights_origin = _load_filter, 'random'
     if pretrained:
-        weights = _pretrained_weights(source, tag, conversion, overlay)
-        overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
-    if kwargs.get('features_only'):  # the family's feature wrapper settings (what its own entrypoint passes)
+        cfg = resolve_pretrained_cfg(variant, pretrained_cfg, overlay).to_dict()
+        location = None if overlay.get('state_dict') is not None else _timm_location(cfg)
+        if location is not None:  # timm's load_pretrained fetches the T-CNN's own weights; we check them
+            filter_fn = functools.partial(_check_folder_weights, where=location, features=features)
+            weights_origin = None  # the source CNN's weights are not recorded in the folder's config
+        else:
+            weights, weights_origin = _pretrained_weights(source, tag, cfg.get('file'), conversion, overlay,
+                                                          kwargs.get('num_classes'))
+            overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
+            filter_fn = functools.partial(_load_filter, weights=weights)
+    if features:  # the family's feature wrapper settings (what its own entrypoint passes)
         kwargs['feature_cfg'] = {**_FEATURE_CFGS.get(source, {}), **(kwargs.get('feature_cfg') or {})}
     model = build_model_with_cfg(
         functools.partial(_build, source, conversion), variant, pretrained,
-        pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
-        pretrained_filter_fn=functools.partial(_load_filter, weights=weights), **kwargs)
+        pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay, pretrained_filter_fn=filter_fn, **kwargs)
     model.pretrained_cfg.pop('state_dict', None)
-    if not kwargs.get('features_only'):
-        record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs)
+    if not features:
+        record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs, weights_origin)
+        model._model_args = _model_args(model, arch_kwargs)
     return model
 
 
@@ -272,8 +415,9 @@ def _t_cfg(source_cfg: Any) -> Dict[str, Any]:
         cfg.pop(key, None)
     source = source_cfg.architecture + (f'.{source_cfg.tag}' if source_cfg.tag else '')
     cfg.update(paper_name=PAPER_NAME, paper_ids=PAPER_ID, notes=(
-        f'T-CNN of {source}: pretrained=True converts its weights on the fly; '
-        f'pretrained_cfg_overlay=dict(file=...) loads a converted file',))
+        f'T-CNN of {source} (import tcnn): by name, pretrained=True converts its weights on the fly and '
+        f'pretrained_cfg_overlay=dict(file=...) loads a converted file; a Hub folder (local-dir:, hf-hub:) loads '
+        f'its own weights',))
     return cfg
 
 

@@ -1,14 +1,32 @@
 """Parameter groups, optimiser and schedule of T-CNN fine-tuning (arXiv:2106.05795, section 3).
 
-Groups:
+Groups (``param_groups``, also public as ``tcnn.param_groups`` for any training loop):
   * ``decay``    every other weight (ndim >= 2): base lr, weight decay;
-  * ``no_decay`` norms and biases (ndim <= 1) and the GPSA positional parameters (``pos_centers``,
-    ``pos_locality``): base lr, no weight decay;
-  * ``gating``   the GPSA gating parameters lambda (``*.gating``): gating lr, no weight decay.
+  * ``no_decay`` norms and biases (ndim <= 1, the GPSA's ``proj_bias`` too), the names a model's
+    ``no_weight_decay()`` lists, and what the GPSA declares decay-free (``GPSA.no_weight_decay()``: ``pos_centers``,
+    ``pos_locality``, a per-channel ``v_weight``): base lr, no weight decay;
+  * ``gating``   the GPSA gating parameters lambda (``*.gating``, T-CNN eq. 7): gating lr, no weight decay.
 
-The gating lr is expressed as ``lr_scale = gating_lr / lr`` on a group whose ``lr`` is the base lr. timm schedulers
-multiply every group's scheduled value by its ``lr_scale``, so the warm-up, the cosine decay and the floor move both
-learning rates together and the ratio (1000 in the paper: 0.1 vs 1e-4) holds at every update.
+Why explicit groups and not a sigmoid temperature. The paper boosts the gates with their own lr (0.1 against 1e-4)
+and notes that "one could equivalently decrease the temperature of the sigmoid function": ``sigmoid(T * g)`` with a
+stored ``g = lambda / T`` moves lambda by about ``T * lr`` per Adam step, so a plain ``create_optimizer_v2(model,
+'adamw')`` would get the boost by construction. That equivalence holds for Adam-like optimisers only (their step
+does not depend on the gradient's scale): SGD would move lambda by ``T**2 * lr`` times the gradient, LAMB, LARS and
+Adafactor (steps relative to the parameter's norm) not faster at all; gradient clipping by global norm would see the
+gates' gradients ``T`` times larger and clip every other parameter harder; Adam's epsilon shrinks by ``T``; and the
+stored ``gating`` would change meaning in every T-CNN file. An explicit group is the paper's method in any
+optimiser that honours a group's lr, which is all of them; what it needs is that the user's optimiser is built from
+these groups (``tcnn.param_groups``; with timm's factory ``param_group_fn``): docs/train.md says what to call.
+
+Two forms of the gating group, because timm's and torch's schedulers read a group's lr differently:
+  * default: the group's own ``lr`` is the gating lr. Right without a scheduler and under every torch scheduler
+    (``LambdaLR`` scales each group's own lr); a timm scheduler reaches the same peak but starts its warm-up and
+    ends its decay at the absolute ``warmup_lr``/``min_lr`` it applies to every group.
+  * ``lr_scale=True`` (what ``tcnn train`` uses): the group also holds ``lr_scale = gating_lr / lr`` and
+    ``initial_lr = lr``. timm schedulers multiply their scheduled value of ``initial_lr`` by ``lr_scale``, so the
+    warm-up, the cosine decay and the floor move both learning rates together and the ratio (1000 in the paper)
+    holds at every update; before any scheduler step the group's own lr is the gating lr. A torch scheduler that
+    restarts from ``initial_lr`` (``LambdaLR``) would put the gates at the base lr: use the default form there.
 
 Late reparameterisation (Table 3) keeps the optimiser: the replaced conv weights leave it, the new GPSA parameters
 join as three more groups (``gpsa_decay``, ``gpsa_no_decay``, ``gating``), and the scheduler is rebuilt over all
@@ -22,21 +40,24 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
 from .convert import gpsa_layers
+from .errors import check_module, check_number
 from .gpsa import GPSA
 
-__all__ = ['param_groups', 'create_optimizer', 'create_scheduler',
+__all__ = ['GATING_LR_RATIO', 'param_groups', 'create_optimizer', 'create_scheduler',
            'add_gpsa_groups', 'apply_group_settings', 'group_lrs']
 
 DECAY_GROUPS = ('decay', 'gpsa_decay')
+# The paper's gating lr over its base lr: 0.1 / 1e-4 (T-CNN section 3).
+GATING_LR_RATIO = 1000.0
 
 
 def _gpsa_roles(model: nn.Module) -> Dict[str, str]:
     """Group kind of every GPSA parameter by full name, from the roles ``GPSA`` declares for its parameters."""
     roles = {}
     for layer_name, layer in gpsa_layers(model):
+        no_decay = layer.no_weight_decay()
         for name, _ in layer.named_parameters():
-            role = ('gating' if name in GPSA.gating_params else
-                    'no_decay' if name in GPSA.no_weight_decay_params else 'decay')
+            role = 'gating' if name in GPSA.gating_params else 'no_decay' if name in no_decay else 'decay'
             roles[f'{layer_name}.{name}' if layer_name else name] = role
     return roles
 
@@ -48,21 +69,36 @@ def _gating_scale(lr: float, gating_lr: float) -> float:
 
 def param_groups(
         model: nn.Module,
-        weight_decay: float,
-        lr_scale_gating: float,
+        lr: float = 1e-4,
+        weight_decay: float = 0.05,
+        gating_lr: Optional[float] = None,
+        *,
+        lr_scale: bool = False,
         gpsa_separate: bool = False,
         only_gpsa: bool = False,
 ) -> List[Dict[str, Any]]:
-    """Parameter groups of a CNN or T-CNN (see the module docstring), empty groups left out.
+    """The paper's parameter groups of a CNN or T-CNN, for any optimiser (see the module docstring); empty groups
+    are left out. Also timm's ``param_group_fn``: ``create_optimizer_v2(model, 'adamw', lr=1e-4, weight_decay=0.05,
+    param_group_fn=functools.partial(tcnn.param_groups, lr=1e-4, weight_decay=0.05))``.
 
     Args:
         model: The raw model (not DDP-wrapped or compiled).
-        weight_decay: Weight decay of the ``decay`` groups.
-        lr_scale_gating: ``gating_lr / lr``; stored as the gating group's ``lr_scale``.
+        lr: Base learning rate (T-CNN: 1e-4 at batch 1024).
+        weight_decay: Weight decay of the ``decay`` groups (DeiT's 0.05).
+        gating_lr: Learning rate of the gates; default ``GATING_LR_RATIO * lr`` (the paper's 0.1 for 1e-4).
+        lr_scale: Also express the gating lr as timm's ``lr_scale`` on ``initial_lr = lr``, so that a timm scheduler
+            keeps the ratio at every update (warm-up start and floor included). Leave it off for torch schedulers.
         gpsa_separate: Put the GPSA weights in groups of their own after the CNN's (the layout that late
             reparameterisation produces, so that a resumed run rebuilds the same optimiser).
         only_gpsa: Return only the GPSA groups (what late reparameterisation adds).
+
+    Returns:
+        Dicts with ``params``, ``group_name``, ``lr``, ``weight_decay`` (and ``lr_scale``, ``initial_lr``).
     """
+    check_module(model, 'model')
+    check_number(lr, 'lr', gt=0)
+    check_number(weight_decay, 'weight_decay', ge=0)
+    gating_lr = GATING_LR_RATIO * lr if gating_lr is None else check_number(gating_lr, 'gating_lr', gt=0)
     no_wd = set(getattr(model, 'no_weight_decay', lambda: set())())
     gpsa_roles = _gpsa_roles(model)
     order = ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay', 'gating']
@@ -77,10 +113,13 @@ def param_groups(
         if kind != 'gating' and is_gpsa and (gpsa_separate or only_gpsa):
             kind = 'gpsa_' + kind
         buckets[kind].append(param)
+    gating = {'lr': gating_lr, 'weight_decay': 0.0}
+    if lr_scale:
+        gating.update(lr_scale=_gating_scale(lr, gating_lr), initial_lr=lr)
     settings = {
-        'decay': {'weight_decay': weight_decay}, 'no_decay': {'weight_decay': 0.0},
-        'gpsa_decay': {'weight_decay': weight_decay}, 'gpsa_no_decay': {'weight_decay': 0.0},
-        'gating': {'weight_decay': 0.0, 'lr_scale': lr_scale_gating},
+        'decay': {'lr': lr, 'weight_decay': weight_decay}, 'no_decay': {'lr': lr, 'weight_decay': 0.0},
+        'gpsa_decay': {'lr': lr, 'weight_decay': weight_decay}, 'gpsa_no_decay': {'lr': lr, 'weight_decay': 0.0},
+        'gating': gating,
     }
     return [{'params': buckets[k], 'group_name': k, **settings[k]} for k in order if buckets[k]]
 
@@ -93,7 +132,7 @@ def create_optimizer(model: nn.Module, recipe: Mapping[str, Any], lr: float, gat
         kwargs['eps'] = recipe['opt_eps']
     if recipe.get('opt_betas') is not None:
         kwargs['betas'] = tuple(recipe['opt_betas'])
-    groups = param_groups(model, recipe['weight_decay'], _gating_scale(lr, gating_lr), gpsa_separate=gpsa_separate)
+    groups = param_groups(model, lr, recipe['weight_decay'], gating_lr, lr_scale=True, gpsa_separate=gpsa_separate)
     return create_optimizer_v2(groups, opt=recipe['opt'], lr=lr, weight_decay=recipe['weight_decay'],
                                momentum=recipe['momentum'], **kwargs)
 
@@ -125,7 +164,7 @@ def add_gpsa_groups(optimizer: torch.optim.Optimizer, model: nn.Module, removed:
         optimizer.state.pop(p, None)
     optimizer.param_groups[:] = [g for g in optimizer.param_groups if g['params']]
     reference = optimizer.param_groups[0]
-    for group in param_groups(model, weight_decay, _gating_scale(lr, gating_lr), only_gpsa=True):
+    for group in param_groups(model, lr, weight_decay, gating_lr, lr_scale=True, only_gpsa=True):
         # the scheduler sets the lr; start the group from the base groups' initial lr like the others
         group['lr'] = reference['initial_lr'] if 'initial_lr' in reference else reference['lr']
         group['initial_lr'] = group['lr']

@@ -7,7 +7,7 @@ from typing import Iterator, List, Optional, Sequence
 
 from .errors import TcnnError
 
-__all__ = ['check_input_file', 'check_output_file', 'check_output_dir', 'output_dir']
+__all__ = ['check_input_file', 'check_output_file', 'check_output_dir', 'check_replaceable_dir', 'output_dir']
 
 
 def check_input_file(path: str, what: str = 'file') -> str:
@@ -66,6 +66,16 @@ def check_output_dir(path: str, what: str = '--output') -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise TcnnError(f'{what} {path} is a file; give a folder')
     _check_creatable(path, what)
+    return path
+
+
+def check_replaceable_dir(path: str, marker: str, what: str = '--out') -> str:
+    """Check that ``path`` may be written as a whole folder: missing, empty, or one that holds ``marker`` (written
+    before by the same command, so it may be replaced); returns it absolute."""
+    path = check_output_dir(path, what)
+    if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, marker)):
+        raise TcnnError(f'{what} {path} is a folder with other files (no {marker}): give a new or empty folder, or '
+                        'one this command wrote before (it is replaced)')
     return path
 
 

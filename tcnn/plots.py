@@ -93,7 +93,8 @@ def _outline():
     return [patheffects.withStroke(linewidth=1.5, foreground='black')]
 
 
-def _matrix(layers: Mapping[str, Mapping[str, Any]], key: str, mean_key: Optional[str] = None) -> np.ndarray:
+def _matrix(layers: Mapping[str, Mapping[str, Any]], key: str, mean_key: Optional[str] = None,
+            scale: float = 1.0) -> np.ndarray:
     """``(layers, max_heads + 1)`` matrix of a per-head value with the layer mean in the last column (NaN pads)."""
     width = max(len(v[key]) for v in layers.values())
     out = np.full((len(layers), width + 1), np.nan)
@@ -101,11 +102,30 @@ def _matrix(layers: Mapping[str, Mapping[str, Any]], key: str, mean_key: Optiona
         vals = np.asarray(entry[key], dtype=float)
         out[r, :len(vals)] = vals
         out[r, -1] = entry[mean_key] if mean_key and entry.get(mean_key) is not None else vals.mean()
-    return out
+    return out * scale
+
+
+def _summary_panels(layers: Mapping[str, Mapping[str, Any]], num_images: Any) -> List[Tuple]:
+    """``(key, title, format, colour map, vmin, vmax, log scale, scale)`` of each heat chart, units in the titles."""
+    panels = [('gate', r'gate $\sigma(\lambda_h)$ (0-1, 1 = positional)', '.2f', 'viridis', 0.0, 1.0, False, 1.0),
+              ('span', r'span $1/\alpha_h$ (tokens$^2$)', '.2g', 'magma', None, None, True, 1.0)]
+    if all(entry.get('sigma') for entry in layers.values()):
+        panels.append(('sigma', r'width $\sigma_h = 1/\sqrt{2\alpha_h}$ (tokens)', '.2g', 'magma', None, None, True,
+                       1.0))
+    if all(entry.get('nonlocality') for entry in layers.values()):
+        panels.append(('nonlocality', f'nonlocality, all keys (tokens; {num_images} images)', '.2f', 'cividis',
+                       None, None, False, 1.0))
+        if all(entry.get('nonlocality_real') for entry in layers.values()):
+            panels += [('nonlocality_real', 'nonlocality, real keys renormalised (tokens)', '.2f', 'cividis', None,
+                        None, False, 1.0),
+                       ('padding_share', 'attention on padded keys (%)', '.0f', 'Reds', 0.0, None, False, 100.0)]
+    return panels
 
 
 def plot_summary(summary: Mapping[str, Any], path: str) -> str:
-    """Heat charts (layer x head) of the gates sigmoid(lambda_h), spans 1/alpha_h and, when measured, nonlocality.
+    """Heat charts (layer x head) of the gates sigmoid(lambda_h), spans 1/alpha_h (tokens^2), widths sigma_h
+    (tokens) and, when measured, the nonlocality over all keys and over the real keys (tokens of each layer's input
+    grid) and the share of attention on padded keys (%).
 
     Args:
         summary: ``tcnn.analysis.summarize`` output (or a ``tcnn.gpsa_summary`` dict of layers).
@@ -115,26 +135,28 @@ def plot_summary(summary: Mapping[str, Any], path: str) -> str:
     layers = summary.get('layers', summary)
     if not layers:
         raise TcnnError('no GPSA layer in the summary: nothing to plot')
-    has_nl = all(entry.get('nonlocality') for entry in layers.values())
-    panels = 3 if has_nl else 2
+    panels = _summary_panels(layers, summary.get('num_images', '?'))
     n_heads = max(len(v['gate']) for v in layers.values())
-    if n_heads > MANY_HEADS:  # narrow cells without numbers, one chart under the other
-        fig = Figure(figsize=(2.2 + 0.2 * (n_heads + 1), panels * (0.9 + 0.3 * len(layers))), layout='constrained')
-        axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
-    else:
-        fig = Figure(figsize=(1.0 + 0.62 * (n_heads + 1) * panels, 1.1 + 0.45 * len(layers)), layout='constrained')
-        axes = fig.subplots(1, panels, squeeze=False)[0]
-    rows, annotate = list(layers), n_heads <= MANY_HEADS
-    _heat(axes[0], _matrix(layers, 'gate', 'gate_mean'), rows, r'gate $\sigma(\lambda_h)$ (1 = positional)',
-          '.2f', 'viridis', 0.0, 1.0, annotate=annotate)
-    _heat(axes[1], _matrix(layers, 'span', 'span_mean'), rows, r'span $1/\alpha_h$', '.2g', 'magma', log=True,
-          annotate=annotate)
-    if has_nl:
-        _heat(axes[2], _matrix(layers, 'nonlocality', 'nonlocality_mean'), rows,
-              f'nonlocality (eq. 8, {summary.get("num_images", "?")} images)', '.2f', 'cividis', annotate=annotate)
-    for ax in axes[1:] if annotate else ():  # side by side: the first chart's layer names serve all
-        ax.set_yticks([])
-    fig.suptitle('GPSA heads per layer', fontsize=11)
+    annotate = n_heads <= MANY_HEADS
+    if not annotate:  # narrow cells without numbers, one chart under the other
+        n_rows, n_cols = len(panels), 1
+        fig = Figure(figsize=(2.2 + 0.2 * (n_heads + 1), n_rows * (0.9 + 0.3 * len(layers))), layout='constrained')
+    else:  # up to three charts side by side, the layer names on the first of each row
+        n_cols = min(3, len(panels))
+        n_rows = math.ceil(len(panels) / n_cols)
+        fig = Figure(figsize=(1.0 + 0.62 * (n_heads + 1) * n_cols, n_rows * (1.1 + 0.45 * len(layers))),
+                     layout='constrained')
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    rows = list(layers)
+    for i, (key, title, fmt, cmap, vmin, vmax, log, scale) in enumerate(panels):
+        ax = axes[i // n_cols, i % n_cols]
+        _heat(ax, _matrix(layers, key, f'{key}_mean', scale), rows, title, fmt, cmap, vmin, vmax, log=log,
+              annotate=annotate)
+        if annotate and i % n_cols:
+            ax.set_yticks([])
+    for ax in axes.flat[len(panels):]:
+        ax.axis('off')
+    fig.suptitle('GPSA heads per layer (distances in tokens of each layer\'s own input grid)', fontsize=11)
     return save_figure(fig, path)
 
 
@@ -200,13 +222,17 @@ def plot_attention(
             _map_panel(ax, data[h], qy, qx, lw=1)
             ax.text(0.03, 0.97, f'{m.gate[h].item():.2f}', transform=ax.transAxes, ha='left', va='top',
                     color='red', fontsize=7, fontweight='bold', path_effects=_outline_white())
+            if any(m.padding):  # the panel shows the real keys: what it lacks of 1 went to the padding
+                ax.text(0.03, 0.03, f'pad {max(0.0, 1.0 - float(data[h].sum())):.0%}', transform=ax.transAxes,
+                        ha='left', va='bottom', color='white', fontsize=6, path_effects=_outline())
             if r == 0:
                 ax.set_title(f'head {h}', fontsize=8)
             if h == n_heads - 1:  # row label on the right: the left column holds the input image
                 ax.yaxis.set_label_position('right')
                 ax.set_ylabel(f'{_short(m.layer)}\n{PART_TITLES[part]}', fontsize=7, rotation=270, labelpad=18)
-    fig.suptitle(_titled(title, r'attention of the query pixel (red: gate $\sigma(\lambda_h)$)'), fontsize=10,
-                 y=1 - 0.15 / height)
+    caption = (r'attention weights of the query pixel on the real keys (red: gate $\sigma(\lambda_h)$; pad: share on '
+               r'the padded keys, not drawn)')
+    fig.suptitle(_titled(title, caption), fontsize=10, y=1 - 0.15 / height)
     return save_figure(fig, path)
 
 
@@ -244,7 +270,8 @@ def _attention_by_tap(layers: Sequence[AttentionMaps], image: torch.Tensor, inde
             taps = outer[r, c + 1].subgridspec(m.kernel_size[0], m.kernel_size[1], wspace=0.08, hspace=0.08)
             for h in range(data.shape[0]):
                 _map_panel(fig.add_subplot(taps[h // m.kernel_size[1], h % m.kernel_size[1]]), data[h], qy, qx, lw=0.6)
-    fig.suptitle(_titled(title, 'attention of the query pixel, each head at the kernel tap it started from'),
+    fig.suptitle(_titled(title, 'attention weights of the query pixel on the real keys, each head at the kernel tap it '
+                                'started from'),
                  fontsize=10, y=1 - 0.15 / height)
     return fig
 
@@ -312,7 +339,8 @@ def _head_series(records: Sequence[Mapping[str, Any]], layer: str, key: str) -> 
 
 
 def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title: Optional[str] = None) -> str:
-    """T-CNN Fig. 4 from per-epoch metrics: A train/val top-1, B span 1/alpha_h, C gate sigmoid(lambda_h).
+    """T-CNN Fig. 4 from per-epoch metrics: A train/val top-1 (%), B span 1/alpha_h (tokens^2; the right axis reads
+    it as the Gaussian width sigma = sqrt(span / 2) in tokens), C gate sigmoid(lambda_h) (0-1).
 
     In B and C thin lines are heads and thick lines the layer means, one colour per GPSA layer. A run without GPSA
     layers (the no-SA baseline) gets panel A only.
@@ -353,8 +381,8 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
         ax.legend(fontsize=8)
 
     colors = [f'C{i % 10}' for i in range(len(layers))]
-    head_panels = [(axes[1], 'span', r'B: span $1/\alpha_h$', True),
-                   (axes[2], 'gate', r'C: gate $\sigma(\lambda_h)$', False)] if layers else []
+    head_panels = [(axes[1], 'span', r'B: span $1/\alpha_h$ (tokens$^2$)', True),
+                   (axes[2], 'gate', r'C: gate $\sigma(\lambda_h)$ (0-1, 1 = positional)', False)] if layers else []
     for ax, key, label, log in head_panels:
         for name, color in zip(layers, colors):
             xs, ys = _head_series(records, name, key)
@@ -373,6 +401,9 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
             if hi / lo < 4:  # spans that barely move: show at least a factor 4, not float noise
                 mid = math.sqrt(lo * hi)
                 ax.set_ylim(mid / 2, mid * 2)
+            # the span is no distance; the Gaussian's width sigma = sqrt(span / 2) is, in tokens
+            sigma_axis = ax.secondary_yaxis('right', functions=(_span_to_sigma, _sigma_to_span))
+            sigma_axis.set_ylabel(r'width $\sigma = \sqrt{\mathrm{span}/2}$ (tokens)', fontsize=8)
         else:
             ax.set_ylim(-0.03, 1.03)
         ax.legend(fontsize=7)
@@ -381,6 +412,14 @@ def plot_training_curves(records: Sequence[Mapping[str, Any]], path: str, title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _span_to_sigma(span: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.clip(span, 1e-12, None) / 2.0)
+
+
+def _sigma_to_span(sigma: np.ndarray) -> np.ndarray:
+    return 2.0 * np.square(sigma)
 
 
 def plot_demo_robustness(results: Mapping[str, Any], path: str, titles: Optional[Mapping[str, str]] = None) -> str:

@@ -4,7 +4,9 @@ A recipe is a flat dict. ``RECIPE_KEYS`` is its schema: every key has a default,
 line. The defaults are the shared fine-tuning settings of T-CNN (arXiv:2106.05795, section 3): 50 epochs, AdamW,
 global batch 1024, lr 1e-4 after a 5-epoch warm-up then cosine decay, gating lr 0.1, DeiT augmentation. A YAML file
 may name a ``base`` file (relative to itself) whose keys it extends. Precedence, lowest first: defaults, base file,
-recipe file, named command-line flags (``--lr``), ``--set key=value``.
+recipe file, named command-line flags (``--lr``), ``--set key=value``. The learning rates of the defaults and of
+recipe files are given at the reference batch ``lr_base_batch`` and scaled with the run's global batch; one given on
+the command line is absolute (``absolute_lrs``, timm's rule).
 """
 import dataclasses
 import difflib
@@ -16,9 +18,12 @@ import yaml
 
 from .errors import TcnnError
 
-__all__ = ['RecipeKey', 'RECIPE_KEYS', 'default_recipe', 'load_recipe', 'parse_set', 'apply_overrides',
-           'validate_recipe', 'resolve_recipe', 'fit_warmup', 'dump_recipe', 'scaled_lrs', 'auto_workers']
+__all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'default_recipe', 'load_recipe', 'parse_set', 'apply_overrides',
+           'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe', 'scaled_lrs',
+           'auto_workers']
 
+# The learning rates the batch rule scales (``scaled_lrs``), unless the user gave them (``absolute_lrs``).
+LR_KEYS = ('lr', 'gating_lr', 'warmup_lr', 'min_lr')
 BASE_KEY = 'base'  # names a parent recipe file; resolved while loading, never part of the resolved recipe
 NoneType = type(None)
 
@@ -90,10 +95,14 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'opt_betas': _k(None, (list, NoneType), 'optimiser betas (null: its default)'),
     'momentum': _k(0.9, float, 'momentum of SGD-like optimisers'),
     'weight_decay': _k(0.05, float, 'weight decay of weights (not of norms, biases, positional or gating params)'),
-    'lr': _k(1e-4, float, 'peak learning rate at the reference global batch lr_base_batch'),
-    'gating_lr': _k(0.1, float, 'peak learning rate of the gating parameters at lr_base_batch'),
+    'lr': _k(1e-4, float, 'peak learning rate at the reference global batch lr_base_batch (given by --lr or --set: '
+             'as is)'),
+    'gating_lr': _k(0.1, float, 'peak learning rate of the gating parameters at lr_base_batch (given: as is)'),
     'lr_base_batch': _k(1024, int, 'global batch at which lr, gating_lr, warmup_lr and min_lr apply'),
-    'scale_lr': _k(True, bool, 'scale all learning rates linearly with global batch / lr_base_batch'),
+    'scale_lr': _k(True, bool, 'scale the learning rates linearly with global batch / lr_base_batch (not those in '
+                   'absolute_lrs)'),
+    'absolute_lrs': _k([], list, 'learning-rate keys used as given, never scaled by the batch rule: the ones set by '
+                       '--lr, --gating-lr or --set (an lr the user types is the lr the run uses, as in timm)'),
     'sched': _k('cosine', str, 'timm decay schedule after the warm-up, stepped per update', ('cosine', 'tanh', 'poly')),
     'warmup_epochs': _k(5, int, 'linear warm-up epochs (Fig. 4: 5)'),
     'warmup_lr': _k(1e-6, float, 'learning rate at the start of the warm-up (at lr_base_batch)'),
@@ -256,6 +265,10 @@ def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
     if recipe['warmup_epochs'] >= recipe['epochs']:
         raise TcnnError(f'warmup_epochs {recipe["warmup_epochs"]} must be smaller than epochs {recipe["epochs"]} '
                         '(the decay follows the warm-up): set a shorter one with --set warmup_epochs=N')
+    wrong = [k for k in recipe['absolute_lrs'] if k not in LR_KEYS]
+    if wrong or len(set(recipe['absolute_lrs'])) != len(recipe['absolute_lrs']):
+        raise TcnnError(f'recipe key \'absolute_lrs\' lists learning-rate keys ({", ".join(LR_KEYS)}) once each, got '
+                        f'{recipe["absolute_lrs"]!r}')
     mixing = recipe['mixup'] > 0 or recipe['cutmix'] > 0
     if mixing and recipe['mixup_prob'] > 0 and recipe['batch_size'] % 2:
         raise TcnnError(f'mixup/cutmix need an even batch_size, got {recipe["batch_size"]}')
@@ -278,8 +291,9 @@ def resolve_recipe(
         sets: Iterable[str] = (),
         notes: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
-    """Defaults <- recipe file <- named flags <- ``--set`` items, validated. Adjustments the resolution made (a
-    shortened warm-up) are appended to ``notes`` as one-line messages."""
+    """Defaults <- recipe file <- named flags <- ``--set`` items, validated. Learning rates given by flags or
+    ``--set`` join ``absolute_lrs``. Adjustments the resolution made (a shortened warm-up) are appended to ``notes``
+    as one-line messages."""
     recipe = default_recipe()
     if path:
         recipe.update(load_recipe(path))
@@ -287,6 +301,7 @@ def resolve_recipe(
     set_items = parse_set(sets)
     apply_overrides(recipe, flags or {})
     apply_overrides(recipe, set_items, '--set')
+    mark_absolute_lrs(recipe, [*(flags or {}), *set_items])
     explicit = 'warmup_epochs' in (flags or {}) or 'warmup_epochs' in set_items
     note = fit_warmup(recipe, planned, explicit)
     if note and notes is not None:
@@ -310,6 +325,16 @@ def fit_warmup(recipe: Dict[str, Any], planned: Mapping[str, Any], explicit: boo
             f'{planned["warmup_epochs"]} of {planned["epochs"]} epochs); choose another with --set warmup_epochs=N')
 
 
+def mark_absolute_lrs(recipe: Dict[str, Any], given: Iterable[str]) -> None:
+    """Add the learning-rate keys among ``given`` (the keys a user set by flag or ``--set``) to the recipe's
+    ``absolute_lrs``: timm's rule, the batch scaling applies to a recipe's learning rates only, never to one the user
+    typed (``--lr 1e-3`` trains at 1e-3 whatever the batch)."""
+    listed = recipe['absolute_lrs']
+    given = set(given) | set(listed)
+    # a listed key that is no learning rate stays, for validate_recipe to name it
+    recipe['absolute_lrs'] = [k for k in LR_KEYS if k in given] + [k for k in listed if k not in LR_KEYS]
+
+
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
     """YAML text of a recipe, keys in schema order (readable back by ``load_recipe``)."""
     ordered = {k: recipe[k] for k in RECIPE_KEYS if k in recipe}
@@ -317,16 +342,12 @@ def dump_recipe(recipe: Mapping[str, Any]) -> str:
 
 
 def scaled_lrs(recipe: Mapping[str, Any], global_batch: int) -> Dict[str, float]:
-    """The batch-size rule: every learning rate (lr, gating_lr, warmup_lr, min_lr) is multiplied by
-    ``global_batch / lr_base_batch`` when ``scale_lr`` is on, so both peaks keep their 1000:1 ratio."""
+    """The batch-size rule: every learning rate of the recipe (lr, gating_lr, warmup_lr, min_lr) is multiplied by
+    ``global_batch / lr_base_batch`` when ``scale_lr`` is on, so both peaks keep their 1000:1 ratio; those listed in
+    ``absolute_lrs`` (given by the user) are used as they are."""
     factor = global_batch / recipe['lr_base_batch'] if recipe['scale_lr'] else 1.0
-    return {
-        'factor': factor,
-        'lr': recipe['lr'] * factor,
-        'gating_lr': recipe['gating_lr'] * factor,
-        'warmup_lr': recipe['warmup_lr'] * factor,
-        'min_lr': recipe['min_lr'] * factor,
-    }
+    absolute = set(recipe.get('absolute_lrs') or ())
+    return {'factor': factor, **{k: recipe[k] if k in absolute else recipe[k] * factor for k in LR_KEYS}}
 
 
 def auto_workers(local_processes: int = 1, cap: int = 8) -> int:

@@ -4,10 +4,15 @@ ImageNet-A and ImageNet-R.
 * ``imagenet``: top-1/top-5 on an ImageFolder ``DIR/<class>/<image>``.
 * ``imagenet-c`` (Hendrycks & Dietterich 2019): ``DIR/<corruption>/<severity 1-5>/<class>/<image>``; top-1 per
   corruption and severity, per category (noise, blur, weather, digital) and per severity (T-CNN Fig. 3), the mean,
-  and the mCE normalised by AlexNet's published errors when all 15 corruptions x 5 severities are present.
-  Evaluated at 224 px by default, as the paper does ("to avoid distorting the corruptions").
+  and the mCE normalised by AlexNet's published errors when all 15 corruptions x 5 severities are present with the
+  same image counts. Evaluated at 224 px by default, as the paper does ("to avoid distorting the corruptions").
 * ``imagenet-a`` / ``imagenet-r``: ``DIR/<wnid>/<image>`` over their published 200-class subsets of ImageNet-1k;
   the logits are restricted to those 200 classes, as the datasets' authors evaluate them.
+
+Resolution: by default each model runs at its test size and crop (``test_input_size``/``test_crop_pct`` of its
+``pretrained_cfg`` where it has them, else its input size and crop), as timm's ``validate.py`` does; ``'model'``
+takes the models' own input size (timm's *training* size for many pretrained CNNs), an integer one size for all.
+ImageNet-C stays at 224 px, crop 1, unless its size is asked for. Every result records its size and crop.
 
 Labels: class folders named by ImageNet-1k wnids are mapped to ImageNet-1k indices when the model has 1000 outputs
 (so a folder holding only some classes is scored correctly); otherwise the sorted folder order is the label order
@@ -21,7 +26,8 @@ import json
 import math
 import os
 import pkgutil
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections import Counter
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -39,13 +45,20 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_mod
 from .paths import check_output_file
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
-           'IMAGENET_C_SIZE', 'imagenet_wnids', 'subset_wnids', 'SuiteData', 'scan_suite', 'LabelSpace',
-           'label_space', 'eval_data_config', 'evaluate', 'results_table', 'format_table', 'format_markdown',
+           'IMAGENET_C_SIZE', 'RESOLUTION_POLICIES', 'RELEASE_IMAGES', 'imagenet_wnids', 'subset_wnids', 'SuiteData',
+           'scan_suite', 'image_counts', 'LabelSpace', 'label_space', 'check_resolution', 'resolution_policy',
+           'eval_data_config', 'evaluate', 'results_table', 'results_notes', 'format_table', 'format_markdown',
            'write_results', 'num_outputs']
 
 SUITES = ('imagenet', 'imagenet-c', 'imagenet-a', 'imagenet-r')
 SEVERITIES = ('1', '2', '3', '4', '5')
 IMAGENET_C_SIZE = 224
+# 'test': the model's test size and crop where its pretrained_cfg has them (timm validate.py's default), else its
+# input size; 'model': its input size and crop (timm's training size for many pretrained CNNs).
+RESOLUTION_POLICIES = ('test', 'model')
+Resolution = Union[str, int, None]
+# Images of the released ImageNet-A and ImageNet-R: fewer means a subset, which the outputs say.
+RELEASE_IMAGES = {'imagenet-a': 7500, 'imagenet-r': 30000}
 
 # The 15 benchmark corruptions by category, in the order of Hendrycks & Dietterich (2019), Fig. 1 / Table 1.
 CORRUPTION_CATEGORIES = {
@@ -228,6 +241,37 @@ def scan_suite(suite: str, root: str) -> SuiteData:
         np.asarray(listing.group_ids, dtype=np.int64))
 
 
+def _group_name(group: Tuple[str, str]) -> str:
+    return f'{group[0]}/{group[1]}' if group[1] else group[0]
+
+
+def image_counts(data: SuiteData) -> Dict[str, Any]:
+    """Do all groups of an ImageNet-C folder hold the same images per class (50 per class and group in the
+    release)? A group whose count differs is a truncated or mixed-up extraction, and means over it are not the
+    benchmark's.
+
+    The reference is the most common per-class count among the benchmark corruptions' groups (among all groups if
+    there is none).
+
+    Returns:
+        ``{'images_per_group': reference total, 'mismatched': {'<corruption>/<severity>': {'images': n,
+        'expected': reference total, 'classes': [class folders whose count differs]}}}``.
+    """
+    n_groups, n_classes = len(data.groups), len(data.classes)
+    table = np.bincount(data.group_ids * n_classes + data.targets,
+                        minlength=n_groups * n_classes).reshape(n_groups, n_classes)
+    reference_groups = [i for i, g in enumerate(data.groups) if g[0] in BENCHMARK_CORRUPTIONS] or range(n_groups)
+    votes = Counter(table[i].tobytes() for i in reference_groups)
+    reference = np.frombuffer(votes.most_common(1)[0][0], dtype=table.dtype)
+    mismatched = {}
+    for i, group in enumerate(data.groups):
+        differ = np.nonzero(table[i] != reference)[0]
+        if len(differ):
+            mismatched[_group_name(group)] = {'images': int(table[i].sum()), 'expected': int(reference.sum()),
+                                              'classes': [data.classes[j] for j in differ]}
+    return {'images_per_group': int(reference.sum()), 'mismatched': mismatched}
+
+
 # ---------------------------------------------------------------------- label spaces and data configs
 
 
@@ -277,19 +321,49 @@ def label_space(suite: str, classes: Sequence[str], n_outputs: int) -> LabelSpac
     return LabelSpace(torch.arange(len(classes)), None, n_outputs, 'sorted folder order')
 
 
+def check_resolution(resolution: Resolution, name: str = 'resolution') -> Resolution:
+    """``resolution`` if it is ``None``, ``'test'``, ``'model'`` or a positive integer (pixels)."""
+    if resolution is None or (isinstance(resolution, str) and resolution in RESOLUTION_POLICIES):
+        return resolution
+    if isinstance(resolution, str):
+        raise InvalidArgumentError(f'{name} must be {" or ".join(RESOLUTION_POLICIES)} or a size in pixels, got '
+                                   f'{resolution!r}')
+    return check_number(resolution, name, ge=1, integer=True)
+
+
+def resolution_policy(suite: str, resolution: Resolution = None, img_size: Optional[int] = None) -> Union[str, int]:
+    """The resolution a suite runs at: ``img_size`` (pixels) if given, else ``resolution``, else the suite's
+    default (``'test'``; 224 px for ImageNet-C, whose corruptions are defined at that size)."""
+    _check_suite(suite)
+    check_resolution(resolution)
+    check_image_options(img_size, None)
+    if img_size is not None and resolution is not None:
+        raise InvalidArgumentError(f'give img_size or resolution, not both (got {img_size} and {resolution!r})')
+    chosen = img_size if img_size is not None else resolution
+    if chosen is None:
+        chosen = IMAGENET_C_SIZE if suite == 'imagenet-c' else 'test'
+    return chosen
+
+
 def eval_data_config(model: nn.Module, suite: str, img_size: Optional[int] = None,
-                     crop_pct: Optional[float] = None) -> Dict[str, Any]:
-    """timm eval data config: the model's (saved or pretrained) config; ImageNet-C at 224 px without cropping.
+                     crop_pct: Optional[float] = None, resolution: Resolution = None) -> Dict[str, Any]:
+    """timm eval data config of ``model`` on ``suite`` under a resolution policy (see ``resolution_policy``).
+
+    ``'test'`` (the default but for ImageNet-C) is timm ``validate.py``'s: the model's ``test_input_size`` and
+    ``test_crop_pct`` where its ``pretrained_cfg`` has them, else its ``input_size`` and ``crop_pct``; ``'model'``
+    its ``input_size`` and ``crop_pct``; a size in pixels (``img_size`` or an integer ``resolution``) that size with
+    the test crop. ``crop_pct`` overrides the crop.
 
     ImageNet-C images are 224 x 224 already: at 224 px with ``crop_pct=1`` the transform is the identity, as the
     authors' evaluation (``CenterCrop(224)`` only) and the T-CNN paper (section 3: "resolution of 224 to avoid
-    distorting the corruptions") have it.
+    distorting the corruptions") have it; its crop is 1 unless ``crop_pct`` is given.
     """
-    _check_suite(suite)
+    chosen = resolution_policy(suite, resolution, img_size)
     if suite == 'imagenet-c':
-        img_size = IMAGENET_C_SIZE if img_size is None else img_size
         crop_pct = 1.0 if crop_pct is None else crop_pct
-    return data_config(model, img_size, crop_pct)
+    if isinstance(chosen, str):
+        return data_config(model, None, crop_pct, use_test_size=chosen == 'test')
+    return data_config(model, chosen, crop_pct, use_test_size=True)
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -331,6 +405,7 @@ def evaluate(
         *,
         img_size: Optional[int] = None,
         crop_pct: Optional[float] = None,
+        resolution: Resolution = None,
         batch_size: int = 64,
         workers: Optional[int] = None,
         device: Optional[str] = None,
@@ -344,8 +419,10 @@ def evaluate(
         models: Name -> model (a T-CNN, a CNN, any ImageNet-style classifier).
         suite: ``'imagenet'``, ``'imagenet-c'``, ``'imagenet-a'`` or ``'imagenet-r'``.
         root: The suite's data directory.
-        img_size: Input resolution; default the model's (224 for ImageNet-C).
-        crop_pct: Centre-crop fraction; default the model's (1.0 for ImageNet-C).
+        img_size: Input resolution in pixels for every model (an explicit ask, also for ImageNet-C).
+        crop_pct: Centre-crop fraction; default the model's test crop (1.0 for ImageNet-C).
+        resolution: Instead of ``img_size``, the policy: ``'test'`` (default; ImageNet-C: 224 px) or ``'model'``
+            (see ``eval_data_config``), or a size in pixels.
         batch_size: Images per batch.
         workers: DataLoader worker processes; default ``min(8, cpu count)``.
         device: ``'cuda'``, ``'cpu'``, ...; default CUDA when available.
@@ -354,8 +431,10 @@ def evaluate(
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
 
     Returns:
-        Per model name, the suite's results (see ``docs/analysis.md``): ``top1``/``top5`` (%) and ``num_images``;
-        for ImageNet-C also ``corruptions``, ``categories``, ``severities``, ``mce`` and ``complete``.
+        Per model name, the suite's results (see ``docs/analysis.md``): ``top1``/``top5`` (%), ``num_images``,
+        ``img_size`` and ``crop_pct`` (what the model ran at), ``partial`` (a marker such as ``'(3/15 corruptions)'``
+        or ``'(120 of 7500 images)'``, None for a full run); for ImageNet-C also ``corruptions``, ``categories``,
+        ``severities``, ``mce``, ``complete`` and ``image_counts``; for ImageNet-A/R ``complete``.
     """
 
     # every argument before the folder scan and the first batch: a mistake costs no pass over the data
@@ -367,6 +446,7 @@ def evaluate(
         check_module(model, f'models[{name!r}]')
     _check_suite(suite)
     check_image_options(img_size, crop_pct)
+    resolution_policy(suite, resolution, img_size)
     check_number(batch_size, 'batch_size', ge=1, integer=True)
     if workers is not None:
         check_number(workers, 'workers', ge=0, integer=True)
@@ -378,7 +458,7 @@ def evaluate(
     configs, spaces = {}, {}
     for name, model in models.items():
         model.to(dev).eval()
-        configs[name] = eval_data_config(model, suite, img_size, crop_pct)
+        configs[name] = eval_data_config(model, suite, img_size, crop_pct, resolution)
         spaces[name] = label_space(suite, data.classes, num_outputs(model, configs[name]['input_size']))
         spaces[name] = dataclasses.replace(
             spaces[name], targets=spaces[name].targets.to(dev),
@@ -409,7 +489,8 @@ def evaluate(
             if worker:
                 raise _worker_error(e) from e
             raise
-    return {name: _results(data, counts[name].cpu(), spaces[name], configs[name]) for name in models}
+    per_group = image_counts(data) if suite == 'imagenet-c' else None
+    return {name: _results(data, counts[name].cpu(), spaces[name], configs[name], per_group) for name in models}
 
 
 def _accumulate(counts: torch.Tensor, logits: torch.Tensor, cls: torch.Tensor, group: torch.Tensor,
@@ -435,17 +516,26 @@ def _mean(values: Sequence[float]) -> Optional[float]:
     return float(np.mean(values)) if len(values) else None
 
 
-def _results(data: SuiteData, counts: torch.Tensor, space: LabelSpace, cfg: Mapping[str, Any]) -> Dict[str, Any]:
+def _results(data: SuiteData, counts: torch.Tensor, space: LabelSpace, cfg: Mapping[str, Any],
+             per_group: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     top5_valid = space.num_labels > 5  # top-5 of 5 or fewer labels is always 100%
+    height, width = cfg['input_size'][-2:]
     base = {'num_images': int(counts[:, 0].sum().item()), 'labels': space.mapping, 'num_labels': space.num_labels,
+            'img_size': height if height == width else [height, width], 'crop_pct': cfg['crop_pct'],
             'data_config': {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
     if data.suite != 'imagenet-c':
         n, c1, c5 = counts.sum(0).tolist()
-        return {'top1': _pct(c1, n), 'top5': _pct(c5, n) if top5_valid else None, **base}
-    return {**_imagenet_c_results(data, counts, top5_valid), **base}
+        out = {'top1': _pct(c1, n), 'top5': _pct(c5, n) if top5_valid else None, 'partial': None, **base}
+        release = RELEASE_IMAGES.get(data.suite)
+        if release is not None:  # ImageNet-A/R: a fixed release, a smaller folder is a subset
+            out['complete'] = base['num_images'] == release
+            out['partial'] = None if out['complete'] else f'({base["num_images"]} of {release} images)'
+        return out
+    return {**_imagenet_c_results(data, counts, top5_valid, per_group), **base}
 
 
-def _imagenet_c_results(data: SuiteData, counts: torch.Tensor, top5_valid: bool) -> Dict[str, Any]:
+def _imagenet_c_results(data: SuiteData, counts: torch.Tensor, top5_valid: bool,
+                        per_group: Mapping[str, Any]) -> Dict[str, Any]:
     """Per corruption/severity top-1, Fig. 3's per-category and per-severity means, the mean, and the mCE."""
     per: Dict[str, Dict[str, Tuple[float, float]]] = {}
     for (corruption, severity), (n, c1, c5) in zip(data.groups, counts.tolist()):
@@ -455,7 +545,7 @@ def _imagenet_c_results(data: SuiteData, counts: torch.Tensor, top5_valid: bool)
     # the summary covers the 15 benchmark corruptions; a folder of other corruptions only is summarised as it is
     summarized = benchmark or sorted(per)
     corruptions = {}
-    for corruption in [c for c in BENCHMARK_CORRUPTIONS if c in per] + sorted(set(per) - set(BENCHMARK_CORRUPTIONS)):
+    for corruption in benchmark + sorted(set(per) - set(BENCHMARK_CORRUPTIONS)):
         sev = per[corruption]
         top1 = _mean([v[0] for v in sev.values()])
         entry = {
@@ -477,18 +567,37 @@ def _imagenet_c_results(data: SuiteData, counts: torch.Tensor, top5_valid: bool)
             categories[category] = _mean(values)
     severities = {s: _mean([per[c][s][0] for c in summarized if s in per[c]]) for s in SEVERITIES}
     severities = {s: v for s, v in severities.items() if v is not None}
-    complete = all(c in per and all(s in per[c] for s in SEVERITIES) for c in BENCHMARK_CORRUPTIONS)
+    pairs = sum(len(per[c]) for c in benchmark)
+    uneven = [g for g in per_group['mismatched'] if g.split('/')[0] in BENCHMARK_CORRUPTIONS]
+    complete = len(benchmark) == len(BENCHMARK_CORRUPTIONS) and pairs == len(BENCHMARK_CORRUPTIONS) * 5 and not uneven
     missing = [c for c in BENCHMARK_CORRUPTIONS if corruptions.get(c, {}).get('ce') is None]
     return {
         'top1': _mean([per[c][s][0] for c in summarized for s in per[c]]),
         'top5': _mean([per[c][s][1] for c in summarized for s in per[c]]) if top5_valid else None,
         'mce': _mean([corruptions[c]['ce'] for c in BENCHMARK_CORRUPTIONS]) if complete else None,
         'complete': complete,
+        'partial': None if complete else _partial_marker(len(benchmark), pairs, uneven, len(summarized)),
         'mce_missing': missing,
+        'image_counts': dict(per_group),
         'categories': categories,
         'severities': severities,
         'corruptions': corruptions,
     }
+
+
+def _partial_marker(n_benchmark: int, pairs: int, uneven: Sequence[str], n_summarized: int) -> str:
+    """``'(k/15 corruptions)'``, with the corruption x severity pairs when some severities are missing and the
+    groups whose image counts differ: the means of such a run are not the benchmark's."""
+    n = len(BENCHMARK_CORRUPTIONS)
+    text = f'{n_benchmark}/{n} corruptions'
+    if pairs != 5 * n_benchmark:
+        text += f', {pairs}/{5 * n} corruption x severity pairs'
+    if not n_benchmark:
+        text += f'; means over the {n_summarized} other corruptions found'
+    if uneven:
+        text += f'; image counts differ: {", ".join(uneven[:3])}' + (f' and {len(uneven) - 3} more' if len(uneven) > 3
+                                                                     else '')
+    return f'({text})'
 
 
 def _category(corruption: str) -> str:
@@ -502,11 +611,34 @@ def _category(corruption: str) -> str:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, str):
+        return v
     return '-' if v is None or (isinstance(v, float) and math.isnan(v)) else f'{v:.2f}'
+
+
+def _size_text(result: Mapping[str, Any]) -> str:
+    size = result['img_size']
+    return f'{size} px' if isinstance(size, int) else f'{size[0]}x{size[1]} px'
+
+
+def _input_cell(result: Mapping[str, Any]) -> str:
+    crop = f'{result["crop_pct"]:g}'
+    return f'{_size_text(result)}, crop {crop if "." in crop else crop + ".0"}'
+
+
+def _marker(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The partial-run marker of a suite (the same data for every model), with a leading space, or ''."""
+    marks = [r.get('partial') for r in results.values() if r.get('partial')]
+    return f' {marks[0]}' if marks else ''
 
 
 def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]]:
     """Rows of metrics, one column per model (T-CNN Table 2 turned sideways): ``(header, rows)``.
+
+    Every row's label says what it holds: the input size and crop each model ran at, then top-1 accuracy in % (higher
+    is better) or corruption error CE / mCE in % of AlexNet's (lower is better). Rows indented under a section
+    title (its own values empty) are in its unit. Means over a partial ImageNet-C folder carry a ``(k/15
+    corruptions)`` marker; the 4 extra corruptions (and any other folder) are in a section of their own, in no mean.
 
     Args:
         report: ``{'models': {name: ...}, 'suites': {suite: {'results': {name: result}}}}`` (``tcnn eval``'s JSON).
@@ -518,11 +650,11 @@ def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]
     header = ['metric'] + names
     rows: List[List[str]] = []
 
-    def add(label: str, results: Mapping[str, Any], getter) -> None:
+    def add(label: str, results: Mapping[str, Any], getter=None) -> None:
         values = []
         for name in names:
             try:
-                values.append(_fmt(getter(results[name])))
+                values.append('' if getter is None else _fmt(getter(results[name])))
             except (KeyError, TypeError):  # a model without this entry (e.g. no mCE on a partial ImageNet-C)
                 values.append('-')
         rows.append([label] + values)
@@ -530,23 +662,76 @@ def results_table(report: Mapping[str, Any]) -> Tuple[List[str], List[List[str]]
     for suite, block in report['suites'].items():
         res = block['results']
         title = _SUITE_TITLE.get(suite, suite)
-        add(f'{title} top-1', res, lambda r: r['top1'])
+        mark = _marker(res)
+        add(f'{title} input: size, centre-crop fraction', res, _input_cell)
         if suite != 'imagenet-c':
-            add(f'{title} top-5', res, lambda r: r['top5'])
+            add(f'{title} top-1 %{mark} (higher is better)', res, lambda r: r['top1'])
+            add(f'{title} top-5 %{mark} (higher is better)', res, lambda r: r['top5'])
             continue
-        add(f'{title} mCE (AlexNet = 100, lower is better)', res, lambda r: r['mce'])
-        for category in list(CORRUPTION_CATEGORIES) + ['other']:
-            if any(category in res[n].get('categories', {}) for n in names):
+        add(f'{title} top-1 %, mean over corruptions x severities{mark} (higher is better)', res, lambda r: r['top1'])
+        add(f'{title} mCE %, AlexNet = 100{mark} (lower is better)', res, lambda r: r['mce'])
+        categories = [c for c in list(CORRUPTION_CATEGORIES) + ['other']
+                      if any(c in res[n].get('categories', {}) for n in names)]
+        if categories:
+            add(f'{title} top-1 % by category{mark} (higher is better)', res)
+            for category in categories:
                 add(f'  {category}', res, lambda r, c=category: r['categories'][c])
-        for s in SEVERITIES:
-            if any(s in res[n].get('severities', {}) for n in names):
+        sevs = [s for s in SEVERITIES if any(s in res[n].get('severities', {}) for n in names)]
+        if sevs:
+            add(f'{title} top-1 % by severity, mean over corruptions{mark} (higher is better)', res)
+            for s in sevs:
                 add(f'  severity {s}', res, lambda r, s=s: r['severities'][s])
-        corruptions: List[str] = []
+        found: List[str] = []
         for n in names:
-            corruptions += [c for c in res[n].get('corruptions', {}) if c not in corruptions]
-        for c in corruptions:
-            add(f'  {c}', res, lambda r, c=c: r['corruptions'][c]['top1'])
+            found += [c for c in res[n].get('corruptions', {}) if c not in found]
+        benchmark = [c for c in BENCHMARK_CORRUPTIONS if c in found]
+        if benchmark:
+            add(f'{title} CE % by corruption, AlexNet = 100 (lower is better)', res)
+            for c in benchmark:
+                add(f'  {c}', res, lambda r, c=c: r['corruptions'][c]['ce'])
+            add(f'{title} top-1 % by corruption, mean over severities (higher is better)', res)
+            for c in benchmark:
+                add(f'  {c}', res, lambda r, c=c: r['corruptions'][c]['top1'])
+        others = [c for c in found if c not in BENCHMARK_CORRUPTIONS]
+        if others:
+            what = 'not in any mean' if benchmark else 'the only corruptions found: in the means above'
+            add(f'{title} top-1 % of the extra corruptions, {what} (higher is better)', res)
+            for c in others:
+                kind = 'extra' if c in EXTRA_CORRUPTIONS else 'other'
+                add(f'  {c} ({kind})', res, lambda r, c=c: r['corruptions'][c]['top1'])
     return header, rows
+
+
+def results_notes(report: Mapping[str, Any]) -> List[str]:
+    """What a reader of the table must know, one line each: models run at different sizes or crops, partial
+    suites and why there is no mCE. ``tcnn eval`` prints them under the table and writes them under the markdown."""
+    notes = []
+    for suite, block in report['suites'].items():
+        res = block['results']
+        sizes = {name: _size_text(r) for name, r in res.items()}
+        crops = {name: r['crop_pct'] for name, r in res.items()}
+        if len(set(sizes.values())) > 1:
+            notes.append(f'{suite}: the models ran at different input sizes ('
+                         + ', '.join(f'{n} {v}' for n, v in sizes.items())
+                         + '): a difference between them is partly one of resolution; give one size to compare them')
+        elif len(set(crops.values())) > 1:
+            notes.append(f'{suite}: the models ran with different centre crops ('
+                         + ', '.join(f'{n} {v:g}' for n, v in crops.items()) + ')')
+        first = next(iter(res.values()))
+        if suite == 'imagenet-c' and not first.get('complete', True):
+            absent = [c for c in BENCHMARK_CORRUPTIONS if c not in first['corruptions']]
+            short = [c for c in first.get('mce_missing') or [] if c not in absent]
+            why = [f'{len(absent)} of the 15 corruptions missing (e.g. {absent[0]})'] if absent else []
+            why += [f'{len(short)} without all 5 severities ({", ".join(short[:3])})'] if short else []
+            uneven = {g: v for g, v in first['image_counts']['mismatched'].items()
+                      if g.split('/')[0] in BENCHMARK_CORRUPTIONS}
+            why += ['image counts differ: ' + ', '.join(f'{g} {v["images"]} images (others {v["expected"]})'
+                                                        for g, v in list(uneven.items())[:3])] if uneven else []
+            notes.append(f'imagenet-c: no mCE {first["partial"]}: {"; ".join(why)}; the means cover the corruptions '
+                         'found')
+        elif first.get('partial'):
+            notes.append(f'{suite}: {first["partial"][1:-1]}: a subset of the release')
+    return notes
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -558,18 +743,21 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return '\n'.join(lines)
 
 
-def format_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """GitHub markdown table (metric names left-aligned, numbers right-aligned)."""
+def format_markdown(header: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = ()) -> str:
+    """GitHub markdown table (metric names left-aligned, numbers right-aligned), then ``notes`` as a list."""
     def esc(s: str) -> str:
-        return str(s).replace('|', '\\|').replace('  ', '&nbsp;&nbsp;') if str(s).startswith('  ') else str(s)
+        s = str(s).replace('|', '\\|')
+        return s.replace('  ', '&nbsp;&nbsp;') if s.startswith('  ') else s
     lines = ['| ' + ' | '.join(esc(h) for h in header) + ' |',
              '|' + '|'.join([':---'] + ['---:'] * (len(header) - 1)) + '|']
     lines += ['| ' + ' | '.join(esc(c) for c in r) + ' |' for r in rows]
+    if notes:
+        lines += [''] + [f'- {note}' for note in notes]
     return '\n'.join(lines) + '\n'
 
 
 def write_results(report: Mapping[str, Any], json_path: Optional[str], markdown_path: Optional[str] = None) -> None:
-    """Write the report as JSON and/or its table as markdown, atomically (both paths are checked first)."""
+    """Write the report as JSON and/or its table and notes as markdown, atomically (both paths are checked first)."""
     for path, name, suffixes in ((json_path, 'json_path', ('.json',)), (markdown_path, 'markdown_path', ('.md',))):
         if path:
             check_output_file(path, name, suffixes)
@@ -577,4 +765,4 @@ def write_results(report: Mapping[str, Any], json_path: Optional[str], markdown_
         atomic_write_text(json_path, json.dumps(report, indent=2) + '\n')
     if markdown_path:
         header, rows = results_table(report)
-        atomic_write_text(markdown_path, format_markdown(header, rows))
+        atomic_write_text(markdown_path, format_markdown(header, rows, results_notes(report)))

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3
+from timm.utils import ModelEmaV3, distribute_bn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -46,8 +46,8 @@ from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, ma
                  read_checkpoint, read_metrics, write_checkpoint, write_metrics)
 from .paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, parse_set, resolve_recipe,
-                     scaled_lrs, validate_recipe)
+from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, mark_absolute_lrs, parse_set,
+                     resolve_recipe, scaled_lrs, validate_recipe)
 from .train_args import add_arguments, flag_overrides
 
 __all__ = ['add_arguments', 'run', 'main', 'Trainer', 'CheckpointWriteError']
@@ -57,7 +57,7 @@ FROZEN_ON_RESUME = ('model', 'num_classes', 'no_sa', 'reparam_epoch', 'stages', 
                     'gating_init', 'opt', 'drop_path_rate')
 # If these are unchanged on resume, the saved scheduler state is loaded as is; otherwise it is rebuilt.
 SCHEDULE_KEYS = ('sched', 'epochs', 'warmup_epochs', 'warmup_lr', 'min_lr', 'lr', 'gating_lr', 'lr_base_batch',
-                 'scale_lr')
+                 'scale_lr', 'absolute_lrs')
 # Below this batch-scaling factor (global batch 64 for the paper's reference 1024) a small run barely moves.
 SMALL_LR_FACTOR = 1 / 16
 
@@ -89,6 +89,7 @@ def _resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: 
         raise TcnnError(f'cannot change {", ".join(changed)} when resuming (they define the model and the '
                         'optimiser); start a new run instead')
     apply_overrides(recipe, overrides)
+    mark_absolute_lrs(recipe, overrides)
     if 'output' not in overrides:
         recipe['output'] = os.path.dirname(os.path.abspath(path))
     return validate_recipe(recipe)
@@ -346,6 +347,8 @@ class Trainer:
         self.num_updates = 0
         if r['model_ema']:
             self.model_ema = ModelEmaV3(self.model, decay=r['model_ema_decay'])
+        # timm's rule: with an EMA, the best checkpoint is the epoch whose EMA validates best
+        self.best_metric = 'ema_val_top1' if self.model_ema is not None else 'val_top1'
 
     def _setup_loss(self) -> None:
         """DeiT's: mixup/cutmix with smoothed soft targets, else label smoothing, else plain cross-entropy."""
@@ -403,6 +406,10 @@ class Trainer:
         if self.model_ema is not None and ckpt.get('ema') is not None:
             self.model_ema.module.load_state_dict(ckpt['ema'])
         self.best_top1 = ckpt['best_top1'] if ckpt.get('best_top1') is not None else -math.inf
+        if ckpt.get('best_metric', 'val_top1') != self.best_metric:
+            self.log(f'note: the checkpoint chose best.pt on {ckpt.get("best_metric", "val_top1")}, this run chooses '
+                     f'on {self.best_metric} (model_ema changed): the next epoch starts a new best')
+            self.best_top1 = -math.inf
         if self.ctx.is_main:  # drop epochs the checkpoint does not hold
             self._write_metrics([m for m in self._read_metrics() if m['epoch'] < self.start_epoch])
         rng = ckpt.get('rng') or []
@@ -472,6 +479,7 @@ class Trainer:
             world_size=self.ctx.world_size,
             config=dict(self.recipe),
             best_top1=self.best_top1 if math.isfinite(self.best_top1) else None,
+            best_metric=self.best_metric,
         )
 
     def _guarded_write(self, path: str, write: Callable[[], Any]) -> None:
@@ -532,21 +540,40 @@ class Trainer:
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
                  f'{r["batch_size"]} x {ctx.world_size} process(es) x {r["accum_steps"]} accum, '
                  f'{self.updates_per_epoch} updates/epoch')
-        rule = (f'recipe values x {self.lrs["factor"]:.4g} = global batch {self.global_batch} / '
-                f'{r["lr_base_batch"]}' if r['scale_lr'] else 'recipe values, scale_lr off')
-        self.log(f'lr {self.lrs["lr"]:.3g}, gating lr {self.lrs["gating_lr"]:.3g} ({rule}); {r["warmup_epochs"]} '
-                 f'warm-up epochs from {self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
+        self.log(f'lr {self.lrs["lr"]:.3g} ({self._lr_rule("lr")}), gating lr {self.lrs["gating_lr"]:.3g} '
+                 f'({self._lr_rule("gating_lr")}); {r["warmup_epochs"]} warm-up epochs from '
+                 f'{self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
         for warning in self.small_run_warnings():
             self.log(f'warning: {warning}')
+        if self.best_metric == 'ema_val_top1':
+            self.log('best.pt: the epoch with the best EMA validation top-1 (ema_val_top1); it holds the model and '
+                     'its EMA: read the EMA with tcnn.load(PATH, ema=True) or tcnn eval/inspect --use-ema')
         self.log(f'output {self.output}')
 
+    def _lr_rule(self, key: str) -> str:
+        """How the run got the learning rate ``key``: as the user gave it, or the recipe's value batch-scaled."""
+        r = self.recipe
+        if key in r['absolute_lrs']:
+            return 'as given'
+        if not r['scale_lr']:
+            return 'recipe value, scale_lr off'
+        return f'recipe value x {self.lrs["factor"]:.4g} = global batch {self.global_batch} / {r["lr_base_batch"]}'
+
     def small_run_warnings(self) -> List[str]:
-        """What makes a small run's first try learn nothing, while the paper's recipe stays exact for ImageNet."""
+        """What makes a small run's first try learn nothing, while the paper's recipe stays exact for ImageNet; and
+        a gating lr that lost its ratio to the lr because only one of them was given (the other one scaled)."""
         r, out = self.recipe, []
-        if r['scale_lr'] and self.lrs['factor'] < SMALL_LR_FACTOR:
+        scaled = [k for k in ('lr', 'gating_lr') if k not in r['absolute_lrs']]
+        if r['scale_lr'] and len(scaled) == 2 and self.lrs['factor'] < SMALL_LR_FACTOR:
             out.append(f'the batch rule scales every learning rate by {self.global_batch}/{r["lr_base_batch"]} = '
                        f'{self.lrs["factor"]:.3g} (lr {self.lrs["lr"]:.2g}, gating lr {self.lrs["gating_lr"]:.2g}): '
                        'a small run may barely move; consider --set scale_lr=false or a larger --lr')
+        if r['scale_lr'] and len(scaled) == 1 and self.lrs['factor'] != 1:
+            ratio, planned = self.lrs['gating_lr'] / self.lrs['lr'], r['gating_lr'] / r['lr']
+            given = 'lr' if scaled == ['gating_lr'] else 'gating_lr'
+            out.append(f'gating lr / lr = {ratio:.3g}, not the recipe\'s {planned:.4g}: --{given.replace("_", "-")} '
+                       f'is used as given while the batch rule scales {scaled[0]}; give --{scaled[0].replace("_", "-")} '
+                       'too to choose both')
         return out
 
     def _train_epoch(self, epoch: int, position: EpochPosition) -> Tuple[EpochPosition, Dict[str, Any]]:
@@ -565,6 +592,17 @@ class Trainer:
             kept = (f'the last good checkpoint {self.last_path} (epoch {epoch}/{r["epochs"]}) is kept'
                     if os.path.isfile(self.last_path) else 'no checkpoint was written yet')
             raise NonFiniteLossError(f'{e}; {kept}; lower --lr/--gating-lr or try --amp none') from None
+
+    def _sync_batch_norm(self) -> None:
+        """Average the batch-norm running statistics of the processes, the EMA's too (timm's ``distribute_bn``,
+        reduce), before validating and saving: each process updated them from its own batches, so without this the
+        summed validation would judge N different models while the checkpoint keeps rank 0's. After it every rank
+        holds the model that is validated and saved."""
+        if not self.ctx.distributed:
+            return
+        distribute_bn(self.model, self.ctx.world_size, reduce=True)
+        if self.model_ema is not None:
+            distribute_bn(self.model_ema.module, self.ctx.world_size, reduce=True)
 
     def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
         eval_start = time.perf_counter()
@@ -608,14 +646,17 @@ class Trainer:
                 self._save(epoch, None, False, position=position)
                 return self._stopped(f'in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}')
             position = EpochPosition()
+            self._sync_batch_norm()
             row = self._validate(epoch, stats)
-            is_best = row['val_top1'] > self.best_top1
-            self.best_top1 = max(self.best_top1, row['val_top1'])
+            is_best = row[self.best_metric] > self.best_top1
+            self.best_top1 = max(self.best_top1, row[self.best_metric])
+            row.update(best_metric=self.best_metric, is_best=is_best)
             self._save(epoch, row, is_best)
             self.log(self._summary(row, r['epochs']))
             if self._stop_agreed() and epoch + 1 < r['epochs']:
                 return self._stopped(f'after epoch {epoch + 1}')
-        self.log(f'done: best val top-1 {self.best_top1:.2f}%; checkpoints {self.last_path}, {self.best_path}')
+        which = 'EMA val' if self.best_metric == 'ema_val_top1' else 'val'
+        self.log(f'done: best {which} top-1 {self.best_top1:.2f}%; checkpoints {self.last_path}, {self.best_path}')
         return 0
 
     def _stop_agreed(self) -> bool:
@@ -644,12 +685,16 @@ class Trainer:
     def _summary(row: Dict[str, Any], epochs: int) -> str:
         gates = [v['gate_mean'] for v in row['gpsa'].values()]
         spans = [v['span_mean'] for v in row['gpsa'].values()]
-        gpsa = (f', gate {np.mean(gates):.3f}, span {np.mean(spans):.3f}' if gates else '')
+        gpsa = (f', gate {np.mean(gates):.3f}, span 1/alpha {np.mean(spans):.3f} tokens^2' if gates else '')
         line = (f'epoch {row["epoch"] + 1}/{epochs}: train loss {row["train_loss"]:.4f}, val loss '
                 f'{row["val_loss"]:.4f}, top-1 {row["val_top1"]:.2f}%, top-5 {row["val_top5"]:.2f}%, lr '
                 f'{_fmt(row["lr"], ".3g")}, gating lr {_fmt(row["gating_lr"], ".3g")}, '
                 f'{_fmt(row["img_per_s"], ".1f")} img/s (step alone {_fmt(row["step_img_per_s"], ".1f")}, waiting for '
                 f'data {100 * (row["data_wait"] or 0):.0f}% of the time), {row["epoch_time_s"]:.1f} s{gpsa}')
+        if row.get('ema_val_top1') is not None:
+            line += f'; EMA val loss {row["ema_val_loss"]:.4f}, top-1 {row["ema_val_top1"]:.2f}%'
+        if row.get('is_best'):
+            line += f'; best {row["best_metric"]} so far: best.pt'
         if (row['data_wait'] or 0) >= DATA_BOUND_FRACTION:
             line += '; data-bound: raise --workers or lighten the augmentation'
         return line

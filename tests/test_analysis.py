@@ -138,6 +138,122 @@ def test_nonlocality_matches_eq8_by_brute_force(t_cnn):
     assert nl[name]['num_images'] == 2
 
 
+def _brute_force_layer(att: torch.Tensor, layer: GPSA, in_size, image_size) -> dict:
+    """Per head, by loops over images, queries and keys: nonlocality over the padded keys and over the real keys
+    (each query's attention renormalised over them), the share of attention on padded keys, and the real-key
+    nonlocality in input pixels and as a fraction of the image diagonal."""
+    (h_in, w_in), (hi, wi) = in_size, image_size
+    (ph, pw), (sy, sx), (ay, ax) = layer.padding, layer.stride, layer.anchor
+    h_out, w_out = layer.output_size(h_in, w_in)
+    h_k, w_k = h_in + 2 * ph, w_in + 2 * pw
+    ty, tx = hi / h_in, wi / w_in  # input pixels per token
+    n_img, n_h = att.shape[0], att.shape[1]
+    out = {k: np.zeros(n_h) for k in ('padded', 'real', 'share', 'real_px', 'real_fraction')}
+    for b, h in itertools.product(range(n_img), range(n_h)):
+        for i, j in itertools.product(range(h_out), range(w_out)):
+            qy, qx = sy * i + ay, sx * j + ax
+            acc = dict.fromkeys(('padded', 'real_w', 'real_mass', 'pad_mass', 'real_px'), 0.0)
+            for r, c in itertools.product(range(h_k), range(w_k)):
+                a = att[b, h, i * w_out + j, r * w_k + c].item()
+                d = math.hypot(r - qy, c - qx)
+                acc['padded'] += a * d
+                if ph <= r < ph + h_in and pw <= c < pw + w_in:
+                    acc['real_w'] += a * d
+                    acc['real_mass'] += a
+                    acc['real_px'] += a * math.hypot((r - qy) * ty, (c - qx) * tx)
+                else:
+                    acc['pad_mass'] += a
+            n = n_img * h_out * w_out
+            out['padded'][h] += acc['padded'] / n
+            out['real'][h] += acc['real_w'] / acc['real_mass'] / n
+            out['share'][h] += acc['pad_mass'] / n
+            out['real_px'][h] += acc['real_px'] / acc['real_mass'] / n
+    out['real_fraction'] = out['real_px'] / math.hypot(hi, wi)
+    return out
+
+
+@pytest.mark.parametrize('name', ['layer4.0.conv1', 'layer4.1.conv2'])
+def test_padding_share_and_real_key_nonlocality_match_a_brute_force(t_cnn, name):
+    x = torch.randn(2, 3, 64, 80)  # non-square: the stride-2 layer sees 4 x 5 (padded 6 x 7), the next 2 x 3
+    nl = analysis.nonlocality(t_cnn, [x[:1], x[1:]])[name]
+    layer = t_cnn.get_submodule(name)
+    feats = analysis.capture_gpsa_inputs(t_cnn, x)[name]
+    for part in analysis.ATTENTION_PARTS:
+        att = layer.attention(feats)[part]
+        att = att if att.ndim == 4 else att[None].expand(2, -1, -1, -1)
+        expect = _brute_force_layer(att, layer, feats.shape[-2:], x.shape[-2:])
+        assert nl[part] == pytest.approx(expect['padded'].tolist(), rel=1e-4)  # ConViT eq. 8, padded keys
+        assert nl['real'][part] == pytest.approx(expect['real'].tolist(), rel=1e-4)
+        assert nl['padding_share'][part] == pytest.approx(expect['share'].tolist(), rel=1e-4, abs=1e-7)
+        if part == 'mixed':
+            assert nl['real_px'] == pytest.approx(expect['real_px'].tolist(), rel=1e-4)
+            assert nl['real_image_fraction'] == pytest.approx(expect['real_fraction'].tolist(), rel=1e-4)
+        assert max(expect['share']) > 0.05  # attention does land on the padding at this size
+    assert nl['grid'] == list(feats.shape[-2:]) and nl['image'] == [64, 80]
+    assert nl['real_mean'] == pytest.approx(float(np.mean(nl['real']['mixed'])), rel=1e-6)
+    assert nl['padding_share_mean'] == pytest.approx(float(np.mean(nl['padding_share']['mixed'])), rel=1e-6)
+    summary = analysis.summarize(t_cnn, x)['layers'][name]
+    assert summary['nonlocality_real'] == pytest.approx(nl['real']['mixed'], rel=1e-6)
+    assert summary['padding_share'] == pytest.approx(nl['padding_share']['mixed'], rel=1e-6)
+
+
+def test_sigma_is_the_width_of_the_positional_gaussian():
+    # the positional logits are -alpha |delta - Delta|^2 (tokens): along each axis a Gaussian of variance 1/(2 alpha)
+    # (sampled on the integer grid: its standard deviation equals sigma to 1e-4 for sigma >= 1, 0.1% at alpha = 1)
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), GPSA.from_conv(conv))
+    layer = model[1]
+    alphas = torch.tensor([0.05, 0.1, 0.2, 0.5, 0.08, 0.4, 0.3, 0.12, 0.06])
+    layer.set_locality_strength(alphas)
+    size = 61
+    pos = layer.positional_attention(size, size, torch.device('cpu'))  # (N_h, N_q, N_k), keys padded to 63 x 63
+    q = (size // 2) * size + size // 2  # the centre query, far from every border
+    rows = torch.arange(size + 2, dtype=torch.float64)[:, None].expand(size + 2, size + 2).flatten()
+    summary = analysis.summarize(model)['layers']['1']
+    for h in range(9):
+        a = pos[h, q].double()
+        mean = (a * rows).sum()
+        sigma = math.sqrt((a * (rows - mean) ** 2).sum().item())
+        assert summary['sigma'][h] == pytest.approx(sigma, rel=1e-4)
+        assert summary['sigma'][h] == pytest.approx(1 / math.sqrt(2 * alphas[h].item()), rel=1e-5)
+        assert summary['span'][h] == pytest.approx(1 / alphas[h].item(), rel=1e-5)
+    assert summary['sigma_mean'] == pytest.approx(float(np.mean(summary['sigma'])), rel=1e-6)
+
+
+def test_inspect_images_dir_takes_a_seeded_sample_across_class_folders(t_cnn, tmp_path, capsys):
+    path = tcnn.io.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 32, 32), 'crop_pct': 1.0})
+    rng = np.random.default_rng(0)
+    for c in range(12):  # an ImageNet val layout in miniature: class folders in sorted order, 5 images each
+        os.makedirs(tmp_path / 'val' / f'n{c:08d}')
+        for k in range(5):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
+                tmp_path / 'val' / f'n{c:08d}' / f'ILSVRC_{c * 5 + k:04d}.png')
+
+    def sample(*flags):
+        out = tmp_path / f'out{len(list(tmp_path.glob("out*")))}'
+        assert main(['inspect', path, '--images-dir', str(tmp_path / 'val'), '--max-images', '6', *flags,
+                     '--out', str(out)]) == 0
+        summary = json.loads((out / 'summary.json').read_text())
+        return summary, capsys.readouterr().out
+
+    summary, printed = sample()
+    classes = [os.path.basename(os.path.dirname(p)) for p in summary['images']]
+    assert len(summary['images']) == 6 and len(set(classes)) == 6  # 6 classes, not the first 2 folders
+    assert summary['sample'] == {'images_dir': str(tmp_path / 'val'), 'seed': 0, 'max_images': 6, 'found': 60,
+                                 'classes': 12, 'classes_sampled': 6}
+    assert 'seed 0' in printed and '6 of 60 images' in printed
+    assert sample()[0]['images'] == summary['images']  # the seed fixes the sample
+    other, printed = sample('--seed', '1')
+    assert other['images'] != summary['images'] and other['sample']['seed'] == 1 and 'seed 1' in printed
+    # balanced: 24 images of 12 classes are 2 per class
+    picked = data.sample_images(str(tmp_path / 'val'), 24, seed=3)
+    counts = {}
+    for p in picked:
+        counts[os.path.dirname(p)] = counts.get(os.path.dirname(p), 0) + 1
+    assert sorted(counts.values()) == [2] * 12 and picked == sorted(picked)
+    assert data.sample_images(str(tmp_path / 'val'), 100, seed=0) == data.find_images(str(tmp_path / 'val'))
+
+
 def test_query_cell_and_errors():
     assert analysis.query_cell(None, (224, 224), (7, 7)) == (3, 3)
     assert analysis.query_cell((223, 0), (224, 224), (7, 7)) == (6, 0)

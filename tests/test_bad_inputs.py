@@ -346,7 +346,8 @@ def test_inspect_refuses_bad_flags_before_any_work(tmp_path, capsys, flags, mess
 
 @pytest.mark.parametrize('command', [['inspect', 'MODEL', '--out', 'READ_ONLY/figures'],
                                      ['plot', 'RUN', '--out', 'READ_ONLY/curves.png'],
-                                     ['convert', 'resnet18d', '--no-pretrained', '--out', 'READ_ONLY/t.pt']])
+                                     ['convert', 'resnet18d', '--no-pretrained', '--out', 'READ_ONLY/t.pt'],
+                                     ['publish', 'MODEL', '--out', 'READ_ONLY/hub']])
 def test_commands_refuse_a_read_only_output_folder(tmp_path, read_only, capsys, command):
     run = tmp_path / 'run'
     run.mkdir()
@@ -380,7 +381,9 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
         'from tcnn.cli import main\n'
         'for argv in (["--help"], ["convert", "--help"], ["convert"], ["eval", "--help"], ["inspect", "--help"],\n'
         '             ["plot", "--help"], ["info", "--help"], ["convert", "resnet18d", "--out", "x.bin"],\n'
-        '             ["convert", "resnet18d", "--out", "x.pt", "--tol", "-1"], ["info", ' + repr(missing) + ']):\n'
+        '             ["convert", "resnet18d", "--out", "x.pt", "--tol", "-1"], ["info", ' + repr(missing) + '],\n'
+        '             ["publish", "--help"], ["publish", ' + repr(missing) + ', "--out", ' + repr(str(tmp_path / 'o'))
+        + ']):\n'
         '    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n'
         '        try:\n'
         '            rc = main(argv)\n'
@@ -390,7 +393,8 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
         'print(sorted(m for m in ("torch", "timm", "torchvision", "matplotlib") if m in sys.modules))\n')
     lines = out.strip().splitlines()
     assert lines[-1] == '[]', out
-    assert [line.split()[-1] for line in lines[:-1]] == ['0', '0', '2', '0', '0', '0', '0', '2', '2', '2'], out
+    assert [line.split()[-1] for line in lines[:-1]] == ['0', '0', '2', '0', '0', '0', '0', '2', '2', '2', '0',
+                                                         '2'], out
 
 
 def test_train_help_and_argument_errors_do_not_import_torch():
@@ -479,7 +483,7 @@ def test_info_reads_stored_counts_without_building_the_model(tmp_path):
         assert {k: v for k, v in fast.items() if k != 'layers'} == {k: v for k, v in rebuilt.items() if k != 'layers'}
         for name, layer in rebuilt['layers'].items():
             assert fast['layers'][name]['center'] == layer['center']
-            for key in ('gate', 'alpha', 'span', 'gate_mean', 'span_mean'):
+            for key in ('gate', 'alpha', 'span', 'sigma', 'gate_mean', 'span_mean', 'sigma_mean'):
                 a, b = fast['layers'][name][key], layer[key]
                 assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(*(([a], [b]) if isinstance(a, float)
                                                                             else (a, b)))), (name, key)

@@ -79,7 +79,8 @@ def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):
     assert '8 convs in layer3, layer4' in out and 'departs from the CNN' in out and '2x3x64x80' in out
     d = tcnn.io.read(out_path)
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 8
-    assert d['num_classes'] == 10 and d['source'] == {'model': 'resnet18d', 'kwargs': {}}
+    assert d['num_classes'] == 10
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {}, 'weights': 'file:resnet18d.pth'}
     model = tcnn.load(out_path)
     gate = torch.sigmoid(torch.tensor(1.0)).item()
     assert all(g == pytest.approx(gate) for layer in tcnn.gpsa_summary(model).values() for g in layer['gate'])
@@ -186,3 +187,34 @@ def test_conversion_is_fast():
     start = time.perf_counter()
     tcnn.reparameterize(cnn, verify=False)
     assert time.perf_counter() - start < 2.0
+
+
+def test_convert_keeps_the_checkpoint_head(tmp_path, capsys):
+    """A 10-class checkpoint wrapped as {'state_dict': ...} gives a 10-class T-CNN with its head; --num-classes that
+    drops it says so in one line; --use-ema reads the EMA weights beside the raw ones."""
+    torch.manual_seed(0)
+    raw, ema = timm.create_model('resnet18d', num_classes=10), timm.create_model('resnet18d', num_classes=10)
+    ckpt = tmp_path / 'r18d_10.pth'
+    torch.save({'state_dict': raw.state_dict(), 'state_dict_ema': ema.state_dict(), 'epoch': 9}, ckpt)
+    out_path = str(tmp_path / 't.pt')
+    rc, out, err = _run(['convert', 'resnet18d', '--weights', str(ckpt), '--out', out_path, '--img-size', '64'], capsys)
+    assert rc == 0, err
+    assert '10 classes' in out and 'warning' not in err
+    model = tcnn.load(out_path)
+    assert model.num_classes == 10 and torch.equal(model.fc.weight, raw.fc.weight)
+    rc, out, err = _run(['convert', 'resnet18d', '--weights', str(ckpt), '--use-ema', '--out', out_path,
+                         '--img-size', '64'], capsys)
+    assert rc == 0, err
+    assert torch.equal(tcnn.load(out_path).fc.weight, ema.fc.weight)
+    with pytest.warns(UserWarning) as record:  # the command prints it as one line, 'tcnn: warning: ...'
+        rc, out, err = _run(['convert', 'resnet18d', '--weights', str(ckpt), '--num-classes', '4', '--out', out_path,
+                             '--img-size', '64', '--no-verify'], capsys)
+    assert rc == 0 and '4 classes' in out
+    messages = [str(w.message) for w in record if 'head' in str(w.message)]
+    assert len(messages) == 1 and "'fc' (10 classes) is dropped" in messages[0] and '\n' not in messages[0]
+    # --use-ema without EMA weights, or without --weights: one line each
+    torch.save({'state_dict': raw.state_dict()}, tmp_path / 'plain.pth')
+    for argv, message in ((['--weights', str(tmp_path / 'plain.pth'), '--use-ema'], 'no EMA weights'),
+                          (['--no-pretrained', '--use-ema'], '--use-ema reads the EMA weights')):
+        rc, out, err = _run(['convert', 'resnet18d', *argv, '--out', out_path], capsys)
+        assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err

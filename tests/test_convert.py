@@ -1,4 +1,6 @@
 """reparameterize / check_equivalence on whole timm and torchvision ResNets (random weights, no network)."""
+import warnings
+
 import pytest
 import timm
 import torch
@@ -113,8 +115,9 @@ def test_unsupported_conv_names_the_layer():
         find_convertible_convs(timm.create_model('resnet18d'), stages=9)
 
 
-def test_verification_catches_a_wrong_conversion(monkeypatch):
-    # a conversion bug (filter taps transposed) must be caught by verify=True, not silently returned
+@pytest.fixture
+def transposed_taps(monkeypatch):
+    """A conversion bug: every GPSA layer's filter taps transposed (3x3 convs)."""
     from_conv = tcnn.GPSA.from_conv.__func__
 
     def transposed_from_conv(cls, conv, *args, **kwargs):
@@ -125,6 +128,10 @@ def test_verification_catches_a_wrong_conversion(monkeypatch):
         return layer
 
     monkeypatch.setattr(tcnn.GPSA, 'from_conv', classmethod(transposed_from_conv))
+
+
+def test_verification_catches_a_wrong_conversion(transposed_taps):
+    # a conversion bug (filter taps transposed) must be caught by verify=True, not silently returned
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
     with pytest.raises(ConversionError, match='does not reproduce.*in float64'):
         tcnn.reparameterize(cnn, input_size=(3, 64, 64))
@@ -175,3 +182,113 @@ def test_failed_in_place_verification_restores_the_cnn(monkeypatch):
         tcnn.reparameterize_(cnn, tol=1e-30, input_size=(3, 64, 64))  # a tolerance float64 cannot meet
     assert not tcnn.gpsa_layers(cnn) and not hasattr(cnn, 'tcnn_config')
     assert isinstance(cnn.layer4[0].conv1, nn.Conv2d)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_conversion_is_rechecked_in_float64(dtype, request):
+    """A right float16 conversion misses 1e-4 by rounding alone and passes on its float64 re-check (with a warning
+    naming the amplified rounding); a right bfloat16 one on the CPU mostly matches in its own dtype (the conv and the
+    GPSA layer both accumulate in float32 and round once to bfloat16; where one output rounds the other way, the
+    float64 re-check decides as for float16). Both stay in their own dtype with the same
+    parameter objects; a wrong conversion is refused in float64 too."""
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d')).to(dtype)
+    params = dict(cnn.named_parameters())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        model = tcnn.reparameterize_(cnn, input_size=(3, 64, 64))
+    report = model.tcnn_report
+    amplified = [w for w in caught if f'amplifies {str(dtype)[6:]} rounding' in str(w.message)]
+    assert report.dtype == str(dtype)[6:]
+    if dtype == torch.float16 or report.max_rel_err > 1e-4:  # bfloat16 too where a layer4 output rounds otherwise
+        assert amplified and report.max_rel_err > 1e-4 > 1e-10 > report.float64_max_rel_err
+    else:
+        assert not amplified and report.float64_max_rel_err is None
+    assert all(p.dtype == dtype for p in model.parameters()) and all(b.dtype == dtype for b in model.buffers()
+                                                                     if b.is_floating_point())
+    assert all(params[n] is p for n, p in model.named_parameters() if n in params)
+    request.getfixturevalue('transposed_taps')  # a conversion bug: filter taps transposed
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d')).to(dtype)
+    with pytest.raises(ConversionError, match='does not reproduce.*in float64'):
+        tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+
+
+def _small_detector() -> nn.Module:
+    """torchvision's Faster R-CNN on a ResNet-18 FPN: random weights, small images, few proposals (fast)."""
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    torch.manual_seed(0)
+    backbone = resnet_fpn_backbone(backbone_name='resnet18', weights=None, trainable_layers=5)
+    return FasterRCNN(backbone, num_classes=3, min_size=64, max_size=64, rpn_pre_nms_top_n_test=100,
+                      rpn_post_nms_top_n_test=50, box_detections_per_img=20).eval()
+
+
+def test_detection_model_nested_outputs_and_example_inputs():
+    """A detection model returns a list of dicts of tensors: compared leaf by leaf, on random images or on the
+    caller's list of images (the model's own input type)."""
+    detector = _small_detector()
+    t_model = tcnn.reparameterize(detector, stages='backbone.body.layer4', input_size=(3, 64, 64))
+    report = t_model.tcnn_report
+    assert report.passed() and report.output.startswith('[') and not report.vacuous
+    images = [torch.rand(3, 64, 56, generator=torch.Generator().manual_seed(1)), torch.rand(3, 48, 64)]
+    for example in (images, (images,)):  # the list itself, or a tuple of forward arguments holding it
+        report = tcnn.check_equivalence(detector, t_model, example_inputs=example)
+        assert report.passed() and 'example tensors (3x64x56, 3x48x64)' in str(report)
+    with torch.no_grad(), tcnn.exact_configuration(t_model):
+        ref, out = detector(images), t_model(images)
+    assert len(ref) == len(out) == 2 and ref[0]['boxes'].shape == out[0]['boxes'].shape
+    assert tcnn.reparameterize(detector, stages='backbone.body.layer4', example_inputs=(images,)).tcnn_report.passed()
+
+
+def test_segmentation_model_and_features_only_backbone():
+    """A segmentation model's dict of maps and a timm features_only backbone's list of feature maps."""
+    torch.manual_seed(0)
+    seg = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=3,
+                                                        aux_loss=False).eval()
+    report = tcnn.reparameterize(seg, stages='backbone.layer4', input_size=(3, 48, 48)).tcnn_report
+    assert report.output == "['out']" and report.max_rel_err < 1e-5 and report.init_max_rel_err > 1e-3
+    backbone = _nontrivial_batchnorm(timm.create_model('resnet18d', features_only=True))
+    t_backbone = tcnn.reparameterize(backbone, stages='layer4', input_size=(3, 64, 64))
+    report = t_backbone.tcnn_report
+    assert report.max_rel_err < 1e-5 and not report.vacuous and report.output.startswith('[')
+    with torch.no_grad():
+        features = t_backbone(torch.randn(1, 3, 64, 64))
+    assert isinstance(features, list) and len(features) == 5
+
+
+def test_a_model_that_cannot_take_the_random_input_is_one_line():
+    class Masked(nn.Module):  # a forward that needs a second argument
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x, mask):
+            return self.head((self.conv(x) * mask).mean((2, 3)))
+
+    model = Masked().eval()
+    with pytest.raises(tcnn.TcnnError, match=r'input_size \(3, 16, 16\) does not fit the model \(Masked\): '
+                                             r'TypeError: .*mask.*example_inputs') as info:
+        tcnn.reparameterize(model, stages='conv', input_size=(3, 16, 16))
+    assert '\n' not in str(info.value)
+    x, mask = torch.randn(2, 3, 16, 16), torch.rand(2, 1, 16, 16)
+    t_model = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask))
+    assert t_model.tcnn_report.max_rel_err < 1e-5 and t_model.tcnn_report.output == ''
+    for kwargs, message in (({'example_inputs': (x, mask), 'input_size': (3, 16, 16)}, 'not both'),
+                            ({'example_inputs': 'an image'}, 'at least one tensor')):
+        with pytest.raises(tcnn.TcnnError, match=message):
+            tcnn.check_equivalence(model, t_model, **kwargs)
+
+
+def test_a_second_conversion_is_refused_at_once():
+    """Converting a T-CNN again fails on the call (not at tcnn.save), names the fix, and changes nothing."""
+    cnn = timm.create_model('resnet18d')
+    t_cnn = tcnn.reparameterize(cnn, verify=False)
+    before = [n for n, _ in tcnn.gpsa_layers(t_cnn)]
+    for convert in (tcnn.reparameterize, tcnn.reparameterize_):
+        with pytest.raises(ConversionError, match=r"T-CNN already: 4 GPSA layers \(layer4\).*stages=\['layer3', "
+                                                  r"'layer4'\]") as info:
+            convert(t_cnn, stages='layer3', verify=False)
+        assert '\n' not in str(info.value)
+    assert [n for n, _ in tcnn.gpsa_layers(t_cnn)] == before and t_cnn.tcnn_config['stages'] == ['layer4']
+    both = tcnn.reparameterize(cnn, stages=['layer3', 'layer4'], verify=False)  # the way that works
+    assert both.tcnn_config['stages'] == ['layer3', 'layer4'] and len(tcnn.gpsa_layers(both)) == 8

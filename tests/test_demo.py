@@ -58,6 +58,7 @@ def test_report_files_and_keys(tiny):
         assert (run['analysis'] is None) == (run['arm'] in ('cnn', 'no-sa'))
         if run['analysis']:
             assert 0 <= run['gate_mean'] <= 1 and run['span_mean'] > 0 and run['nonlocality_mean'] >= 0
+            assert run['sigma_mean'] > 0 and run['nonlocality_real_mean'] >= 0 and 0 <= run['padding_share_mean'] < 1
     conv = results['conversion']
     assert [c['seed'] for c in conv['seeds']] == [0, 1]
     assert conv['max_rel_err'] == max(c['max_rel_err'] for c in conv['seeds']) < 1e-4 and conv['gpsa_layers'] == 2
@@ -124,6 +125,10 @@ def test_readme_states_the_result_and_the_changes(tiny):
     for change in results['recipe_changes']:
         assert change in text
     assert '](figures/fig3_robustness.png)' in text
+    # the attention statistics carry their units (the definitions of tcnn.analysis)
+    for header in ('span 1/α, tokens²', 'σ = 1/√(2α), tokens', 'nonlocality on real keys, tokens',
+                   'attention on padding, %', '6x6 tokens of 16 px'):
+        assert header in text, header
 
 
 def test_continuing_a_finished_demo_trains_nothing(tiny):

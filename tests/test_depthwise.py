@@ -121,3 +121,37 @@ def test_folded_layer_compiles_without_graph_breaks(small_chunks):
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(torch.autograd.grad(out.square().sum(), x)[0],
                                torch.autograd.grad(ref.square().sum(), x)[0])
+
+
+def test_per_sample_gradients_with_torch_func(folded, small_chunks):
+    """torch.func's per-sample gradients (vmap(grad(...))) through the folded product equal one backward per sample;
+    the taps shared by the samples, as a layer's filter is."""
+    attn, values, taps = _inputs(4, 5, 9, 6, 16, 16)
+
+    def loss(a, v, w):  # one sample: a batch of one image
+        return dw.attend_folded(a[None], v[None], w).square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(0, 0, None))(attn, values, taps)
+    for i in range(4):
+        a, v, w = (t.clone().requires_grad_() for t in (attn[i], values[i], taps))
+        expected = torch.autograd.grad(_definition(a[None], v[None], w).square().sum(), (a, v, w))
+        for got, want in zip(per_sample, expected):
+            torch.testing.assert_close(got[i], want)
+    # per-sample taps too (vmapped over every input), and the forward alone under vmap
+    out = torch.func.vmap(lambda a, v, w: dw.attend_folded(a[None], v[None], w)[0])(attn, values, taps[None].repeat(
+        4, 1, 1))
+    torch.testing.assert_close(out, _definition(attn, values, taps))
+
+
+@pytest.mark.parametrize('c_in,c_out', [(12, 12), (6, 18)], ids=['depthwise', 'multiplier3'])
+def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_out):
+    """Double backward (gradient penalties, Hessian-vector products) against finite differences in float64, in chunks
+    of one image and 8 channels."""
+    attn, values, taps = (t.requires_grad_() for t in _inputs(2, 3, 9, 2, c_in, c_out))
+    assert torch.autograd.gradgradcheck(dw.attend_folded, (attn, values, taps), fast_mode=True)
+    # a gradient penalty through a whole depthwise layer
+    layer = GPSA.from_conv(nn.Conv2d(8, 8, 3, padding=1, groups=8)).double()
+    x = torch.randn(2, 8, 5, 5, dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    grad_x.square().sum().backward()
+    assert all(p.grad is not None for p in layer.parameters())

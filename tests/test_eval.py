@@ -3,6 +3,7 @@ import json
 import os
 from typing import Dict, List, Sequence
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -13,6 +14,8 @@ import tcnn
 from tcnn import robustness as rb
 from tcnn.cli import main
 from tcnn.errors import TcnnError
+
+from nontrivial import nontrivial
 
 MEAN = torch.tensor((0.485, 0.456, 0.406))
 STD = torch.tensor((0.229, 0.224, 0.225))
@@ -104,24 +107,35 @@ def test_imagenet_c_known_answers(tmp_path):
     assert res['num_images'] == 4 * 4 * len(right) and res['top5'] is None  # 4 labels: top-5 is meaningless
 
 
-def test_imagenet_c_mce_is_normalised_by_alexnet(tmp_path):
-    # published AlexNet errors (Hendrycks & Dietterich 2019, in %, rounded as in the paper's table)
-    published = [88.6, 89.4, 92.3, 82.0, 82.6, 78.6, 79.8, 86.7, 82.7, 81.9, 56.5, 85.3, 64.6, 71.8, 60.7]
-    assert [round(100 * rb.ALEXNET_ERRORS[c], 1) for c in rb.BENCHMARK_CORRUPTIONS] == published
-    assert len(rb.BENCHMARK_CORRUPTIONS) == 15
-    # one image per class and (corruption, severity); corruption i gets i % 3 right classes at every severity
-    classes = dict(list(CLASSES.items())[:3])
-    colours = list(classes.values())
+C_CLASSES = dict(list(CLASSES.items())[:3])
+
+
+def _complete_imagenet_c(root) -> List[float]:
+    """All 15 benchmark corruptions x 5 severities, one image per class (3 classes); corruption i gets
+    ``min(i % 4, 3)`` classes right at every severity. Returns the expected CE per corruption."""
+    colours = list(C_CLASSES.values())
     expected_ce = []
     for i, c in enumerate(rb.BENCHMARK_CORRUPTIONS):
         n_right = i % 4
         for s in '12345':
             plan = [[col if j < n_right else colours[(j + 1) % 3]] for j, col in enumerate(colours)]
-            _class_folder(str(tmp_path / c / s), classes, plan)
+            _class_folder(str(root / c / s), C_CLASSES, plan)
         err = 1 - min(n_right, 3) / 3
         expected_ce.append(100 * err / rb.ALEXNET_ERRORS[c])
-    model = ColourNet(colours, num_classes=3, outputs=range(3))
-    res = rb.evaluate({'m': model}, 'imagenet-c', str(tmp_path), batch_size=64, workers=0, progress=False,
+    return expected_ce
+
+
+def _c_model() -> ColourNet:
+    return ColourNet(list(C_CLASSES.values()), num_classes=3, outputs=range(3))
+
+
+def test_imagenet_c_mce_is_normalised_by_alexnet(tmp_path):
+    # published AlexNet errors (Hendrycks & Dietterich 2019, in %, rounded as in the paper's table)
+    published = [88.6, 89.4, 92.3, 82.0, 82.6, 78.6, 79.8, 86.7, 82.7, 81.9, 56.5, 85.3, 64.6, 71.8, 60.7]
+    assert [round(100 * rb.ALEXNET_ERRORS[c], 1) for c in rb.BENCHMARK_CORRUPTIONS] == published
+    assert len(rb.BENCHMARK_CORRUPTIONS) == 15
+    expected_ce = _complete_imagenet_c(tmp_path)
+    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), batch_size=64, workers=0, progress=False,
                       img_size=8)['m']
     assert res['complete'] and res['mce_missing'] == []
     assert [res['corruptions'][c]['ce'] for c in rb.BENCHMARK_CORRUPTIONS] == pytest.approx(expected_ce)
@@ -134,7 +148,17 @@ def test_imagenet_c_default_resolution_is_224_without_crop():
     cfg = rb.eval_data_config(model, 'imagenet-c')
     assert cfg['input_size'] == (3, 224, 224) and cfg['crop_pct'] == 1.0
     assert rb.eval_data_config(model, 'imagenet-c', img_size=160)['input_size'] == (3, 160, 160)
-    assert rb.eval_data_config(model, 'imagenet')['crop_pct'] == model.pretrained_cfg['crop_pct']
+    # the other suites: timm validate.py's test size and crop by default, the model's input size on request
+    cfg = rb.eval_data_config(model, 'imagenet')
+    assert cfg['input_size'] == model.pretrained_cfg['test_input_size'] == (3, 288, 288)
+    assert cfg['crop_pct'] == model.pretrained_cfg['test_crop_pct'] == 0.95
+    cfg = rb.eval_data_config(model, 'imagenet-a', resolution='model')
+    assert cfg['input_size'] == (3, 224, 224) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct'] == 0.875
+    assert rb.eval_data_config(model, 'imagenet-r', resolution=160)['input_size'] == (3, 160, 160)
+    with pytest.raises(ValueError, match='test or model or a size'):
+        rb.eval_data_config(model, 'imagenet', resolution='train')
+    with pytest.raises(ValueError, match='not both'):
+        rb.eval_data_config(model, 'imagenet', img_size=160, resolution='model')
 
 
 @pytest.mark.parametrize('suite', ['imagenet-a', 'imagenet-r'])
@@ -244,9 +268,11 @@ def test_eval_command_compares_models(tmp_path, capsys):
     printed = capsys.readouterr().out
     header = printed.splitlines()[0].split()
     assert header == ['metric', 'model0', 'model2']
-    assert 'ImageNet top-1' in printed and '10.00' in printed and '30.00' in printed
+    assert 'ImageNet top-1 % (higher is better)' in printed and '10.00' in printed and '30.00' in printed
     md = (tmp_path / 'res' / 'results.md').read_text()
-    assert md.startswith('| metric | model0 | model2 |') and '| ImageNet top-1 | 10.00 | 30.00 |' in md
+    assert md.startswith('| metric | model0 | model2 |')
+    assert '| ImageNet top-1 % (higher is better) | 10.00 | 30.00 |' in md
+    assert '| ImageNet input: size, centre-crop fraction | 32 px, crop 0.95 | 32 px, crop 0.95 |' in md
 
 
 def test_eval_command_errors_are_one_line(tmp_path, capsys):
@@ -266,3 +292,226 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
         rc = main(['eval', 'missing.pt', '--suite', 'imagenet', '--data', str(tmp_path / 'nowhere'), '--out', out])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and message in err[0], err
+    # resolution flags: a policy or a size, and --img-size is --resolution N
+    for flags, message in ((['--resolution', 'train'], 'expected test, model or a size in pixels'),
+                           (['--imagenet-c-size', '0'], 'a size in pixels must be >= 1'),
+                           (['--resolution', 'model', '--img-size', '64'], 'not allowed with argument --resolution')):
+        with pytest.raises(SystemExit) as e:  # argparse's usage error
+            main(['eval', 'missing.pt', '--suite', 'imagenet', '--data', str(tmp_path / 'val'), *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err, flags
+
+
+# ---------------------------------------------------------------------- resolution policy: a CNN and its T-CNN
+
+
+def _timm_predictions(model: nn.Module, images: Sequence[Image.Image], size: int = None, crop_pct: float = None,
+                      subset: Sequence[int] = None) -> List[int]:
+    """Class indices ``model`` predicts under timm validate.py's preprocessing (the test size by default): an
+    oracle independent of tcnn.robustness."""
+    args = {} if size is None else {'input_size': (3, size, size), 'crop_pct': crop_pct}
+    cfg = timm.data.resolve_data_config(args, model=model, use_test_size=True)
+    transform = timm.data.create_transform(**cfg, is_training=False)
+    with torch.no_grad():
+        logits = model.eval()(torch.stack([transform(img) for img in images]))
+    if subset is not None:
+        return [subset[i] for i in logits[:, subset].argmax(1).tolist()]
+    return logits.argmax(1).tolist()
+
+
+@pytest.fixture(scope='module')
+def cnn_and_t_cnn(tmp_path_factory):
+    """resnet10t (timm: trained at 176 px, tested at 224 px, crop 0.95) saved as a file, its exact T-CNN saved as a
+    fine-tuned one would be (data config 224 px, crop 1.0), and ImageNet-A/-C folders whose labels are the CNN's own
+    answers at timm's test size: at that size both models score 100%."""
+    from imagegen import SHAPES, draw_shape
+    root = tmp_path_factory.mktemp('resolution')
+    torch.manual_seed(0)
+    cnn = nontrivial(timm.create_model('resnet10t', num_classes=1000))
+    t_cnn = tcnn.reparameterize(cnn, locality_strength=50.0, gating_init=25.0)  # the CNN's function, verified
+    files = [tcnn.io.save(cnn, str(root / 'cnn.pt')),
+             tcnn.io.save(t_cnn, str(root / 't-cnn.pt'), data_config={'input_size': (3, 224, 224), 'crop_pct': 1.0})]
+    rng = np.random.default_rng(0)
+    wnids = rb.imagenet_wnids()
+    subset = [wnids.index(w) for w in rb.subset_wnids('imagenet-a')]
+    images_a = [draw_shape(SHAPES[i % len(SHAPES)], 256, rng) for i in range(6)]
+    for k, (img, label) in enumerate(zip(images_a, _timm_predictions(cnn, images_a, subset=subset))):
+        os.makedirs(root / 'a' / wnids[label], exist_ok=True)
+        img.save(root / 'a' / wnids[label] / f'{k}.png')
+    for corruption in ('gaussian_noise', 'spatter'):
+        images_c = [draw_shape(SHAPES[i], 224, rng) for i in range(2)]
+        for k, (img, label) in enumerate(zip(images_c, _timm_predictions(cnn, images_c, 224, 1.0))):
+            os.makedirs(root / 'c' / corruption / '1' / wnids[label], exist_ok=True)
+            img.save(root / 'c' / corruption / '1' / wnids[label] / f'{k}.png')
+    return root, files, cnn
+
+
+def _eval_cli(root, files, capsys, *flags):
+    out = root / f'res{len(list(root.glob("res*")))}' / 'r.json'
+    rc = main(['eval', *files, '--names', 'CNN', 'T-CNN', '--suite', 'imagenet-a', 'imagenet-c',
+               '--data', str(root / 'a'), str(root / 'c'), '--workers', '0', '--no-progress', '--out', str(out),
+               *flags])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return json.loads(out.read_text()), captured.out, out.with_suffix('.md').read_text()
+
+
+def _row(text: str, start: str) -> str:
+    """The table line (console or markdown) whose label starts with ``start``."""
+    lines = [line for line in text.splitlines() if line.lstrip('| ').startswith(start)]
+    assert len(lines) == 1, (start, text)
+    return lines[0]
+
+
+def test_cnn_and_t_cnn_are_compared_at_the_test_size_the_output_states(cnn_and_t_cnn, capsys):
+    root, files, cnn = cnn_and_t_cnn
+    assert cnn.pretrained_cfg['input_size'] == (3, 176, 176) and cnn.pretrained_cfg['test_input_size'] == (3, 224, 224)
+    report, printed, md = _eval_cli(root, files, capsys)
+    a, c = report['suites']['imagenet-a'], report['suites']['imagenet-c']
+    for name in ('CNN', 'T-CNN'):  # timm validate.py's default: the test size and crop, for both models
+        assert a['results'][name]['data_config']['input_size'] == [3, 224, 224]
+        assert (a['results'][name]['img_size'], a['results'][name]['crop_pct']) == (224, 0.95)
+        assert (c['results'][name]['img_size'], c['results'][name]['crop_pct']) == (224, 1.0)
+        assert a['results'][name]['top1'] == pytest.approx(100.0) and c['results'][name]['top1'] == pytest.approx(100.0)
+    for text in (printed, md):
+        assert _row(text, 'ImageNet-A input').count('224 px, crop 0.95') == 2
+        assert _row(text, 'ImageNet-C input').count('224 px, crop 1.0') == 2
+    assert 'different input sizes' not in printed + md
+    assert a['resolution'] == 'test' and c['resolution'] == 224
+
+
+def test_resolution_policies_and_imagenet_c_stays_at_224_under_img_size(cnn_and_t_cnn, capsys):
+    root, files, _ = cnn_and_t_cnn
+    report, printed, md = _eval_cli(root, files, capsys, '--img-size', '64')
+    for name in ('CNN', 'T-CNN'):  # its corruptions are defined at 224 px
+        assert report['suites']['imagenet-c']['results'][name]['data_config']['input_size'] == [3, 224, 224]
+        assert report['suites']['imagenet-c']['results'][name]['img_size'] == 224
+        assert report['suites']['imagenet-a']['results'][name]['img_size'] == 64
+    assert report['suites']['imagenet-a']['resolution'] == 64
+    assert _row(printed, 'ImageNet-C input').count('224 px, crop 1.0') == 2
+    # asked explicitly, ImageNet-C runs at another size
+    report, _, _ = _eval_cli(root, files, capsys, '--imagenet-c-size', '96')
+    assert {r['img_size'] for r in report['suites']['imagenet-c']['results'].values()} == {96}
+    # the models' own (train) sizes differ: stated in the table and in a note, in both outputs
+    report, printed, md = _eval_cli(root, files, capsys, '--resolution', 'model')
+    results = report['suites']['imagenet-a']['results']
+    assert (results['CNN']['img_size'], results['CNN']['crop_pct']) == (176, 0.875)
+    assert (results['T-CNN']['img_size'], results['T-CNN']['crop_pct']) == (224, 1.0)
+    for text in (printed, md):
+        row = _row(text, 'ImageNet-A input')
+        assert '176 px, crop 0.875' in row and '224 px, crop 1.0' in row
+        assert 'imagenet-a: the models ran at different input sizes (CNN 176 px, T-CNN 224 px)' in text
+
+
+# ---------------------------------------------------------------------- tables nobody can misread
+
+
+def _report(suite: str, results: Dict[str, dict]) -> dict:
+    return {'models': {n: {} for n in results}, 'suites': {suite: {'results': results}}}
+
+
+def _labels_and_sections(rows: Sequence[Sequence[str]]) -> List[tuple]:
+    """``(section header, row label, values)`` of every row with values: indented rows belong to the last header."""
+    out, header = [], None
+    for label, *values in rows:
+        if not label.startswith('  '):
+            header = label
+        if any(v.strip() for v in values):
+            out.append((header, label, values))
+    return out
+
+
+def test_imagenet_c_table_rows_say_what_they_hold(tmp_path):
+    expected_ce = _complete_imagenet_c(tmp_path / 'c')
+    _class_folder(str(tmp_path / 'c' / 'spatter' / '1'), C_CLASSES, [[c] for c in C_CLASSES.values()])  # an extra
+    results = rb.evaluate({'m': _c_model(), 'n': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0,
+                          progress=False, img_size=8)
+    assert results['m']['complete'] and results['m']['partial'] is None
+    header, rows = rb.results_table(_report('imagenet-c', results))
+    assert [r[1:] for r in rows if r[0].startswith('ImageNet-C input')] == [['8 px, crop 1.0'] * 2]
+    for section, label, values in _labels_and_sections(rows):
+        if 'input' in section:
+            continue
+        # every number sits under a label with its unit and the right direction: CE and mCE lower, top-1 higher
+        assert '%' in section, section
+        is_ce = 'CE' in section
+        assert ('lower is better' if is_ce else 'higher is better') in section, section
+        assert ('higher is better' if is_ce else 'lower is better') not in section, section
+    sections = {label: values for section, label, values in _labels_and_sections(rows) if label == section}
+    mce_label = next(label for label in sections if 'mCE' in label)
+    assert sections[mce_label] == [f'{sum(expected_ce) / 15:.2f}'] * 2
+    ce_rows = [(label.strip(), values) for section, label, values in _labels_and_sections(rows)
+               if section.startswith('ImageNet-C CE') and label != section]
+    assert [name for name, _ in ce_rows] == list(rb.BENCHMARK_CORRUPTIONS)  # per-corruption CE in the table
+    assert [float(v[0]) for _, v in ce_rows] == pytest.approx(expected_ce, abs=0.006)
+    # the extra corruption: its own section, marked, after every benchmark row, and in no mean
+    extra = [(section, label) for section, label, _ in _labels_and_sections(rows) if 'spatter' in label]
+    assert len(extra) == 1 and 'extra' in extra[0][0] and 'not in' in extra[0][0] and '(extra)' in extra[0][1]
+    labels = [r[0] for r in rows]
+    assert labels.index(extra[0][1]) > max(labels.index(f'  {c}') for c in rb.BENCHMARK_CORRUPTIONS)
+    assert not any('/15 corruptions' in label for label in labels)  # a complete run has no partial marker
+
+
+def test_partial_imagenet_c_is_marked_in_every_output(tmp_path, capsys):
+    for c, severities in (('gaussian_noise', '12345'), ('fog', '12345'), ('spatter', '1')):
+        for s in severities:
+            _class_folder(str(tmp_path / 'c' / c / s), C_CLASSES, [[col] for col in C_CLASSES.values()])
+    path = tcnn.io.save(_rigged_tcnn(0, num_classes=3), str(tmp_path / 'm.pt'))
+    out = tmp_path / 'r.json'
+    assert main(['eval', path, '--suite', 'imagenet-c', '--data', str(tmp_path / 'c'), '--imagenet-c-size', '32',
+                 '--workers', '0', '--no-progress', '--out', str(out)]) == 0
+    printed = capsys.readouterr().out
+    md = (tmp_path / 'r.md').read_text()
+    result = json.loads(out.read_text())['suites']['imagenet-c']['results']['m']
+    assert result['partial'] == '(2/15 corruptions)' and result['complete'] is False and result['mce'] is None
+    for text in (printed, md):
+        for start in ('ImageNet-C top-1 %, mean', 'ImageNet-C top-1 % by category', 'ImageNet-C top-1 % by severity'):
+            assert '(2/15 corruptions)' in _row(text, start), start
+        assert '(2/15 corruptions)' in _row(text, 'ImageNet-C mCE')
+    # a corruption with some severities missing is counted in the marker too
+    _class_folder(str(tmp_path / 'c' / 'snow' / '2'), C_CLASSES, [[col] for col in C_CLASSES.values()])
+    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0, progress=False,
+                      img_size=8)['m']
+    assert res['partial'] == '(3/15 corruptions, 11/75 corruption x severity pairs)'
+
+
+def test_complete_needs_the_same_image_counts_everywhere(tmp_path):
+    _complete_imagenet_c(tmp_path)
+    kept = tmp_path.parent / f'{tmp_path.name}-kept.png'
+
+    def check(group: str, cause: str):
+        res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+        assert res['complete'] is False and res['mce'] is None
+        assert list(res['image_counts']['mismatched']) == [group]
+        assert res['image_counts']['images_per_group'] == 3
+        assert cause in res['partial'] and group in res['partial']
+        header, rows = rb.results_table(_report('imagenet-c', {'m': res}))
+        assert group in next(r[0] for r in rows if r[0].startswith('ImageNet-C mCE'))
+        return res
+
+    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    assert res['complete']
+    # one image missing in fog/3 (its class folder empty): every folder still has images, the counts differ
+    removed = tmp_path / 'fog' / '3' / 'b_green' / '0.png'
+    removed.rename(kept)
+    res = check('fog/3', 'image counts differ')
+    assert res['image_counts']['mismatched']['fog/3'] == {'images': 2, 'expected': 3, 'classes': ['b_green']}
+    kept.rename(removed)
+    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    assert res['complete'] and res['image_counts'] == {'images_per_group': 3, 'mismatched': {}}
+    # same total, but an image moved between classes in snow/2
+    (tmp_path / 'snow' / '2' / 'a_red' / '0.png').rename(tmp_path / 'snow' / '2' / 'c_blue' / '1.png')
+    res = check('snow/2', 'image counts differ')
+    assert res['image_counts']['mismatched']['snow/2'] == {'images': 3, 'expected': 3, 'classes': ['a_red', 'c_blue']}
+
+
+def test_imagenet_a_and_r_counts_are_checked_against_the_release(tmp_path):
+    wnids = rb.subset_wnids('imagenet-a')[:2]
+    _class_folder(str(tmp_path), dict(zip(wnids, ('red', 'green'))), [['red'], ['green']])
+    model = ColourNet(['red', 'green'], 1000, [rb.imagenet_wnids().index(w) for w in wnids])
+    res = rb.evaluate({'m': model}, 'imagenet-a', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    assert res['partial'] == '(2 of 7500 images)' and res['complete'] is False
+    header, rows = rb.results_table(_report('imagenet-a', {'m': res}))
+    label = next(r for r in rows if r[0].startswith('ImageNet-A top-1'))[0]
+    assert label == 'ImageNet-A top-1 % (2 of 7500 images) (higher is better)'
+    notes = rb.results_notes(_report('imagenet-a', {'m': res}))
+    assert notes == ['imagenet-a: 2 of 7500 images: a subset of the release']

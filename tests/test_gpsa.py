@@ -46,28 +46,58 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     assert _rel_err(ref, out) < 1e-5
 
 
-def _naive_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
-    """T-CNN (arXiv:2106.05795) eqs. 5-7 written out on the padded grid: every attention matrix materialised,
-    nothing skipped."""
+def _dense_blocks(blocks: torch.Tensor, groups: int) -> torch.Tensor:
+    """A grouped weight ``(O, ..., C_in / g)`` as the dense block-diagonal ``(O, ..., C_in)``: output ``o`` reads the
+    input channels of group ``o // (O / g)`` (``nn.Conv2d``'s groups)."""
+    o, cg = blocks.shape[0], blocks.shape[-1]
+    dense = blocks.new_zeros(*blocks.shape[:-1], cg * groups)
+    for g in range(groups):
+        rows = slice(g * o // groups, (g + 1) * o // groups)
+        dense[rows, ..., g * cg:(g + 1) * cg] = blocks[rows]
+    return dense
+
+
+def _reference_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
+    """The layer written out from the papers' formulas alone, in float64, from its parameters (nothing of the layer's
+    own code: no positional_attention, no separable softmax, no skipped padding, dense matrices for groups).
+
+    * positional attention (T-CNN, arXiv:2106.05795, eqs. 3-4; ConViT, arXiv:2103.10697, eq. 5):
+      ``softmax_k(v_pos^h . r_qk)`` with ``r_qk = (|delta|^2, delta_1, delta_2)``, ``delta = key - query`` and
+      ``v_pos^h = -alpha_h (1, -2 Delta^h_1, -2 Delta^h_2)``, ``alpha_h = softplus(raw_h, beta=5)`` (T-CNN footnote 1),
+      over every key of the padded grid;
+    * content attention ``softmax(Q_h K_h^T / sqrt(d))`` (T-CNN eq. 1) over the same keys;
+    * gating ``(1 - sigmoid(lambda_h)) content + sigmoid(lambda_h) positional`` (T-CNN eq. 7, ConViT eq. 8);
+    * ``out = sum_h A_h X W_val W_out^h + bias`` (T-CNN eqs. 5-6).
+    """
+    p = {name: t.detach().double() for name, t in gpsa.named_parameters()}
+    x = x.double()
     mode = 'constant' if gpsa.padding_mode == 'zeros' else gpsa.padding_mode
     (ph, pw), (ay, ax), (sy, sx) = gpsa.padding, gpsa.anchor, gpsa.stride
     h_out, w_out = gpsa.output_size(x.shape[-2], x.shape[-1])
     x_pad = F.pad(x, (pw, pw, ph, ph), mode=mode)
-    keys = x_pad.flatten(2)  # (B, C, N_k)
+    hp, wp = x_pad.shape[-2:]
+    keys = x_pad.flatten(2)  # (B, C, N_k), row-major over the padded grid
     queries = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].flatten(2)  # (B, C, N_q)
+    # positions in padded coordinates: keys every pixel, queries where the conv's window is anchored
+    key_pos = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing='ij'), -1).reshape(-1, 2)
+    query_pos = torch.stack(torch.meshgrid(torch.arange(h_out) * sy + ay, torch.arange(w_out) * sx + ax,
+                                           indexing='ij'), -1).reshape(-1, 2)
+    delta = (key_pos[None] - query_pos[:, None]).double()  # (N_q, N_k, 2)
+    r = torch.cat([delta.square().sum(-1, keepdim=True), delta], dim=-1)  # (N_q, N_k, 3)
+    alpha = torch.log1p(torch.exp(5 * p['pos_locality'])) / 5
+    v_pos = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * p['pos_centers']], dim=-1)  # (N_h, 3)
+    positional = torch.einsum('hr,qkr->hqk', v_pos, r).softmax(-1)
     n_h, d = gpsa.num_heads, gpsa.qk_dim
-    q = torch.einsum('oc,bcn->bon', gpsa.q_weight, queries)
-    k = torch.einsum('oc,bcn->bon', gpsa.k_weight, keys)
-    q, k = q.view(q.shape[0], n_h, d, -1), k.view(k.shape[0], n_h, d, -1)
-    content = (torch.einsum('bhdq,bhdk->bhqk', q, k) * d ** -0.5).softmax(-1)
-    pos = gpsa.positional_attention(x.shape[-2], x.shape[-1], x.device)
-    gate = torch.sigmoid(gpsa.gating)[:, None, None]
-    attn = (1 - gate) * content + gate * pos  # (B, N_h, N_q, N_k)
-    values = torch.einsum('oc,bck->bko', gpsa.v_weight, keys)
-    heads = torch.einsum('bhqk,bkc->bhcq', attn, values)  # (B, N_h, C_in, N_q)
-    out = torch.einsum('ohc,bhcq->boq', gpsa.proj_weight, heads)  # T-CNN eq. 5: sum over heads of A_h V W_out^h
+    q = torch.einsum('oc,bcn->bon', p['q_weight'], queries).unflatten(1, (n_h, d))
+    k = torch.einsum('oc,bcn->bon', p['k_weight'], keys).unflatten(1, (n_h, d))
+    content = (torch.einsum('bhdq,bhdk->bhqk', q, k) / d ** 0.5).softmax(-1)
+    gate = 1 / (1 + torch.exp(-p['gating']))[:, None, None]
+    attn = (1 - gate) * content + gate * positional  # (B, N_h, N_q, N_k)
+    values = torch.einsum('oc,bck->bko', _dense_blocks(p['v_weight'], gpsa.groups), keys)  # X W_val
+    heads = torch.einsum('bhqk,bkc->bhcq', attn, values)  # A_h X W_val, (B, N_h, C_in, N_q)
+    out = torch.einsum('ohc,bhcq->boq', _dense_blocks(p['proj_weight'], gpsa.groups), heads)  # sum_h ... W_out^h
     if gpsa.proj_bias is not None:
-        out = out + gpsa.proj_bias[:, None]
+        out = out + p['proj_bias'][:, None]
     return out.view(x.shape[0], -1, h_out, w_out)
 
 
@@ -95,7 +125,7 @@ def test_general_parameters_match_the_naive_definition(kernel, stride, padding, 
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     out = gpsa(x)
-    expected = _naive_gpsa(gpsa, x)
+    expected = _reference_gpsa(gpsa, x).float()
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     content = gpsa.attention(x)['content']
@@ -239,3 +269,73 @@ def test_attention_maps_dict():
     assert maps['content'].shape == (2, 9, 12, 80) and maps['positional'].shape == (9, 12, 80)
     torch.testing.assert_close(maps['mixed'].sum(-1), torch.ones(2, 9, 12))
     assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 8]
+
+
+FLOAT64_LAYERS = [
+    # in, out, kernel, stride, padding, dilation, groups, padding_mode, (H, W)
+    pytest.param(6, 8, 3, 1, 1, 1, 1, 'zeros', (5, 6), id='dense'),
+    pytest.param(6, 8, 3, 2, 1, 1, 1, 'zeros', (7, 6), id='dense-s2'),
+    pytest.param(8, 8, 3, 1, 2, 2, 2, 'reflect', (6, 5), id='grouped-dil2-reflect'),
+    pytest.param(8, 8, 3, 1, 1, 1, 8, 'zeros', (5, 5), id='depthwise'),
+    pytest.param(4, 8, 5, 2, 2, 1, 4, 'zeros', (7, 6), id='depthwise-k5-s2-multiplier2'),
+]
+
+
+def _float64_layer(in_chs, out_chs, kernel, stride, padding, dilation, groups, mode, init: str) -> GPSA:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(in_chs, out_chs, kernel, stride, padding, dilation, groups=groups, bias=True,
+                     padding_mode=mode).double()
+    gpsa = GPSA.from_conv(conv)  # the paper's init, alpha = lambda = 1
+    if init == 'random':  # per-head alpha, lambda and centres, content attention and values off the identity
+        away_from_exact(gpsa, value_noise=0.3)
+        with torch.no_grad():
+            gpsa.pos_locality.uniform_(-0.5, 2.0)
+    return gpsa
+
+
+@pytest.mark.parametrize('init', ['paper', 'random'])
+@pytest.mark.parametrize('in_chs,out_chs,kernel,stride,padding,dilation,groups,mode,size', FLOAT64_LAYERS)
+def test_float64_layer_is_the_papers_formula_in_float64(in_chs, out_chs, kernel, stride, padding, dilation, groups,
+                                                         mode, size, init):
+    """Away from the exact configuration, where no rounding hides: a float64 layer equals the independent float64
+    reference to float64 precision (a layer that computed its gate or softmaxes in float32 would miss by ~1e-7)."""
+    gpsa = _float64_layer(in_chs, out_chs, kernel, stride, padding, dilation, groups, mode, init)
+    x = torch.randn(2, in_chs, *size, dtype=torch.float64)
+    out = gpsa(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _reference_gpsa(gpsa, x), rtol=1e-11, atol=1e-12)
+    maps = gpsa.attention(x)
+    assert maps['content'].dtype == maps['positional'].dtype == maps['mixed'].dtype == torch.float64
+
+
+@pytest.mark.parametrize('init', ['paper', 'random'])
+@pytest.mark.parametrize('in_chs,out_chs,kernel,stride,padding,dilation,groups,mode,size', FLOAT64_LAYERS)
+def test_float64_gradcheck(in_chs, out_chs, kernel, stride, padding, dilation, groups, mode, size, init):
+    """Gradients of the input and of every parameter against finite differences, in float64 (both depthwise orders:
+    the small shapes attend first, the folded one is checked in tests/test_depthwise.py)."""
+    gpsa = _float64_layer(in_chs, out_chs, kernel, stride, padding, dilation, groups, mode, init)
+    names = [n for n, _ in gpsa.named_parameters()]
+    x = torch.randn(1, in_chs, *size, dtype=torch.float64, requires_grad=True)
+
+    def layer(x, *params):
+        return torch.func.functional_call(gpsa, dict(zip(names, params)), (x,))
+
+    params = tuple(p.detach().clone().requires_grad_() for p in gpsa.parameters())
+    assert torch.autograd.gradcheck(layer, (x, *params), fast_mode=True)
+
+
+def test_half_precision_layers_compute_attention_in_float32():
+    """float16 / bfloat16 layers (no autocast) compute scores, softmaxes and gates in float32, as under autocast."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 16, 3, padding=1)
+    x = torch.randn(2, 16, 7, 7)
+    ref = GPSA.from_conv(conv)
+    away_from_exact(ref, value_noise=0.2)
+    for dtype in (torch.float16, torch.bfloat16):
+        layer = GPSA.from_conv(conv)
+        layer.load_state_dict(ref.state_dict())
+        layer = layer.to(dtype)
+        assert layer.positional_attention(7, 7, torch.device('cpu')).dtype == torch.float32
+        assert layer.gate().dtype == torch.float32
+        out = layer(x.to(dtype))
+        assert out.dtype == dtype and _rel_err(ref(x), out.float()) < (5e-3 if dtype == torch.float16 else 3e-2)

@@ -3,6 +3,7 @@ import argparse
 import copy
 import json
 import os
+import re
 
 import pytest
 import timm
@@ -90,7 +91,8 @@ def test_pt_file_is_a_plain_dict(t_model, tmp_path):
     state_dict = d.pop('state_dict')
     # no grouped GPSA layers: format version 2, which tcnn 0.2 reads too
     assert d['format'] == 'tcnn' and d['version'] == tio.PLAIN_FORMAT_VERSION == 2
-    assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05}}
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05},
+                           'weights': 'random'}
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 16
     assert d['conversion']['gating_init'] == 0.5 and d['num_classes'] == 10
     assert d['data_config']['input_size'] == [3, 224, 224] and len(d['data_config']['mean']) == 3
@@ -145,10 +147,10 @@ def test_registry_and_timm_models_round_trip(tmp_path):
             assert torch.equal(loaded(_x()), model(_x()))
         assert loaded.num_classes == model.num_classes
     assert tio.read(str(tmp_path / 'registry.safetensors'))['source'] == \
-        {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}}
+        {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}, 'weights': 'random'}
     default_tag = timm.models.get_pretrained_cfg('resnet18d').tag
     assert tio.read(str(tmp_path / 'timm.safetensors'))['source'] == {'model': f'resnet18d.{default_tag}',
-                                                                      'kwargs': {'drop_rate': 0.2}}
+                                                                      'kwargs': {'drop_rate': 0.2}, 'weights': None}
 
 
 def test_torchvision_round_trip(tmp_path):
@@ -176,6 +178,26 @@ def test_training_checkpoint(t_model, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(_x()), t_model(_x()))
     assert tio.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
+    assert tio.read(str(path))['recipe'] == {'lr': 1e-4}  # the run's recipe, for tcnn publish's model card
+
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_verified_report_and_weights_origin_round_trip(tmp_path, ext):
+    """The conversion's verified report and where the CNN's weights came from travel with the file (a model card
+    states both)."""
+    torch.manual_seed(0)
+    cnn = timm.create_model('resnet10t', num_classes=4, zero_init_last=False)
+    weights = tmp_path / 'cnn.pth'
+    torch.save(cnn.state_dict(), weights)
+    model = tcnn.reparameterize(create_cnn('resnet10t', weights=str(weights), num_classes=4), input_size=(3, 64, 64))
+    path = str(tmp_path / f'model{ext}')
+    tcnn.save(model, path)
+    loaded = tcnn.load(path)
+    assert loaded.tcnn_report == model.tcnn_report and loaded.tcnn_report.max_rel_err < 1e-5
+    assert loaded.tcnn_source['weights'] == 'file:cnn.pth'
+    again = str(tmp_path / f'again{ext}')
+    tcnn.save(loaded, again)  # and on to the next file
+    assert tcnn.load(again).tcnn_report == model.tcnn_report
 
 
 def test_atomic_save_leaves_no_partial_file(t_model, tmp_path, monkeypatch):
@@ -257,3 +279,62 @@ def test_load_missing_path_and_folder(tmp_path):
         tcnn.load(str(tmp_path / 'nope.pt'))
     with pytest.raises(TcnnError, match='folder'):
         tcnn.load(str(tmp_path))
+
+
+def test_training_checkpoint_ema_weights(t_model, tmp_path):
+    """A tcnn train checkpoint keeps the EMA under 'ema': load(ema=True) rebuilds the model with those weights;
+    a file without EMA weights is a one-line error, never the raw weights in their place."""
+    ema = copy.deepcopy(t_model)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    path = str(tmp_path / 'last.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0), path)
+    with torch.no_grad():
+        assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
+        assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))
+    assert tio.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
+    assert tio.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
+    no_ema = str(tmp_path / 'no_ema.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=None, epoch=3), no_ema)
+    model_file = tcnn.save(t_model, str(tmp_path / 't.safetensors'))
+    for where, message in ((no_ema, 'holds no EMA weights (its run did not use --model-ema)'),
+                           (model_file, 'is a T-CNN file, which holds no EMA weights')):
+        with pytest.raises(TcnnError, match=re.escape(message)) as info:
+            tcnn.load(where, ema=True)
+        assert '\n' not in str(info.value)
+
+
+def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
+    """tcnn info / inspect / eval --use-ema read the checkpoint's EMA weights."""
+    from tcnn.cli import main
+    ema = copy.deepcopy(t_model)
+    with torch.no_grad():
+        for _, layer in tcnn.gpsa_layers(ema):
+            layer.gating.fill_(-3.0)  # gate sigmoid(-3) = 0.047 in every head
+    path = str(tmp_path / 'best.pt')
+    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
+    assert main(['info', path, '--use-ema']) == 0
+    out = capsys.readouterr().out
+    assert '0.047 [0.047-0.047]' in out and 'weights ema' in out
+    assert main(['info', path]) == 0 and '0.047 [0.047-0.047]' not in capsys.readouterr().out
+    assert main(['inspect', path, '--use-ema', '--out', str(tmp_path / 'inspect')]) == 0
+    summary = json.loads((tmp_path / 'inspect' / 'summary.json').read_text())
+    assert summary['weights'] == 'ema'
+    assert all(g == pytest.approx(0.0474, abs=1e-4) for layer in summary['layers'].values() for g in layer['gate'])
+    capsys.readouterr()
+    from PIL import Image
+    for k, cls in enumerate('abcdefghij'):  # the model's 10 classes
+        os.makedirs(tmp_path / 'val' / cls)
+        Image.new('RGB', (8, 8), (40 * k, 90, 200)).save(tmp_path / 'val' / cls / '0.png')
+    out_json = tmp_path / 'res.json'
+    rc = main(['eval', path, '--use-ema', '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
+               '--workers', '0', '--no-progress', '--out', str(out_json)])
+    assert rc == 0 and json.loads(out_json.read_text())['models']['best']['weights'] == 'ema'
+    capsys.readouterr()
+    raw_file = tcnn.save(t_model, str(tmp_path / 't.pt'))
+    for argv in (['info', raw_file, '--use-ema'], ['inspect', raw_file, '--use-ema', '--out', str(tmp_path / 'x')],
+                 ['eval', 'resnet18d', '--use-ema', '--suite', 'imagenet', '--data', str(tmp_path / 'val')]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and 'EMA weights' in err[0], err

@@ -13,15 +13,20 @@ import pytest
 import timm
 import torch
 import yaml
+from torch.utils.data import DataLoader
 
 import tcnn
 import tcnn.train as tcnn_train
+from tcnn.data import build_transforms, open_training_data, recipe_data_config
+from tcnn.engine import validate
 from tcnn.errors import TcnnError
+from tcnn.io import model_from_dict, read_checkpoint
 from tcnn.optim import create_optimizer, create_scheduler, group_lrs, param_groups
 from tcnn.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
     scaled_lrs
 
 from imagegen import make_image_folder
+from nontrivial import nontrivial
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, 'recipes')
@@ -176,6 +181,40 @@ def test_bad_set_items(item, message):
         parse_set([item])
 
 
+def test_explicit_learning_rates_are_absolute():
+    """As in timm, the batch rule scales a recipe's learning rates, never one the user typed (issue 25)."""
+    recipe = resolve_recipe('t_resnet50_d', {'lr': 1e-3}, [])
+    assert recipe['absolute_lrs'] == ['lr']
+    lrs = scaled_lrs(recipe, global_batch=64)
+    assert lrs['lr'] == 1e-3 and math.isclose(lrs['gating_lr'], 0.1 * 64 / 1024)  # not 6.25e-5
+    assert math.isclose(lrs['warmup_lr'], 1e-6 * 64 / 1024)
+    recipe = resolve_recipe(None, {}, ['gating_lr=0.5', 'min_lr=0'])
+    assert recipe['absolute_lrs'] == ['gating_lr', 'min_lr']
+    lrs = scaled_lrs(recipe, global_batch=256)
+    assert math.isclose(lrs['lr'], 2.5e-5) and lrs['gating_lr'] == 0.5 and lrs['min_lr'] == 0
+    path = resolve_recipe('t_resnet50_d')  # a recipe's own values are scaled
+    assert path['absolute_lrs'] == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
+    with pytest.raises(TcnnError, match="absolute_lrs"):
+        resolve_recipe(None, {}, ['absolute_lrs=[momentum]'])
+
+
+def test_explicit_lr_in_a_run_and_on_resume(data_dir, tmp_path, capsys):
+    run = tmp_path / 'run'
+    args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
+            '--batch-size', '4', '--img-size', '64', '--workers', '0', '--no-progress', '--device', 'cpu',
+            '--lr', '1e-3', '--set', 'warmup_epochs=0']
+    assert tcnn_train.main(args) == 0
+    out = capsys.readouterr().out
+    assert 'lr 0.001 (as given), gating lr 0.000391 (recipe value x 0.003906 = global batch 4 / 1024)' in out
+    assert 'warning: gating lr / lr = 0.39' in out and '--gating-lr' in out  # the paper's 1000:1 ratio is gone
+    last = load(run / 'last.pt')
+    assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
+    assert tcnn_train.main(['--resume', str(run), '--epochs', '2', '--no-progress']) == 0
+    last = load(run / 'last.pt')
+    assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
+    assert 'lr 0.001 (as given)' in capsys.readouterr().out
+
+
 def test_print_config(capsys):
     rc = tcnn_train.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
                           'mixup=0', '--print-config'])
@@ -226,7 +265,7 @@ def test_param_groups_and_gating_lr_ratio():
 
 def test_param_groups_of_plain_cnn_have_no_gating():
     model = timm.create_model('resnet18d', num_classes=3)
-    groups = param_groups(model, 0.05, 1000.0)
+    groups = param_groups(model, 1e-4, 0.05)
     assert [g['group_name'] for g in groups] == ['decay', 'no_decay']
 
 
@@ -305,13 +344,21 @@ def test_no_sa_baseline_with_accumulation(data_dir, tmp_path):
     assert not tcnn.gpsa_layers(tcnn.load(str(run / 'last.pt')))
 
 
-def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeypatch):
+def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeypatch, capsys):
     """--reparam-epoch 1: one CNN epoch, then the same optimiser gains the GPSA groups; resume works before and
-    after the conversion point and matches an uninterrupted run."""
+    after the conversion point and matches an uninterrupted run. With the EMA, best.pt is chosen on its validation."""
     straight, run = tmp_path / 'straight', tmp_path / 'run'
     extra = ['--reparam-epoch', '1', '--model-ema', '--set', 'model_ema_decay=0.5']
     assert tcnn_train.main(common(data_dir, straight, epochs=3) + extra) == 0
     rows = metrics(straight)
+    # best.pt: the epoch of the best EMA validation (timm's rule with an EMA); the log and the metrics say so
+    assert 'best.pt: the epoch with the best EMA validation top-1 (ema_val_top1)' in capsys.readouterr().out
+    ema_top1 = [r['ema_val_top1'] for r in rows]
+    best = load(straight / 'best.pt')
+    assert best['best_metric'] == 'ema_val_top1' and best['best_top1'] == max(ema_top1)
+    assert best['epoch'] == ema_top1.index(max(ema_top1))
+    assert [r['is_best'] for r in rows] == [t > max(ema_top1[:i], default=-1) for i, t in enumerate(ema_top1)]
+    assert all(r['best_metric'] == 'ema_val_top1' for r in rows)
     assert rows[0]['gpsa'] == {} and rows[0]['gating_lr'] is None
     for row in rows[1:]:
         assert len(row['gpsa']) == 4 and math.isclose(row['gating_lr'] / row['lr'], 1000.0, rel_tol=1e-9)
@@ -374,15 +421,47 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_torchrun_two_processes(data_dir, tmp_path):
-    run = tmp_path / 'ddp'
+def _torchrun(args, processes=2):
+    """``tcnn.train`` under torchrun (gloo, CPU) through tests/torchrun_ranks.py: every rank also writes its final
+    model to OUTPUT/rank{R}.pt."""
     env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', '--master_addr=127.0.0.1',
-           f'--master_port={_free_port()}', '-m', 'tcnn.train', *common(data_dir, run, epochs=1)]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={processes}', '--master_addr=127.0.0.1',
+           f'--master_port={_free_port()}', os.path.join(REPO, 'tests', 'torchrun_ranks.py'), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def assert_same_state(sd_a, sd_b, rtol=0.0, atol=0.0):
+    assert sd_a.keys() == sd_b.keys()
+    for k in sd_a:
+        if sd_a[k].is_floating_point():
+            torch.testing.assert_close(sd_a[k], sd_b[k], rtol=rtol, atol=atol, msg=k)
+        else:
+            assert torch.equal(sd_a[k], sd_b[k]), k
+
+
+def evaluate_checkpoint(path, ema=False):
+    """Validation of a saved checkpoint in one process, the way a user re-evaluates it: the model of the file (or its
+    EMA weights) on the whole validation split with the run's preprocessing."""
+    ckpt = read_checkpoint(str(path))
+    model = model_from_dict(ckpt['model_file'])
+    if ema:
+        model.load_state_dict(ckpt['ema'])
+    recipe = ckpt['config']
+    data = open_training_data(recipe)
+    _, data.val.transform = build_transforms(recipe, recipe_data_config(recipe, model))
+    return validate(model, DataLoader(data.val, batch_size=5), device=torch.device('cpu'),
+                    prefix='ema_val' if ema else 'val')
+
+
+def test_torchrun_two_processes_validate_and_save_the_same_model(data_dir, tmp_path):
+    """2 processes (gloo): the ranks end with one model (batch-norm statistics averaged, as timm's distribute_bn),
+    and the logged validation of the model and of its EMA is what the saved checkpoint gives when re-evaluated."""
+    run = tmp_path / 'ddp'
+    proc = _torchrun(common(data_dir, run, epochs=1) + ['--model-ema', '--set', 'model_ema_decay=0.5'])
     assert proc.stdout.count('epoch 1/1:') == 1 and proc.stdout.count('2 process(es)') == 2  # rank 0 prints only
-    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl']
+    assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl', 'rank0.pt', 'rank1.pt']
     (row,) = metrics(run)
     # each rank trains on its half (3 updates of 4 images) and evaluates a disjoint shard; metrics are global
     assert row['train_images'] == TRAIN_IMAGES and row['val_images'] == VAL_IMAGES
@@ -390,6 +469,72 @@ def test_torchrun_two_processes(data_dir, tmp_path):
     assert last['world_size'] == 2 and len(last['rng']) == 2 and last['global_batch'] == 8
     assert last['num_updates'] == TRAIN_IMAGES // 8
     assert not torch.equal(last['rng'][0]['torch'], last['rng'][1]['torch'])
+    rank0, rank1 = load(run / 'rank0.pt'), load(run / 'rank1.pt')
+    assert_same_state(rank0['model'], rank1['model'])
+    assert_same_state(rank0['ema'], rank1['ema'])
+    assert_same_state(rank0['model'], last['model_file']['state_dict'])
+    saved = evaluate_checkpoint(run / 'last.pt')
+    assert math.isclose(saved['val_loss'], row['val_loss'], rel_tol=1e-5) and saved['val_top1'] == row['val_top1']
+    saved_ema = evaluate_checkpoint(run / 'last.pt', ema=True)
+    assert math.isclose(saved_ema['ema_val_loss'], row['ema_val_loss'], rel_tol=1e-5)
+    assert saved_ema['ema_val_top1'] == row['ema_val_top1']
+
+
+@pytest.fixture(scope='module')
+def convnext_weights(tmp_path_factory):
+    """A convnext_atto checkpoint whose layer scales are of order 1 (timm starts them at 1e-6, which would keep the
+    blocks' gradients, the GPSA layers' included, too small for the comparisons below to see anything)."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp('convnext') / 'convnext_atto.pt'
+    torch.save(nontrivial(timm.create_model('convnext_atto', num_classes=3)).state_dict(), path)
+    return str(path)
+
+
+def _exact_args(data_dir, output, weights, batch, accum):
+    """A run whose updates depend on the global batch only: ConvNeXt (LayerNorm, no batch statistics) without mixup,
+    stochastic depth or dropout (per-image augmentation is seeded by image), and SGD, whose step is proportional to
+    the gradient (Adam would hide a wrongly scaled one)."""
+    return ['--data', data_dir, '--output', str(output), '--model', 'convnext_atto', '--weights', weights, '--epochs',
+            '1', '--batch-size', str(batch), '--accum-steps', str(accum), '--img-size', '64', '--workers', '0',
+            '--no-progress', '--device', 'cpu', '--lr', '0.05', '--gating-lr', '5', '--set', 'opt=sgd',
+            '--set', 'warmup_epochs=0', '--set', 'mixup=0', '--set', 'cutmix=0', '--set', 'scale_lr=false']
+
+
+@pytest.fixture(scope='module')
+def one_process_batch_8(data_dir, convnext_weights, tmp_path_factory):
+    run = tmp_path_factory.mktemp('exact') / 'b8'
+    assert tcnn_train.main(_exact_args(data_dir, run, convnext_weights, batch=8, accum=1)) == 0
+    return run
+
+
+def _assert_same_run(run, reference, weights):
+    trained = load(run / 'last.pt')['model_file']['state_dict']
+    assert_same_state(trained, load(reference / 'last.pt')['model_file']['state_dict'], rtol=1e-4, atol=1e-6)
+    (row,), (ref,) = metrics(run), metrics(reference)
+    assert math.isclose(row['train_loss'], ref['train_loss'], rel_tol=1e-5)
+    assert math.isclose(row['val_loss'], ref['val_loss'], rel_tol=1e-5)
+    # not vacuous: the updates moved the weights well beyond the tolerance, the GPSA layers' too
+    start = load(weights)
+    assert (trained['head.fc.weight'] - start['head.fc.weight']).abs().max() > 1e-2
+    # stages.3: its 2x2 downsampling conv and two 7x7 depthwise convs; lambda starts at gating_init 1.0
+    gates = [trained[k] for k in trained if k.endswith('.gating')]
+    assert len(gates) == 3 and all((g - 1.0).abs().max() > 1e-3 for g in gates)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(data_dir, convnext_weights, tmp_path, one_process_batch_8):
+    run = tmp_path / 'b4x2'
+    assert tcnn_train.main(_exact_args(data_dir, run, convnext_weights, batch=4, accum=2)) == 0
+    assert load(run / 'last.pt')['num_updates'] == 3
+    _assert_same_run(run, one_process_batch_8, convnext_weights)
+
+
+def test_torchrun_with_accumulation_equals_one_process(data_dir, convnext_weights, tmp_path, one_process_batch_8):
+    """2 processes x batch 2 x 2 accumulated micro-batches = 1 process x batch 8: the same images per update (the
+    sampler interleaves the ranks), gradients averaged by DDP, and the ranks end equal."""
+    run = tmp_path / 'ddp'
+    _torchrun(_exact_args(data_dir, run, convnext_weights, batch=2, accum=2))
+    assert_same_state(load(run / 'rank0.pt')['model'], load(run / 'rank1.pt')['model'])
+    _assert_same_run(run, one_process_batch_8, convnext_weights)
 
 
 # ------------------------------------------------------------------------------------------------ bad input

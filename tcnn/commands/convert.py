@@ -41,11 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--weights', metavar='PATH',
                          help='local checkpoint of MODEL (.pt/.pth/.safetensors; plain state_dict or wrapped under '
-                              'state_dict/model/state_dict_ema; module. prefixes handled) instead of the pretrained '
-                              'weights')
+                              'state_dict/model; module. prefixes handled) instead of the pretrained weights; its '
+                              'head sets the class count')
     weights.add_argument('--no-pretrained', action='store_true', help='random init (no weights needed)')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='load the EMA weights of --weights (state_dict_ema/model_ema) instead of its raw '
+                             'state_dict (as timm\'s validate.py --use-ema)')
     parser.add_argument('--num-classes', type=int, metavar='N',
-                        help='classifier size (a checkpoint head of another size is re-initialised)')
+                        help='classifier size (default: the head of --weights, else the model\'s); a checkpoint head '
+                             'of another size is dropped for a new random one, with a warning')
     parser.add_argument('--stages', nargs='+', metavar='STAGE',
                         help='what becomes GPSA: stage names (layer4, stages.3, s4, blocks.5, features.7, '
                              'trunk_output.block4), module paths (layer4.2), fnmatch patterns of module names '
@@ -110,7 +114,7 @@ def _size(path: str) -> str:
 
 def _weights_text(args: argparse.Namespace) -> str:
     if args.weights:
-        return f'weights {args.weights}'
+        return f'{"EMA " if args.use_ema else ""}weights {args.weights}'
     return 'random init' if args.no_pretrained else 'pretrained weights'
 
 
@@ -127,6 +131,14 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
     return lines
 
 
+def _num_classes(model: 'nn.Module') -> Optional[int]:
+    from ..hub import classifier_layer
+    if isinstance(getattr(model, 'num_classes', None), int):
+        return model.num_classes
+    _, head = classifier_layer(model)  # torchvision: its last nn.Linear
+    return head.out_features if head is not None else None
+
+
 def _in_chans(model: 'nn.Module') -> int:
     import torch.nn as nn
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
@@ -138,7 +150,9 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
     config = t_model.tcnn_config
     lines = _layer_lines(t_model)
     n_cnn, n_t = _count(cnn), _count(t_model)
-    out = [f'{args.model} ({_weights_text(args)}) -> {path}',
+    classes = _num_classes(t_model)
+    classes = f', {classes} classes' if classes is not None else ''
+    out = [f'{args.model} ({_weights_text(args)}{classes}) -> {path}',
            f'  replaced    {len(lines)} convs in {", ".join(config["stages"])} by GPSA layers:']
     out += [f'                {line}' for line in lines]
     out.append(f'  parameters  {_millions(n_cnn)} -> {_millions(n_t)} ({(n_t - n_cnn) / 1e6:+.2f}M, '
@@ -152,7 +166,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
         out.append(f'  verified    exact configuration: max rel err {report.max_rel_err:.2g} (max abs '
                    f'{report.max_abs_err:.2g}) on {shape} logits, tolerance {args.tol:g}')
         if report.float64_max_rel_err is not None:
-            out.append(f'  float64     max rel err {report.float64_max_rel_err:.2g}: the float32 error above is '
+            out.append(f'  float64     max rel err {report.float64_max_rel_err:.2g}: the {report.dtype} error above is '
                        'rounding amplified by the network, not the conversion')
         if report.vacuous:
             # e.g. a random-init timm ResNet: zero-initialised last BNs silence every residual branch
@@ -232,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
     check_conversion_settings(args.locality_strength, args.gating_init, args.qk_dim, args.tol, names=FLAG_NAMES)
     if args.num_classes is not None:
         check_number(args.num_classes, '--num-classes', ge=0, integer=True)
+    if args.use_ema and not args.weights:
+        raise TcnnError('--use-ema reads the EMA weights of a checkpoint: give it with --weights PATH')
     parse_img_size(args.img_size, 3)
 
     from tqdm import tqdm
@@ -253,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_description(steps[0])
         try:
             cnn = create_cnn(args.model, pretrained=not args.no_pretrained, weights=args.weights,
-                             num_classes=args.num_classes)
+                             num_classes=args.num_classes, use_ema=args.use_ema)
         except WeightsUnavailableError as e:  # the fix in this command's terms: its flags, not Python arguments
             raise e.with_hint(CLI_HINT) from None
         bar.update()

@@ -1,7 +1,8 @@
 """``tcnn eval MODEL [MODEL ...] --suite SUITE [SUITE ...] --data DIR [DIR ...]``: accuracy and robustness suites.
 
 Several models give one table with a column per model (T-CNN, arXiv:2106.05795, Table 2, sideways); several suites
-are paired with their data directories in order.
+are paired with their data directories in order. Every model runs at a size and crop the table states: by default its
+test size (timm's validate.py; ``--resolution model|N`` otherwise), ImageNet-C at 224 px (``--imagenet-c-size``).
 """
 import argparse
 import os
@@ -15,6 +16,19 @@ if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
 MODEL_FILE_EXTENSIONS = ('.pt', '.pth', '.safetensors', '.bin', '.ckpt')
 
 
+def _resolution(text: str):
+    """``test``, ``model`` or a size in pixels (argparse type)."""
+    if text in ('test', 'model'):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected test, model or a size in pixels, got {text!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'a size in pixels must be >= 1, got {value}')
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('models', nargs='+', metavar='MODEL',
                         help='T-CNN files (tcnn convert), training checkpoints (last.pt/best.pt), or timm/torchvision '
@@ -25,11 +39,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--data', nargs='+', required=True, metavar='DIR',
                         help='data directory per suite: imagenet DIR/<class>/<img>, imagenet-c '
                              'DIR/<corruption>/<1-5>/<class>/<img>, imagenet-a/-r DIR/<wnid>/<img>')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='evaluate the EMA weights of the training checkpoints given (tcnn train --model-ema) '
+                             'instead of their raw weights; every MODEL must then be such a checkpoint')
     parser.add_argument('--names', nargs='+', metavar='NAME', help='column names of the models (default: file names)')
-    parser.add_argument('--img-size', type=int, metavar='N',
-                        help='input resolution (default: the model\'s; 224 for imagenet-c)')
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument('--resolution', type=_resolution, default=None, metavar='test|model|N',
+                      help='input size of imagenet, imagenet-a and imagenet-r: test (default: each model\'s test size '
+                           'and crop where its pretrained config has one, else its input size, as timm\'s '
+                           'validate.py), model (each model\'s own input size and crop: timm\'s training size for '
+                           'many pretrained CNNs), or N pixels for every model')
+    size.add_argument('--img-size', type=int, metavar='N', help='the same as --resolution N')
+    parser.add_argument('--imagenet-c-size', type=_resolution, default=None, metavar='N',
+                        help='input size of imagenet-c (default 224: its corruptions are defined at that size; '
+                             '--resolution and --img-size leave it alone), or test/model; its centre crop is always '
+                             '1.0 (the images are the crops)')
     parser.add_argument('--crop-pct', type=float, metavar='F',
-                        help='centre-crop fraction (default: the model\'s; 1.0 for imagenet-c, 224 px images)')
+                        help='centre-crop fraction for imagenet, imagenet-a and imagenet-r (default: the model\'s '
+                             'test crop)')
     parser.add_argument('--batch-size', type=int, default=64, metavar='N', help='images per batch (default 64)')
     parser.add_argument('--workers', type=int, metavar='N', help='data loading processes (default min(8, CPUs))')
     parser.add_argument('--device', help='cuda, cuda:1, cpu, ... (default: cuda when available)')
@@ -39,13 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
 
 
-def load_model(spec: str) -> 'nn.Module':
-    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint) or a pretrained model name."""
+def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
+    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
+    a pretrained model name."""
     if os.path.exists(spec):
         from .. import io as tio
-        return tio.load(spec, map_location='cpu')
+        return tio.load(spec, map_location='cpu', ema=use_ema)
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
+    if use_ema:
+        raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
     from ..hub import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
@@ -87,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
     # ImageNet-C pass and its results
     check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
+    resolution = args.img_size if args.img_size is not None else args.resolution
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
@@ -100,24 +131,25 @@ def run(args: argparse.Namespace) -> int:
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
-    models: Dict[str, nn.Module] = {name: load_model(spec) for name, spec in zip(names, args.models)}
+    models: Dict[str, nn.Module] = {name: load_model(spec, args.use_ema) for name, spec in zip(names, args.models)}
 
-    report = {'format': 'tcnn-eval', 'version': 1,
-              'models': {name: {'source': spec} for name, spec in zip(names, args.models)}, 'suites': {}}
+    weights = {'weights': 'ema'} if args.use_ema else {}
+    report = {'format': 'tcnn-eval', 'version': 2,
+              'models': {name: {'source': spec, **weights} for name, spec in zip(names, args.models)}, 'suites': {}}
     for suite, d in data.items():
-        results = rb.evaluate(models, suite, d.root, img_size=args.img_size, crop_pct=args.crop_pct,
-                              batch_size=args.batch_size, workers=args.workers, device=args.device, amp=args.amp,
-                              progress=not args.no_progress, data=d)
-        report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'results': results}
+        if suite == 'imagenet-c':  # its own size: the corruptions are defined at 224 px, the images are the crops
+            size, crop = rb.resolution_policy(suite, args.imagenet_c_size), 1.0
+        else:
+            size, crop = rb.resolution_policy(suite, resolution), args.crop_pct
+        results = rb.evaluate(models, suite, d.root, resolution=size, crop_pct=crop, batch_size=args.batch_size,
+                              workers=args.workers, device=args.device, amp=args.amp, progress=not args.no_progress,
+                              data=d)
+        report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'resolution': size, 'results': results}
 
     header, rows = rb.results_table(report)
     print(rb.format_table(header, rows))
-    for suite, block in report['suites'].items():
-        if suite == 'imagenet-c':
-            missing = next(iter(block['results'].values()))['mce_missing']
-            if missing:
-                print(f'imagenet-c: no mCE ({len(missing)} of the 15 corruptions lack some of the 5 severities, '
-                      f'e.g. {missing[0]})')
+    for note in rb.results_notes(report):
+        print(note)
     if args.out or args.markdown:
         md = args.markdown or os.path.splitext(args.out)[0] + '.md'
         rb.write_results(report, args.out, md)

@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('file', metavar='FILE',
                         help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save) or a training '
                              'checkpoint (last.pt / best.pt)')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
     parser.add_argument('--heads', action='store_true', help='also list every head: gate, alpha, span, centre')
     parser.add_argument('--json', action='store_true', help='print everything as one JSON object')
 
@@ -44,22 +46,22 @@ _SOFTPLUS_BETA = 5.0  # tcnn.gpsa.SOFTPLUS_BETA: alpha = softplus(pos_locality, 
 _SAFETENSORS_FLOATS = {'F64': ('d', 8), 'F32': ('f', 4), 'F16': ('e', 2), 'BF16': ('H', 2)}
 
 
-def collect(path: str) -> Dict[str, Any]:
-    """Everything ``tcnn info`` shows, as a JSON-ready dict.
+def collect(path: str, ema: bool = False) -> Dict[str, Any]:
+    """Everything ``tcnn info`` shows, as a JSON-ready dict; ``ema``: from the EMA weights of a training checkpoint.
 
     Files written by this tcnn store their parameter counts, so the gates and spans are computed from the stored
     parameters without building the model: timm is not imported, nor torch for a ``.safetensors`` file. Older files
     (and anything unexpected) take the full path: rebuild the model, load its weights, count.
     """
-    d = _read_safetensors_settings(path) if path.lower().endswith('.safetensors') else None
+    d = _read_safetensors_settings(path) if path.lower().endswith('.safetensors') and not ema else None
     if d is None:
         from .. import io as tio
-        d = tio.read(path)
+        d = tio.read(path, ema=ema)
         values = {k: v.float().tolist() for k, v in d['state_dict'].items() if k.endswith(_HEAD_PARAMS)}
         d = dict(d, head_values=values)
     layers = _layers_from_values(d)
     if layers is None or not _valid_counts(d.get('parameters')):
-        return _collect_by_rebuilding(path)
+        return _collect_by_rebuilding(path, ema)
     total, cnn = d['parameters']['total'], d['parameters']['cnn']
     return _info(path, d, {'total': total, 'cnn': cnn, 'self_attention': total - cnn}, layers)
 
@@ -77,12 +79,12 @@ def _info(path: str, d: Dict[str, Any], parameters: Dict[str, int], layers: Dict
     }
 
 
-def _collect_by_rebuilding(path: str) -> Dict[str, Any]:
+def _collect_by_rebuilding(path: str, ema: bool = False) -> Dict[str, Any]:
     """``collect`` for files without stored counts: rebuild the T-CNN (and the CNN, on the meta device)."""
     from .. import io as tio
     from ..convert import gpsa_summary
 
-    d = tio.read(path)
+    d = tio.read(path, ema=ema)
     model = tio.model_from_dict(d, map_location=None, where=path)
     total = _count(model)
     cnn = _cnn_parameters(d) if d['conversion'] else total
@@ -115,8 +117,10 @@ def _layers_from_values(d: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         gate = [_sigmoid(g) for g in gating]
         alpha = [_softplus(r, _SOFTPLUS_BETA) for r in raw]
         span = [1.0 / a for a in alpha]
-        summary[name] = {'gate': gate, 'alpha': alpha, 'span': span, 'center': centers,
-                         'gate_mean': sum(gate) / len(gate), 'span_mean': sum(span) / len(span)}
+        sigma = [1.0 / math.sqrt(2.0 * a) for a in alpha]
+        summary[name] = {'gate': gate, 'alpha': alpha, 'span': span, 'sigma': sigma, 'center': centers,
+                         'gate_mean': sum(gate) / len(gate), 'span_mean': sum(span) / len(span),
+                         'sigma_mean': sum(sigma) / len(sigma)}
     return summary
 
 
@@ -205,20 +209,22 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
         lines.append('  training    ' + ', '.join(f'{k} {v}' for k, v in info['training'].items()))
     if info['layers']:
         width = max(len(n) for n in info['layers'])
-        lines.append(f'  {"layer":<{width}}  heads  gate sigmoid(lambda) mean [min-max]  span 1/alpha mean [min-max]')
+        lines.append(f'  {"layer":<{width}}  heads  {"gate sigmoid(lambda), 0-1":<26}  {"span 1/alpha, tokens^2":<26}  '
+                     'sigma 1/sqrt(2 alpha), tokens  (each: mean [min-max] over heads)')
         for name, layer in info['layers'].items():
-            lines.append(f'  {name:<{width}}  {len(layer["gate"]):>5}  {_range(layer["gate"]):<35}  '
-                         f'{_range(layer["span"])}')
+            lines.append(f'  {name:<{width}}  {len(layer["gate"]):>5}  {_range(layer["gate"]):<26}  '
+                         f'{_range(layer["span"]):<26}  {_range(layer["sigma"])}')
             if heads:
-                for h, (g, a, s, c) in enumerate(zip(layer['gate'], layer['alpha'], layer['span'], layer['center'])):
-                    lines.append(f'    head {h}: gate {g:.3f}  alpha {a:.3f}  span {s:.3f}  '
-                                 f'centre ({c[0]:+.2f}, {c[1]:+.2f})')
+                for h, (g, a, s, w, c) in enumerate(zip(layer['gate'], layer['alpha'], layer['span'], layer['sigma'],
+                                                        layer['center'])):
+                    lines.append(f'    head {h}: gate {g:.3f}  alpha {a:.3f} /tokens^2  span {s:.3f} tokens^2  '
+                                 f'sigma {w:.3f} tokens  centre ({c[0]:+.2f}, {c[1]:+.2f}) tokens')
     return '\n'.join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..paths import check_input_file
     check_input_file(args.file, 'T-CNN file')  # before torch loads: a wrong path is answered at once
-    info = collect(args.file)
+    info = collect(args.file, ema=args.use_ema)
     print(json.dumps(info, indent=1) if args.json else format_info(info, heads=args.heads))
     return 0

@@ -1,7 +1,8 @@
 """``tcnn inspect FILE [--image IMG ...] [--images-dir DIR] --out DIR``: gates, spans, nonlocality, attention maps.
 
-Writes ``DIR/summary.json`` (per layer and head: gate, alpha, span, centre, nonlocality), ``DIR/heads.png`` (the
-per-layer chart) and, per ``--image``, ``DIR/attention_<name>.png`` (T-CNN, arXiv:2106.05795, Fig. 5 layout).
+Writes ``DIR/summary.json`` (per layer and head: gate, alpha, span, sigma, centre, nonlocality over all keys and over
+the real keys, share of attention on padded keys; the units under ``units``), ``DIR/heads.png`` (the per-layer chart)
+and, per ``--image``, ``DIR/attention_<name>.png`` (T-CNN, arXiv:2106.05795, Fig. 5 layout).
 """
 import argparse
 import json
@@ -14,12 +15,17 @@ from ..errors import TcnnError, check_device, check_number
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='FILE', help='a T-CNN file (tcnn convert) or a training checkpoint')
+    parser.add_argument('--use-ema', action='store_true',
+                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
     parser.add_argument('--image', nargs='+', default=[], metavar='IMG',
                         help='images to draw the attention maps of (and to measure the nonlocality on)')
     parser.add_argument('--images-dir', metavar='DIR', help='a folder of images (searched recursively) to average '
                                                              'the nonlocality over, in addition to --image')
     parser.add_argument('--max-images', type=int, default=256, metavar='N',
-                        help='at most this many images from --images-dir (default 256)')
+                        help='at most this many images from --images-dir, a seeded sample spread evenly over its '
+                             'folders (the classes) (default 256)')
+    parser.add_argument('--seed', type=int, default=0, metavar='N',
+                        help='seed of the --images-dir sample (default 0; printed and stored in summary.json)')
     parser.add_argument('--query', metavar='Y,X', help='query pixel (row, column) in the model input image after '
                                                        'resizing/cropping (default: the centre)')
     parser.add_argument('--img-size', type=int, metavar='N',
@@ -69,12 +75,13 @@ def run(args: argparse.Namespace) -> int:
     parts = _parts(args.parts)
     data.check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
     check_number(args.max_images, '--max-images', ge=1, integer=True)
+    check_number(args.seed, '--seed', integer=True)
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
     check_device(args.device, '--device')
     check_output_dir(args.out, '--out')
     if not os.path.exists(args.model):
         raise TcnnError(f'model file not found: {args.model}')
-    model = tio.load(args.model, map_location='cpu')
+    model = tio.load(args.model, map_location='cpu', ema=args.use_ema)
     try:
         model.to(args.device).eval()
     except RuntimeError as e:
@@ -83,12 +90,13 @@ def run(args: argparse.Namespace) -> int:
         raise TcnnError(f'{args.model} has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect')
     cfg = data.data_config(model, args.img_size)
 
-    extra = data.find_images(args.images_dir, args.max_images) if args.images_dir else []
+    extra, sample = _sample(args) if args.images_dir else ([], None)
     all_paths = list(args.image) + [p for p in extra if p not in args.image]
     batches = (data.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
                for i in range(0, len(all_paths), args.batch_size))
     summary = analysis.summarize(model, batches if all_paths else None)
-    summary.update({'source': os.path.abspath(args.model), 'images': all_paths, 'data_config': {
+    summary.update({'source': os.path.abspath(args.model), 'weights': 'ema' if args.use_ema else 'raw',
+                    'images': all_paths, 'sample': sample, 'data_config': {
         k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}})
 
     maps = None
@@ -99,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     with output_dir(args.out):
         written = _write_figures(args, summary, maps, images if maps is not None else None, parts)
     _print_summary(summary)
+    if sample:
+        print(f'--images-dir: {len(extra)} of {sample["found"]} images from {sample["classes_sampled"]} of '
+              f'{sample["classes"]} folders, sampled with seed {sample["seed"]} (--seed)')
     if not all_paths:
         print('nonlocality: not measured (give --image or --images-dir)')
     for path in written:
@@ -117,15 +128,35 @@ def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts:
     return written
 
 
+def _sample(args: argparse.Namespace) -> Tuple[List[str], dict]:
+    """A seeded sample of ``--images-dir`` spread over its folders, and what it is (stored in summary.json)."""
+    from .. import data
+    found = data.find_images(args.images_dir)
+    picked = data.sample_images(found, args.max_images, args.seed)
+    return picked, {'images_dir': args.images_dir, 'seed': args.seed, 'max_images': args.max_images,
+                    'found': len(found), 'classes': len({os.path.dirname(p) for p in found}),
+                    'classes_sampled': len({os.path.dirname(p) for p in picked})}
+
+
 def _print_summary(summary: dict) -> None:
-    rows = [('layer', 'gate', 'span', 'nonlocality')]
+    def num(value, fmt: str, scale: float = 1.0) -> str:
+        return '-' if value is None else format(value * scale, fmt)
+
+    rows = [('layer', 'input grid', 'gate', 'span 1/alpha', 'sigma', 'nonlocality', 'nonlocality', 'padding share',
+             'nonlocality'),
+            ('', 'tokens @ px/token', '0-1', 'tokens^2', 'tokens', 'all keys, tokens', 'real keys, tokens',
+             '% of attention', '% of image diag.')]
     for name, entry in summary['layers'].items():
-        nl = entry['nonlocality_mean']
-        nl = '-' if nl is None else f'{nl:.3f}'
-        rows.append((name, f'{entry["gate_mean"]:.3f}', f'{entry["span_mean"]:.3f}', nl))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        grid, token = entry.get('grid'), entry.get('token_px')
+        grid_text = '-' if not grid else f'{grid[0]}x{grid[1]}' + (f' @ {token[0]:.3g}' if token else '')
+        rows.append((name, grid_text, f'{entry["gate_mean"]:.3f}', f'{entry["span_mean"]:.3f}',
+                     f'{entry["sigma_mean"]:.3f}', num(entry['nonlocality_mean'], '.3f'),
+                     num(entry.get('nonlocality_real_mean'), '.3f'), num(entry.get('padding_share_mean'), '.1f', 100),
+                     num(entry.get('nonlocality_real_image_fraction_mean'), '.1f', 100)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     if summary['num_images']:
-        print(f'(layer means over heads; nonlocality averaged over {summary["num_images"]} images)')
-
+        print(f'(layer means over heads of the gated attention, {summary["num_images"]} images; distances in tokens '
+              'of each layer\'s own input grid; real keys: each query\'s attention renormalised over the unpadded '
+              'keys; sigma = 1/sqrt(2 alpha))')

@@ -1,0 +1,335 @@
+"""T-CNNs as Hugging Face Hub folders: what ``tcnn publish`` writes and ``--push`` uploads.
+
+A Hub folder is what timm's ``save_for_hf`` writes, ``config.json`` (the ``t_*`` architecture, its ``model_args``
+with every conversion setting, the data config) and ``model.safetensors``, plus a model card ``README.md`` made by
+timm's own ``generate_readme`` (the card ``push_to_hf_hub`` uploads) from what tcnn knows of the model: the source CNN
+and where its weights came from, the conversion's verified error, the settings, the recipe and metrics of the
+``tcnn train`` run it comes from, and the gates and spans of every GPSA layer (T-CNN, arXiv:2106.05795, Fig. 4).
+config.json also holds these facts under the key ``'tcnn'`` (timm ignores keys it does not know).
+
+``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` (with ``import tcnn``) and
+``tcnn.load(DIR)`` rebuild the T-CNN from such a folder (``tcnn.models``).
+"""
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List, Sequence, Tuple
+
+import timm
+import torch
+import torch.nn as nn
+from timm.models import push_to_hf_hub, save_for_hf
+from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (not exported by timm.models)
+
+from . import io
+from .convert import ConversionSettings, gpsa_summary
+from .errors import TcnnError
+from .hub import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
+from .paths import check_replaceable_dir
+from .recipe import dump_recipe
+from .robustness import format_markdown
+from .version import __version__
+
+__all__ = ['CONFIG_KEY', 'read_published', 'hub_config', 'model_card', 'write_folder', 'push', 'PAPER_BIBTEX']
+
+CONFIG_KEY = 'tcnn'  # tcnn's facts in config.json (timm ignores this key)
+CARD_TAGS = ['image-classification', 'timm', 'tcnn', 'transformed-cnn']
+PAPER_URL = 'https://arxiv.org/abs/2106.05795'
+PAPER_BIBTEX = """@article{dascoli2021transformed,
+  title={Transformed CNNs: recasting pre-trained convolutional layers with self-attention},
+  author={d'Ascoli, St{\\'e}phane and Sagun, Levent and Biroli, Giulio and Morcos, Ari},
+  journal={arXiv preprint arXiv:2106.05795},
+  year={2021}
+}"""
+# recipe keys that hold paths of the machine the run was on: the card shows their last component only
+_PATH_KEYS = ('data', 'output', 'weights')
+# metrics of a tcnn train epoch shown in the card, with their labels
+_METRICS = (('val_top1', 'top-1 %'), ('val_top5', 'top-5 %'), ('val_loss', 'val loss'), ('train_loss', 'train loss'),
+            ('ema_val_top1', 'EMA top-1 %'))
+
+
+# ---------------------------------------------------------------------------------------------- input
+
+
+def _run_checkpoint(folder: str) -> str:
+    """A ``tcnn train`` run folder's checkpoint to publish: ``best.pt`` (best validation top-1), else ``last.pt``."""
+    for name in (io.BEST_CHECKPOINT, io.LAST_CHECKPOINT):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return path
+    raise TcnnError(f'{folder} is a folder without {io.BEST_CHECKPOINT} or {io.LAST_CHECKPOINT}: give a T-CNN file, '
+                    'a training checkpoint or a tcnn train run folder')
+
+
+def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str, Any]]]:
+    """The T-CNN to publish, read from ``path``.
+
+    Args:
+        path: A T-CNN file (``tcnn convert``, ``tcnn.save``), a training checkpoint (``RUN/best.pt``, ``RUN/last.pt``)
+            or a ``tcnn train`` run folder (its ``best.pt``, else ``last.pt``).
+
+    Returns:
+        The model (a ``t_*`` timm model, eval mode), the file's T-CNN dict without its state dict (with
+        ``'training'`` and ``'recipe'`` for a checkpoint) and the run's ``metrics.jsonl`` records (empty when the
+        file is not a checkpoint with that file beside it).
+
+    Raises:
+        TcnnError: Not a T-CNN (a plain CNN, the no-SA baseline), or a T-CNN without a timm architecture
+            (a torchvision source), or any error of ``tcnn.io.read``.
+    """
+    if os.path.isdir(path):
+        path = _run_checkpoint(path)
+    d = io.read(path)
+    where = str(path)
+    if not d['conversion']:
+        raise TcnnError(f'{where} holds a plain CNN ({d["source"]["model"]}), not a T-CNN: tcnn publish shares '
+                        'T-CNNs (a plain timm CNN is shared with timm.models.push_to_hf_hub)')
+    kind, name = split_model_name(d['source']['model'])
+    t_name = transformed_model_name(name.split('.')[0])
+    if kind != 'timm' or source_model_name(t_name) is None:
+        raise TcnnError(f'{where} is a T-CNN of {d["source"]["model"]}, which has no timm architecture ({t_name} is '
+                        'not registered): Hub folders are loaded by timm.create_model, so only T-CNNs of timm CNNs '
+                        'can be published')
+    model = io.model_from_dict(d, where=where)
+    metrics_path = os.path.join(os.path.dirname(os.path.abspath(path)), io.METRICS_FILE)
+    metrics = io.read_metrics(metrics_path) if d.get('training') is not None and os.path.isfile(metrics_path) else []
+    return model, {k: v for k, v in d.items() if k != 'state_dict'}, metrics
+
+
+# ---------------------------------------------------------------------------------------------- config and card
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as None: config.json is strict JSON."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def hub_config(model: nn.Module, d: Dict[str, Any]) -> Dict[str, Any]:
+    """tcnn's facts for config.json (under ``CONFIG_KEY``): versions, source CNN and its weights, conversion
+    settings, verified report, training epoch and best top-1."""
+    training = {k: _finite(v) for k, v in (d.get('training') or {}).items()}
+    return {
+        'tcnn_version': __version__,
+        'source': d['source'],
+        'conversion': dict(model.tcnn_config),
+        'report': io.report_to_dict(getattr(model, 'tcnn_report', None)),
+        'parameters': d.get('parameters'),
+        'training': training or None,
+    }
+
+
+def _source_weights(source: Dict[str, Any]) -> str:
+    """Where the source CNN's weights came from, in words (with the Hub link of timm's pretrained weights)."""
+    origin, name = source.get('weights'), source['model']
+    if origin == 'pretrained':
+        cfg = timm.models.get_pretrained_cfg(name)
+        hub_id = getattr(cfg, 'hf_hub_id', None)
+        link = f' ([{hub_id}](https://huggingface.co/{hub_id}))' if hub_id else ''
+        return f"timm's pretrained weights of `{name}`{link}"
+    if origin == 'random':
+        return 'random initialisation (no pretrained weights)'
+    if isinstance(origin, str) and origin.startswith('file:'):
+        return f'a local checkpoint, `{origin[len("file:"):]}`'
+    return 'not recorded (a file written by tcnn 0.3 or earlier)'
+
+
+def _range(values: Sequence[float]) -> str:
+    return f'{sum(values) / len(values):.3f} [{min(values):.3f}, {max(values):.3f}]'
+
+
+def _report_text(model: nn.Module) -> str:
+    """The conversion's verified error, in words."""
+    report = getattr(model, 'tcnn_report', None)
+    if report is None:
+        return ('The conversion was not verified, or its report was not recorded (converted with `--no-verify`, by '
+                '`timm.create_model` directly, or by tcnn 0.3 or earlier).')
+    shape = 'x'.join(map(str, (report.batch_size, *report.input_size)))
+    text = (f'Verified at conversion: with every GPSA layer in the exact configuration (alpha = 50, lambda = 25) the '
+            f'T-CNN computed the CNN\'s logits to a max relative error of {report.max_rel_err:.2g} (max absolute '
+            f'{report.max_abs_err:.2g}) on {shape} random {report.dtype} inputs.')
+    if report.float64_max_rel_err is not None:
+        text += (f' In float64 the error is {report.float64_max_rel_err:.2g}: the float32 figure is the network\'s '
+                 'rounding, not the conversion.')
+    if report.vacuous:
+        text += (' The converted layers hardly changed those logits (e.g. zero-initialised residual branches), so '
+                 'the check could not catch a wrong conversion.')
+    else:
+        text += (f' At the fine-tuning init the T-CNN departed from the CNN by {report.init_max_rel_err:.2g} '
+                 '(relative), by design: the heads start "on the verge of locality" (T-CNN section 2).')
+    return text
+
+
+def _conversion_section(model: nn.Module, d: Dict[str, Any]) -> str:
+    cfg = model.tcnn_config
+    layers = cfg['layers']
+    params = d.get('parameters') or {}
+    rows = [('stages', ', '.join(map(str, cfg['stages']))),
+            ('GPSA layers', f'{len(layers)}: ' + ', '.join(f'`{n}`' for n in layers)),
+            ('initial locality strength alpha', f'{cfg["locality_strength"]:g}'),
+            ('initial gate lambda', f'{cfg["gating_init"]:g}'),
+            ('qk_dim', str(cfg['qk_dim']) if cfg['qk_dim'] else 'default (min(C_in // heads, C_in // groups))')]
+    if params.get('total') and params.get('cnn'):
+        extra = params['total'] - params['cnn']
+        rows.append(('parameters', f'{params["total"] / 1e6:.2f}M (CNN {params["cnn"] / 1e6:.2f}M, '
+                                   f'{extra / 1e6:+.2f}M for self-attention)'))
+    return '\n'.join(['## Conversion', '', format_markdown(['setting', 'value'], rows), _report_text(model), ''])
+
+
+def _metrics_rows(record: Dict[str, Any]) -> List[Tuple[str, str]]:
+    return [(label, f'{record[key]:.4g}') for key, label in _METRICS if isinstance(record.get(key), (int, float))]
+
+
+def _training_section(d: Dict[str, Any], metrics: List[Dict[str, Any]]) -> str:
+    """The recipe and final metrics of the ``tcnn train`` run the model comes from ('' when it does not)."""
+    training, recipe = d.get('training'), d.get('recipe')
+    if training is None:
+        return ''
+    epoch = training.get('epoch')
+    lines = ['## Fine-tuning', '']
+    kind = 'no-SA baseline' if (recipe or {}).get('no_sa') else 'T-CNN'
+    if recipe:
+        lines.append(f'Fine-tuned with `tcnn train` ({kind}, the recipe of T-CNN section 3 with the values below): '
+                     f'{recipe.get("epochs")} epochs planned, batch {recipe.get("batch_size")} per process, '
+                     f'lr {recipe.get("lr"):g}, gating lr {recipe.get("gating_lr"):g}, {recipe.get("img_size")} px.')
+    if isinstance(epoch, int):
+        lines.append(f'This checkpoint: after epoch {epoch + 1}.')
+    best = _finite(training.get('best_top1'))
+    if best is not None:
+        lines.append(f'Best validation top-1 of the run: {best:.2f}%.')
+    by_epoch = {r.get('epoch'): r for r in metrics}
+    shown = [('this checkpoint', by_epoch.get(epoch))]
+    if metrics and metrics[-1] is not by_epoch.get(epoch):
+        shown.append((f'last epoch ({metrics[-1]["epoch"] + 1})', metrics[-1]))
+    shown = [(label, record) for label, record in shown if record and _metrics_rows(record)]
+    if shown:
+        names = [label for label, _ in _metrics_rows(shown[0][1])]
+        table = [[name] + [dict(_metrics_rows(r)).get(name, '-') for _, r in shown] for name in names]
+        lines += ['', format_markdown(['metric'] + [label for label, _ in shown], table)]
+    if recipe:
+        shown_recipe = {k: (os.path.basename(str(v).rstrip('/')) if k in _PATH_KEYS and v else v)
+                        for k, v in recipe.items()}
+        lines += ['<details><summary>recipe (paths shortened to their last component)</summary>', '', '```yaml',
+                  dump_recipe(shown_recipe).rstrip(), '```', '', '</details>', '']
+    return '\n'.join(lines) + '\n'
+
+
+def _gates_section(model: nn.Module) -> str:
+    rows = [(f'`{name}`', str(len(layer['gate'])), _range(layer['gate']), _range(layer['span']))
+            for name, layer in gpsa_summary(model).items()]
+    return '\n'.join([
+        '## Gates and spans per layer', '',
+        'Per GPSA layer, over its heads: mean [min, max] of the gate sigmoid(lambda) (1: positional attention, the '
+        'convolution\'s; 0: content attention) and of the attention span 1/alpha (T-CNN Fig. 4).', '',
+        format_markdown(['layer', 'heads', 'gate', 'span'], rows)])
+
+
+def _usage(location: str) -> str:
+    return '\n'.join([
+        '```python', 'import timm', 'import tcnn  # registers the t_* architectures with timm (pip install tcnn)', '',
+        f"model = timm.create_model('{location}', pretrained=True).eval()",
+        'transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))',
+        f"# or: model = tcnn.load('{location}')", '```', ''])
+
+
+def model_card(
+        model: nn.Module,
+        d: Dict[str, Any],
+        metrics: Sequence[Dict[str, Any]] = (),
+        *,
+        location: str,
+) -> Dict[str, Any]:
+    """The model card as timm's ``generate_readme`` / ``push_to_hf_hub`` take it (``description``, ``citation``,
+    ``tags``, ``license``).
+
+    Args:
+        model: The T-CNN (``read_published``).
+        d: Its T-CNN dict (``read_published``).
+        metrics: The ``metrics.jsonl`` records of its training run.
+        location: The name that loads it (``'hf-hub:ORG/NAME'`` or ``'local-dir:PATH'``), for the usage example.
+    """
+    cfg, source = model.pretrained_cfg, d['source']
+    architecture = cfg.get('architecture')
+    size = 'x'.join(map(str, (d.get('data_config') or cfg).get('input_size', [])[1:]))
+    stages = ', '.join(f'`{s}`' for s in model.tcnn_config['stages'])
+    intro = (f'A Transformed CNN (T-CNN, [arXiv:2106.05795]({PAPER_URL})) made with tcnn from timm\'s '
+             f'`{source["model"]}`: the k x k convolutions of {stages} are Gated Positional Self-Attention layers '
+             '(ConViT, arXiv:2103.10697) that started out as those convolutions (their filters are the output '
+             'projections) and were then free to learn content attention.')
+    details = [f'- **Architecture:** `{architecture}` (timm; `import tcnn` registers it)',
+               f'- **Source CNN:** `{source["model"]}`' + (f' with `{source["kwargs"]}`' if source['kwargs'] else ''),
+               f'- **Source weights:** {_source_weights(source)}',
+               f'- **Classes:** {d.get("num_classes")}',
+               f'- **Image size:** {size} (crop {cfg.get("crop_pct")}, {cfg.get("interpolation")})',
+               f'- **Made with:** tcnn {__version__}, timm {timm.__version__}, torch {torch.__version__.split("+")[0]}']
+    description = '\n'.join([
+        intro, '', '## Model Details', '', *details, '', '## Usage', '', _usage(location),
+        _conversion_section(model, d), _training_section(d, list(metrics)), _gates_section(model)])
+    return {'description': description, 'citation': PAPER_BIBTEX, 'tags': list(CARD_TAGS),
+            'license': cfg.get('license') or 'unknown'}
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _model_args(model: nn.Module) -> Dict[str, Any]:
+    """config.json's ``model_args``: the conversion settings with the stages as resolved module names."""
+    return ConversionSettings.of(model.tcnn_config).kwargs()
+
+
+def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[str, Any]) -> str:
+    """Write the Hub folder of ``model`` atomically: timm's ``save_for_hf`` (config.json with ``config`` under
+    ``CONFIG_KEY``, model.safetensors) and the card as README.md, in a temporary folder beside ``out`` that then
+    replaces ``out`` (a crash leaves the previous folder or none, never a partial one).
+
+    Returns:
+        The absolute path of the folder.
+    """
+    out = check_replaceable_dir(out, io.HUB_CONFIG)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', suffix='.tmp', dir=parent)
+    old = None
+    try:
+        save_for_hf(model, tmp, model_config={CONFIG_KEY: config}, model_args=_model_args(model),
+                    safe_serialization=True)
+        name = os.path.basename(out)
+        with open(os.path.join(tmp, 'README.md'), 'w', encoding='utf-8') as f:
+            f.write(generate_readme(card, name))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700, safetensors 0600: the usual permissions instead
+        for entry in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, entry), 0o666 & ~umask)
+        if os.path.isdir(out) and os.listdir(out):  # a previous Hub folder: moved aside, removed once replaced
+            old = tempfile.mkdtemp(prefix=f'.{name}.', suffix='.old', dir=parent)
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.exists(out):
+            os.replace(old, out)  # put the previous folder back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def push(model: nn.Module, repo_id: str, card: Dict[str, Any], config: Dict[str, Any], *,
+         private: bool = False) -> str:
+    """Upload ``model`` to the Hub with timm's ``push_to_hf_hub`` (config.json, model.safetensors; the card when the
+    repo has no README.md yet). Returns the commit URL.
+
+    Raises:
+        TcnnError: Offline (``HF_HUB_OFFLINE``, or the Hub unreachable), not logged in, or any Hub error, in one line.
+    """
+    reason = hub_unreachable()
+    if reason:
+        raise TcnnError(f'cannot push to the Hugging Face Hub: {reason}')
+    try:
+        commit = push_to_hf_hub(model, repo_id, commit_message=f'Add T-CNN (tcnn {__version__})', private=private,
+                                model_config={CONFIG_KEY: config}, model_card=card, model_args=_model_args(model),
+                                safe_serialization=True)
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP, auth and offline errors have many types
+        raise TcnnError(f'cannot push to the Hugging Face Hub: {error_reason(e)}') from e
+    return str(getattr(commit, 'commit_url', commit))

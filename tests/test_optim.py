@@ -1,0 +1,179 @@
+"""The paper's optimiser settings outside ``tcnn train`` (issue 25): ``tcnn.param_groups`` in a plain torch loop, with
+timm's ``create_optimizer_v2(..., param_group_fn=...)``, with torch and timm schedulers; which parameters take weight
+decay (``tcnn.param_groups``, the ``t_*`` models' ``no_weight_decay()`` for timm's factory, the GPSA's roles)."""
+import functools
+import math
+
+import pytest
+import timm
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+
+import tcnn
+from tcnn.optim import GATING_LR_RATIO, group_lrs
+
+from nontrivial import nontrivial
+from test_train import one_thread  # noqa: F401  (one intra-op thread on the shared 2-core CI machine)
+
+LR, GATING_LR, WD = 1e-4, 0.1, 0.05  # T-CNN (arXiv:2106.05795) section 3
+
+
+def _t_resnet():
+    torch.manual_seed(0)
+    return nontrivial(timm.create_model('t_resnet18d', num_classes=3))  # every block reaches the logits
+
+
+@pytest.fixture(scope='module')
+def t_resnet():
+    return _t_resnet()
+
+
+def _names(model, group):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)] for p in group['params']}
+
+
+def _by_name(groups):
+    return {g['group_name']: g for g in groups}
+
+
+def _gating_names(model):
+    return {n for n, _ in model.named_parameters() if n.endswith('.gating')}
+
+
+def _one_adam_step(model, optimizer, seed=0):
+    """One AdamW step on a random batch; returns each parameter's change."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(seed)
+    model.train()
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 64, 64)), torch.tensor([0, 1, 2, 0]))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {n: (p.detach() - before[n]).abs().max().item() for n, p in model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------------ gating lr
+
+def test_param_groups_give_the_gates_their_lr_in_a_plain_torch_loop():
+    model = _t_resnet()
+    groups = tcnn.param_groups(model, lr=LR, weight_decay=WD)  # gating lr: the paper's 1000x by default
+    by_name = _by_name(groups)
+    assert GATING_LR_RATIO == 1000
+    assert _names(model, by_name['gating']) == _gating_names(model) and len(_gating_names(model)) == 4
+    assert math.isclose(by_name['gating']['lr'], GATING_LR) and by_name['gating']['weight_decay'] == 0
+    assert all(g['lr'] == LR for g in groups if g['group_name'] != 'gating')
+    assert sum(len(g['params']) for g in groups) == len(list(model.parameters()))
+
+    # no scheduler: Adam's first step moves every parameter by about its group's lr
+    optimizer = torch.optim.AdamW(groups, lr=LR)
+    moved = _one_adam_step(model, optimizer)
+    gates = [moved[n] for n in _gating_names(model)]
+    assert all(0.05 < m <= 0.1 + 1e-6 for m in gates), gates
+    assert max(m for n, m in moved.items() if n not in _gating_names(model)) <= LR * 1.1  # (+ lr * wd * |w|)
+
+
+def test_timm_create_optimizer_v2_with_param_group_fn(t_resnet):
+    """What a timm user writes: the groups come from ``param_group_fn``, the factory's lr is the base lr."""
+    fn = functools.partial(tcnn.param_groups, lr=3e-4, weight_decay=WD)
+    optimizer = create_optimizer_v2(t_resnet, 'adamw', lr=3e-4, weight_decay=WD, param_group_fn=fn)
+    lrs = group_lrs(optimizer)
+    assert math.isclose(lrs['lr'], 3e-4) and math.isclose(lrs['gating_lr'], 0.3)  # the ratio follows the base lr
+    assert _names(t_resnet, _by_name(optimizer.param_groups)['gating']) == _gating_names(t_resnet)
+    # a gating lr of one's own
+    fn = functools.partial(tcnn.param_groups, lr=LR, weight_decay=WD, gating_lr=0.05)
+    optimizer = create_optimizer_v2(t_resnet, 'adamw', lr=LR, weight_decay=WD, param_group_fn=fn)
+    assert math.isclose(group_lrs(optimizer)['gating_lr'], 0.05)
+
+
+def test_torch_scheduler_keeps_the_ratio_at_every_step(t_resnet):
+    """A torch ``LambdaLR`` warm-up + cosine (the form of transformers' and many Lightning schedules) scales each
+    group's own lr: the gates stay at 1000x the base lr throughout."""
+    optimizer = torch.optim.AdamW(tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD))
+    warmup, total = 5, 20
+
+    def factor(step):
+        return (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / total))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    for step in range(warmup + total):
+        lrs = group_lrs(optimizer)
+        assert math.isclose(lrs['gating_lr'], 1000 * lrs['lr'], rel_tol=1e-9), step
+        assert math.isclose(lrs['lr'], LR * factor(step), rel_tol=1e-9)
+        optimizer.step()
+        scheduler.step()
+
+
+def _timm_trace(optimizer, updates):
+    scheduler, _ = create_scheduler_v2(optimizer, sched='cosine', num_epochs=4, warmup_epochs=1, warmup_lr=1e-6,
+                                       min_lr=1e-6, warmup_prefix=True, step_on_epochs=False,
+                                       updates_per_epoch=updates)
+    trace = []
+    for step in range(5 * updates + 1):
+        scheduler.step_update(step)
+        trace.append(group_lrs(optimizer))
+    return trace
+
+
+def test_timm_scheduler_peak_and_exact_ratio_with_lr_scale(t_resnet):
+    # default groups (each its own lr): a timm scheduler reaches both peaks and starts/ends every group at its
+    # absolute warmup_lr/min_lr, as timm does for any group with an lr of its own
+    trace = _timm_trace(torch.optim.AdamW(tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD)), updates=4)
+    peak = trace[4]
+    assert math.isclose(peak['lr'], LR) and math.isclose(peak['gating_lr'], GATING_LR)
+    # lr_scale=True: timm's convention, the ratio holds at every update, warm-up start and floor included; the
+    # group's own lr is right before any scheduler too
+    groups = tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD, lr_scale=True)
+    assert math.isclose(_by_name(groups)['gating']['lr'], GATING_LR)
+    assert math.isclose(_by_name(groups)['gating']['lr_scale'], 1000)
+    trace = _timm_trace(torch.optim.AdamW(groups), updates=4)
+    assert all(math.isclose(t['gating_lr'], 1000 * t['lr'], rel_tol=1e-9) for t in trace)
+    assert math.isclose(trace[0]['lr'], 1e-6) and math.isclose(trace[4]['lr'], LR) and math.isclose(trace[-1]['lr'], 1e-6)
+
+
+def test_param_groups_of_a_plain_cnn_and_bad_arguments():
+    cnn = timm.create_model('resnet18d', num_classes=3)
+    assert [g['group_name'] for g in tcnn.param_groups(cnn)] == ['decay', 'no_decay']
+    with pytest.raises(tcnn.TcnnError, match='lr must be > 0'):
+        tcnn.param_groups(cnn, lr=0)
+    with pytest.raises(tcnn.TcnnError, match='weight_decay must be >= 0'):
+        tcnn.param_groups(cnn, weight_decay=-1)
+
+
+# ------------------------------------------------------------------------------------------------ weight decay
+
+def _decayed(model, groups):
+    return {n for g in groups if g['weight_decay'] > 0 for n in _names(model, g)}
+
+
+def _timm_decayed(model):
+    optimizer = create_optimizer_v2(model, 'adamw', lr=LR, weight_decay=WD)
+    return {n for g in optimizer.param_groups if g['weight_decay'] > 0 for n in _names(model, g)}
+
+
+def test_no_decay_on_biases_and_per_channel_value_gains():
+    """convnext_atto's depthwise ``stages.3.blocks.0.conv_dw`` has a bias the CNN did not decay: the GPSA's
+    ``proj_bias`` is not decayed either; its per-channel value gain ``v_weight`` (C, 1) is norm-like: not decayed."""
+    cnn = timm.create_model('convnext_atto', num_classes=3)
+    t_cnn = timm.create_model('t_convnext_atto', num_classes=3)
+    layer = 'stages.3.blocks.0.conv_dw'
+    decayed = _decayed(t_cnn, tcnn.param_groups(t_cnn))
+    assert f'{layer}.bias' not in _decayed(cnn, tcnn.param_groups(cnn))
+    assert f'{layer}.proj_bias' not in decayed and f'{layer}.v_weight' not in decayed
+    assert t_cnn.get_submodule(layer).v_weight.shape == (320, 1)
+    assert {f'{layer}.{p}' for p in ('q_weight', 'k_weight', 'proj_weight')} <= decayed
+    # timm's own factory agrees through the t_* model's no_weight_decay()
+    assert _timm_decayed(t_cnn) == decayed
+    # the layer declares its roles
+    assert t_cnn.get_submodule(layer).no_weight_decay() == {'pos_centers', 'pos_locality', 'gating', 'proj_bias',
+                                                             'v_weight'}
+
+
+def test_dense_value_matrix_is_decayed_like_the_papers_linear(t_resnet):
+    """A dense ``W_val`` is the C x C ``nn.Linear`` of ConViT/T-CNN's code, decayed by timm's factory there."""
+    decayed = _decayed(t_resnet, tcnn.param_groups(t_resnet))
+    layer = t_resnet.get_submodule('layer4.0.conv1')
+    assert layer.no_weight_decay() == {'pos_centers', 'pos_locality', 'gating'}  # no bias, dense W_val
+    assert 'layer4.0.conv1.v_weight' in decayed and 'layer4.0.conv1.pos_centers' not in decayed
+    assert _timm_decayed(t_resnet) == decayed
