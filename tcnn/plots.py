@@ -451,16 +451,16 @@ def plot_demo_robustness(results: Mapping[str, Any], path: str, titles: Optional
     the spread (standard deviation) over seeds.
 
     Args:
-        results: ``results.json`` of ``tcnn demo`` (``cnn`` and ``runs``, each with ``corruptions`` and
-            ``corrupted_by_severity``).
+        results: ``results.json`` of ``tcnn demo`` (``runs``, each with its ``arm``, ``corruptions`` and
+            ``corrupted_by_severity``; the CNN trained from scratch is arm ``cnn``).
         path: Output image path.
         titles: Legend name per arm (default: the arm names).
     """
     check_figure_path(path)
-    groups: Dict[str, List[Mapping[str, Any]]] = {'CNN (start point)': [results['cnn']]}
+    groups: Dict[str, List[Mapping[str, Any]]] = {}
     for run in results['runs']:
         groups.setdefault((titles or {}).get(run['arm'], run['arm']), []).append(run)
-    corruptions = list(results['cnn']['corruptions'])
+    corruptions = list(results['runs'][0]['corruptions'])
     labels = ['clean'] + corruptions
     fig = Figure(figsize=(11, 3.8))
     ax_c, ax_s = fig.subplots(1, 2, gridspec_kw={'width_ratios': [3, 1.2]})

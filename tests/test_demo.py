@@ -1,9 +1,13 @@
 """``tcnn demo`` end to end on its tiny plan: the files and keys of the report, its numbers against ``tcnn eval`` on
-the saved model files, reproducibility, continuing a demo, and the command's argument errors."""
+the saved model files, one CNN per seed, reproducibility, stopping and continuing a demo, the comparison with the
+documented distribution, and the command's argument errors."""
+import copy
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ import tcnn
 from tcnn import demo, robustness
 from tcnn.convert import gpsa_layers
 from tcnn.errors import TcnnError
+from tcnn.recipe import load_recipe
 
 pytestmark = pytest.mark.filterwarnings('ignore')
 
@@ -20,7 +25,9 @@ pytestmark = pytest.mark.filterwarnings('ignore')
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp('demo') / 'out'
     lines = []
-    results = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, progress=False, log=lines.append)
+    # jobs=2: two training processes of one thread each, on any machine (the numbers depend on the threads)
+    results = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False,
+                            log=lines.append)
     return out, results, lines
 
 
@@ -28,50 +35,58 @@ def test_report_files_and_keys(tiny):
     out, results, _ = tiny
     plan = demo.PLANS['tiny']
     for f in ('results.json', 'README.md', 'eval.json', 'eval.md', 'demo.json', 'data/dataset.json',
-              'figures/fig3_robustness.png', 'models/cnn.pt', 'models/init-t-cnn.pt', 'runs/cnn/metrics.jsonl'):
+              'figures/fig3_robustness.png', 'models/seed0-cnn.pt', 'models/seed1-init-t-cnn.pt',
+              'runs/seed1-cnn/metrics.jsonl'):
         assert (out / f).is_file(), f
     assert json.loads((out / 'results.json').read_text()) == json.loads(json.dumps(results))
-    names = {f'seed{s}-{a}' for s in range(plan.seeds) for a in plan.arms}
-    assert {r['name'] for r in results['runs']} == names and len(names) == 6
+    names = {f'seed{s}-{a}' for s in range(plan.seeds) for a in ('cnn', *plan.arms)}
+    assert {r['name'] for r in results['runs']} == names and len(names) == 8
     for name in names:
         assert (out / 'models' / f'{name}.pt').is_file()
         rows = [json.loads(line) for line in (out / 'runs' / name / 'metrics.jsonl').read_text().splitlines()]
-        assert [r['epoch'] for r in rows] == list(range(plan.finetune_epochs))
-    for arm in ('no-sa', 't-cnn', 't-cnn-late'):
+        epochs = plan.pretrain_epochs if name.split('-', 1)[1] == 'cnn' else plan.finetune_epochs
+        assert [r['epoch'] for r in rows] == list(range(epochs))
+        log = (out / 'runs' / name / 'log.txt').read_text()  # each run's own output
+        assert log.startswith('== tcnn train') and 'done: best val top-1' in log
+    for arm in ('cnn', 'no-sa', 't-cnn', 't-cnn-late'):
         entry = results['summary'][arm]
         assert len(entry['clean_top1']['values']) == plan.seeds
-        assert ('gain_clean' in entry) == (arm != 'no-sa')
+        assert ('gain_clean' in entry) == (arm not in ('cnn', 'no-sa'))
     for run in results['runs']:
         assert set(run['corruptions']) == set(results['dataset']['corruptions'])
         assert all(len(c['severities']) == 5 for c in run['corruptions'].values())
-        assert (run['analysis'] is None) == (run['arm'] == 'no-sa')
+        assert (run['analysis'] is None) == (run['arm'] in ('cnn', 'no-sa'))
         if run['analysis']:
             assert 0 <= run['gate_mean'] <= 1 and run['span_mean'] > 0 and run['nonlocality_mean'] >= 0
             assert run['sigma_mean'] > 0 and run['nonlocality_real_mean'] >= 0 and 0 <= run['padding_share_mean'] < 1
-    assert results['conversion']['max_rel_err'] < 1e-4 and results['conversion']['gpsa_layers'] == 2
-    assert results['conversion']['init_max_rel_err'] > 1e-3  # the paper's init is not the CNN
+    conv = results['conversion']
+    assert [c['seed'] for c in conv['seeds']] == [0, 1]
+    assert conv['max_rel_err'] == max(c['max_rel_err'] for c in conv['seeds']) < 1e-4 and conv['gpsa_layers'] == 2
+    assert min(conv['init_max_rel_err_range']) > 1e-3  # the paper's init is not the CNN
+    assert [s['seed'] for s in results['init']['seeds']] == [0, 1]
+    assert results['init']['gate_mean'] == pytest.approx(sum(s['gate_mean'] for s in results['init']['seeds']) / 2)
     assert len(results['recipe_changes']) >= 5 and results['wall_s'] > 0
     assert results['figures']['attention'] and all(os.path.isfile(p) for p in results['figures']['attention'])
-    assert set(results['figures']['curves']) == {'no-sa', 't-cnn', 't-cnn-late'}
+    assert set(results['figures']['curves']) == {'cnn', 'no-sa', 't-cnn', 't-cnn-late'}
+    env = results['environment']
+    assert env['jobs'] == 2 and env['threads'] == 1 and env['torch'] == torch.__version__ and env['pillow']
 
 
 def test_numbers_are_what_tcnn_eval_measures_on_the_model_files(tiny):
     out, results, _ = tiny
     files = {r['name']: r['model_file'] for r in results['runs']}
-    files['cnn'] = results['cnn']['model_file']
     models = {name: tcnn.load(path) for name, path in files.items()}
     clean = robustness.evaluate(models, 'imagenet', str(out / 'data' / 'test'), img_size=96, crop_pct=1.0,
                                 workers=0, progress=False)
     corrupted = robustness.evaluate(models, 'imagenet-c', str(out / 'data' / 'test-c'), img_size=96, crop_pct=1.0,
                                     workers=0, progress=False)
     runs = {r['name']: r for r in results['runs']}
-    runs['cnn'] = results['cnn']
     for name, run in runs.items():
         assert run['clean_top1'] == clean[name]['top1'], name
         assert run['corrupted_top1'] == corrupted[name]['top1'], name
         for c, entry in run['corruptions'].items():
             assert entry['top1'] == corrupted[name]['corruptions'][c]['top1']
-    for arm in ('no-sa', 't-cnn'):
+    for arm in ('cnn', 'no-sa', 't-cnn'):
         values = [runs[f'seed{s}-{arm}']['clean_top1'] for s in range(2)]
         assert results['summary'][arm]['clean_top1']['values'] == values
     gains = [runs[f'seed{s}-t-cnn']['clean_top1'] - runs[f'seed{s}-no-sa']['clean_top1'] for s in range(2)]
@@ -82,9 +97,22 @@ def test_models_are_what_the_arms_say(tiny):
     _, results, _ = tiny
     for run in results['runs']:
         model = tcnn.load(run['model_file'])
-        assert (len(gpsa_layers(model)) == 2) == (run['arm'] != 'no-sa'), run['name']
-    cnn = tcnn.load(results['cnn']['model_file'])
-    assert not gpsa_layers(cnn) and cnn.num_classes == 6
+        assert (len(gpsa_layers(model)) == 2) == (run['arm'] not in ('cnn', 'no-sa')), run['name']
+        assert model.num_classes == 6
+
+
+def test_every_seed_trains_its_own_cnn_and_fine_tunes_from_it(tiny):
+    out, results, _ = tiny
+    cnns = [torch.load(out / 'models' / f'seed{s}-cnn.pt', weights_only=True)['state_dict'] for s in range(2)]
+    assert any(not torch.equal(cnns[0][k], cnns[1][k]) for k in cnns[0])  # two CNNs, not one
+    for run in results['runs']:
+        recipe = load_recipe(str(out / 'runs' / run['name'] / 'config.yaml'))
+        assert recipe['seed'] == run['seed']
+        if run['arm'] == 'cnn':
+            assert not recipe['pretrained'] and recipe['weights'] is None and recipe['epochs'] == 1
+        else:
+            assert recipe['weights'] == str(out / 'models' / f'seed{run["seed"]}-cnn.pt'), run['name']
+        assert recipe['channels_last'] is True
 
 
 def test_readme_states_the_result_and_the_changes(tiny):
@@ -103,18 +131,39 @@ def test_readme_states_the_result_and_the_changes(tiny):
         assert header in text, header
 
 
-def test_same_seed_same_numbers_and_continuing_reuses_the_runs(tiny, tmp_path):
+def test_continuing_a_finished_demo_trains_nothing(tiny):
     out, results, _ = tiny
-    # continuing the finished demo: every run is complete, nothing is trained again, same numbers
     lines = []
-    again = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, progress=False, log=lines.append)
+    again = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False, log=lines.append)
     assert [r['clean_top1'] for r in again['runs']] == [r['clean_top1'] for r in results['runs']]
     assert again['timings_s']['data'] == 0.0
-    # a fresh demo in another folder: the same data and the same numbers (same machine and thread count)
-    fresh = demo.run_demo(str(tmp_path / 'fresh'), plan='tiny', seeds=1, device='cpu', workers=0, progress=False,
-                          log=lambda s: None)
+    assert not any(line.startswith('== seed') for line in lines)  # no tcnn train process started
+    assert set(again['timings_s']) == {'data', 'evaluation', 'analysis', 'figures'}
+
+
+def test_a_stopped_demo_continues_to_the_same_numbers(tiny, tmp_path):
+    """Ctrl-C during the fine-tuning: the demo passes it to its training processes (each saves its checkpoint or
+    had not started), exits 130 with one line; the same command continues it, to the numbers of an uninterrupted
+    demo (same data, same seeds, one thread per process)."""
+    out, results, _ = tiny
+    fresh = tmp_path / 'fresh'
+    argv = ['demo', '--plan', 'tiny', '--seeds', '1', '--jobs', '2', '--workers', '0', '--out', str(fresh),
+            '--no-progress']
+    proc = subprocess.Popen([sys.executable, '-m', 'tcnn', *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, HF_HUB_OFFLINE='1'))
+    for line in proc.stdout:
+        if line.startswith('== seed0-t-cnn:'):  # the CNN is trained; the fine-tuning arms are starting
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    assert 'run the same tcnn demo command again' in err and 'Traceback' not in err
+    assert not (fresh / 'results.json').exists()
+    fresh_results = demo.run_demo(str(fresh), plan='tiny', seeds=1, device='cpu', workers=0, jobs=2,
+                                  progress=False, log=lambda s: None)
     first = {r['name']: r for r in results['runs']}
-    for run in fresh['runs']:
+    for run in fresh_results['runs']:
         assert run['clean_top1'] == first[run['name']]['clean_top1']
         assert run['corrupted_top1'] == first[run['name']]['corrupted_top1']
         a, b = torch.load(run['model_file'], weights_only=True), torch.load(first[run['name']]['model_file'],
@@ -122,10 +171,104 @@ def test_same_seed_same_numbers_and_continuing_reuses_the_runs(tiny, tmp_path):
         assert all(torch.equal(a['state_dict'][k], b['state_dict'][k]) for k in a['state_dict'])
 
 
+ALL_ARMS = ['cnn', 'no-sa', 't-cnn', 't-cnn-late']
+
+
+def _shifted(results, arm, points):
+    """A copy of ``results`` whose ``arm`` scored ``points`` more (per seed, a sequence) on the clean test split."""
+    out = copy.deepcopy(results)
+    for run in out['runs']:
+        if run['arm'] == arm:
+            run['clean_top1'] += points[run['seed']]
+    out['summary'] = demo.summarize_runs(out['runs'], ALL_ARMS)
+    return out
+
+
+def test_the_report_places_its_numbers_in_the_documented_distribution(tiny):
+    _, results, _ = tiny
+    values = demo.headline_values(results)
+    assert set(values) == {key for key, _ in demo.HEADLINE}  # the tiny plan has every arm
+    assert values['cnn/clean_top1'] == [r['clean_top1'] for r in results['runs'] if r['arm'] == 'cnn']
+    assert values['t-cnn/gain_clean'] == results['summary']['t-cnn']['gain_clean']['values']
+    assert values['t-cnn/gate_mean'] == [r['gate_mean'] for r in results['runs'] if r['arm'] == 't-cnn']
+    # a distribution of this plan from two environments: this demo, and one whose T-CNNs score 10 points more
+    other = _shifted(results, 't-cnn', [10, 10])
+    other['environment'] = dict(other['environment'], torch='0.0+other')
+    reference = demo.build_reference([results, other], measured='today')
+    assert [e['torch'] for e in reference['environments']] == [torch.__version__, '0.0+other']
+    stats = reference['stats']['t-cnn/clean_top1']
+    assert stats['n'] == 4 and stats['max'] == max(values['t-cnn/clean_top1']) + 10
+    inside = demo.compare_with_reference(results, reference)
+    assert inside['available'] and inside['outside'] == [] and inside['seeds'] == 4
+    # a run whose T-CNN of seed 1 scores 30 points more lies outside, on the T-CNN's numbers only
+    far = _shifted(results, 't-cnn', [0, 30])
+    far['reference'] = demo.compare_with_reference(far, reference)
+    assert far['reference']['outside'] == ['t-cnn/clean_top1', 't-cnn/gain_clean']
+    number = far['reference']['numbers']['t-cnn/clean_top1']
+    assert number['furthest_seed'] == 1 and number['sd'] == pytest.approx(
+        (values['t-cnn/clean_top1'][1] + 30 - stats['mean']) / stats['std'])
+    lines = demo.reference_lines(far)
+    assert lines[0].startswith('Against the documented distribution (4 full-pipeline seeds')
+    assert f'{len(values) - 2} of {len(values)} headline numbers lie inside' in lines[0]
+    assert 'seed 1 lies' in lines[1] and 'above the documented mean' in lines[1]
+    text = demo.render_readme(far)
+    assert 'Against the documented distribution' in text and '0.0+other' in text
+    assert text.count('outside the documented range') == 2
+    # another plan's numbers are not compared with the default plan's distribution
+    quick = dict(results, plan=dict(results['plan'], name='quick', train=2400))
+    assert not demo.compare_with_reference(quick, reference)['available']
+    with pytest.raises(TcnnError, match='different plans'):
+        demo.build_reference([results, quick])
+
+
+def test_the_shipped_distribution_is_of_the_default_plan():
+    reference = demo.load_reference()
+    assert reference is not None, f'{demo.REFERENCE_FILE} is missing: benchmarks/demo_distribution.py writes it'
+    default = demo.PLANS['default'].to_dict()
+    assert reference['plan'] == {k: v for k, v in default.items() if k not in ('name', 'seeds')}
+    assert reference['demo_version'] == demo.DEMO_VERSION
+    assert set(reference['stats']) == {key for key, _ in demo.HEADLINE}
+    assert min(s['n'] for s in reference['stats'].values()) >= 5
+    for env in reference['environments']:
+        assert env['torch'] and env['timm'] and env['pillow'] and env['threads'] >= 1 and env['seeds'] >= 1
+    # shipped with the package, not only with a clone
+    setup = open(os.path.join(os.path.dirname(demo.__file__), '..', 'setup.cfg')).read()
+    assert 'demo_reference.json' in setup.split('[options.package_data]')[1].split('[')[0]
+
+
+def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
+    _, results, _ = tiny
+    base = {r['seed']: r['clean_top1'] for r in results['runs'] if r['arm'] == 'no-sa'}
+    now = {r['seed']: r['clean_top1'] for r in results['runs'] if r['arm'] == 't-cnn'}
+    mixed = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] - 1])
+    assert mixed['summary']['t-cnn']['gain_clean']['values'] == pytest.approx([5, -1])
+    line = demo.verdict(mixed)[0]
+    assert line.startswith('On clean test accuracy') and '1 of 2 seeds favour the T-CNN: the direction does not ' \
+        'hold on every seed' in line
+    better = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] + 4])
+    line = demo.verdict(better)[0]
+    assert 'beats the no-SA baseline by +4.5 ± 0.7 points (2 of 2 seeds favour the T-CNN)' in line
+
+
+@pytest.mark.parametrize('device, seeds, jobs, cpus, expected', [
+    ('cpu', 2, None, 2, (2, 1)),  # the default run on 2 cores: its two seeds side by side, one thread each
+    ('cpu', 1, None, 2, (1, 2)),  # --quick: one seed, both cores
+    ('cpu', 6, None, 2, (2, 1)),
+    ('cpu', 2, None, 16, (2, 8)),
+    ('cpu', 6, 6, 2, (6, 1)),
+    ('cuda', 6, None, 16, (1, None)),
+])
+def test_parallel_layout(device, seeds, jobs, cpus, expected):
+    assert demo.parallel_layout(device, seeds, jobs, cpus) == expected
+
+
 def test_another_plan_in_the_same_folder_is_refused(tiny):
     out, _, _ = tiny
     with pytest.raises(TcnnError, match='other settings'):
-        demo.run_demo(str(out), plan='tiny', seeds=3, device='cpu', workers=0, progress=False, log=lambda s: None)
+        demo.run_demo(str(out), plan='tiny', seeds=3, device='cpu', workers=0, jobs=2, progress=False,
+                      log=lambda s: None)
+    with pytest.raises(TcnnError, match='other settings'):  # other threads per process: other numbers
+        demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=1, progress=False, log=lambda s: None)
 
 
 def test_a_folder_of_other_files_is_refused(tmp_path):
@@ -145,6 +288,9 @@ def _cli(*args, **kwargs):
     (['--workers', '-1'], '--workers must be'),
     (['--device', 'gpu0'], "--device 'gpu0' is not a device"),
     (['--seeds', 'x'], "invalid int value: 'x'"),
+    (['--jobs', '0'], '--jobs must be'),
+    (['--plan', 'huge'], "invalid choice: 'huge'"),
+    (['--quick', '--plan', 'tiny'], '--quick is --plan quick'),
 ])
 def test_cli_argument_errors_are_one_line(tmp_path, args, match):
     r = _cli('demo', '--out', str(tmp_path / 'o'), *args)
@@ -155,5 +301,5 @@ def test_cli_argument_errors_are_one_line(tmp_path, args, match):
 def test_cli_help_names_the_options():
     r = _cli('demo', '--help')
     assert r.returncode == 0
-    for flag in ('--quick', '--seeds', '--out', '--device', '--workers'):
+    for flag in ('--quick', '--plan', '--seeds', '--out', '--device', '--workers', '--jobs'):
         assert flag in r.stdout

@@ -1,7 +1,7 @@
 """``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
 import argparse
 
-from ..errors import check_device, check_number
+from ..errors import InvalidArgumentError, check_device, check_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -9,12 +9,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='output folder (default ./tcnn-demo); run the same command again to continue an '
                              'interrupted demo')
     parser.add_argument('--quick', action='store_true',
-                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm)')
+                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): --plan quick')
+    parser.add_argument('--plan', choices=['default', 'quick', 'tiny'],
+                        help='sizes and schedules: default (the result, about 15 minutes on 2 CPU cores), quick (a '
+                             'smoke run) or tiny (a check of the pipeline in about a minute, no result)')
     parser.add_argument('--seeds', type=int, metavar='N',
-                        help='fine-tuning seeds (default 2; 1 with --quick)')
+                        help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default 2; 1 '
+                             'with --quick); --seeds 6 measures the distribution that docs/demo.md documents')
     parser.add_argument('--device', default='cpu', help='cpu (default), cuda, cuda:1, ...')
     parser.add_argument('--workers', type=int, metavar='N',
-                        help='data-loading processes (default: sized to the machine)')
+                        help='data-loading processes per training run (default: none for a one-thread run, else '
+                             'sized to the machine)')
+    parser.add_argument('--jobs', type=int, metavar='N',
+                        help='training runs at once (default: on CPU one per core, at most one per seed, the cores '
+                             'shared out as threads; 1 on a GPU)')
     parser.add_argument('--no-progress', action='store_true', help='no progress bars (log lines only)')
 
 
@@ -23,12 +31,17 @@ def run(args: argparse.Namespace) -> int:
         check_number(args.seeds, '--seeds', ge=1, integer=True)
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
+    if args.jobs is not None:
+        check_number(args.jobs, '--jobs', ge=1, integer=True)
     check_device(args.device, '--device')
+    if args.quick and args.plan not in (None, 'quick'):
+        raise InvalidArgumentError(f'--quick is --plan quick: give one of --quick and --plan {args.plan}')
+    plan = 'quick' if args.quick else args.plan or 'default'
     import sys
     from ..demo import DemoStopped, run_demo
     try:
-        run_demo(args.out, plan='quick' if args.quick else 'default', seeds=args.seeds, device=args.device,
-                 workers=args.workers, progress=not args.no_progress)
+        run_demo(args.out, plan=plan, seeds=args.seeds, device=args.device,
+                 workers=args.workers, jobs=args.jobs, progress=not args.no_progress)
     except DemoStopped as e:
         print(f'tcnn demo: {e}', file=sys.stderr)
         return e.exit_code
