@@ -756,7 +756,7 @@ def _figures(ctx: _Context, results: Mapping[str, Any]) -> Dict[str, Any]:
     return figures
 
 
-# ---------------------------------------------------------------------------------------------- the documented distribution
+# ------------------------------------------------------------------------------------ the documented distribution
 
 REFERENCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'demo_reference.json')
 REFERENCE_FORMAT = 'tcnn-demo-reference'

@@ -202,7 +202,8 @@ def test_preempted_job_requeues_until_the_run_is_finished(cluster, tmp_path):
         """Wait until the current start of the job is about 40% into ``epoch`` (1-based; epoch ``epoch - 1`` must
         be in metrics.jsonl), timed from the last epoch's duration. The log cannot tell: srun passes a task's output
         on line by line, and a progress bar ends its line only when its epoch ends."""
-        wait_for(lambda: (run / 'metrics.jsonl').is_file() and len(metrics(run)) >= epoch - 1, cluster, job_id, f'epoch {epoch - 1} to end', job_log)
+        wait_for(lambda: (run / 'metrics.jsonl').is_file() and len(metrics(run)) >= epoch - 1, cluster, job_id,
+                 f'epoch {epoch - 1} to end', job_log)
         time.sleep(0.4 * metrics(run)[-1]['epoch_time_s'])
 
     def restarts():
