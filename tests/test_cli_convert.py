@@ -180,13 +180,19 @@ def test_failed_write_leaves_previous_file(tmp_path, monkeypatch, capsys):
     assert out_path.read_bytes() == b'previous' and os.listdir(tmp_path) == ['model.pt']
 
 
-def test_conversion_is_fast():
-    """design: converting resnet50d without verification takes well under 2 s (it is a copy and a few GEMM-free
-    parameter loads)."""
+def test_conversion_without_verification_runs_no_forward_pass():
+    """Converting without verification is a copy and a few GEMM-free parameter loads (0.3 s for resnet50d on 2 cores):
+    no forward pass of the CNN or of the T-CNN. The time bound is only a guard against a hang on a busy machine; speed
+    goals live in benchmarks/."""
     cnn = create_cnn('resnet50d', pretrained=False)
+    calls = []
+    cnn.register_forward_pre_hook(lambda module, args: calls.append(module))
     start = time.perf_counter()
-    tcnn.reparameterize(cnn, verify=False)
-    assert time.perf_counter() - start < 2.0
+    model = tcnn.reparameterize(cnn, verify=False)
+    assert time.perf_counter() - start < 30
+    assert not calls and tcnn.gpsa_layers(model)
+    model(torch.randn(1, 3, 64, 64))  # the hook is still there: it would have seen a forward pass
+    assert len(calls) == 1
 
 
 def test_convert_keeps_the_checkpoint_head(tmp_path, capsys):

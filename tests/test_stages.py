@@ -147,7 +147,7 @@ def test_cli_list_stages(capsys):
     assert out[1].split() == ['stage', 'level', 'channels', 'grid', 'tokens', 'k', 'x', 'k', 'convs', 'exact']
     assert out[5].split() == ['stages.3', '*', '4', '384->768', '7x7', '14x14', '1', '2x2/2', 'dense,', '3', '7x7',
                               'depthwise', 'yes']
-    assert elapsed < 10, elapsed  # about 1 s in process on 2 busy cores
+    assert elapsed < 60, elapsed  # about 1 s in process; a guard against a hang, not a speed goal (see benchmarks/)
     assert main(['convert', '--list-stages', 'torchvision:efficientnet_b0', '--img-size', '64']) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:11]}
