@@ -182,6 +182,35 @@ def peak_memory(step: Callable[[], object], device: torch.device, baseline: Iter
     return {'peak_bytes': base + growth, 'baseline_bytes': base, 'method': method}
 
 
+class OperatorCount(TorchDispatchMode):
+    """Counts the ATen operators that compute something, in order (``ops``): on a GPU each launches at least one
+    kernel, so their number is what a small batch pays in host time, and it can be counted on any device. Views,
+    allocations and dtype queries launch nothing and are not counted."""
+
+    FREE = frozenset({
+        'view', '_unsafe_view', 'reshape', '_reshape_alias', 'transpose', 'permute', 'expand', 'slice', 'select',
+        'unsqueeze', 'squeeze', 't', 'as_strided', 'unflatten', 'flatten', 'alias', 'detach', 'unbind', 'split',
+        'split_with_sizes', 'narrow', 'empty', 'empty_strided', 'new_empty', 'promote_types', 'lift_fresh',
+    })
+
+    def __init__(self):
+        super().__init__()
+        self.ops: List[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in self.FREE:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(step: Callable[[], object]) -> int:
+    """Computing operators (``OperatorCount``) of one call of ``step``, forward and backward alike."""
+    with OperatorCount() as counter:
+        step()
+    return len(counter.ops)
+
+
 @torch.no_grad()
 def count_flops(model: torch.nn.Module, x: torch.Tensor) -> int:
     """FLOPs of one forward (``torch.utils.flop_counter``: 2 per multiply-add; matmuls, convs, attention)."""

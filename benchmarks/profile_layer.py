@@ -23,10 +23,11 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from tcnn.gpsa import GPSA  # noqa: E402
 
-from benchmarks.measure import synchronize  # noqa: E402
+from benchmarks.measure import count_operators, synchronize  # noqa: E402
 
 
 def _step(module: nn.Module, x: torch.Tensor, amp: bool, backward: bool) -> Callable[[], None]:
+    """One call of ``module`` in its current mode, with ``backward`` a backward pass too (gradients dropped)."""
     def run() -> None:
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp), torch.set_grad_enabled(backward):
             out = module(x)
@@ -39,7 +40,8 @@ def _step(module: nn.Module, x: torch.Tensor, amp: bool, backward: bool) -> Call
 
 
 def profile_step(fn: Callable[[], None], device: torch.device, iters: int = 20, top: int = 8) -> Dict[str, Any]:
-    """Wall ms per call (median of ``iters``), GPU kernel ms per call, kernels per call, and the top kernels."""
+    """Wall ms per call (median of ``iters``), GPU kernel ms per call, kernels per call, computing ATen operators
+    per call (``OperatorCount``: what launches kernels, countable on a CPU too), and the top kernels."""
     for _ in range(5):
         fn()
     synchronize(device)
@@ -64,6 +66,7 @@ def profile_step(fn: Callable[[], None], device: torch.device, iters: int = 20, 
     launches = sum(len(v) for v in kernels.values()) / calls
     ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
     return {'wall_ms': times[len(times) // 2] * 1e3, 'gpu_kernel_ms': total, 'kernels_per_call': launches,
+            'operators_per_call': count_operators(fn),
             'top_kernels': [{'name': k[:90], 'ms_per_call': sum(v) / calls, 'count_per_call': len(v) / calls}
                             for k, v in ranked]}
 
@@ -94,12 +97,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 module = module.to(device)
                 if args.channels_last:
                     module = module.to(memory_format=torch.channels_last)
-                for mode, backward in (('fwd', False), ('fwd_bwd', True)):
+                # infer: eval mode without gradients (what tcnn eval runs); fwd: a training-mode forward without
+                # gradients (the 2026-11-23 table's forward); fwd_bwd: a training step's forward and backward
+                for mode, backward in (('infer', False), ('fwd', False), ('fwd_bwd', True)):
+                    module.train(mode != 'infer')
                     r = profile_step(_step(module, x, args.amp, backward), device)
                     r.update({'layer': name, 'batch_size': batch, 'stride': stride, 'grid': args.grid, 'mode': mode})
                     rows.append(r)
                     print(f'b{batch:<4d} stride {stride} {name:5s} {mode:8s} wall {r["wall_ms"]:7.3f} ms  GPU kernels '
-                          f'{r["gpu_kernel_ms"]:7.3f} ms  {r["kernels_per_call"]:5.0f} kernels', flush=True)
+                          f'{r["gpu_kernel_ms"]:7.3f} ms  {r["kernels_per_call"]:5.0f} kernels  '
+                          f'{r["operators_per_call"]:4d} operators', flush=True)
     for r in rows:
         if r['layer'] == 'gpsa' and r['mode'] == 'fwd_bwd':
             print(f'\ngpsa fwd+bwd b{r["batch_size"]} stride {r["stride"]}: top kernels')

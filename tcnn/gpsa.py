@@ -18,7 +18,7 @@ Borders and strides are exact: the input is padded like the conv pads it (the pa
 and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
 """
 import math
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -94,6 +94,18 @@ class GPSA(nn.Module):
     softmax. That is exact (not an approximation), cheaper, and computed once per forward for the whole batch, from
     the input's shape only (any size, different call after call, nothing cached on the module).
 
+    Why few operators: on a GPU at small batches the host's launches, not the kernels, set the layer's time, so the
+    forward is written in as few operators as the math allows (18 for a dense stride-1 layer in training, 10 in
+    inference, against the conv's 1-3): where every pixel is a query, Q, K and V come from one GEMM; both positional
+    factors from one softmax where the axes match; the content scale is the score GEMM's ``alpha``. Where no gradient
+    flows to the positional and gating parameters (inference), the positional attention and the gates are kept from
+    call to call in eval mode, for as long as those parameters are the same tensors at the same version and address
+    (PyTorch bumps a tensor's version on every in-place change: optimizer steps, ``load_state_dict``, the setters;
+    ``param.data = t`` moves the address), and ``train()``/``eval()`` drop them. Only an in-place write through
+    ``param.data`` in eval mode, which bypasses version counting, would go unseen: switch modes (or write without
+    ``.data``) after such an edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
+    transforms.
+
     Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
     ``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
     layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
@@ -147,6 +159,9 @@ class GPSA(nn.Module):
     # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
     # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
     # filter parameters are the conv's (T-CNN eq. 6).
+    # values kept from call to call in eager mode (``_memo``): plain Python, never part of a TorchScript module
+    __jit_ignored_attributes__ = ['_tcnn_memo']
+
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
     no_weight_decay_params = positional_params + gating_params + ('proj_bias',)
@@ -228,6 +243,11 @@ class GPSA(nn.Module):
             self.pos_centers.copy_(self.kernel_centers())
         self.set_locality_strength(locality_strength)
         self.set_gating(gating_init)
+
+    def train(self, mode: bool = True) -> 'GPSA':
+        """``nn.Module.train``; also drops the values kept for inference (a mode switch is where training ends)."""
+        self.__dict__.pop('_tcnn_memo', None)
+        return super().train(mode)
 
     def kernel_centers(self) -> torch.Tensor:
         """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
@@ -384,19 +404,89 @@ class GPSA(nn.Module):
 
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
-        py, px = self._positional_factors(height, width, device)
+        py, px = self._positional_factors(height, width, device, real_keys=False)
         return _outer(py, px).flatten(-2)
 
-    def _positional_factors(self, height: int, width: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Row and column factors ``(N_h, H_out, H_pad)``, ``(N_h, W_out, W_pad)`` of the separable softmax."""
+    def _positional_factors(self, height: int, width: int, device: torch.device,
+                            real_keys: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Row and column factors ``(N_h, H_out, H_pad)``, ``(N_h, W_out, W_pad)`` of the separable softmax; with
+        ``real_keys``, their columns of the unpadded input only (``H``, ``W``), still normalised over the padded axis.
+
+        The logit of key offset ``d`` from the query along one axis is ``-alpha_h (d - Delta_h)^2``. Where both axes
+        have the same geometry (a square input and a symmetric conv, the usual case), the two factors are one softmax
+        over a ``(2, N_h, n, k)`` tensor, cut to the real keys once and unbound: half the element-wise kernels
+        forward and backward, the same values.
+        """
+        ph, pw = self.padding
+        alpha = self.locality_strength()
+        centers = _at_least_float32(self.pos_centers).t()  # (2, N_h)
+        neg_alpha = -alpha[:, None, None]
+        if torch.jit.is_scripting():
+            dy, dx, same_axes = self._axis_offsets(height, width, device, alpha.dtype)
+        else:
+            dy, dx, same_axes = self._eager_axis_offsets(height, width, device, alpha.dtype)
+        if same_axes:
+            both = ((dy - centers[:, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)  # (2, N_h, n, k)
+            if real_keys:
+                both = both[..., ph:ph + height]
+            py, px = both.unbind(0)
+            return py, px
+        py = ((dy - centers[0, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)
+        px = ((dx - centers[1, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)
+        if real_keys:
+            py, px = py[..., ph:ph + height], px[..., pw:pw + width]
+        return py, px
+
+    def _axis_offsets(self, height: int, width: int, device: torch.device,
+                      dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """Key-minus-query offsets ``(H_out, H_pad)`` and ``(W_out, W_pad)`` in ``dtype``, and whether the two axes
+        have the same geometry (then both are the same tensor). Under FX tracing the sizes are symbolic: the axes are
+        then treated as different (no branch on the input's size)."""
         hp = height + 2 * self.padding[0]
         wp = width + 2 * self.padding[1]
         h_out, w_out = self.output_size(height, width)
-        alpha = self.locality_strength()
-        centers = _at_least_float32(self.pos_centers)
-        py = _axis_softmax(hp, h_out, self.stride[0], self.anchor[0], alpha, centers[:, 0], device)
-        px = _axis_softmax(wp, w_out, self.stride[1], self.anchor[1], alpha, centers[:, 1], device)
-        return py, px
+        dy = _offsets(hp, h_out, self.stride[0], self.anchor[0], device, dtype)
+        if isinstance(height, int) and isinstance(width, int) and self._same_axis_geometry(height, width):
+            return dy, dy, True
+        return dy, _offsets(wp, w_out, self.stride[1], self.anchor[1], device, dtype), False
+
+    def _same_axis_geometry(self, height: int, width: int) -> bool:
+        return (height == width and self.padding[0] == self.padding[1] and self.stride[0] == self.stride[1]
+                and self.anchor[0] == self.anchor[1] and self.kernel_size[0] == self.kernel_size[1]
+                and self.dilation[0] == self.dilation[1])
+
+    @torch.jit.unused
+    def _eager_axis_offsets(self, height: int, width: int, device: torch.device,
+                            dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """``_axis_offsets``, computed once per input size, device and dtype in eager mode (they hold no parameter)."""
+        if not _caching_allowed(height):
+            return self._axis_offsets(height, width, device, dtype)
+        return _memo(self, ('offsets', height, width, device, dtype), (),
+                     lambda: self._axis_offsets(height, width, device, dtype))
+
+    def _mixing_terms(self, height: int, width: int, device: torch.device,
+                      dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (real keys only with zero padding),
+        and the gate ``(N_h, 1, 1)``, both in ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
+        # zero padding: padded tokens have zero values, only the real keys contribute
+        py, px = self._positional_factors(height, width, device, real_keys=self.padding_mode == 'zeros')
+        pos = _outer(py, px).to(dtype).transpose(0, 1)
+        return pos, self.gate().to(dtype)[:, None, None]
+
+    @torch.jit.unused
+    def _eager_mixing_terms(self, height: int, width: int, device: torch.device,
+                            dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``_mixing_terms``, kept from call to call in eval mode where no gradient flows to the positional and
+        gating parameters (inference): then they depend on the input's size and on those parameters only. A kept value
+        is used only while the three parameters are the same tensors at the same version and address (any in-place
+        change, an optimizer step, ``load_state_dict``, ``set_gating`` included, bumps the version), and ``train()`` /
+        ``eval()`` drop it; with gradients (training) they are recomputed, which autograd needs anyway."""
+        params = (self.pos_locality, self.pos_centers, self.gating)
+        if (self.training or not _caching_allowed(height)
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in params))):
+            return self._mixing_terms(height, width, device, dtype)
+        return _memo(self, ('mixing', height, width, device, dtype), params,
+                     lambda: self._mixing_terms(height, width, device, dtype))
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         ph, pw = self.padding
@@ -416,12 +506,16 @@ class GPSA(nn.Module):
         if ay < ph or ax < pw:  # queries on the border, in the padding: take them from the padded input
             x_q = self._pad(x)[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out]
             return x_q.flatten(2).transpose(1, 2)
-        kh, kw = self.kernel_size
-        dy, dx = self.dilation
-        if sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1):
-            return tokens  # stride 1 and 'same' padding: every pixel is a query
+        if self._queries_are_tokens():
+            return tokens
         grid = tokens.view(b, height, width, c)[:, ay - ph::sy, ax - pw::sx][:, :h_out, :w_out]
         return grid.reshape(b, h_out * w_out, c)
+
+    def _queries_are_tokens(self) -> bool:
+        """Stride 1 and 'same' padding: every input pixel is a query (decided from the layer's geometry alone)."""
+        (sy, sx), (ay, ax), (ph, pw) = self.stride, self.anchor, self.padding
+        (kh, kw), (dy, dx) = self.kernel_size, self.dilation
+        return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)
 
     def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``(B, N_h, N_q, d)``, keys ``(B, N_h, d, N_k)`` and values ``(B, N_k, C_in)``.
@@ -435,17 +529,24 @@ class GPSA(nn.Module):
         h_out, w_out = self.output_size(height, width)
         # Token-major (B, H * W, C_in): a free view of a channels_last input, one copy of an NCHW one.
         tokens = x.flatten(2).transpose(1, 2).contiguous()
-        q = torch.matmul(self._query_tokens(x, tokens, h_out, w_out), self.q_weight.t())  # (B, N_q, N_h * d)
-        if self.groups == 1:
-            kv = torch.matmul(tokens, torch.cat([self.k_weight, self.v_weight]).t())  # (B, H * W, N_h * d + C_in)
+        if self.groups == 1 and self._queries_are_tokens():
+            # every pixel is a query: Q, K and V in one GEMM (one launch, and one cast of the tokens under autocast)
+            qkv = F.linear(tokens, torch.cat([self.q_weight, self.k_weight, self.v_weight]))
+            q, kv = qkv.split([nh * d, nh * d + self.in_chs], dim=-1)
         else:
-            kv = torch.cat([torch.matmul(tokens, self.k_weight.t()), self._grouped_values(tokens)], dim=-1)
+            q = F.linear(self._query_tokens(x, tokens, h_out, w_out), self.q_weight)  # (B, N_q, N_h * d)
+            if self.groups == 1:
+                kv = F.linear(tokens, torch.cat([self.k_weight, self.v_weight]))  # (B, H * W, N_h * d + C_in)
+            else:
+                kv = torch.cat([F.linear(tokens, self.k_weight), self._grouped_values(tokens)], dim=-1)
         if self.padding_mode != 'zeros':
             kv = self._pad(kv.transpose(1, 2).view(b, kv.shape[-1], height, width)).flatten(2).transpose(1, 2)
         # explicit sizes rather than -1 here and below: an empty batch has no size to infer
         q = q.view(b, h_out * w_out, nh, d).transpose(1, 2)
-        k = kv[..., :nh * d].reshape(b, kv.shape[1], nh, d).permute(0, 2, 3, 1)
-        return q, k, kv[..., nh * d:]
+        # split, not slices: its backward writes the two gradients into one tensor (a slice's backward zero-fills a
+        # tensor of the whole width for each)
+        k, v = kv.split([nh * d, self.in_chs], dim=-1)
+        return q, k.reshape(b, kv.shape[1], nh, d).permute(0, 2, 3, 1), v
 
     def _grouped_values(self, tokens: torch.Tensor) -> torch.Tensor:
         """``X W_val`` for a block-diagonal ``W_val`` (groups > 1): ``(B, N, C_in)`` from ``(B, N, C_in)`` tokens."""
@@ -502,6 +603,24 @@ class GPSA(nn.Module):
             out = out + bias.to(out.dtype)
         return out
 
+    def _content_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``Q_h K_h^T / sqrt(d_qk)`` (T-CNN eq. 1, ConViT eq. 1): ``(B, N_h, N_q, N_k)`` in the GEMM's dtype.
+
+        The scale is the GEMM's ``alpha`` (``baddbmm`` with ``beta = 0``, which ignores its input): no kernel of its
+        own, and under autocast it is applied before the bf16 rounding of the scores, not to bf16 queries.
+        """
+        b, nh, n_q, d, n_k = q.shape[0], q.shape[1], q.shape[2], q.shape[3], k.shape[3]
+        q3 = q.reshape(b * nh, n_q, d)
+        out = torch.baddbmm(q3.new_empty([1, 1, 1]), q3, k.reshape(b * nh, d, n_k), beta=0.0, alpha=self.scale)
+        return out.view(b, nh, n_q, n_k)
+
+    @torch.jit.unused
+    def _eager_log_count(self, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``_log_count``, made once per count, device and dtype in eager mode."""
+        if not _caching_allowed(n):
+            return _log_count(n, device, dtype)
+        return _memo(self, ('log_count', n, device, dtype), (), lambda: _log_count(n, device, dtype))
+
     def _content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Content attention ``(B, N_h, N_q, H_pad, W_pad)``, softmax over the padded grid.
 
@@ -509,7 +628,7 @@ class GPSA(nn.Module):
         padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
         """
         ph, pw = self.padding
-        scores = _at_least_float32(torch.matmul(q * self.scale, k))  # (B, N_h, N_q, N_k)
+        scores = _at_least_float32(self._content_scores(q, k))  # (B, N_h, N_q, N_k)
         if self.padding_mode == 'zeros':
             scores = scores.view(scores.shape[0], self.num_heads, scores.shape[2], height, width)
             if ph > 0 or pw > 0:
@@ -526,15 +645,20 @@ class GPSA(nn.Module):
         padded copy; the concatenation that appends the extra key also writes the scores query-major, the order in
         which the value product reads the attention, so the mixed attention needs no reordering copy."""
         ph, pw = self.padding
-        # (B, N_q, N_h, H * W); at least float32, so that log(n_pad) is not rounded to bf16 under autocast; scaling q is
-        # N_k times less work than scaling the scores
-        scores = _at_least_float32(torch.matmul(q * self.scale, k)).transpose(1, 2)
+        scores = self._content_scores(q, k).transpose(1, 2)  # (B, N_q, N_h, H * W), in the GEMM's dtype
         if ph > 0 or pw > 0:  # decided from attributes only, for FX
             n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
-            padded = torch.full_like(scores[..., :1], n_pad).log()
+            # log(n_pad) is at least float32 (not rounded to bf16 under autocast), and the concatenation promotes the
+            # scores to its dtype: the cast costs no kernel of its own
+            dtype = torch.promote_types(scores.dtype, torch.float32)
+            if torch.jit.is_scripting():
+                log_pad = _log_count(n_pad, scores.device, dtype)
+            else:
+                log_pad = self._eager_log_count(n_pad, scores.device, dtype)
+            padded = log_pad.expand(scores.shape[0], scores.shape[1], scores.shape[2], 1)
             content = torch.cat([scores, padded], dim=-1).softmax(dim=-1)[..., :-1]
         else:
-            content = scores.contiguous().softmax(dim=-1)
+            content = _at_least_float32(scores).contiguous().softmax(dim=-1)
         return content.unflatten(-1, (height, width))
 
     def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -558,21 +682,19 @@ class GPSA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
-        ph, pw = self.padding
         q, k, v = self._project(x)
-        py, px = self._positional_factors(height, width, x.device)
         if self.padding_mode == 'zeros':
             # Padded tokens have zero values: only the attention on real keys contributes. Both attentions are still
             # normalised over the padded grid (content in its extra key, positional in its separable factors).
             content = self._real_key_content_attention(q, k, height, width)  # (B, N_q, N_h, H, W)
-            py = py[:, :, ph:ph + height]
-            px = px[:, :, pw:pw + width]
         else:
             content = self._content_attention(q, k, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
-        pos = _outer(py, px).to(content.dtype)  # (N_h, N_q, keys_h, keys_w)
-        gate = self.gate().to(content.dtype)[:, None, None]
+        if torch.jit.is_scripting():
+            pos, gate = self._mixing_terms(height, width, x.device, content.dtype)
+        else:
+            pos, gate = self._eager_mixing_terms(height, width, x.device, content.dtype)
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
-        attn = torch.lerp(content, pos.transpose(0, 1), gate)
+        attn = torch.lerp(content, pos, gate)
         n_k = attn.shape[-2] * attn.shape[-1]
         if self.groups == self.in_chs:
             out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v)  # (B, N_q, C_out)
@@ -657,21 +779,51 @@ def _outer(py: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
     return pos.reshape(py.shape[0], py.shape[1] * px.shape[1], py.shape[2], px.shape[2])
 
 
-def _axis_softmax(
-        size: int,
-        n_out: int,
-        stride: int,
-        anchor: int,
-        alpha: torch.Tensor,
-        centers: torch.Tensor,
-        device: torch.device,
-) -> torch.Tensor:
-    """1-D factor of the positional softmax along one axis: ``(N_h, n_out, size)``, in ``alpha``'s dtype."""
-    query = torch.arange(n_out, device=device, dtype=alpha.dtype) * stride + anchor
-    key = torch.arange(size, device=device, dtype=alpha.dtype)
-    delta = key[None, :] - query[:, None]  # (n_out, size), key - query
-    logits = -alpha[:, None, None] * (delta[None] - centers[:, None, None]) ** 2
-    return logits.softmax(dim=-1)
+def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.device,
+             dtype: torch.dtype) -> torch.Tensor:
+    """Key-minus-query offsets along one axis, ``(n_out, size)``: queries at ``anchor + stride * i``, keys at every
+    position of the padded axis."""
+    query = torch.arange(n_out, device=device, dtype=dtype) * stride + anchor
+    key = torch.arange(size, device=device, dtype=dtype)
+    return key[None, :] - query[:, None]
+
+
+def _log_count(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``log(n)`` as a ``(1, 1, 1, 1)`` tensor: the logit of one key that stands for ``n`` keys of score 0."""
+    return torch.full([1, 1, 1, 1], n, dtype=dtype, device=device).log()
+
+
+def _caching_allowed(size: int) -> bool:
+    """Whether a forward may keep values from call to call: in eager mode on real sizes only, never while FX,
+    TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would become a
+    constant of their graph, or escape its transform)."""
+    return (isinstance(size, int) and not _is_exporting() and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _memo(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: Callable[[], Any]) -> Any:
+    """``make()``, kept on ``layer`` under ``key`` while ``params`` are the same tensors at the same version and
+    address (``param.data = ...`` replaces the storage without a version bump, so the address is checked too).
+
+    Values are made outside inference mode (a tensor made inside it could not be used by a later training forward);
+    a layer keeps at most ``_MEMO_SIZE`` of them (the newest), so a stream of new input sizes cannot grow it.
+    """
+    memo = layer.__dict__.setdefault('_tcnn_memo', {})
+    stamp = tuple((p, p._version, p.data_ptr()) for p in params)
+    hit = memo.get(key)
+    if hit is not None and len(hit[0]) == len(stamp) and all(
+            a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], stamp)):
+        return hit[1]
+    with torch.inference_mode(False):
+        value = make()
+    memo.pop(key, None)
+    memo[key] = (stamp, value)
+    while len(memo) > _MEMO_SIZE:
+        memo.pop(next(iter(memo)), None)
+    return value
+
+
+_MEMO_SIZE = 8
 
 
 def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:

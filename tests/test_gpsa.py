@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
 
+from benchmarks.measure import OperatorCount
 from nontrivial import away_from_exact
 
 CASES = [
@@ -339,3 +340,121 @@ def test_half_precision_layers_compute_attention_in_float32():
         assert layer.gate().dtype == torch.float32
         out = layer(x.to(dtype))
         assert out.dtype == dtype and _rel_err(ref(x), out.float()) < (5e-3 if dtype == torch.float16 else 3e-2)
+
+
+# ---------------------------------------------------------------- values kept from call to call (eager inference)
+
+def _recomputed(layer: GPSA, x: torch.Tensor) -> torch.Tensor:
+    """The layer's output with its positional terms computed afresh: with gradients on, nothing is taken from the
+    layer's memo except the parameter-free offsets."""
+    with torch.enable_grad():
+        return layer(x).detach()
+
+
+def _changes():
+    """In-place changes of the positional and gating parameters that a kept value must follow."""
+    def setters(layer):
+        layer.set_gating(-2.0)
+        layer.set_locality_strength(torch.linspace(0.3, 3.0, layer.num_heads))
+
+    def optimizer_step(layer):
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        layer(torch.randn(2, layer.in_chs, 7, 7)).square().mean().backward()
+        opt.step()
+
+    def load_state_dict(layer):
+        other = GPSA(layer.in_chs, layer.out_chs, 3, padding=1, locality_strength=0.4, gating_init=-1.0)
+        layer.load_state_dict(other.state_dict())
+
+    def indexed_write(layer):
+        with torch.no_grad():
+            layer.pos_centers[0, 1] = 0.7
+
+    def data_assignment(layer):  # replaces the storage without a version bump (torch.nn.utils.vector_to_parameters)
+        torch.nn.utils.vector_to_parameters(torch.linspace(-1, 1, layer.num_heads), [layer.gating])
+
+    def data_write_then_eval(layer):  # an in-place write through .data is not versioned: a mode switch drops the memo
+        layer.gating.data.fill_(3.0)
+        layer.eval()
+    return [setters, optimizer_step, load_state_dict, indexed_write, data_assignment, data_write_then_eval]
+
+
+@pytest.mark.parametrize('change', _changes(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize('mode', ['no_grad', 'inference_mode'])
+def test_kept_positional_terms_follow_every_parameter_change(change, mode):
+    layer = GPSA(16, 16, 3, padding=1, locality_strength=2.0, gating_init=0.5).eval()
+    x = torch.randn(2, 16, 7, 7)
+    context = torch.no_grad if mode == 'no_grad' else torch.inference_mode
+    with context():
+        before = layer(x)
+    assert any(key[0] == 'mixing' for key in layer._tcnn_memo), 'inference should keep the positional terms'
+    change(layer)
+    with context():
+        after = layer(x)
+    assert not torch.equal(after, before)
+    torch.testing.assert_close(after, _recomputed(layer, x), rtol=0, atol=0)
+
+
+def test_kept_terms_follow_replaced_parameters_dtype_and_size():
+    layer = GPSA(8, 8, 3, padding=1, locality_strength=2.0).eval()
+    with torch.no_grad():
+        layer(torch.randn(1, 8, 6, 6))
+        layer.gating = nn.Parameter(torch.full((9,), -3.0))  # a new tensor, version 0 like the old one
+        x = torch.randn(1, 8, 6, 6)
+        torch.testing.assert_close(layer(x), _recomputed(layer, x), rtol=0, atol=0)
+        layer.double()
+        x64 = torch.randn(1, 8, 5, 9, dtype=torch.float64)
+        out = layer(x64)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _recomputed(layer, x64), rtol=0, atol=0)
+
+
+def test_inference_mode_first_then_training():
+    """Values made during an inference-mode forward are ordinary tensors: a later training step can use them."""
+    layer = GPSA(8, 8, 3, padding=1)
+    x = torch.randn(2, 8, 6, 6)
+    with torch.inference_mode():
+        layer.eval()(x)
+    layer.train()(x).square().mean().backward()
+    assert all(p.grad is not None for p in layer.parameters())
+
+
+def test_memo_stays_small_and_off_the_state_dict():
+    layer = GPSA(4, 4, 3, padding=1).eval()
+    with torch.no_grad():
+        for size in range(3, 23):
+            layer(torch.randn(1, 4, size, size + 1))
+    assert 0 < len(layer._tcnn_memo) <= 8
+    assert set(layer.state_dict()) == {n for n, _ in layer.named_parameters()}
+
+
+def test_functional_call_uses_its_own_parameters():
+    """torch.func.functional_call swaps the parameters for one call: nothing kept for the layer's own is used."""
+    layer = GPSA(8, 8, 3, padding=1, gating_init=0.0).eval()
+    x = torch.randn(1, 8, 6, 6)
+    with torch.no_grad():
+        layer(x)
+        params = {n: p.detach().clone() for n, p in layer.named_parameters()}
+        params['gating'] = torch.full((9,), 4.0)
+        out = torch.func.functional_call(layer, params, (x,))
+    other = GPSA(8, 8, 3, padding=1).eval()
+    other.load_state_dict(params)
+    torch.testing.assert_close(out, _recomputed(other, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_forward_launches_few_kernels(stride):
+    """A GPU waits on the host at small batches: every operator of the forward is a kernel launch. tcnn 0.3.1 ran 37
+    (stride 1) / 38 (stride 2) operators per float32 forward, training or not; one GEMM for Q, K and V, one softmax
+    for both positional factors, the scale inside the score GEMM and the kept inference terms bring it to 18 / 20
+    (training) and 10 / 12 (inference). The budgets leave two operators of slack for another torch's decompositions."""
+    layer = GPSA(64, 64, 3, stride=stride, padding=1)
+    x = torch.randn(2, 64, 7 * stride, 7 * stride).to(memory_format=torch.channels_last)
+    budgets = {1: (20, 12), 2: (22, 14)}[stride]  # (training, inference)
+    for training, budget in zip((True, False), budgets):
+        layer.train(training)
+        with torch.set_grad_enabled(training):
+            layer(x)  # fills the memo
+            with OperatorCount() as counter:
+                layer(x)
+        assert len(counter.ops) <= budget, (training, counter.ops)
