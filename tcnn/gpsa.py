@@ -795,8 +795,8 @@ def _log_count(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor
 
 def _caching_allowed(size: int) -> bool:
     """Whether a forward may keep values from call to call: in eager mode on real sizes only, never while FX,
-    TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would become a
-    constant of their graph, or escape its transform)."""
+    TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would
+    become a constant of their graph, or escape its transform)."""
     return (isinstance(size, int) and not _is_exporting() and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active())
 
