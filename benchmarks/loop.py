@@ -126,8 +126,8 @@ def run_one(args: argparse.Namespace, data: str, runs: str, variant: str, worker
     name = f'{variant}-w{workers}'
     output = os.path.join(runs, name)
     cmd = train_command(args, data, output, variant, workers)
-    env = dict(os.environ, HF_HUB_OFFLINE='1', PYTHONUNBUFFERED='1',
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    paths = [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    env = dict(os.environ, HF_HUB_OFFLINE='1', PYTHONUNBUFFERED='1', PYTHONPATH=os.pathsep.join(paths))
     if args.smoke:  # a few tiny steps on a small shared CPU: threads would only fight the loader workers
         env.setdefault('OMP_NUM_THREADS', '1')
     log_path = os.path.join(runs, f'{name}.log')

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from .errors import TcnnError, check_device
 
 __all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
-           'all_reduce_sum', 'gather', 'launched_by_torchrun', 'rng_state', 'set_rng_state', 'seed_all', 'set_deterministic', 'StopRequest',
-           'EXIT_PREEMPTED', 'EXIT_INTERRUPTED']
+           'all_reduce_sum', 'gather', 'launched_by_torchrun', 'rng_state', 'set_rng_state', 'seed_all',
+           'set_deterministic', 'StopRequest', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED']
 
 # Exit codes of a run stopped by a signal after writing its checkpoint. 75 is EX_TEMPFAIL of sysexits.h ("try
 # again later"): a cluster script requeues on it. 130 = 128 + SIGINT, the shell's code for Ctrl-C.

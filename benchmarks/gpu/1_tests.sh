@@ -13,6 +13,7 @@ SELECT=()  # all of them; SMOKE=1: a few
 step cuda_tests timeout 240 "${PYTEST[@]}" tests/test_cuda.py -v --junitxml="$WORK/cuda_tests.xml"
 step train_tests env TCNN_TEST_DEVICE="$DEVICE" timeout 300 "${PYTEST[@]}" "${TRAIN_TESTS[@]}" -v \
     --junitxml="$WORK/train_tests.xml" "${SELECT[@]}"
-grep -h -E '^(FAILED|ERROR) |^=+ .*(passed|failed|skipped|error).* in ' "$WORK"/cuda_tests.log "$WORK"/train_tests.log | tee "$WORK/summary.txt"
+grep -h -E '^(FAILED|ERROR) |^=+ .*(passed|failed|skipped|error).* in ' "$WORK"/cuda_tests.log \
+    "$WORK"/train_tests.log | tee "$WORK/summary.txt"
 cp "$WORK/summary.txt" "$OUT/tests-summary.txt"
 pack tests
