@@ -40,12 +40,15 @@ def _memory_gib() -> Optional[float]:
 
 
 def _git_commit() -> Optional[str]:
+    """The checkout's commit; ``$TCNN_GIT_COMMIT`` where the tree is a copy without ``.git`` (a rented GPU
+    machine gets the files only: benchmarks/gpu/README.md)."""
     try:
         out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True, timeout=5,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip() or None
+        commit = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        commit = ''
+    return commit or os.environ.get('TCNN_GIT_COMMIT') or None
 
 
 def load_average() -> Optional[List[float]]:

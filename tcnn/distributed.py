@@ -1,7 +1,8 @@
 """Where a training process runs and how the processes agree: torchrun set-up, reductions, RNG state, stop requests.
 
 One process (``tcnn train``) or N processes under ``torchrun`` (NCCL on GPU, gloo on CPU) run the same code; these
-helpers are the identity in a single process.
+helpers are the identity in a single process. Under ``torchrun`` a process group exists even for one process
+(``--nproc_per_node 1``): a one-GPU job then runs what an N-GPU job runs (NCCL, DDP, the reductions).
 """
 import dataclasses
 import os
@@ -17,8 +18,8 @@ import torch.distributed as dist
 from .errors import TcnnError, check_device
 
 __all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
-           'all_reduce_sum', 'gather', 'rng_state', 'set_rng_state', 'seed_all', 'StopRequest', 'EXIT_PREEMPTED',
-           'EXIT_INTERRUPTED']
+           'all_reduce_sum', 'gather', 'launched_by_torchrun', 'rng_state', 'set_rng_state', 'seed_all',
+           'set_deterministic', 'StopRequest', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED']
 
 # Exit codes of a run stopped by a signal after writing its checkpoint. 75 is EX_TEMPFAIL of sysexits.h ("try
 # again later"): a cluster script requeues on it. 130 = 128 + SIGINT, the shell's code for Ctrl-C.
@@ -35,6 +36,7 @@ class DistContext:
     local_world_size: int
     device: torch.device
     distributed: bool
+    backend: Optional[str] = None  # the process group's ('nccl', 'gloo'); None without one
 
     @property
     def is_main(self) -> bool:
@@ -85,8 +87,19 @@ def resolve_device(name: Optional[Union[str, torch.device]] = None, world: int =
     return device
 
 
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (torch.distributed.elastic) started this process: it sets ``TORCHELASTIC_RUN_ID`` for every
+    worker, also for ``--nproc_per_node 1``."""
+    return 'TORCHELASTIC_RUN_ID' in os.environ
+
+
 def setup_distributed(device_name: str) -> DistContext:
-    """Device and process group from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+    """Device and process group from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE).
+
+    The process group (NCCL on a GPU, gloo on the CPU) is made for every job that torchrun started, one process
+    included: a one-GPU ``torchrun --nproc_per_node 1`` job checks the path of a many-GPU one (NCCL, DDP, the
+    reductions), whose numbers are the same as a lone process's (a sum over one process is the identity).
+    """
     world = int(os.environ.get('WORLD_SIZE', '1'))
     rank = int(os.environ.get('RANK', '0'))
     local_rank = int(os.environ.get('LOCAL_RANK', '0'))
@@ -94,9 +107,10 @@ def setup_distributed(device_name: str) -> DistContext:
     # only torchrun's LOCAL_WORLD_SIZE counts the processes of this node (the default above counts all nodes)
     device = resolve_device(device_name, world, local_rank,
                             local_world if 'LOCAL_WORLD_SIZE' in os.environ else None)
-    if world > 1 and not dist.is_initialized():
+    if (world > 1 or launched_by_torchrun()) and not dist.is_initialized():
         dist.init_process_group(backend='nccl' if device.type == 'cuda' else 'gloo')
-    return DistContext(rank, world, local_rank, local_world, device, world > 1)
+    backend = str(dist.get_backend()) if is_distributed() else None
+    return DistContext(rank, world, local_rank, local_world, device, is_distributed(), backend)
 
 
 def cleanup_distributed() -> None:
@@ -156,6 +170,24 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
     torch.manual_seed(seed)
+
+
+def set_deterministic(enabled: bool, device: torch.device) -> None:
+    """Bitwise-reproducible GPU computation, or the fastest (the default): a resumed run equals the uninterrupted
+    one on the CPU as it is, but on a GPU only with the same kernels in both processes.
+
+    Off: cuDNN autotunes its convolution algorithms (``cudnn.benchmark``), which times candidates in each process and
+    may pick others in the resumed one. On: no autotuning, cuDNN's deterministic algorithms only, PyTorch's
+    deterministic implementations where it has them (``torch.use_deterministic_algorithms``, ``warn_only``: an op
+    without one warns and runs anyway) and a fixed cuBLAS workspace (``CUBLAS_WORKSPACE_CONFIG``, read when cuBLAS
+    first runs in the process: set it in the environment to be sure). Slower; for checks of exactness.
+    """
+    if device.type == 'cuda':
+        torch.backends.cudnn.benchmark = not enabled
+    if enabled:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:

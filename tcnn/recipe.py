@@ -115,6 +115,8 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'model_ema_decay': _k(0.99996, float, 'EMA decay per update'),
     # runtime
     'device': _k('auto', str, 'auto (cuda if available), cpu, cuda or cuda:N'),
+    'deterministic': _k(False, bool, 'bitwise-reproducible GPU runs (a resumed run equals the uninterrupted one): '
+                        'no cuDNN autotuning, deterministic algorithms; slower (the CPU is deterministic anyway)'),
     'amp': _k('auto', str, 'mixed precision: auto (bf16 on GPU, none on CPU), bf16, fp16 or none',
               ('auto', 'bf16', 'fp16', 'none')),
     'channels_last': _k(None, (bool, NoneType), 'channels-last memory format (null: on GPU only)'),

@@ -499,31 +499,36 @@ def _corruption_rng(seed: int, corruption: str, severity: int, index: int) -> np
 # ---------------------------------------------------------------------------------------------- writing a dataset
 
 
-def _file_name(index: int) -> str:
-    return f'{index:06d}.png'
+IMAGE_FORMATS = {'png': ('.png', {'format': 'PNG', 'compress_level': 6}),  # lossless: the demo's
+                 'jpeg': ('.jpg', {'format': 'JPEG', 'quality': 90})}  # what photo datasets hold (decoding costs more)
 
 
-def _write_png(img: Image.Image, path: str) -> None:
+def _file_name(index: int, image_format: str = 'png') -> str:
+    return f'{index:06d}{IMAGE_FORMATS[image_format][0]}'
+
+
+def _write_image(img: Image.Image, path: str, image_format: str = 'png') -> None:
     # fixed settings (no optimisation pass): the same pixels always give the same bytes
-    img.save(path, 'PNG', compress_level=6)
+    img.save(path, **IMAGE_FORMATS[image_format][1])
 
 
-def _job(args: Tuple[Dict[str, Any], int, str, int, int, Tuple[str, ...], int, str]) -> List[Dict[str, Any]]:
+def _job(args: Tuple[Dict[str, Any], int, str, int, int, Tuple[str, ...], int, str, str]) -> List[Dict[str, Any]]:
     """Write images ``start`` to ``stop`` of one split (and, for the test split, their corrupted copies below
     ``corrupt_count``); returns their records. Runs in a worker process."""
-    task_dict, seed, split, start, stop, corruptions, corrupt_count, root = args
+    task_dict, seed, split, start, stop, corruptions, corrupt_count, root, image_format = args
     task = ShapeTask.from_dict(task_dict)
     records = []
     for i in range(start, stop):
         img, label, scene = make_example(task, seed, split, i)
-        name = _file_name(i)
+        name = _file_name(i, image_format)
         cls = task.classes[label]
-        _write_png(img, os.path.join(root, split, cls, name))
+        _write_image(img, os.path.join(root, split, cls, name), image_format)
         if split == 'test' and i < corrupt_count:
             for corruption in corruptions:
                 for severity in SEVERITIES:
                     out = corrupt(img, corruption, severity, _corruption_rng(seed, corruption, severity, i))
-                    _write_png(out, os.path.join(root, CORRUPTED_SPLIT, corruption, str(severity), cls, name))
+                    _write_image(out, os.path.join(root, CORRUPTED_SPLIT, corruption, str(severity), cls, name),
+                                 image_format)
         records.append({'index': i, 'file': f'{split}/{cls}/{name}', 'label': label, 'class': cls,
                         **scene.to_dict()})
     return records
@@ -544,15 +549,19 @@ def _check_sizes(sizes: Mapping[str, int], num_classes: int) -> Dict[str, int]:
 
 
 def _manifest(task: ShapeTask, seed: int, sizes: Dict[str, int], corruptions: Sequence[str],
-              corrupt_count: int) -> Dict[str, Any]:
-    return {
+              corrupt_count: int, image_format: str = 'png') -> Dict[str, Any]:
+    ext = IMAGE_FORMATS[image_format][0]
+    manifest = {
         'format': 'tcnn-synthetic', 'generator_version': GENERATOR_VERSION, 'task': task.name, 'rule': task.rule,
         'seed': int(seed), 'task_params': task.to_dict(), 'classes': list(task.classes), 'sizes': dict(sizes),
         'corruptions': list(corruptions), 'severities': list(SEVERITIES), 'corrupt_count': int(corrupt_count),
-        'layout': {'splits': 'SPLIT/CLASS/IMAGE.png', 'corrupted': f'{CORRUPTED_SPLIT}/CORRUPTION/SEVERITY/CLASS/'
-                                                                   'IMAGE.png (ImageNet-C)',
+        'layout': {'splits': f'SPLIT/CLASS/IMAGE{ext}', 'corrupted': f'{CORRUPTED_SPLIT}/CORRUPTION/SEVERITY/CLASS/'
+                                                                    f'IMAGE{ext} (ImageNet-C)',
                    'scenes': 'SPLIT.jsonl: per image its file, label and scene (shapes, centres, radii, colours)'},
     }
+    if image_format != 'png':  # PNG manifests (the demo's datasets) stay as they were
+        manifest['image_format'] = image_format
+    return manifest
 
 
 def read_manifest(root: str) -> Optional[Dict[str, Any]]:
@@ -568,7 +577,8 @@ def read_manifest(root: str) -> Optional[Dict[str, Any]]:
 
 
 def _same_dataset(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
-    keys = ('format', 'generator_version', 'seed', 'task_params', 'sizes', 'corruptions', 'corrupt_count')
+    keys = ('format', 'generator_version', 'seed', 'task_params', 'sizes', 'corruptions', 'corrupt_count',
+            'image_format')
     return old is not None and all(old.get(k) == new.get(k) for k in keys)
 
 
@@ -587,6 +597,7 @@ def generate(
         workers: Optional[int] = None,
         progress: bool = True,
         reuse: bool = True,
+        image_format: str = 'png',
 ) -> Dict[str, Any]:
     """Write a dataset folder: ``train``/``val``/``test`` ImageFolders, ImageNet-C-style ``test-c``, the scenes of
     every image (``SPLIT.jsonl``) and ``dataset.json`` (the parameters).
@@ -604,6 +615,8 @@ def generate(
         workers: Processes (default: the CPUs available to this process).
         progress: Show a progress bar.
         reuse: Keep an existing dataset with the same parameters instead of writing it again.
+        image_format: ``'png'`` (lossless, the demo's) or ``'jpeg'`` (quality 90: a loader then decodes JPEGs, as
+            it does for photo datasets such as ImageNet; ``benchmarks/loop.py``).
 
     Returns:
         The manifest (also written to ``root/dataset.json``), with ``generation_s`` the time it took (0 if reused).
@@ -622,7 +635,9 @@ def generate(
     corrupt_count = min(int(corrupt_count), sizes['test']) if corruptions else 0
     if workers is not None:
         check_number(workers, 'workers', ge=0, integer=True)
-    manifest = _manifest(task, seed, sizes, list(corruptions), corrupt_count)
+    if image_format not in IMAGE_FORMATS:
+        raise InvalidArgumentError(f'image_format must be one of {", ".join(IMAGE_FORMATS)}, got {image_format!r}')
+    manifest = _manifest(task, seed, sizes, list(corruptions), corrupt_count, image_format)
     root = os.path.abspath(root)
     if reuse and _same_dataset(read_manifest(root), manifest):
         return dict(read_manifest(root), generation_s=0.0)
@@ -634,7 +649,7 @@ def generate(
     tmp = f'{root}.partial'
     shutil.rmtree(tmp, ignore_errors=True)
     _make_dirs(tmp, task.classes, sizes, corruptions if corrupt_count else ())
-    records = _run_jobs(task, seed, sizes, corruptions, corrupt_count, tmp, workers, progress)
+    records = _run_jobs(task, seed, sizes, corruptions, corrupt_count, tmp, workers, progress, image_format)
     for split in SPLITS:
         if sizes[split]:
             with open(os.path.join(tmp, f'{split}.jsonl'), 'w', encoding='utf-8') as f:
@@ -658,8 +673,9 @@ def _make_dirs(root: str, classes: Sequence[str], sizes: Mapping[str, int], corr
 
 
 def _run_jobs(task: ShapeTask, seed: int, sizes: Dict[str, int], corruptions: Sequence[str], corrupt_count: int,
-              root: str, workers: Optional[int], progress: bool) -> Dict[str, List[Dict[str, Any]]]:
-    jobs = [(task.to_dict(), seed, split, a, b, tuple(corruptions), corrupt_count, root)
+              root: str, workers: Optional[int], progress: bool,
+              image_format: str = 'png') -> Dict[str, List[Dict[str, Any]]]:
+    jobs = [(task.to_dict(), seed, split, a, b, tuple(corruptions), corrupt_count, root, image_format)
             for split, a, b in _chunks(sizes, 100)]
     total = sum(sizes.values())
     if workers is None:

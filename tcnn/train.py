@@ -37,8 +37,8 @@ from .convert import (ConversionSettings, find_convertible_convs, full_precision
                       reparameterize_)
 from .dashboards import Dashboards, check_backends
 from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopRequest, all_reduce_sum,
-                          cleanup_distributed, gather, ignore_stop_signals, rng_state, seed_all, set_rng_state,
-                          setup_distributed)
+                          cleanup_distributed, gather, ignore_stop_signals, rng_state, seed_all, set_deterministic,
+                          set_rng_state, setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
                      autocast_fn, to_device, train_one_epoch, validate)
 from .errors import TcnnError, first_line
@@ -241,6 +241,7 @@ class Trainer:
     # -------------------------------------------------------------- set-up
 
     def _setup_precision(self) -> None:
+        set_deterministic(self.recipe['deterministic'], self.device)  # before the first GPU kernel of the run
         amp = self.recipe['amp']
         if amp == 'auto':
             amp = 'bf16' if self.device.type == 'cuda' else 'none'
@@ -285,7 +286,6 @@ class Trainer:
         if self.device.type == 'cuda':  # TF32 for training speed (conversions are verified in full fp32)
             torch.set_float32_matmul_precision('high')
             torch.backends.cudnn.allow_tf32 = True
-            torch.backends.cudnn.benchmark = True
         self.model = model
 
     def _setup_loaders(self) -> None:
@@ -540,7 +540,9 @@ class Trainer:
             kind += f', reparameterised after {r["reparam_epoch"]} CNN epochs'
         self.log(f'model {r["model"]} ({kind}), '
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
-                 f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
+                 f'device {self.device}, {ctx.world_size} process(es)'
+                 f'{f" ({ctx.backend} process group)" if ctx.backend else ""}, amp {self.amp_dtype or "none"}'
+                 f'{", deterministic" if r["deterministic"] else ""}')
         val_images = num_images(self.val_set) or 'unknown'
         self.log(f'data {r["data"]}: {num_images(self.train_set)} train / {val_images} val images, '
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
@@ -720,13 +722,15 @@ class RunStatus:
 
     STATE_OF_EXIT = {0: 'finished', EXIT_PREEMPTED: 'preempted', EXIT_INTERRUPTED: 'interrupted'}
 
-    def __init__(self, output: str, active: bool):
+    def __init__(self, output: str, active: bool, process_group: Optional[str] = None):
         self.path = os.path.join(output, STATUS_FILE)
         self.active = active
+        self.process_group = process_group
 
     def write(self, state: str, trainer: Optional[Trainer], **info: Any) -> None:
         if not self.active:
             return
+        info = dict(process_group=self.process_group, **info)
         if trainer is not None:
             info = dict(epochs=trainer.recipe['epochs'],
                         completed_epochs=trainer.num_updates // trainer.updates_per_epoch,
@@ -757,7 +761,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(output, '--output')
     check_backends(recipe['log'])
     ctx = setup_distributed(recipe['device'])
-    status = RunStatus(output, ctx.is_main)
+    status = RunStatus(output, ctx.is_main, ctx.backend)
     trainer, code = None, 1
     try:
         with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):

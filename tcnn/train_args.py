@@ -29,6 +29,7 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--workers', 'workers', {'type': int, 'metavar': 'N'}),
     ('--device', 'device', {'metavar': 'DEV'}),
     ('--amp', 'amp', {'nargs': '?', 'const': 'bf16', 'choices': ('auto', 'bf16', 'fp16', 'none'), 'metavar': 'MODE'}),
+    ('--deterministic', 'deterministic', {'action': 'store_const', 'const': True}),
     ('--no-sa', 'no_sa', {'action': 'store_const', 'const': True}),
     ('--reparam-epoch', 'reparam_epoch', {'type': int, 'metavar': 'N'}),
     ('--seed', 'seed', {'type': int, 'metavar': 'N'}),

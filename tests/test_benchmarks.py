@@ -1,5 +1,6 @@
 """The benchmark's reference GPSA and SDPA variant compute the conv / our GPSA, and the harness runs end to end."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -271,3 +272,34 @@ def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
     for r in res['rows']:
         assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in depthwise.BUDGETS}
         assert all(v > 0 for v in r['ms'].values()) and r['picked'] == 'heads_first'  # 3x3 at batch 1
+
+
+def test_loop_benchmark_smoke_run(tmp_path):
+    """benchmarks/loop.py --smoke end to end: JPEGs generated, tcnn train under torchrun (gloo on the CPU) for the
+    T-CNN and its CNN, the run's own throughput numbers in the JSON, named after the device and the backend."""
+    env = dict(os.environ, HF_HUB_OFFLINE='1')
+    out, runs, data = tmp_path / 'out', tmp_path / 'runs', tmp_path / 'data'
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'loop.py'), '--smoke', '--out', str(out),
+                           '--runs', str(runs), '--data', str(data)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = out.glob('*.json')
+    assert path.name.startswith('cpu-loop-gloo-')
+    res = json.loads(path.read_text())
+    for key in ('name', 'date', 'command', 'device', 'backend', 'machine', 'settings', 'data', 'runs', 'ratios',
+                'definitions', 'tcnn_default_workers', 'wall_time_s'):
+        assert key in res, key
+    assert res['machine']['torch'] == torch.__version__ and res['backend'] == 'gloo' and res['device'] == 'cpu'
+    assert res['data']['format'] == 'jpeg' and len(list(data.rglob('*.jpg'))) == 48 + 12
+    assert res['data']['mean_file_kib'] > 0
+    assert [r['variant'] for r in res['runs']] == ['tcnn', 'cnn']
+    for r in res['runs']:
+        assert r['process_group'] == 'gloo' and r['state'] == 'finished' and r['workers'] == 2
+        assert 'torchrun --standalone --nproc_per_node 1 -m tcnn.train' in r['command']
+        assert ('--no-sa' in r['command']) == (r['variant'] == 'cnn')
+        assert r['step_img_per_s'] >= r['img_per_s'] > 0 and math.isfinite(r['step_img_per_s'])
+        assert 0 <= r['data_wait'] < 1 and r['wall_s'] > 0
+        assert r['epochs'][-1]['train_images'] == 48 and (runs / f'{r["variant"]}-w2.log').is_file()
+    (ratio,) = res['ratios']
+    assert ratio['workers'] == 2 and all(math.isfinite(ratio[k]) and ratio[k] > 0 for k in ('loop', 'step'))
+    assert 'T-CNN / CNN with 2 workers' in proc.stdout

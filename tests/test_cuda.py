@@ -248,7 +248,7 @@ def data_dir(tmp_path_factory):
 ], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
 def test_train_one_epoch_on_cuda(data_dir, tmp_path, capsys, flags):
     run = tmp_path / 'run'
-    assert tcnn_train.main(common(data_dir, run, epochs=1) + ['--device', 'cuda', *flags]) == 0
+    assert tcnn_train.main(common(data_dir, run, epochs=1, device='cuda') + flags) == 0
     out = capsys.readouterr().out
     assert 'device cuda' in out
     (row,) = metrics(run)

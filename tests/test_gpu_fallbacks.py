@@ -15,6 +15,7 @@ import tcnn.train as tcnn_train
 from tcnn.convert import full_precision_matmul
 from tcnn.errors import TcnnError
 
+from devices import DEVICE
 from test_convert import _nontrivial_batchnorm
 from test_train import common
 
@@ -42,11 +43,14 @@ def tf32_on() -> Iterator[Switches]:
 
 # ------------------------------------------------------------------------------------------------- device of the tests
 
-def test_cpu_training_tests_pin_the_device(tmp_path, capsys):
-    """The shared arguments of the CPU training tests ask for the CPU: the default (auto) is cuda on a GPU machine,
-    where two torchrun processes on one GPU fail and mid-epoch resume is not bit-exact."""
-    assert tcnn_train.main(common(str(tmp_path), tmp_path / 'out') + ['--print-config']) == 0
-    assert yaml.safe_load(capsys.readouterr().out)['device'] == 'cpu'
+def test_training_tests_pin_the_device(tmp_path, capsys):
+    """The shared arguments of the training tests name the device: the default (auto) is cuda on a GPU machine,
+    where two torchrun processes on one GPU fail and an autotuned resumed run is not bit-exact. One process trains
+    where TCNN_TEST_DEVICE says (the CPU unless set; on the GPU deterministically), several on the CPU."""
+    for processes, device in ((1, DEVICE), (2, 'cpu')):
+        assert tcnn_train.main(common(str(tmp_path), tmp_path / 'out', processes=processes) + ['--print-config']) == 0
+        config = yaml.safe_load(capsys.readouterr().out)
+        assert config['device'] == device and config['deterministic'] == (device == 'cuda')
 
 
 # -------------------------------------------------------------------------------------------- more processes than GPUs

@@ -153,6 +153,25 @@ def test_generate_reuses_a_complete_dataset_and_replaces_another(tmp_path):
     assert synthetic.read_manifest(root)['seed'] == 1
 
 
+def test_generate_jpeg_files(tmp_path):
+    """JPEG datasets (benchmarks/loop.py: a loader decoding what photo datasets hold): .jpg files that decode to the
+    PNG dataset's images up to JPEG's loss; a PNG dataset's manifest is as it was, and the format is part of reuse."""
+    kwargs = dict(sizes={'train': 6, 'val': 6}, corruptions=(), workers=0, progress=False)
+    png = synthetic.generate(str(tmp_path / 'png'), **kwargs)
+    jpeg = synthetic.generate(str(tmp_path / 'jpeg'), image_format='jpeg', **kwargs)
+    assert 'image_format' not in png and jpeg['image_format'] == 'jpeg'
+    files = sorted(p.relative_to(tmp_path / 'jpeg') for p in (tmp_path / 'jpeg').rglob('*.jpg'))
+    assert len(files) == 12 and not list((tmp_path / 'jpeg').rglob('*.png'))
+    for rel in files[:3]:
+        with Image.open(tmp_path / 'jpeg' / rel) as a, Image.open((tmp_path / 'png' / rel).with_suffix('.png')) as b:
+            assert a.format == 'JPEG'
+            diff = np.abs(np.asarray(a, dtype=np.int16) - np.asarray(b, dtype=np.int16))
+            assert diff.mean() < 4
+    assert synthetic.generate(str(tmp_path / 'jpeg'), image_format='jpeg', **kwargs)['generation_s'] == 0.0
+    with pytest.raises(InvalidArgumentError, match='image_format'):
+        synthetic.generate(str(tmp_path / 'gif'), image_format='gif', **kwargs)
+
+
 def test_generate_refuses_a_folder_of_other_files(tmp_path):
     (tmp_path / 'mine.txt').write_text('x')
     with pytest.raises(TcnnError, match='not a generated dataset'):

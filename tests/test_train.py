@@ -1,6 +1,7 @@
 """Tests of ``tcnn train`` (issue 4): recipes, parameter groups and schedule, training, checkpoints, resume,
-torchrun, the no-SA baseline, late reparameterisation and bad input. CPU only, no network: random-init resnet18d on
-a generated 3-class ImageFolder of 64 px shapes."""
+torchrun, the no-SA baseline, late reparameterisation and bad input. No network: random-init resnet18d on a
+generated 3-class ImageFolder of 64 px shapes. On the CPU, or with ``TCNN_TEST_DEVICE=cuda`` the one-process runs on
+the GPU (``tests/devices.py``)."""
 import glob
 import json
 import math
@@ -25,6 +26,7 @@ from tcnn.optim import create_optimizer, create_scheduler, group_lrs, param_grou
 from tcnn.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
     scaled_lrs
 
+from devices import device_args
 from imagegen import make_image_folder
 from nontrivial import nontrivial
 
@@ -51,14 +53,16 @@ def data_dir(tmp_path_factory):
                              val_per_class=4, size=64)
 
 
-def common(data_dir, output, epochs=2):
+def common(data_dir, output, epochs=2, processes=1, device=None):
     # lr 1e-3 without batch scaling so that a few updates change the weights visibly; gating lr stays 1000x.
-    # --device cpu, not the default auto: on a GPU machine auto picks cuda, where two torchrun processes on one GPU
-    # ask for cuda:1 and cuDNN's autotuned kernels make a resumed run differ from an uninterrupted one in the last bits.
+    # The device is explicit, not the default auto: on a GPU machine auto picks cuda, where two torchrun processes on
+    # one GPU ask for cuda:1 and cuDNN's autotuned kernels make a resumed run differ from an uninterrupted one in the
+    # last bits (tests/devices.py: the CPU, or the GPU with --deterministic for one process). ``device``: this one
+    # instead, as the run's default (autotuned) path.
     return ['--data', data_dir, '--output', str(output), '--model', 'resnet18d', '--no-pretrained',
             '--epochs', str(epochs), '--batch-size', '4', '--img-size', '64', '--workers', '0', '--no-progress',
             '--lr', '1e-3', '--gating-lr', '1.0', '--set', f'warmup_epochs={min(epochs - 1, 1)}',
-            '--set', 'scale_lr=false', '--device', 'cpu']
+            '--set', 'scale_lr=false', *(device_args(processes) if device is None else ['--device', device])]
 
 
 def metrics(output):
@@ -459,8 +463,9 @@ def test_torchrun_two_processes_validate_and_save_the_same_model(data_dir, tmp_p
     """2 processes (gloo): the ranks end with one model (batch-norm statistics averaged, as timm's distribute_bn),
     and the logged validation of the model and of its EMA is what the saved checkpoint gives when re-evaluated."""
     run = tmp_path / 'ddp'
-    proc = _torchrun(common(data_dir, run, epochs=1) + ['--model-ema', '--set', 'model_ema_decay=0.5'])
+    proc = _torchrun(common(data_dir, run, epochs=1, processes=2) + ['--model-ema', '--set', 'model_ema_decay=0.5'])
     assert proc.stdout.count('epoch 1/1:') == 1 and proc.stdout.count('2 process(es)') == 2  # rank 0 prints only
+    assert '2 process(es) (gloo process group)' in proc.stdout
     assert sorted(os.listdir(run)) == ['best.pt', 'config.yaml', 'last.pt', 'metrics.jsonl', 'rank0.pt', 'rank1.pt',
                                        'status.json']
     (row,) = metrics(run)

@@ -1,6 +1,8 @@
 """Tests of what makes a long ``tcnn train`` run survive (the reliability issue): preemption signals with mid-epoch
 checkpoints and exact resume, ``--resume auto``/``RUN_DIR``, failed checkpoint writes, short-run adjustments, the
-data-throughput line and bad numbers. CPU only: random-init resnet18d on generated 64 px shapes."""
+data-throughput line and bad numbers. Random-init resnet18d on generated 64 px shapes, on the CPU, or with
+``TCNN_TEST_DEVICE=cuda`` the one-process runs on the GPU (``tests/devices.py``: NCCL under torchrun)."""
+import json
 import os
 import signal
 import subprocess
@@ -10,12 +12,16 @@ import time
 import pytest
 import torch
 
+import tcnn
 import tcnn.train as tcnn_train
+from tcnn.cli import main as tcnn_main
 from tcnn.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from tcnn.recipe import resolve_recipe
 
+from devices import DEVICE, process_group_backend
 from imagegen import make_image_folder
-from test_train import _free_port, assert_same_weights, common, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import (_free_port, assert_same_weights, common, evaluate_checkpoint, load, metrics,  # noqa: F401
+                        one_thread, same_numbers)
 
 UPDATES = 12  # 48 training images / batch 4
 
@@ -116,7 +122,7 @@ def test_real_sigterm_stops_every_rank_and_resume_is_exact(data_dir, straight, t
     processes = 1 if target == 'process' else 2
     run = tmp_path / 'run'
     env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    args = common(data_dir, run, epochs=3)
+    args = common(data_dir, run, epochs=3, processes=processes)
     if processes == 1:
         cmd = [sys.executable, '-m', 'tcnn.train', *args]
     else:
@@ -144,6 +150,50 @@ def test_real_sigterm_stops_every_rank_and_resume_is_exact(data_dir, straight, t
         return  # the 2-process run is a different computation (two half batches); its exactness is its own
     assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+
+
+def test_torchrun_one_process_preempted_resumes_exactly_and_loads_on_the_cpu(data_dir, straight, tmp_path, capsys):
+    """``torchrun --nproc_per_node 1``, as a one-GPU job runs: a process group for the one process (NCCL on a GPU,
+    gloo on the CPU) and DDP; a SIGTERM to the agent in the second epoch saves ``last.pt`` in the middle of it
+    (``status.json``: preempted), the same command with ``--resume auto`` finishes the run with the weights of the
+    uninterrupted lone process, and the checkpoint loads and evaluates on a CPU."""
+    run = tmp_path / 'run'
+    env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=1', '--master_addr=127.0.0.1',
+           f'--master_port={_free_port()}', '-m', 'tcnn.train', *common(data_dir, run, epochs=3), '--resume', 'auto']
+    backend = process_group_backend()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: os.path.isfile(run / 'metrics.jsonl') and len(metrics(run)) >= 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and 'holds the state; continue with --resume' in stdout, stderr[-3000:]
+    assert f'device {DEVICE}' in stdout and f'1 process(es) ({backend} process group)' in stdout
+    with open(run / 'status.json') as f:
+        status = json.load(f)
+    assert status['state'] == 'preempted' and status['exit_code'] == EXIT_PREEMPTED
+    assert status['process_group'] == backend
+    last = load(run / 'last.pt')
+    assert last['epoch'] < 2 and last['world_size'] == 1
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'resuming' in proc.stdout and f'({backend} process group)' in proc.stdout
+    assert [r['epoch'] for r in metrics(run)] == [0, 1, 2]
+    assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+    model = tcnn.load(str(run / 'last.pt'))  # on the CPU, whatever the run trained on
+    assert len(tcnn.gpsa_layers(model)) == 4 and all(p.device.type == 'cpu' for p in model.parameters())
+    out = tmp_path / 'eval.json'
+    assert tcnn_main(['eval', str(run / 'last.pt'), '--suite', 'imagenet', '--data', os.path.join(data_dir, 'val'),
+                      '--img-size', '64', '--device', 'cpu', '--workers', '0', '--no-progress', '--out', str(out)]) == 0
+    capsys.readouterr()
+    (result,) = json.loads(out.read_text())['suites']['imagenet']['results'].values()
+    assert 0 <= result['top1'] <= 100
+    # the run's own validation, redone on the CPU from the file: equal, or to bf16 rounding after a GPU run
+    logged, again = metrics(run)[-1]['val_loss'], evaluate_checkpoint(run / 'last.pt')['val_loss']
+    assert again == pytest.approx(logged, rel=1e-5 if DEVICE == 'cpu' else 2e-2)
 
 
 def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_path):
