@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_write_text
+from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
 from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
                       reparameterize_)
@@ -248,7 +249,8 @@ class Trainer:
             raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
         self.autocast = autocast_fn(self.device, self.amp_dtype)
-        self.forward = ForwardPass(self.device, self._prepare, self.autocast)
+        self.compile_mode = self.recipe['compile'] or None
+        self.forward = ForwardPass(self.device, self._prepare, self.autocast, self.compile_mode)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
         cl = self.recipe['channels_last']
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
@@ -374,18 +376,30 @@ class Trainer:
         return self.mixup_fn(images, labels) if self.mixup_fn is not None else (images, labels)
 
     def _wrap(self) -> None:
-        """DDP and torch.compile around the raw model (again after a late reparameterisation)."""
+        """DDP and torch.compile around the raw model (again after a late reparameterisation), and the compiled
+        evaluation forwards of the model and its EMA.
+
+        Validation compiles the raw model, not the DDP wrapper: it needs no gradient synchronisation, and DDP's
+        buffer broadcast at every forward is a collective that processes with different numbers of validation
+        batches would not all join. Checkpoints keep saving ``self.model`` (no ``_orig_mod.`` prefixes).
+        """
         model = self.model
         if self.ctx.distributed:
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
-        if self.recipe['compile']:
-            model = torch.compile(model)
+        self.eval_model, self.eval_ema = self.model, self.model_ema.module if self.model_ema is not None else None
+        if self.compile_mode:
+            model = compile_model(model, self.compile_mode)
+            batch = self.recipe['batch_size']
+            self.eval_model = CompiledForward(self.model, self.compile_mode, batch)
+            if self.eval_ema is not None:
+                self.eval_ema = CompiledForward(self.eval_ema, self.compile_mode, batch)
         self.train_model = model
 
     def _update_step(self) -> UpdateStep:
-        return UpdateStep(self.optimizer, self.scheduler, self.scaler, self.recipe['clip_grad'],
-                          self.recipe['accum_steps'], self.model_ema, self.model)
+        r = self.recipe
+        return UpdateStep(self.optimizer, self.scheduler, self.scaler, r['clip_grad'], r['accum_steps'], self.model_ema,
+                          self.model, keep_grads=uses_cuda_graphs(self.compile_mode) and r['accum_steps'] > 1)
 
     def _restore(self, ckpt: Dict[str, Any]) -> None:
         r = self.recipe
@@ -540,7 +554,8 @@ class Trainer:
             kind += f', reparameterised after {r["reparam_epoch"]} CNN epochs'
         self.log(f'model {r["model"]} ({kind}), '
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
-                 f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
+                 f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}'
+                 f'{f", torch.compile {self.compile_mode} (the first epoch compiles)" if self.compile_mode else ""}')
         val_images = num_images(self.val_set) or 'unknown'
         self.log(f'data {r["data"]}: {num_images(self.train_set)} train / {val_images} val images, '
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
@@ -613,7 +628,7 @@ class Trainer:
 
     def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
         eval_start = time.perf_counter()
-        val = validate(self.model, self.val_loader, device=self.device, autocast=self.autocast,
+        val = validate(self.eval_model, self.val_loader, device=self.device, autocast=self.autocast,
                        channels_last=self.channels_last)
         row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
                'train_loss': stats['train_loss'], 'train_top1': stats['train_top1'], **val,
@@ -621,7 +636,7 @@ class Trainer:
                'data_wait': stats['data_wait'], 'train_images': stats['train_images'], 'epoch_time_s': None,
                'gpsa': gpsa_summary(self.model)}
         if self.model_ema is not None:
-            row.update(validate(self.model_ema.module, self.val_loader, device=self.device, autocast=self.autocast,
+            row.update(validate(self.eval_ema, self.val_loader, device=self.device, autocast=self.autocast,
                                 channels_last=self.channels_last, prefix='ema_val'))
         row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
         row['bad_images'] = self._bad_images()
