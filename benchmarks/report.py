@@ -121,8 +121,8 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
 
 
 def _compile_text(mode: Any) -> str:
-    """``torch.compile`` and its mode (``True``: the results of runs before modes existed, which used the default)."""
-    return f'torch.compile {"default" if mode is True else mode}'
+    """``eager``, or ``torch.compile`` and its mode (``True``: results of runs before modes existed: the default)."""
+    return f'torch.compile {"default" if mode is True else mode}' if mode else 'eager'
 
 
 def _describe(res: Dict[str, Any]) -> List[str]:
@@ -130,7 +130,7 @@ def _describe(res: Dict[str, Any]) -> List[str]:
     cpu = (f'{m["cpu"]}, {m["usable_cpus"]} usable of {m["logical_cpus"]} logical CPUs, {m["torch_threads"]} torch '
            f'threads, {_f(m["memory_gib"], 0)} GiB')
     gpu = f'; GPU {m["gpu"]["name"]} ({m["gpu"]["memory_gib"]} GiB, CUDA {m["gpu"]["cuda"]})' if 'gpu' in m else ''
-    mode = ', '.join([('bf16 autocast' if s['amp'] else 'fp32'), (_compile_text(s['compile']) if s['compile'] else 'eager'),
+    mode = ', '.join([('bf16 autocast' if s['amp'] else 'fp32'), _compile_text(s['compile']),
                       ('channels_last' if s['channels_last'] else 'contiguous')])
     clock = 'CPU-time clock, one thread' if s.get('timer') == 'cpu' else 'wall clock'
     load = f'load average {m["loadavg_start"][0]} at start, {res["loadavg_end"][0]} at end' \

@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
-__all__ = ['COMPILE_MODES', 'CUDA_GRAPH_MODES', 'COMPILE_HELP', 'compile_mode', 'uses_cuda_graphs', 'compile_model', 'begin_step',
-           'CompiledForward']
+__all__ = ['COMPILE_MODES', 'CUDA_GRAPH_MODES', 'COMPILE_HELP', 'compile_mode', 'uses_cuda_graphs', 'compile_model',
+           'begin_step', 'CompiledForward']
 
 COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
 CUDA_GRAPH_MODES = ('reduce-overhead', 'max-autotune')  # the modes that record CUDA graphs on a GPU
 # The --compile flag of tcnn train and tcnn eval (its value is checked by compile_mode: one line naming the modes).
-COMPILE_HELP = (f'torch.compile the model; MODE: {", ".join(COMPILE_MODES)} (the flag alone: default); reduce-overhead '
-                'and max-autotune record CUDA graphs, for small batches on a GPU (host-bound); the first batches pay the '
-                'compilation')
+COMPILE_HELP = (f'torch.compile the model; MODE: {", ".join(COMPILE_MODES)} (the flag alone: default); '
+                'reduce-overhead and max-autotune record CUDA graphs, for small batches on a GPU (host-bound); the '
+                'first batches pay the compilation')
 
 
 def compile_mode(value: Any, name: str = "--compile (recipe key 'compile')") -> Optional[str]:
