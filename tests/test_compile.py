@@ -1,6 +1,6 @@
 """Tests of ``--compile [MODE]`` (issue 22): ``tcnn train`` and ``tcnn eval`` under ``torch.compile`` modes, the
 recipe key, checkpoints and resume. CPU only: ``reduce-overhead`` compiles without CUDA graphs here, so these check
-what the CPU can (the mode reaches torch.compile, a CUDA-graph step is marked before every compiled forward and only
+what the CPU can (a CUDA-graph step is marked before every compiled forward and only
 there, evaluation's last smaller batch runs eagerly, checkpoints hold the raw model, a compiled run resumes exactly,
 compiled evaluation scores as eager does); tests/test_cuda.py runs the CUDA graphs themselves."""
 import argparse
@@ -32,13 +32,18 @@ def data_dir(tmp_path_factory):
                              val_per_class=4, size=64)
 
 
-@pytest.fixture
-def step_marks(monkeypatch):
-    """Counts the CUDA-graph step marks (``torch.compiler.cudagraph_mark_step_begin``), which stay calls on a CPU."""
+def count_step_marks(monkeypatch) -> list:
+    """A list that grows by one at each CUDA-graph step mark (``torch.compiler.cudagraph_mark_step_begin``, which
+    still runs: on a CPU it only counts steps)."""
     calls = []
     original = torch.compiler.cudagraph_mark_step_begin
     monkeypatch.setattr(torch.compiler, 'cudagraph_mark_step_begin', lambda: (calls.append(1), original())[1])
     return calls
+
+
+@pytest.fixture
+def step_marks(monkeypatch):
+    return count_step_marks(monkeypatch)
 
 
 def compiled_run(data_dir, output, epochs=2, mode='reduce-overhead'):
@@ -101,10 +106,8 @@ def compiled_runs(data_dir, tmp_path_factory):
     """A 2-epoch ``--compile reduce-overhead`` run, and the same run stopped in epoch 2 and resumed; the step marks
     of the uninterrupted one."""
     root = tmp_path_factory.mktemp('compiled')
-    marks = []
     with pytest.MonkeyPatch.context() as mp:
-        original = torch.compiler.cudagraph_mark_step_begin
-        mp.setattr(torch.compiler, 'cudagraph_mark_step_begin', lambda: (marks.append(1), original())[1])
+        marks = count_step_marks(mp)
         assert tcnn_train.main(compiled_run(data_dir, root / 'whole')) == 0
     with pytest.MonkeyPatch.context() as mp:
         interrupt_in_epoch(mp, epoch=1)
