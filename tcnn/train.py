@@ -554,8 +554,7 @@ class Trainer:
             kind += f', reparameterised after {r["reparam_epoch"]} CNN epochs'
         self.log(f'model {r["model"]} ({kind}), '
                  f'{sum(p.numel() for p in self.model.parameters()) / 1e6:.2f}M params, {r["num_classes"]} classes, '
-                 f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}'
-                 f'{f", torch.compile {self.compile_mode} (the first epoch compiles)" if self.compile_mode else ""}')
+                 f'device {self.device}, {ctx.world_size} process(es), amp {self.amp_dtype or "none"}')
         val_images = num_images(self.val_set) or 'unknown'
         self.log(f'data {r["data"]}: {num_images(self.train_set)} train / {val_images} val images, '
                  f'{r["img_size"]} px, {self.workers} loader workers per process; global batch {self.global_batch} = '
@@ -566,6 +565,9 @@ class Trainer:
                  f'{self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
         for warning in self.small_run_warnings():
             self.log(f'warning: {warning}')
+        if self.compile_mode:
+            self.log(f'torch.compile mode {self.compile_mode}: the first epoch compiles the training step and the '
+                     'validation forward')
         if self.best_metric == 'ema_val_top1':
             self.log('best.pt: the epoch with the best EMA validation top-1 (ema_val_top1); it holds the model and '
                      'its EMA: read the EMA with tcnn.load(PATH, ema=True) or tcnn eval/inspect --use-ema')
