@@ -85,7 +85,8 @@ def machine_info(device: torch.device) -> Dict[str, Any]:
 
 
 def config_tag(settings) -> str:
-    """``<device>-<preset>[-cputime][-bf16][-channels_last][-compile][-<label>]``: what makes runs comparable."""
+    """``<device>-<preset>[-cputime][-bf16][-channels_last][-compile[-<mode>]][-<label>]``: what makes runs
+    comparable (the default mode keeps the plain ``compile`` of the results written before modes existed)."""
     tag = [settings.torch_device.type, settings.preset]
     if settings.timer == 'cpu':
         tag.append('cputime')
@@ -94,7 +95,7 @@ def config_tag(settings) -> str:
     if settings.channels_last:
         tag.append('channels_last')
     if settings.compile:
-        tag.append('compile')
+        tag.append('compile' if settings.compile in (True, 'default') else f'compile-{settings.compile}')
     if getattr(settings, 'label', ''):
         tag.append(settings.label)
     return '-'.join(tag)
@@ -122,12 +123,17 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
     return lines + ['']
 
 
+def _compile_text(mode: Any) -> str:
+    """``eager``, or ``torch.compile`` and its mode (``True``: results of runs before modes existed: the default)."""
+    return f'torch.compile {"default" if mode is True else mode}' if mode else 'eager'
+
+
 def _describe(res: Dict[str, Any]) -> List[str]:
     m, s = res['machine'], res['settings']
     cpu = (f'{m["cpu"]}, {m["usable_cpus"]} usable of {m["logical_cpus"]} logical CPUs, {m["torch_threads"]} torch '
            f'threads, {_f(m["memory_gib"], 0)} GiB')
     gpu = f'; GPU {m["gpu"]["name"]} ({m["gpu"]["memory_gib"]} GiB, CUDA {m["gpu"]["cuda"]})' if 'gpu' in m else ''
-    mode = ', '.join([('bf16 autocast' if s['amp'] else 'fp32'), ('torch.compile' if s['compile'] else 'eager'),
+    mode = ', '.join([('bf16 autocast' if s['amp'] else 'fp32'), _compile_text(s['compile']),
                       ('channels_last' if s['channels_last'] else 'contiguous')])
     clock = 'CPU-time clock, one thread' if s.get('timer') == 'cpu' else 'wall clock'
     load = f'load average {m["loadavg_start"][0]} at start, {res["loadavg_end"][0]} at end' \

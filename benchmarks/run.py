@@ -24,6 +24,7 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from benchmarks import report, suites  # noqa: E402
+from tcnn.compiling import COMPILE_MODES  # noqa: E402
 from benchmarks.paper import paper_figures  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
@@ -64,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
     p.add_argument('--amp', action='store_true', help='bf16 autocast')
     p.add_argument('--channels-last', action='store_true', help='channels_last models and inputs')
-    p.add_argument('--compile', action='store_true', help='torch.compile every model and layer (static shapes)')
+    p.add_argument('--compile', nargs='?', const='default', choices=COMPILE_MODES, metavar='MODE',
+                   help='torch.compile every model and layer (static shapes) in MODE: default (the flag alone), '
+                        'reduce-overhead or max-autotune (CUDA graphs), max-autotune-no-cudagraphs')
     p.add_argument('--batch-size', type=int, nargs='+', help='batch size(s) of the whole-model runs')
     p.add_argument('--models', nargs='+', help=f'timm model names (full run: {" ".join(FULL_MODELS)})')
     p.add_argument('--stages', nargs='+', metavar='MODEL=STAGE[,STAGE]', default=[],

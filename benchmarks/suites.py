@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tcnn
+from tcnn.compiling import begin_step, compile_model, uses_cuda_graphs
 from tcnn.gpsa import GPSA
 
 from .measure import count_flops, interleaved_times, op_profile, paired_ratio, peak_memory, synchronize, \
@@ -41,7 +42,7 @@ class Settings:
     preset: str = 'full'  # 'smoke', 'quick' or 'full': which models, sizes and repeats (run.py's presets)
     amp: bool = False
     channels_last: bool = False
-    compile: bool = False
+    compile: Optional[str] = None  # a torch.compile mode (tcnn.compiling.COMPILE_MODES); None: eager
     models: List[str] = dataclasses.field(default_factory=lambda: ['resnet50d', 'resnetrs50'])
     sizes: List[int] = dataclasses.field(default_factory=lambda: [160, 224, 320])
     batch_sizes: List[int] = dataclasses.field(default_factory=lambda: [4])
@@ -77,8 +78,14 @@ class Settings:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
 
     def maybe_compile(self, module: nn.Module) -> Callable:
-        # dynamic=False: one static graph per input size, no symbolic-shape kernels in the comparison.
-        return torch.compile(module, dynamic=False) if self.compile else module
+        """``module`` compiled in the run's mode (one static graph per input size), or as it is."""
+        return compile_model(module, self.compile) if self.compile else module
+
+    def begin_step(self, eager: bool = False) -> None:
+        """Before each call of a compiled function: under a CUDA-graph mode a new step begins (the previous call's
+        outputs may be overwritten), as in ``tcnn train``'s loop."""
+        if not eager:
+            begin_step(self.compile)
 
 
 def _create_cnn(name: str, seed: int) -> nn.Module:
@@ -117,11 +124,13 @@ class _Runner:
 
     def infer(self, x: torch.Tensor, eager: bool = False) -> None:
         self.model.eval()
+        self.settings.begin_step(eager)
         with torch.no_grad(), self.settings.autocast():
             (self.model if eager else self.fn)(x)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, eager: bool = False) -> None:
         self.model.train()
+        self.settings.begin_step(eager)
         with self.settings.autocast():
             loss = F.cross_entropy((self.model if eager else self.fn)(x), y)
         loss.backward()
@@ -159,8 +168,10 @@ def _flops_at_paper_resolutions(name: str, models: Dict[str, nn.Module], setting
 
 def _memory_eager(settings: Settings) -> bool:
     # On CPU the tracker sees ATen ops only; compiled (inductor) kernels allocate behind its back, so the memory
-    # of a compiled run is measured on the same model in eager mode there. CUDA's allocator sees everything.
-    return settings.compile and settings.torch_device.type != 'cuda'
+    # of a compiled run is measured on the same model in eager mode there. CUDA's allocator sees every allocation,
+    # but a replayed CUDA graph makes none (its memory was reserved in the graph pool when it was recorded): the
+    # memory of a CUDA-graph mode is measured in eager mode too.
+    return bool(settings.compile) and (settings.torch_device.type != 'cuda' or uses_cuda_graphs(settings.compile))
 
 
 def _bench_case(runners: Dict[str, _Runner], size: int, batch: int, settings: Settings, log: Log) -> Dict[str, Any]:
@@ -271,10 +282,12 @@ def bench_layers(settings: Settings, log: Log) -> List[Dict[str, Any]]:
             x_grad = x.detach().clone().requires_grad_(True)  # in a network the layer's input needs its gradient
 
             def forward(fn=None):
+                settings.begin_step()
                 with torch.no_grad(), settings.autocast():
                     fn(x)
 
             def forward_backward(fn=None, module=None):
+                settings.begin_step(eager=fn is module)
                 with settings.autocast():
                     out = fn(x_grad)
                 out.float().sum().backward()
@@ -378,7 +391,7 @@ def profile_gap(model: str, size: int, batch: int, mode: str, settings: Settings
         top: How many ops to keep.
     """
     cnn = _create_cnn(model, settings.seed)
-    eager = dataclasses.replace(settings, compile=False)
+    eager = dataclasses.replace(settings, compile=None)
     runners = {'cnn': _Runner(settings.prepare(cnn), eager),
                'tcnn': _Runner(settings.prepare(tcnn.reparameterize(cnn, stages=settings.stages.get(model),
                                                                    verify=False)), eager)}

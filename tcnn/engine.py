@@ -10,12 +10,13 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import Any, Callable, ContextManager, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from .compiling import CompiledForward, begin_step
 from .distributed import all_reduce_sum, start_workers, world_size
 from .errors import TcnnError
 from .optim import group_lrs
@@ -68,10 +69,23 @@ class UpdateStep:
     accum_steps: int = 1
     model_ema: Optional[nn.Module] = None
     ema_source: Optional[nn.Module] = None  # the raw model the EMA averages (not the DDP/compiled wrapper)
+    # Keep zeroed gradient tensors between updates instead of dropping them. Needed when a CUDA-graph model
+    # accumulates micro-batches: a backward pass into absent gradients hands over tensors of the graph pool, which
+    # the next micro-batch's replay overwrites; into existing ones it adds in place.
+    keep_grads: bool = False
 
     def __post_init__(self):
         if self.scaler is None:
             self.scaler = torch.amp.GradScaler('cpu', enabled=False)
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (set them to zero, allocated, with ``keep_grads``)."""
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
+        if self.keep_grads:
+            for group in self.optimizer.param_groups:
+                for p in group['params']:
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss / self.accum_steps).backward()
@@ -88,7 +102,7 @@ class UpdateStep:
                 norm = grad_norm(model.parameters())
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         if self.scheduler is not None:
             self.scheduler.step_update(num_updates=num_updates)
         if self.model_ema is not None:
@@ -117,10 +131,13 @@ class ForwardPass:
         prepare: ``(images, labels) -> (images, targets)`` on ``device`` (memory format, mixup); default: a plain
             move, labels as targets.
         autocast: Returns the autocast context of a forward pass (timm's ``amp_autocast``).
+        compile_mode: The ``torch.compile`` mode of the training model (None: eager); under a CUDA-graph mode every
+            training forward starts a new CUDA-graph step (``tcnn.compiling.begin_step``).
     """
     device: torch.device
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    compile_mode: Optional[str] = None
 
     def batch(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.prepare is None:
@@ -248,7 +265,7 @@ def train_one_epoch(
     model.train()
     position, num_updates = dataclasses.replace(plan.position), plan.num_updates
     no_sync = getattr(model, 'no_sync', None)
-    update.optimizer.zero_grad(set_to_none=True)
+    update.zero_grad()
     sums = _UpdateSums(forward.device)
     lrs = group_lrs(update.optimizer)
     reporter = _UpdateReporter(plan, position)
@@ -266,6 +283,7 @@ def train_one_epoch(
             micro += 1
             last_micro = micro % update.accum_steps == 0
             with contextlib.nullcontext() if (last_micro or no_sync is None) else no_sync():
+                begin_step(forward.compile_mode)  # the previous step's logits and loss are no longer read
                 with forward.autocast():
                     logits = model(images)
                     loss = criterion(logits, targets)
@@ -324,7 +342,7 @@ def _epoch_stats(position: EpochPosition, lrs: Dict[str, Optional[float]], num_u
 
 @torch.no_grad()
 def validate(
-        model: nn.Module,
+        model: Union[nn.Module, CompiledForward],
         loader: Iterable[Tuple[torch.Tensor, torch.Tensor]],
         *,
         device: torch.device,
@@ -335,7 +353,8 @@ def validate(
     """Cross-entropy loss, top-1 and top-5 accuracy (in %) over the (sharded) loader, summed over processes.
 
     Top-5 is top-min(5, classes). Returns ``{prefix}_loss``, ``{prefix}_top1``, ``{prefix}_top5``,
-    ``{prefix}_images``.
+    ``{prefix}_images``. A ``CompiledForward`` model may run under CUDA graphs: each batch's logits are used before
+    the next forward (which may overwrite them), the sums are tensors of their own.
     """
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top1, top5, images

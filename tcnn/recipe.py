@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import yaml
 
+from .compiling import COMPILE_MODES, compile_mode
 from .errors import TcnnError
 
 __all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'default_recipe', 'load_recipe', 'parse_set',
@@ -120,7 +121,8 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'amp': _k('auto', str, 'mixed precision: auto (bf16 on GPU, none on CPU), bf16, fp16 or none',
               ('auto', 'bf16', 'fp16', 'none')),
     'channels_last': _k(None, (bool, NoneType), 'channels-last memory format (null: on GPU only)'),
-    'compile': _k(False, bool, 'torch.compile the model'),
+    'compile': _k(False, (bool, str), f'torch.compile the model: false, true (= default) or a mode '
+                  f'({", ".join(COMPILE_MODES)})'),
     'seed': _k(0, int, 'random seed (model init, data order, augmentation)'),
     'output': _k(None, (str, NoneType), 'run directory (null: runs/<recipe or model name>)'),
     'progress': _k(True, bool, 'show a progress bar per epoch'),
@@ -292,6 +294,7 @@ def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
     if recipe['device'] not in ('auto', 'cpu', 'cuda') and not recipe['device'].startswith('cuda:'):
         raise TcnnError(f'device must be auto, cpu, cuda or cuda:N, got {recipe["device"]!r}')
     recipe['log'] = _log_backends(recipe['log'])
+    recipe['compile'] = compile_mode(recipe['compile']) or False  # true (older recipes, checkpoints): 'default'
     return recipe
 
 

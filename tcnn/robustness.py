@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .atomic import atomic_write_text
+from .compiling import CompiledForward, compile_mode
 from .convert import eval_mode
 from .data import IMAGE_EXTENSIONS, check_image_options, data_config
 from .distributed import resolve_device
@@ -412,6 +413,7 @@ def evaluate(
         amp: bool = False,
         progress: bool = True,
         data: Optional[SuiteData] = None,
+        compile: Optional[str] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """Evaluate one or several classifiers on a suite (the models are moved to ``device`` and put in eval mode).
 
@@ -429,6 +431,8 @@ def evaluate(
         amp: Run the models under bfloat16 autocast.
         progress: Show tqdm progress bars.
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
+        compile: A ``torch.compile`` mode (``tcnn.compiling.COMPILE_MODES``) for the full batches of each model;
+            None: eager.
 
     Returns:
         Per model name, the suite's results (see ``docs/analysis.md``): ``top1``/``top5`` (%), ``num_images``,
@@ -450,6 +454,7 @@ def evaluate(
     check_number(batch_size, 'batch_size', ge=1, integer=True)
     if workers is not None:
         check_number(workers, 'workers', ge=0, integer=True)
+    compile = compile_mode(compile, 'compile')
     dev = resolve_device(device)
     data = data or scan_suite(suite, root)
     if data.suite != suite:
@@ -463,6 +468,8 @@ def evaluate(
         spaces[name] = dataclasses.replace(
             spaces[name], targets=spaces[name].targets.to(dev),
             subset=None if spaces[name].subset is None else spaces[name].subset.to(dev))
+    forwards = {name: CompiledForward(model, compile, batch_size) if compile else model
+                for name, model in models.items()}
     n_groups = len(data.groups)
     # per model and group: [images, top-1 correct, top-5 correct], kept on the device (no sync per batch)
     counts = {name: torch.zeros(n_groups, 3, dtype=torch.float64, device=dev) for name in models}
@@ -481,7 +488,7 @@ def evaluate(
                 cls, group = cls.to(dev), group.to(dev)
                 for name in names:
                     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-                        logits = models[name](x)
+                        logits = forwards[name](x)  # used before the next forward (CUDA graphs)
                     _accumulate(counts[name], logits.float(), cls, group, spaces[name], n_groups)
         except Exception as e:
             # a TcnnError raised in a DataLoader worker comes back with the worker's traceback in its message

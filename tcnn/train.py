@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_write_text
+from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
 from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
                       reparameterize_)
@@ -249,7 +250,8 @@ class Trainer:
             raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
         self.autocast = autocast_fn(self.device, self.amp_dtype)
-        self.forward = ForwardPass(self.device, self._prepare, self.autocast)
+        self.compile_mode = self.recipe['compile'] or None
+        self.forward = ForwardPass(self.device, self._prepare, self.autocast, self.compile_mode)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
         cl = self.recipe['channels_last']
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
@@ -374,18 +376,30 @@ class Trainer:
         return self.mixup_fn(images, labels) if self.mixup_fn is not None else (images, labels)
 
     def _wrap(self) -> None:
-        """DDP and torch.compile around the raw model (again after a late reparameterisation)."""
+        """DDP and torch.compile around the raw model (again after a late reparameterisation), and the compiled
+        evaluation forwards of the model and its EMA.
+
+        Validation compiles the raw model, not the DDP wrapper: it needs no gradient synchronisation, and DDP's
+        buffer broadcast at every forward is a collective that processes with different numbers of validation
+        batches would not all join. Checkpoints keep saving ``self.model`` (no ``_orig_mod.`` prefixes).
+        """
         model = self.model
         if self.ctx.distributed:
             model = DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
-        if self.recipe['compile']:
-            model = torch.compile(model)
+        self.eval_model, self.eval_ema = self.model, self.model_ema.module if self.model_ema is not None else None
+        if self.compile_mode:
+            model = compile_model(model, self.compile_mode)
+            batch = self.recipe['batch_size']
+            self.eval_model = CompiledForward(self.model, self.compile_mode, batch)
+            if self.eval_ema is not None:
+                self.eval_ema = CompiledForward(self.eval_ema, self.compile_mode, batch)
         self.train_model = model
 
     def _update_step(self) -> UpdateStep:
-        return UpdateStep(self.optimizer, self.scheduler, self.scaler, self.recipe['clip_grad'],
-                          self.recipe['accum_steps'], self.model_ema, self.model)
+        r = self.recipe
+        return UpdateStep(self.optimizer, self.scheduler, self.scaler, r['clip_grad'], r['accum_steps'], self.model_ema,
+                          self.model, keep_grads=uses_cuda_graphs(self.compile_mode) and r['accum_steps'] > 1)
 
     def _restore(self, ckpt: Dict[str, Any]) -> None:
         r = self.recipe
@@ -553,6 +567,9 @@ class Trainer:
                  f'{self.lrs["warmup_lr"]:.3g}, {r["sched"]} decay to {self.lrs["min_lr"]:.3g}')
         for warning in self.small_run_warnings():
             self.log(f'warning: {warning}')
+        if self.compile_mode:
+            self.log(f'torch.compile mode {self.compile_mode}: the first epoch compiles the training step and the '
+                     'validation forward')
         if self.best_metric == 'ema_val_top1':
             self.log('best.pt: the epoch with the best EMA validation top-1 (ema_val_top1); it holds the model and '
                      'its EMA: read the EMA with tcnn.load(PATH, ema=True) or tcnn eval/inspect --use-ema')
@@ -615,7 +632,7 @@ class Trainer:
 
     def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
         eval_start = time.perf_counter()
-        val = validate(self.model, self.val_loader, device=self.device, autocast=self.autocast,
+        val = validate(self.eval_model, self.val_loader, device=self.device, autocast=self.autocast,
                        channels_last=self.channels_last)
         row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
                'train_loss': stats['train_loss'], 'train_top1': stats['train_top1'], **val,
@@ -623,7 +640,7 @@ class Trainer:
                'data_wait': stats['data_wait'], 'train_images': stats['train_images'], 'epoch_time_s': None,
                'gpsa': gpsa_summary(self.model)}
         if self.model_ema is not None:
-            row.update(validate(self.model_ema.module, self.val_loader, device=self.device, autocast=self.autocast,
+            row.update(validate(self.eval_ema, self.val_loader, device=self.device, autocast=self.autocast,
                                 channels_last=self.channels_last, prefix='ema_val'))
         row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
         row['bad_images'] = self._bad_images()

@@ -6,6 +6,7 @@ timm takes; ``tcnn.train`` (the run itself) imports this module for its own pars
 import argparse
 from typing import Any, Dict, Tuple
 
+from .compiling import COMPILE_HELP
 from .recipe import LOG_BACKENDS, RECIPE_KEYS
 
 __all__ = ['FLAGS', 'ALIASES', 'add_arguments', 'flag_overrides']
@@ -33,7 +34,7 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--no-sa', 'no_sa', {'action': 'store_const', 'const': True}),
     ('--reparam-epoch', 'reparam_epoch', {'type': int, 'metavar': 'N'}),
     ('--seed', 'seed', {'type': int, 'metavar': 'N'}),
-    ('--compile', 'compile', {'action': 'store_const', 'const': True}),
+    ('--compile', 'compile', {'nargs': '?', 'const': 'default', 'metavar': 'MODE', 'help': COMPILE_HELP}),
     ('--model-ema', 'model_ema', {'action': 'store_const', 'const': True}),
     ('--skip-bad-images', 'skip_bad_images', {'action': 'store_const', 'const': True}),
     ('--no-progress', 'progress', {'action': 'store_const', 'const': False,

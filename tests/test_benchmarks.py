@@ -237,6 +237,11 @@ def test_presets_and_compile_warmup():
     # Compiled functions compile on their first calls: those are never timed, whatever --warmup says.
     compiled = run.make_settings(parser.parse_args(['--smoke', '--compile', '--warmup', '1']), parser)
     assert compiled.warmup == run.COMPILE_WARMUP >= 2 and report.config_tag(compiled) == 'cpu-smoke-compile'
+    # a mode other than the default names the results (runs of different modes never replace each other)
+    graphs = run.make_settings(parser.parse_args(['--smoke', '--compile', 'reduce-overhead']), parser)
+    assert graphs.compile == 'reduce-overhead' and report.config_tag(graphs) == 'cpu-smoke-compile-reduce-overhead'
+    with pytest.raises(SystemExit):
+        parser.parse_args(['--smoke', '--compile', 'fast'])
     # other models with their stages, under their own label (a preset's results are not replaced)
     other = run.make_settings(parser.parse_args(['--timer', 'cpu', '--models', 'resnext50_32x4d', 'convnext_tiny',
                                                  '--stages', 'convnext_tiny=stages.3', '--label', 'grouped']), parser)
@@ -245,6 +250,42 @@ def test_presets_and_compile_warmup():
                 ['--label', 'a/b']):
         with pytest.raises(SystemExit):
             run.make_settings(parser.parse_args(bad), parser)
+
+
+def test_batch_one_is_measured(tmp_path):
+    """Inference at batch 1 (the latency case of issue 22) and the training step beside it: timed, paired, their
+    memory measured, the misses profiled."""
+    from benchmarks import run
+    parser = run.build_parser()
+    settings = run.make_settings(parser.parse_args(['--smoke', '--batch-size', '1', '--sections', 'models',
+                                                    '--variants']), parser)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as run.py's --smoke: many-threaded first calls on a busy machine take minutes
+    try:
+        res = run.run(settings, str(tmp_path), 'python benchmarks/run.py --smoke --batch-size 1')
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = res['models']
+    assert row['batch_size'] == 1 and set(row['inference']) == {'cnn', 'tcnn'}
+    for mode in ('inference', 'train'):
+        assert all(v['img_s'] > 0 for v in row[mode].values()) and row[mode + '_ratio']['tcnn'] > 0
+        assert row['memory']['tcnn'][mode]['peak_bytes'] > row['memory']['tcnn'][mode]['baseline_bytes'] > 0
+    assert all(p['batch_size'] == 1 for p in res['profiles'])
+
+
+def test_cuda_graph_modes_start_a_step_before_each_compiled_call(monkeypatch):
+    from benchmarks import suites
+    marks = []
+    monkeypatch.setattr(torch.compiler, 'cudagraph_mark_step_begin', lambda: marks.append(1))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 3))
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 2])
+    for mode, expected in (('default', 0), ('reduce-overhead', 2)):
+        runner = suites._Runner(model, suites.Settings(compile=mode))
+        runner.infer(x)
+        runner.train_step(x, y)
+        runner.train_step(x, y, eager=True)  # the memory measurement of a compiled CPU or CUDA-graph run
+        assert len(marks) == expected, mode
 
 
 def test_flops_at_the_papers_resolutions():

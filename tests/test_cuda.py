@@ -1,5 +1,5 @@
 """GPU tests (skipped without CUDA): conversion exactness on the GPU, bf16/fp16 autocast, `tcnn train` with AMP,
-channels_last and torch.compile, `tcnn eval` and `tcnn inspect` on cuda.
+channels_last and torch.compile (CUDA graphs too), `tcnn eval` (also compiled) and `tcnn inspect` on cuda.
 
 CI has no GPU, so these run only where CUDA is available (``python -m pytest tests/test_cuda.py -s`` prints the
 measured errors). Every test restores the global TF32 switches it touches: ``tcnn train`` turns TF32 on for speed,
@@ -260,15 +260,46 @@ def test_train_one_epoch_on_cuda(data_dir, tmp_path, capsys, flags):
     print(f'\n{" ".join(flags)}: train loss {row["train_loss"]:.4f}, val loss {row["val_loss"]:.4f}')
 
 
+def test_cuda_graph_training_and_eval_match_eager(data_dir, tmp_path, capsys):
+    """``--compile reduce-overhead`` on cuda in bf16: CUDA graphs are recorded (no skip), 3 updates train to the
+    eager run's losses, and ``tcnn eval --compile reduce-overhead`` scores the checkpoint as eager evaluation does
+    (its last batch of 4 runs eagerly)."""
+    from torch._dynamo.utils import counters
+    counters.clear()
+    rows = {}
+    for mode in ([], ['--compile', 'reduce-overhead']):
+        run = tmp_path / f'run{len(mode)}'
+        args = common(data_dir, run, epochs=1) + ['--device', 'cuda', '--amp', 'bf16', '--batch-size', '8', *mode]
+        assert tcnn_train.main(args) == 0, capsys.readouterr().err
+        (rows[len(mode)],) = metrics(run)
+    assert counters['inductor']['cudagraph_skips'] == 0, 'the compiled run fell back to launching kernels'
+    eager, graphed = rows[0], rows[2]
+    print(f'\neager / CUDA graphs: train loss {eager["train_loss"]:.5f} / {graphed["train_loss"]:.5f}, val loss '
+          f'{eager["val_loss"]:.5f} / {graphed["val_loss"]:.5f}')
+    assert graphed['train_loss'] == pytest.approx(eager['train_loss'], rel=2e-2)
+    assert graphed['val_loss'] == pytest.approx(eager['val_loss'], rel=2e-2)
+    results = {}
+    for mode in ([], ['--compile', 'reduce-overhead']):
+        out = tmp_path / f'eval{len(mode)}' / 'results.json'
+        rc = main(['eval', str(tmp_path / 'run0' / 'last.pt'), '--suite', 'imagenet', '--data', f'{data_dir}/val',
+                   '--img-size', '64', '--workers', '0', '--batch-size', '8', '--no-progress', '--device', 'cuda',
+                   *mode, '--out', str(out)])
+        assert rc == 0, capsys.readouterr().err
+        (results[len(mode)],) = json.loads(out.read_text())['suites']['imagenet']['results'].values()
+    assert (results[2]['top1'], results[2]['top5']) == (results[0]['top1'], results[0]['top5'])
+    assert results[2]['num_images'] == 12
+
+
 def test_eval_command_on_cuda(tmp_path, capsys):
     # 4 classes with 1, 2, 3, 4 images: a model always answering class k scores (k + 1) / 10 (as in test_eval)
     plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)
     paths = [tcnn.io.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')) for k in (0, 2)]
-    for amp in ([], ['--amp']):
-        out = tmp_path / f'res{len(amp)}' / 'results.json'
+    for i, flags in enumerate(([], ['--amp'], ['--amp', '--compile', 'reduce-overhead'])):
+        out = tmp_path / f'res{i}' / 'results.json'
         rc = main(['eval', *paths, '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
-                   '--workers', '0', '--batch-size', '4', '--no-progress', '--device', 'cuda', *amp, '--out', str(out)])
+                   '--workers', '0', '--batch-size', '4', '--no-progress', '--device', 'cuda', *flags, '--out',
+                   str(out)])
         assert rc == 0, capsys.readouterr().err
         results = json.loads(out.read_text())['suites']['imagenet']['results']
         assert results['model0']['top1'] == pytest.approx(10.0) and results['model2']['top1'] == pytest.approx(30.0)

@@ -8,6 +8,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
+from ..compiling import COMPILE_HELP, compile_mode
 from ..errors import TcnnError
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--workers', type=int, metavar='N', help='data loading processes (default min(8, CPUs))')
     parser.add_argument('--device', help='cuda, cuda:1, cpu, ... (default: cuda when available)')
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
+    parser.add_argument('--compile', nargs='?', const='default', metavar='MODE', help=COMPILE_HELP)
     parser.add_argument('--out', metavar='JSON', help='write the results as JSON here (and a markdown table beside it)')
     parser.add_argument('--markdown', metavar='MD', help='markdown table path (default: --out with .md)')
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
     resolution = args.img_size if args.img_size is not None else args.resolution
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
+    compile_mode(args.compile, '--compile')
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
     resolve_device(args.device)
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             size, crop = rb.resolution_policy(suite, resolution), args.crop_pct
         results = rb.evaluate(models, suite, d.root, resolution=size, crop_pct=crop, batch_size=args.batch_size,
                               workers=args.workers, device=args.device, amp=args.amp, progress=not args.no_progress,
-                              data=d)
+                              data=d, compile=args.compile)
         report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'resolution': size, 'results': results}
 
     header, rows = rb.results_table(report)
