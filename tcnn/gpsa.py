@@ -805,7 +805,8 @@ def _memo(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: 
     """``make()``, kept on ``layer`` under ``key`` while ``params`` are the same tensors at the same version and
     address (``param.data = ...`` replaces the storage without a version bump, so the address is checked too).
 
-    Values are made outside inference mode (a tensor made inside it could not be used by a later training forward);
+    Values are made outside inference mode (a tensor made inside it could not be used by a later training forward)
+    and without gradients;
     a layer keeps at most ``_MEMO_SIZE`` of them (the newest), so a stream of new input sizes cannot grow it.
     """
     memo = layer.__dict__.setdefault('_tcnn_memo', {})
@@ -814,7 +815,9 @@ def _memo(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: 
     if hit is not None and len(hit[0]) == len(stamp) and all(
             a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], stamp)):
         return hit[1]
-    with torch.inference_mode(False):
+    # inference_mode(False) turns gradient mode on (it is also autograd's mode guard): no_grad inside it keeps the
+    # values graph-free leaves (kept values never need a gradient; copy.deepcopy accepts only leaves)
+    with torch.inference_mode(False), torch.no_grad():
         value = make()
     memo.pop(key, None)
     memo[key] = (stamp, value)

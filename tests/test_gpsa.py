@@ -1,4 +1,6 @@
 """The GPSA layer against F.conv2d, its attention geometry, gradients, dtypes and scripting."""
+import copy
+
 import pytest
 import torch
 import torch.fx
@@ -417,6 +419,19 @@ def test_inference_mode_first_then_training():
         layer.eval()(x)
     layer.train()(x).square().mean().backward()
     assert all(p.grad is not None for p in layer.parameters())
+
+
+@pytest.mark.parametrize('mode', ['no_grad', 'inference_mode', 'grad'])
+def test_kept_values_are_graph_free_and_the_layer_deep_copies(mode):
+    layer = GPSA(8, 8, 3, padding=1).eval()
+    x = torch.randn(1, 8, 6, 6)
+    context = {'no_grad': torch.no_grad, 'inference_mode': torch.inference_mode, 'grad': torch.enable_grad}[mode]
+    with context():
+        layer(x)
+    kept = [t for _, value in layer._tcnn_memo.values() for t in (value if isinstance(value, tuple) else (value,))
+            if isinstance(t, torch.Tensor)]
+    assert kept and not any(t.requires_grad or t.grad_fn is not None for t in kept)
+    copy.deepcopy(layer)  # what ModelEmaV3 and tcnn.save's checks do
 
 
 def test_memo_stays_small_and_off_the_state_dict():
