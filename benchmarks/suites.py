@@ -122,14 +122,18 @@ class _Runner:
         # A tiny lr keeps the weights (hence the numbers) stable over many steps; the cost does not depend on it.
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
+    # The mode is switched only when it changes, as a user's loop does (once per phase, not per call): a switch
+    # drops what GPSA layers keep between inference calls (tcnn.GPSA.train).
     def infer(self, x: torch.Tensor, eager: bool = False) -> None:
-        self.model.eval()
+        if self.model.training:
+            self.model.eval()
         self.settings.begin_step(eager)
         with torch.no_grad(), self.settings.autocast():
             (self.model if eager else self.fn)(x)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, eager: bool = False) -> None:
-        self.model.train()
+        if not self.model.training:
+            self.model.train()
         self.settings.begin_step(eager)
         with self.settings.autocast():
             loss = F.cross_entropy((self.model if eager else self.fn)(x), y)
