@@ -1,6 +1,7 @@
 """Bad files and output paths get one line naming the fix, before any work: the shared loader of user-named torch
 files (``tcnn.io.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
 import os
+import shlex
 
 import pytest
 import torch
@@ -12,10 +13,13 @@ from tcnn.paths import check_output_dir, check_output_file, output_dir
 
 
 class _Payload:
-    """A pickled object whose loading would run code: must never be unpickled."""
+    """A pickled object whose loading runs code (it creates the file ``marker``): must never be unpickled."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
 
     def __reduce__(self):
-        return (os.system, ('echo pwned > /dev/null',))
+        return (os.system, (f'touch {shlex.quote(self.marker)}',))
 
 
 @pytest.fixture()
@@ -24,7 +28,8 @@ def bad_files(tmp_path):
              'folder': tmp_path / 'folder'}
     files['empty'].write_bytes(b'')
     files['junk'].write_bytes(b'GIF89a, random bytes, not a torch file\n' * 8)
-    torch.save({'state_dict': {'w': torch.zeros(1)}, 'code': _Payload()}, files['pickle'])
+    files['marker'] = tmp_path / 'payload-ran'
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'code': _Payload(str(files['marker']))}, files['pickle'])
     files['folder'].mkdir()
     return files
 
@@ -40,6 +45,13 @@ def test_load_torch_file_one_line(bad_files, kind, message):
         load_torch_file(str(bad_files[kind]), 'weights file')
     text = str(info.value)
     assert message in text and len(text.splitlines()) == 1 and 'weights_only=False' not in text, text
+    assert not bad_files['marker'].exists()  # the payload's code never ran
+
+
+def test_the_payload_runs_when_unpickled(bad_files):
+    """The check above can fail: unpickling the 'pickle' file for real runs its payload."""
+    torch.load(bad_files['pickle'], weights_only=False)
+    assert bad_files['marker'].exists()
 
 
 @pytest.mark.parametrize('kind, message', [('empty', 'is empty (0 bytes)'), ('pickle', 'never loads')])
@@ -48,7 +60,7 @@ def test_convert_weights_bad_file_is_one_line(bad_files, tmp_path, capsys, kind,
     assert main(['convert', 'resnet18d', '--weights', str(bad_files[kind]), '--out', str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('tcnn convert: error:') and message in err[0], err
-    assert 'weights_only=False' not in err[0] and not out.exists()
+    assert 'weights_only=False' not in err[0] and not out.exists() and not bad_files['marker'].exists()
 
 
 def test_output_checks(tmp_path):

@@ -13,6 +13,7 @@ from torch._dynamo.utils import counters
 
 import tcnn
 import tcnn.compiling as compiling
+import tcnn.robustness
 import tcnn.train as tcnn_train
 from tcnn.cli import main
 from tcnn.errors import TcnnError
@@ -135,10 +136,19 @@ def test_compiled_training_resumes_exactly_and_saves_the_raw_model(compiled_runs
     assert eager['val_loss'] == pytest.approx(row['val_loss'], rel=1e-4)
 
 
-def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys, step_marks):
+def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys, step_marks, monkeypatch):
     root, _ = compiled_runs
-    results = {}
+    results, logits = {}, {}
+    accumulate = tcnn.robustness._accumulate
+
+    def recording(counts, batch_logits, *args):  # the logits each evaluation scores, in order
+        logits[current].append(batch_logits.detach().clone())
+        return accumulate(counts, batch_logits, *args)
+
+    monkeypatch.setattr(tcnn.robustness, '_accumulate', recording)
     for flags in ([], ['--compile', 'reduce-overhead']):
+        current = len(flags)
+        logits[current] = []
         out = tmp_path / f'{len(flags)}' / 'results.json'
         # --img-size 64: the training size, whose compiled graph this process has already (the test size is 288 px)
         rc = main(['eval', str(root / 'whole' / 'last.pt'), '--suite', 'imagenet', '--data', f'{data_dir}/val',
@@ -148,4 +158,8 @@ def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys
         (results[len(flags)],) = json.loads(out.read_text())['suites']['imagenet']['results'].values()
     assert results[2]['num_images'] == results[0]['num_images'] == 12
     assert (results[2]['top1'], results[2]['top5']) == (results[0]['top1'], results[0]['top5'])
+    # the scores above move in steps of 8.3 points: the logits themselves are the compiled model's, equal to eager
+    compiled, eager = torch.cat(logits[2]), torch.cat(logits[0])
+    assert compiled.shape == eager.shape == (12, eager.shape[1])
+    assert ((compiled - eager).abs().max() / eager.abs().max()).item() < 1e-5
     assert len(step_marks) == 1  # the compiled run's full batch; its last batch of 4 ran eagerly

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 import tcnn.depthwise as dw
+import tcnn.gpsa
 from tcnn.gpsa import GPSA
 
 from nontrivial import away_from_exact
@@ -144,7 +145,7 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
 
 
 @pytest.mark.parametrize('c_in,c_out', [(12, 12), (6, 18)], ids=['depthwise', 'multiplier3'])
-def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_out):
+def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_out, monkeypatch):
     """Double backward (gradient penalties, Hessian-vector products) against finite differences in float64, in chunks
     of one image and 8 channels."""
     attn, values, taps = (t.requires_grad_() for t in _inputs(2, 3, 9, 2, c_in, c_out))
@@ -152,6 +153,15 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
     # a gradient penalty through a whole depthwise layer
     layer = GPSA.from_conv(nn.Conv2d(8, 8, 3, padding=1, groups=8)).double()
     x = torch.randn(2, 8, 5, 5, dtype=torch.float64, requires_grad=True)
-    (grad_x,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
-    grad_x.square().sum().backward()
-    assert all(p.grad is not None for p in layer.parameters())
+
+    def penalty_gradients():
+        layer.zero_grad()
+        (grad_x,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+        grad_x.square().sum().backward()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    folded_grads = penalty_gradients()
+    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, differentiated by autograd
+    plain_grads = penalty_gradients()
+    for (name, _), a, b in zip(layer.named_parameters(), folded_grads, plain_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)

@@ -230,13 +230,29 @@ def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
             layer(_features(2))  # outside an exporter: the eager product (here the stand-in that refuses)
 
 
-def test_eager_product_outside_exporters():
+def test_eager_product_outside_exporters(monkeypatch):
+    """Outside exporters training goes through the eager product's autograd function (it has a backward), whose
+    gradients are those of the plain-op form that exporters trace, in float64."""
     assert not tcnn.gpsa._is_exporting()
-    layer = _layer(stride=2)
-    x = torch.randn(2, 16, 9, 9, requires_grad=True)
-    out = layer(x)
-    out.square().sum().backward()  # training still goes through the autograd function (it has a backward)
-    assert x.grad is not None and out.grad_fn is not None
+    layer = _layer(stride=2).double()
+    x = torch.randn(2, 16, 9, 9, dtype=torch.float64, requires_grad=True)
+
+    def gradients():
+        layer.zero_grad()
+        x.grad = None
+        out = layer(x)
+        out.square().sum().backward()
+        return out, [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+    out, eager = gradients()
+    assert out.grad_fn is not None
+    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', dw.attend_traceable)
+    plain_out, plain = gradients()
+    torch.testing.assert_close(out, plain_out, rtol=1e-12, atol=1e-12)
+    assert len(eager) == len(plain) == 1 + len(list(layer.parameters()))
+    for a, b in zip(eager, plain):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------------- bad input, one line

@@ -306,14 +306,17 @@ def test_training_checkpoint_ema_weights(t_model, tmp_path):
 
 
 def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
-    """tcnn info / inspect / eval --use-ema read the checkpoint's EMA weights."""
+    """tcnn info / inspect / eval --use-ema read the checkpoint's EMA weights (eval: scores only the EMA can give)."""
     from tcnn.cli import main
-    ema = copy.deepcopy(t_model)
+    raw, ema = copy.deepcopy(t_model), copy.deepcopy(t_model)
     with torch.no_grad():
         for _, layer in tcnn.gpsa_layers(ema):
             layer.gating.fill_(-3.0)  # gate sigmoid(-3) = 0.047 in every head
+        for model, cls in ((raw, 1), (ema, 0)):  # a head that always predicts class `cls`
+            model.fc.weight.zero_()
+            model.fc.bias.copy_(torch.nn.functional.one_hot(torch.tensor(cls), 10).float())
     path = str(tmp_path / 'best.pt')
-    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
+    tio.write_checkpoint(tio.make_checkpoint(raw, ema=ema.state_dict(), epoch=2), path)
     assert main(['info', path, '--use-ema']) == 0
     out = capsys.readouterr().out
     assert '0.047 [0.047-0.047]' in out and 'weights ema' in out
@@ -324,13 +327,20 @@ def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
     assert all(g == pytest.approx(0.0474, abs=1e-4) for layer in summary['layers'].values() for g in layer['gate'])
     capsys.readouterr()
     from PIL import Image
-    for k, cls in enumerate('abcdefghij'):  # the model's 10 classes
+    for k, cls in enumerate('abcdefghij'):  # the model's 10 classes: 3 images of class a, 1 of each other class
         os.makedirs(tmp_path / 'val' / cls)
-        Image.new('RGB', (8, 8), (40 * k, 90, 200)).save(tmp_path / 'val' / cls / '0.png')
-    out_json = tmp_path / 'res.json'
-    rc = main(['eval', path, '--use-ema', '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
-               '--workers', '0', '--no-progress', '--out', str(out_json)])
-    assert rc == 0 and json.loads(out_json.read_text())['models']['best']['weights'] == 'ema'
+        for i in range(3 if cls == 'a' else 1):
+            Image.new('RGB', (8, 8), (40 * k, 90, 20 * i)).save(tmp_path / 'val' / cls / f'{i}.png')
+    scores = {}
+    for flags in (['--use-ema'], []):
+        out_json = tmp_path / f'res{len(flags)}.json'
+        rc = main(['eval', path, *flags, '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
+                   '--workers', '0', '--no-progress', '--out', str(out_json)])
+        result = json.loads(out_json.read_text())
+        assert rc == 0 and result['models']['best'].get('weights') == ('ema' if flags else None)
+        (scores[len(flags)],) = result['suites']['imagenet']['results'].values()
+    assert scores[1]['top1'] == pytest.approx(100 * 3 / 12)  # the EMA's head: always class a
+    assert scores[0]['top1'] == pytest.approx(100 * 1 / 12)  # the model's head: always class b
     capsys.readouterr()
     raw_file = tcnn.save(t_model, str(tmp_path / 't.pt'))
     for argv in (['info', raw_file, '--use-ema'], ['inspect', raw_file, '--use-ema', '--out', str(tmp_path / 'x')],

@@ -390,11 +390,37 @@ def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeyp
     assert_same_weights(load(run / 'last.pt'), last)
 
 
-def test_bf16_channels_last_on_cpu(data_dir, tmp_path):
+def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
+    """--amp bf16 and channels_last reach the model's forward in training and validation: the stem conv and a GPSA
+    layer run under CPU autocast in bfloat16 on channels-last inputs and weights."""
+    seen = []
+
+    def hook(module, inputs, output):
+        seen.append((module.training, type(module).__name__, torch.is_autocast_enabled('cpu'),
+                     torch.get_autocast_dtype('cpu'), output.dtype,
+                     inputs[0].is_contiguous(memory_format=torch.channels_last)))
+
+    for name in ('train_one_epoch', 'validate'):
+        original = getattr(tcnn_train, name)
+
+        def observed(model, *args, original=original, **kwargs):
+            if not any(m._forward_hooks for m in model.modules()):
+                model.conv1[0].register_forward_hook(hook)
+                model.layer4[0].conv2.register_forward_hook(hook)
+                assert model.conv1[0].weight.is_contiguous(memory_format=torch.channels_last)
+            return original(model, *args, **kwargs)
+
+        monkeypatch.setattr(tcnn_train, name, observed)
     run = tmp_path / 'bf16'
-    assert tcnn_train.main(common(data_dir, run, epochs=1) + ['--amp', 'bf16', '--set', 'channels_last=true']) == 0
+    assert tcnn_train.main(common(data_dir, run, epochs=1, device='cpu') +
+                           ['--amp', 'bf16', '--set', 'channels_last=true']) == 0
     (row,) = metrics(run)
     assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
+    assert {(training, layer) for training, layer, *_ in seen} == {
+        (True, 'Conv2d'), (True, 'GPSA'), (False, 'Conv2d'), (False, 'GPSA')}
+    assert all(on and dtype == torch.bfloat16 for _, _, on, dtype, _, _ in seen), seen
+    assert all(out == torch.bfloat16 for _, layer, _, _, out, _ in seen if layer == 'Conv2d')
+    assert all(channels_last for _, layer, *_, channels_last in seen if layer == 'Conv2d')
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
