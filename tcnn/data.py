@@ -31,9 +31,9 @@ from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_num
 
 __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
            'recipe_data_config', 'class_names', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images',
-           'sample_images', 'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec',
-           'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset', 'TrainingData', 'num_images',
-           'open_training_data']
+           'sample_images', 'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS',
+           'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset',
+           'TrainingData', 'num_images', 'open_training_data']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')

@@ -151,8 +151,9 @@ def _report_text(model: nn.Module) -> str:
                 '`timm.create_model` directly, or by tcnn 0.3 or earlier).')
     shape = 'x'.join(map(str, (report.batch_size, *report.input_size)))
     text = (f'Verified at conversion: with every GPSA layer in the exact configuration (alpha = {EXACT_LOCALITY:g}, '
-            f'lambda = {EXACT_GATING:g}, as `tcnn.exact_configuration` sets it) the T-CNN computed the CNN\'s logits to a max relative error of {report.max_rel_err:.2g} (max absolute '
-            f'{report.max_abs_err:.2g}) on {shape} random {report.dtype} inputs.')
+            f'lambda = {EXACT_GATING:g}, as `tcnn.exact_configuration` sets it) the T-CNN computed the CNN\'s logits '
+            f'to a max relative error of {report.max_rel_err:.2g} (max absolute {report.max_abs_err:.2g}) on {shape} '
+            f'random {report.dtype} inputs.')
     if report.float64_max_rel_err is not None:
         text += (f' In float64 the error is {report.float64_max_rel_err:.2g}: the float32 figure is the network\'s '
                  'rounding, not the conversion.')
@@ -362,8 +363,8 @@ def push(model: nn.Module, repo_id: str, card: Dict[str, Any], config: Dict[str,
         raise TcnnError(f'cannot push to the Hugging Face Hub: {reason}')
     try:
         commit = push_to_hf_hub(model, repo_id, commit_message=f'Add T-CNN (tcnn {__version__})', private=private,
-                                model_config=_model_config(model, config), model_card=card, model_args=_model_args(model),
-                                safe_serialization=True)
+                                model_config=_model_config(model, config), model_card=card,
+                                model_args=_model_args(model), safe_serialization=True)
     except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP, auth and offline errors have many types
         raise TcnnError(f'cannot push to the Hugging Face Hub: {error_reason(e)}') from e
     return str(getattr(commit, 'commit_url', commit))
