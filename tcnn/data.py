@@ -30,10 +30,10 @@ from torch.utils.data import Dataset
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 
 __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
-           'recipe_data_config', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images', 'sample_images',
-           'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS', 'split_data_spec',
-           'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset', 'TrainingData', 'num_images',
-           'open_training_data']
+           'recipe_data_config', 'class_names', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images',
+           'sample_images', 'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS',
+           'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset',
+           'TrainingData', 'num_images', 'open_training_data']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
@@ -651,6 +651,17 @@ class TrainingData:
     def streaming(self) -> bool:
         """A stream (webdataset shards, ...) has no index: no sampler, and a stop inside an epoch redoes it."""
         return isinstance(self.train, StreamDataset)
+
+
+def class_names(dataset: Dataset, num_classes: int) -> Optional[List[str]]:
+    """The class names of a training split by label index (its reader's ``class_to_idx``: an ImageFolder's sorted
+    folder names, a Hugging Face dataset's label names), or None when they do not name every one of ``num_classes``
+    labels (webdataset's bare indices)."""
+    class_to_idx = getattr(dataset, 'class_to_idx', None) or {}
+    by_index = {int(i): str(name) for name, i in class_to_idx.items()}
+    if sorted(by_index) != list(range(num_classes)):
+        return None
+    return [by_index[i] for i in range(num_classes)]
 
 
 def num_images(dataset: Dataset) -> int:

@@ -22,9 +22,10 @@ import torch.nn as nn
 from timm.models import push_to_hf_hub, save_for_hf
 from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (not exported by timm.models)
 
-from . import io
+from . import data, io
 from .convert import ConversionSettings, gpsa_summary
 from .errors import TcnnError
+from .gpsa import EXACT_GATING, EXACT_LOCALITY
 from .hub import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
 from .paths import check_replaceable_dir
 from .recipe import dump_recipe
@@ -107,8 +108,12 @@ def _finite(value: Any) -> Any:
 
 def hub_config(model: nn.Module, d: Dict[str, Any]) -> Dict[str, Any]:
     """tcnn's facts for config.json (under ``CONFIG_KEY``): versions, source CNN and its weights, conversion
-    settings, verified report, training epoch and best top-1."""
-    training = {k: _finite(v) for k, v in (d.get('training') or {}).items()}
+    settings, verified report, training progress (``epochs_completed``, counted from 1 as the card and the console
+    count: the checkpoint's 0-based ``epoch`` + 1) and best top-1."""
+    training = dict(d.get('training') or {})
+    epoch = training.pop('epoch', None)
+    training = {**({'epochs_completed': epoch + 1} if isinstance(epoch, int) else {}),
+                **{k: _finite(v) for k, v in training.items()}}
     return {
         'tcnn_version': __version__,
         'source': d['source'],
@@ -145,9 +150,10 @@ def _report_text(model: nn.Module) -> str:
         return ('The conversion was not verified, or its report was not recorded (converted with `--no-verify`, by '
                 '`timm.create_model` directly, or by tcnn 0.3 or earlier).')
     shape = 'x'.join(map(str, (report.batch_size, *report.input_size)))
-    text = (f'Verified at conversion: with every GPSA layer in the exact configuration (alpha = 50, lambda = 25) the '
-            f'T-CNN computed the CNN\'s logits to a max relative error of {report.max_rel_err:.2g} (max absolute '
-            f'{report.max_abs_err:.2g}) on {shape} random {report.dtype} inputs.')
+    text = (f'Verified at conversion: with every GPSA layer in the exact configuration (alpha = {EXACT_LOCALITY:g}, '
+            f'lambda = {EXACT_GATING:g}, as `tcnn.exact_configuration` sets it) the T-CNN computed the CNN\'s logits '
+            f'to a max relative error of {report.max_rel_err:.2g} (max absolute {report.max_abs_err:.2g}) on {shape} '
+            f'random {report.dtype} inputs.')
     if report.float64_max_rel_err is not None:
         text += (f' In float64 the error is {report.float64_max_rel_err:.2g}: the float32 figure is the network\'s '
                  'rounding, not the conversion.')
@@ -250,23 +256,45 @@ def model_card(
     """
     cfg, source = model.pretrained_cfg, d['source']
     architecture = cfg.get('architecture')
-    size = 'x'.join(map(str, (d.get('data_config') or cfg).get('input_size', [])[1:]))
+    # a tag names timm's published weights: not these when they came from a user's file or a random init
+    source_name = source['model'] if source.get('weights') in ('pretrained', None) else source['model'].split('.')[0]
     stages = ', '.join(f'`{s}`' for s in model.tcnn_config['stages'])
     intro = (f'A Transformed CNN (T-CNN, [arXiv:2106.05795]({PAPER_URL})) made with tcnn from timm\'s '
-             f'`{source["model"]}`: the k x k convolutions of {stages} are Gated Positional Self-Attention layers '
+             f'`{source_name}`: the k x k convolutions of {stages} are Gated Positional Self-Attention layers '
              '(ConViT, arXiv:2103.10697) that started out as those convolutions (their filters are the output '
              'projections) and were then free to learn content attention.')
+    license_ = cfg.get('license') or 'unknown'
     details = [f'- **Architecture:** `{architecture}` (timm; `import tcnn` registers it)',
-               f'- **Source CNN:** `{source["model"]}`' + (f' with `{source["kwargs"]}`' if source['kwargs'] else ''),
+               f'- **Source CNN:** `{source_name}`' + (f' with `{source["kwargs"]}`' if source['kwargs'] else ''),
                f'- **Source weights:** {_source_weights(source)}',
-               f'- **Classes:** {d.get("num_classes")}',
-               f'- **Image size:** {size} (crop {cfg.get("crop_pct")}, {cfg.get("interpolation")})',
+               f'- **Classes:** {_classes_text(d)}',
+               f'- **Image size:** {_size_text(model)}',
                f'- **Made with:** tcnn {__version__}, timm {timm.__version__}, torch {torch.__version__.split("+")[0]}']
+    if license_ == 'unknown':
+        details.insert(3, '- **License:** unknown: the weights did not come from a published checkpoint whose '
+                          'license tcnn knows; the publisher states it')
     description = '\n'.join([
         intro, '', '## Model Details', '', *details, '', '## Usage', '', _usage(location),
         _conversion_section(model, d), _training_section(d, list(metrics)), _gates_section(model)])
-    return {'description': description, 'citation': PAPER_BIBTEX, 'tags': list(CARD_TAGS),
-            'license': cfg.get('license') or 'unknown'}
+    return {'description': description, 'citation': PAPER_BIBTEX, 'tags': list(CARD_TAGS), 'license': license_}
+
+
+def _classes_text(d: Dict[str, Any], shown: int = 10) -> str:
+    """The class count and the first ``shown`` class names (config.json's ``label_names`` holds them all)."""
+    names = d.get('label_names') or []
+    if not names:
+        return str(d.get('num_classes'))
+    more = f', ... ({len(names) - shown} more, in config.json\'s `label_names`)' if len(names) > shown else ''
+    return f'{d.get("num_classes")}: ' + ', '.join(f'`{n}`' for n in names[:shown]) + more
+
+
+def _size_text(model: nn.Module) -> str:
+    """The model's input size and crop, and its test size and crop where they differ (timm's validate.py and
+    ``tcnn eval`` use those)."""
+    def text(cfg: Dict[str, Any]) -> str:
+        return f'{"x".join(map(str, cfg["input_size"][1:]))} (crop {cfg["crop_pct"]:g}, {cfg["interpolation"]})'
+    cfg, test = data.data_config(model), data.data_config(model, use_test_size=True)
+    return text(cfg) + ('' if text(test) == text(cfg) else f', tested at {text(test)}')
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -275,6 +303,13 @@ def model_card(
 def _model_args(model: nn.Module) -> Dict[str, Any]:
     """config.json's ``model_args``: the conversion settings with the stages as resolved module names."""
     return ConversionSettings.of(model.tcnn_config).kwargs()
+
+
+def _model_config(model: nn.Module, config: Dict[str, Any]) -> Dict[str, Any]:
+    """timm's ``model_config`` of ``save_for_hf``: tcnn's facts under ``CONFIG_KEY`` and the class names as timm's
+    top-level ``label_names`` (which timm's Hub loader puts in the model's ``pretrained_cfg``)."""
+    names = model.pretrained_cfg.get('label_names')
+    return {CONFIG_KEY: config, **({'label_names': list(names)} if names else {})}
 
 
 def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[str, Any]) -> str:
@@ -291,7 +326,7 @@ def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[
     tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', suffix='.tmp', dir=parent)
     old = None
     try:
-        save_for_hf(model, tmp, model_config={CONFIG_KEY: config}, model_args=_model_args(model),
+        save_for_hf(model, tmp, model_config=_model_config(model, config), model_args=_model_args(model),
                     safe_serialization=True)
         name = os.path.basename(out)
         with open(os.path.join(tmp, 'README.md'), 'w', encoding='utf-8') as f:
@@ -328,8 +363,8 @@ def push(model: nn.Module, repo_id: str, card: Dict[str, Any], config: Dict[str,
         raise TcnnError(f'cannot push to the Hugging Face Hub: {reason}')
     try:
         commit = push_to_hf_hub(model, repo_id, commit_message=f'Add T-CNN (tcnn {__version__})', private=private,
-                                model_config={CONFIG_KEY: config}, model_card=card, model_args=_model_args(model),
-                                safe_serialization=True)
+                                model_config=_model_config(model, config), model_card=card,
+                                model_args=_model_args(model), safe_serialization=True)
     except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP, auth and offline errors have many types
         raise TcnnError(f'cannot push to the Hugging Face Hub: {error_reason(e)}') from e
     return str(getattr(commit, 'commit_url', commit))

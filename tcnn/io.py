@@ -7,8 +7,10 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
      'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.hub.create_cnn arguments
                 'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.hub.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
-     'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode'},
+     'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode',
+                     'test_input_size', 'test_crop_pct'},  # test size: timm's use_test_size (validate.py)
      'num_classes': 1000,
+     'label_names': ['cat', 'dog', ...],          # optional: class names by output index (timm's label_names)
      'parameters': {'total': int, 'cnn': int},   # counts, so that `tcnn info` need not rebuild the models
      'report': {'max_rel_err', ...} or None,      # the verified conversion's EquivalenceReport (report_to_dict)
      'state_dict': {name: tensor}}
@@ -142,14 +144,56 @@ def report_from_dict(d: Dict[str, Any]) -> EquivalenceReport:
     return EquivalenceReport(**values)
 
 
-def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def _stored_data_config(model: nn.Module, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The data config a file stores: the model's (``tcnn.data.data_config``) with its test size and crop
+    (``test_input_size``, ``test_crop_pct``: what ``use_test_size=True`` resolves), then ``overrides``.
+
+    As in timm's ``save_config_for_hf``, an overridden ``input_size`` / ``crop_pct`` replaces the test size / crop
+    unless the overrides give those too: a fine-tuned model is evaluated as it was validated, not at its source
+    CNN's test size. Always storing both tells ``model_from_dict`` that the file's config is complete.
+    """
+    config = _plain(data.data_config(model), 'data_config')
+    test = data.data_config(model, use_test_size=True)
+    config.update(test_input_size=list(test['input_size']), test_crop_pct=test['crop_pct'])
+    overrides = _plain(dict(overrides or {}), 'data_config')
+    for key, test_key in (('input_size', 'test_input_size'), ('crop_pct', 'test_crop_pct')):
+        if key in overrides:
+            config[test_key] = overrides[key]
+    config.update(overrides)
+    return config
+
+
+def _label_names(model: nn.Module, label_names: Optional[Sequence[str]], num_classes: int) -> Optional[List[str]]:
+    """The class names to store: ``label_names``, else the model's (``pretrained_cfg['label_names']``, as timm and
+    ``tcnn.load`` keep them) when they name each of its outputs; None when there are none."""
+    if label_names is None:
+        label_names = (getattr(model, 'pretrained_cfg', None) or {}).get('label_names')
+        if not (isinstance(label_names, (list, tuple)) and len(label_names) == num_classes):
+            return None  # timm's label names of another head (e.g. ImageNet's for a new 3-class head), or none
+    return _check_label_names(label_names, num_classes, 'label_names')
+
+
+def _check_label_names(label_names: Any, num_classes: Any, where: str) -> List[str]:
+    if not (isinstance(label_names, (list, tuple)) and all(isinstance(n, str) for n in label_names)):
+        raise TcnnError(f'{where} must be a list of class names (strings), got {type(label_names).__name__}')
+    if len(label_names) != num_classes:
+        raise TcnnError(f'{where} has {len(label_names)} names for {num_classes} classes')
+    return list(label_names)
+
+
+def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = None,
+                  label_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The plain dict that ``save`` writes to ``.pt``: format, version, source architecture, conversion settings
-    (None for a plain CNN), data config, class count and state_dict.
+    (None for a plain CNN), data config, class count (and names) and state_dict.
 
     Args:
         model: A T-CNN (``tcnn.reparameterize``, ``t_*`` models, ``tcnn.load``) or a plain CNN; DDP and
             ``torch.compile`` wrappers are unwrapped.
-        data_config: Overrides of the data config (default: the model's, ``tcnn.data.data_config``).
+        data_config: Overrides of the data config (default: the model's, ``tcnn.data.data_config``, with its test
+            size); an ``input_size`` or ``crop_pct`` given here is also the test size or crop unless
+            ``test_input_size`` / ``test_crop_pct`` are given too.
+        label_names: Class names by output index (default: the model's ``pretrained_cfg['label_names']`` when they
+            fit its head, else none).
     """
     model = _unwrap(model)
     if isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet)):
@@ -162,17 +206,18 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         conversion = _plain(dict(conversion), 'conversion')
         if conversion['layers'] != layers:
             raise TcnnError(f'the model\'s GPSA layers {layers} differ from its tcnn_config {conversion["layers"]}')
-    config = _plain(data.data_config(model), 'data_config')
-    config.update(_plain(dict(data_config or {}), 'data_config'))
     grouped = any(layer.groups > 1 for _, layer in gpsa_layers(model))
+    num_classes = _num_classes(model)
+    names = _label_names(model, label_names, num_classes)
     return {
         'format': FORMAT_NAME,
         'version': FORMAT_VERSION if grouped else PLAIN_FORMAT_VERSION,  # older tcnn reads what it can
         'tcnn_version': __version__,
         'source': _plain(_source_of(model), 'source'),
         'conversion': conversion or None,
-        'data_config': config,
-        'num_classes': _num_classes(model),
+        'data_config': _stored_data_config(model, data_config),
+        'num_classes': num_classes,
+        **({'label_names': names} if names else {}),
         'parameters': _parameter_counts(model),
         'report': report_to_dict(getattr(model, 'tcnn_report', None)),
         'state_dict': {k: v.detach() for k, v in model.state_dict().items()},
@@ -290,11 +335,60 @@ def model_from_dict(
         model.tcnn_config = dict(d['conversion'])
     if isinstance(d.get('report'), dict):
         model.tcnn_report = report_from_dict(d['report'])
-    config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
-    # timm's resolve_data_config(model=...) reads pretrained_cfg: make it return the file's data config.
-    model.pretrained_cfg = dict(getattr(model, 'pretrained_cfg', None) or {}, **config)
+    model.pretrained_cfg = _pretrained_cfg(getattr(model, 'pretrained_cfg', None) or {}, d, where)
     model.default_cfg = model.pretrained_cfg
     return model.eval()
+
+
+_TEST_SIZE_KEYS = ('test_input_size', 'test_crop_pct', 'test_pool_size')
+# pretrained_cfg entries of the source CNN's published weights (timm's registry gives a t_* model its source's):
+# they do not describe weights from elsewhere (a user's file, a random init)
+_PUBLISHED_WEIGHTS_KEYS = ('tag', 'license', 'origin_url', 'description', 'notes')
+
+
+def _weights_note(d: Dict[str, Any]) -> Optional[str]:
+    """pretrained_cfg's ``notes`` for a model whose source weights are not timm's published ones, else None."""
+    source = d['source']
+    origin = source.get('weights')
+    if not isinstance(origin, str) or origin == 'pretrained':
+        return None  # timm's pretrained weights, or not recorded (tcnn 0.3): the registry's config stands
+    where = (f"the local file {origin[len('file:'):]}" if origin.startswith('file:') else
+             'a random initialisation' if origin == 'random' else origin)
+    kind = 'T-CNN' if d['conversion'] else 'CNN'
+    return (f'{kind} of {source["model"].split(".")[0]} (tcnn) whose source weights came from {where}, not from a '
+            'published checkpoint: license unknown')
+
+
+def _pretrained_cfg(cfg: Dict[str, Any], d: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """The ``pretrained_cfg`` of a model rebuilt from the T-CNN dict ``d`` (what timm's ``resolve_data_config`` and
+    ``save_for_hf`` read): the built model's ``cfg`` with the file's data config, class count and names.
+
+    The source's test size (timm's ``use_test_size``) stays only where the file does not say otherwise: files of
+    this tcnn store their test size, and a training checkpoint of tcnn 0.3 (which did not) holds the data config
+    its run validated with. The source's tag, license and notes go when the weights did not come from timm's
+    published ones (``tcnn.hub.record_source``).
+    """
+    cfg = dict(cfg)
+    config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
+    if 'test_input_size' in config or d.get('training') is not None:
+        for key in _TEST_SIZE_KEYS:
+            cfg.pop(key, None)
+    cfg.update(config)
+    if isinstance(d.get('num_classes'), int):
+        cfg['num_classes'] = d['num_classes']  # timm's infer_imagenet_subset and save_for_hf compare it
+    names = cfg.get('label_names')
+    if not (isinstance(names, (list, tuple)) and len(names) == cfg.get('num_classes')):
+        cfg.pop('label_names', None)  # the source's names of another head (timm's save_for_hf drops them too)
+        cfg.pop('label_descriptions', None)
+    if d.get('label_names') is not None:
+        cfg['label_names'] = tuple(_check_label_names(d['label_names'], d.get('num_classes'),
+                                                      f'{where}: label_names'))
+    note = _weights_note(d)
+    if note:
+        for key in _PUBLISHED_WEIGHTS_KEYS:
+            cfg.pop(key, None)
+        cfg['notes'] = (note,)
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -322,14 +416,16 @@ def _save_safetensors(d: Dict[str, Any], path: str) -> None:
     save_file(tensors, path, metadata={'format': 'pt', _METADATA_KEY: json.dumps(settings)})
 
 
-def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] = None) -> str:
+def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] = None,
+         label_names: Optional[Sequence[str]] = None) -> str:
     """Write a T-CNN file atomically: ``.pt``/``.pth`` (a plain dict, see the module docstring) or
     ``.safetensors`` (settings as JSON in the metadata). Works for T-CNNs and plain CNNs.
 
     Args:
         model: The model (DDP / compiled wrappers are unwrapped).
         path: Output path; its extension picks the format; missing folders are created.
-        data_config: Overrides of the stored data config.
+        data_config: Overrides of the stored data config (see ``model_to_dict``).
+        label_names: Class names by output index (default: the model's ``pretrained_cfg['label_names']``).
 
     Returns:
         The absolute path written.
@@ -340,7 +436,7 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
     check_output_file(path, 'path', EXTENSIONS)
     if data_config is not None and not isinstance(data_config, dict):
         raise InvalidTypeError(f'data_config must be a dict or None, got {type(data_config).__name__}')
-    d = model_to_dict(model, data_config=data_config)
+    d = model_to_dict(model, data_config=data_config, label_names=label_names)
     try:
         if ext == '.safetensors':
             atomic_write(path, lambda tmp: _save_safetensors(d, tmp))
@@ -531,9 +627,12 @@ STATUS_FILE = 'status.json'
 RUN_STATES = ('running', 'preempted', 'interrupted', 'finished', 'failed')
 
 
-def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, **state: Any) -> Dict[str, Any]:
-    """A training checkpoint of ``model`` (its T-CNN dict, so ``load`` reads the model out of it) and ``state``."""
-    return {CHECKPOINT_KEY: CHECKPOINT_VERSION, 'model_file': model_to_dict(model, data_config=data_config), **state}
+def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, *,
+                    label_names: Optional[Sequence[str]] = None, **state: Any) -> Dict[str, Any]:
+    """A training checkpoint of ``model`` (its T-CNN dict with the run's data config and class names, so ``load``
+    reads the model out of it) and ``state``."""
+    return {CHECKPOINT_KEY: CHECKPOINT_VERSION,
+            'model_file': model_to_dict(model, data_config=data_config, label_names=label_names), **state}
 
 
 def read_checkpoint(path: str) -> Dict[str, Any]:

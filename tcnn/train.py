@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .atomic import atomic_copy, atomic_write_text
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
-from .data import TrainingData, build_transforms, num_images, open_training_data, recipe_data_config
+from .data import TrainingData, build_transforms, class_names, num_images, open_training_data, recipe_data_config
 from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
                       reparameterize_)
 from .dashboards import Dashboards, check_backends
@@ -292,7 +292,9 @@ class Trainer:
 
     def _setup_loaders(self) -> None:
         r, ctx = self.recipe, self.ctx
+        # the preprocessing the run validates with, and the data's class names: what its checkpoints record
         self.data_config = recipe_data_config(r, self.model)
+        self.label_names = class_names(self.train_set, r['num_classes'])
         self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
         self.train_set.augment_seed = r['seed']  # augmentation a function of (seed, epoch, image): exact resume
         self.workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
@@ -484,7 +486,7 @@ class Trainer:
 
     def _checkpoint(self, completed_epoch: int) -> Dict[str, Any]:
         return make_checkpoint(
-            self.model, self.data_config,
+            self.model, self.data_config, label_names=self.label_names,
             converted=self.converted,
             ema=self.model_ema.module.state_dict() if self.model_ema is not None else None,
             optimizer=self.optimizer.state_dict(),

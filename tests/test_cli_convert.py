@@ -115,7 +115,7 @@ def test_info(cnn_checkpoint, tmp_path, capsys):
     ckpt_path = tmp_path / 'last.pt'
     torch.save({'model_file': tcnn.io.model_to_dict(tcnn.load(out_path)), 'epoch': 4, 'best_top1': 12.5}, ckpt_path)
     rc, out, _ = _run(['info', str(ckpt_path)], capsys)
-    assert rc == 0 and 'training    epoch 4, best_top1 12.5' in out
+    assert rc == 0 and 'training    after epoch 5, best_top1 12.5' in out  # counted from 1, as the console
 
 
 def test_offline_fails_fast_with_one_line(tmp_path):

@@ -320,16 +320,18 @@ def _timm_predictions(model: nn.Module, images: Sequence[Image.Image], size: int
 
 @pytest.fixture(scope='module')
 def cnn_and_t_cnn(tmp_path_factory):
-    """resnet10t (timm: trained at 176 px, tested at 224 px, crop 0.95) saved as a file, its exact T-CNN saved as a
-    fine-tuned one would be (data config 224 px, crop 1.0), and ImageNet-A/-C folders whose labels are the CNN's own
-    answers at timm's test size: at that size both models score 100%."""
+    """resnet10t (timm: trained at 176 px, tested at 224 px, crop 0.95) saved as a file, its exact T-CNN saved with
+    another data config (224 px, crop 1.0; its test crop 0.95 given too: a crop alone would also be its test crop, as
+    in timm's save_for_hf), and ImageNet-A/-C folders whose labels are the CNN's own answers at timm's test size: at
+    that size both models score 100%."""
     from imagegen import SHAPES, draw_shape
     root = tmp_path_factory.mktemp('resolution')
     torch.manual_seed(0)
     cnn = nontrivial(timm.create_model('resnet10t', num_classes=1000))
     t_cnn = tcnn.reparameterize(cnn, locality_strength=50.0, gating_init=25.0)  # the CNN's function, verified
     files = [tcnn.io.save(cnn, str(root / 'cnn.pt')),
-             tcnn.io.save(t_cnn, str(root / 't-cnn.pt'), data_config={'input_size': (3, 224, 224), 'crop_pct': 1.0})]
+             tcnn.io.save(t_cnn, str(root / 't-cnn.pt'),
+                          data_config={'input_size': (3, 224, 224), 'crop_pct': 1.0, 'test_crop_pct': 0.95})]
     rng = np.random.default_rng(0)
     wnids = rb.imagenet_wnids()
     subset = [wnids.index(w) for w in rb.subset_wnids('imagenet-a')]

@@ -342,9 +342,22 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
     assert config['tcnn']['conversion'] == model.tcnn_config
     card = (out / 'README.md').read_text()
     assert card.startswith('---\ntags:\n- image-classification\n- timm\n')
-    assert 'license: apache-2.0' in card and '# Model card for my-t-resnet18d' in card
+    assert '# Model card for my-t-resnet18d' in card
+    # weights from the user's own file: not the source's published weights, so none of their tag, license or notes
+    assert 'license: unknown' in card and 'apache' not in card and 'ra2_in1k' not in card
+    cfg = config['pretrained_cfg']
+    assert not {'tag', 'license', 'origin_url'} & set(cfg) and 'ra2_in1k' not in json.dumps(config)
+    assert cfg['notes'] == ['T-CNN of resnet18d (tcnn) whose source weights came from the local file '
+                            'my-resnet18d.pth, not from a published checkpoint: license unknown']
+    # converted, not fine-tuned: it computes its CNN's function, so it keeps the CNN's test size (timm's validate.py)
+    source_cfg = timm.models.get_pretrained_cfg('resnet18d')
+    assert (cfg['test_input_size'], cfg['test_crop_pct']) == (list(source_cfg.test_input_size),
+                                                              source_cfg.test_crop_pct)
+    assert 'tested at 288x288 (crop 0.95, bicubic)' in card
     for expected in ('`resnet18d`', 'a local checkpoint, `my-resnet18d.pth`', 'layer3, layer4',
                      f'max relative error of {report.max_rel_err:.2g}', f'by {report.init_max_rel_err:.2g}',
+                     # the exact configuration's constants are the code's (tcnn.exact_configuration)
+                     f'alpha = {tcnn.gpsa.EXACT_LOCALITY:g}, lambda = {tcnn.gpsa.EXACT_GATING:g}',
                      "timm.create_model('local-dir:my-t-resnet18d', pretrained=True)",
                      '@article{dascoli2021transformed'):
         assert expected in card, expected
@@ -355,6 +368,16 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
     # publishing again replaces the folder as a whole
     rc, _, err = _run(['publish', path, '--out', str(out)], capsys)
     assert rc == 0 and sorted(os.listdir(out.parent)) == ['my-t-resnet18d'], err
+
+
+def test_card_states_the_exact_configuration_of_the_code(converted_file):
+    """The card's alpha and lambda are the ones tcnn.exact_configuration sets (not a copy that can drift)."""
+    model, _ = converted_file
+    text = tcnn.hf._report_text(model)
+    with tcnn.exact_configuration(model):
+        layer = tcnn.gpsa_layers(model)[0][1]
+        lam, alpha = layer.gating.flatten()[0].item(), layer.locality_strength().flatten()[0].item()
+    assert f'(alpha = {alpha:g}, lambda = {lam:g},' in text, text
 
 
 @pytest.mark.parametrize('origin, text', [
@@ -388,7 +411,10 @@ def test_publish_a_training_run(tmp_path, capsys):
         assert expected in card, expected
     assert str(tmp_path) not in card  # the machine's paths stay on the machine
     config = json.load(open(out / 'config.json'))
-    assert config['tcnn']['training']['epoch'] == best['epoch'] and config['tcnn']['report'] is not None
+    # epochs counted from 1, as the card and the console count them (the checkpoint's 'epoch' is 0-based)
+    training = config['tcnn']['training']
+    assert training['epochs_completed'] == best['epoch'] + 1 and 'epoch' not in training
+    assert config['tcnn']['report'] is not None
     loaded = timm.create_model(f'local-dir:{out}', pretrained=True)  # offline: a local folder
     _close(_logits(loaded, 48), _logits(tcnn.load(str(run / 'best.pt')), 48))
     assert f'{run}' in text and 'training    epoch' in text

@@ -71,7 +71,7 @@ def _info(path: str, d: Dict[str, Any], parameters: Dict[str, int], layers: Dict
         'file': path,
         'file_size': os.path.getsize(path),
         'format': d['format'], 'version': d['version'], 'tcnn_version': d.get('tcnn_version'),
-        'source': d['source'], 'num_classes': d.get('num_classes'),
+        'source': d['source'], 'num_classes': d.get('num_classes'), 'label_names': d.get('label_names'),
         'conversion': d['conversion'], 'data_config': d.get('data_config'),
         'parameters': parameters,
         'training': d.get('training'),
@@ -184,8 +184,24 @@ def _data_text(config: Dict[str, Any]) -> str:
     std = ','.join(f'{v:.3f}' for v in config.get('std', []))
     crop = config.get('crop_pct')
     crop = f'{crop:.3g}' if isinstance(crop, float) else crop
-    return (f'{size}, {config.get("interpolation")}, crop {crop} ({config.get("crop_mode")}), '
-            f'mean {mean}, std {std}')
+    text = f'{size}, {config.get("interpolation")}, crop {crop} ({config.get("crop_mode")}), mean {mean}, std {std}'
+    test_size, test_crop = config.get('test_input_size'), config.get('test_crop_pct')
+    if test_size is not None and (test_size != config.get('input_size') or test_crop != config.get('crop_pct')):
+        text += f'; tested at {"x".join(map(str, test_size))}, crop {test_crop:.3g}'  # timm's use_test_size
+    return text
+
+
+def _classes_text(names: Optional[List[str]], shown: int = 8) -> Optional[str]:
+    """The first ``shown`` class names, or None when the file stores none."""
+    if not names:
+        return None
+    return ', '.join(names[:shown]) + (f', ... ({len(names) - shown} more)' if len(names) > shown else '')
+
+
+def _training_text(training: Dict[str, Any]) -> str:
+    """A checkpoint's training facts; its 0-based ``epoch`` counted from 1, as the console and the card count."""
+    return ', '.join(f'after epoch {v + 1}' if k == 'epoch' and isinstance(v, int) else f'{k} {v}'
+                     for k, v in training.items())
 
 
 def format_info(info: Dict[str, Any], heads: bool = False) -> str:
@@ -195,6 +211,9 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
     lines = [f'{info["file"]}: T-CNN file (format {info["format"]} v{info["version"]}, written by tcnn '
              f'{info["tcnn_version"]}), {_size(info["file_size"])}',
              f'  source      {source["model"]}, {info["num_classes"]} classes{kwargs}']
+    classes = _classes_text(info.get('label_names'))
+    if classes:
+        lines.append(f'  classes     {classes}')
     if conversion:
         lines.append(f'  conversion  {", ".join(conversion["stages"])}: {len(conversion["layers"])} GPSA layers, '
                      f'init alpha={conversion["locality_strength"]:g} lambda={conversion["gating_init"]:g}, '
@@ -206,7 +225,7 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
         lines.append(f'  parameters  {_m(params["total"])}')
     lines.append(f'  data        {_data_text(info["data_config"])}')
     if info.get('training'):
-        lines.append('  training    ' + ', '.join(f'{k} {v}' for k, v in info['training'].items()))
+        lines.append('  training    ' + _training_text(info['training']))
     if info['layers']:
         width = max(len(n) for n in info['layers'])
         lines.append(f'  {"layer":<{width}}  heads  {"gate sigmoid(lambda), 0-1":<26}  {"span 1/alpha, tokens^2":<26}  '
