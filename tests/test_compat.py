@@ -54,3 +54,10 @@ def test_hub_folder_of_the_previous_release():
     folder = os.path.join(FIXTURES, 'hub_folder')
     _assert_same_logits(tcnn.load(folder), 'hub_folder')
     _assert_same_logits(timm.create_model(f'local-dir:{folder}', pretrained=True), 'hub_folder')
+
+
+def test_training_checkpoint_of_the_previous_release_keeps_its_run_size():
+    from timm.data import resolve_data_config
+    model = tcnn.load(os.path.join(FIXTURES, 'run_last.pt'))
+    config = resolve_data_config({}, model=model, use_test_size=True)
+    assert config['input_size'] == (3, 48, 48)  # the run trained and validated at 48 px (test_resnet's own: 160)
