@@ -101,8 +101,8 @@ def verify_checksums(tensors: Mapping[str, torch.Tensor], checksums: Any, where:
 
 def safetensors_damage(path: str) -> Optional[str]:
     """What is wrong with a safetensors file, from its layout alone (an 8-byte little-endian header length, a JSON
-    header, the tensors' bytes at the header's ``data_offsets``): ``'truncated (N of its M bytes)'``, ``'corrupt (...)'``,
-    or None when the layout holds (safetensors' own errors say only "Error while deserializing header")."""
+    header, the tensors' bytes at the header's ``data_offsets``): ``'truncated (N of its M bytes)'``,
+    ``'corrupt (...)'``, or None when the layout holds (safetensors' own errors say only "Error while deserializing header")."""
     size = os.path.getsize(path)
     with open(path, 'rb') as f:
         head = f.read(8)

@@ -212,8 +212,8 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
                                        f'file: make one with `tcnn convert t_MODEL --weights {where} --out FILE`, '
                                        't_MODEL the T-CNN it was saved from (e.g. t_resnet50d)')
             raise NotTcnnFileError(f'{where} is a plain state_dict, not a T-CNN file: convert it with '
-                                   f'`tcnn convert MODEL --weights {where} --out FILE`, MODEL the CNN it was saved from '
-                                   '(e.g. resnet50d)')
+                                   f'`tcnn convert MODEL --weights {where} --out FILE`, MODEL the CNN it was saved '
+                                   'from (e.g. resnet50d)')
         raise NotTcnnFileError(f'{where} is not a T-CNN file (format {d.get("format")!r}, expected {FORMAT_NAME!r}; '
                                f'keys: {", ".join(sorted(map(str, d))[:8])})')
     version = d.get('version')
