@@ -328,6 +328,7 @@ def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[
     try:
         save_for_hf(model, tmp, model_config=_model_config(model, config), model_args=_model_args(model),
                     safe_serialization=True)
+        io.write_hub_weights(model, os.path.join(tmp, io.HUB_WEIGHTS))  # the same tensors, with their checksums
         name = os.path.basename(out)
         with open(os.path.join(tmp, 'README.md'), 'w', encoding='utf-8') as f:
             f.write(generate_readme(card, name))

@@ -11,6 +11,7 @@ Weight files are read here, for every file tcnn reads (``tcnn.io``'s formats inc
 them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models`` imports this module, which must
 therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's argument checks should not pay).
 """
+import argparse
 import difflib
 import os
 import pickle
@@ -226,7 +227,10 @@ def error_reason(e: BaseException) -> str:
 
 def _read_torch(path: str, map_location: Union[str, torch.device, None], what: str = 'T-CNN file') -> Any:
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        # timm's train.py stores its argparse.Namespace of flags ('args') in every checkpoint: allowed, as timm's own
+        # loader allows it (a Namespace unpickles as a plain attribute bag, its values under weights_only's rules)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         # torch's own message advises weights_only=False, i.e. running the file's code: never repeat that advice
         raise TcnnError(f'{path} is not a {what}: it holds pickled Python objects other than tensors and plain '
@@ -413,6 +417,10 @@ def checkpoint_num_classes(
 def _load_weights(model: nn.Module, sd: Dict[str, torch.Tensor], path: str, name: str,
                   classifiers: Sequence[str]) -> None:
     misfit = state_dict_misfit(model, sd, optional=tuple(f'{c}.' for c in classifiers))
+    if misfit and any(k.endswith('.pos_centers') for k in sd) and split_model_name(name)[0] == 'timm':
+        t_name = transformed_model_name(name.split('.')[0])
+        raise TcnnError(f'{path} holds the weights of a T-CNN (GPSA layers), not of the CNN {name}: make a T-CNN file '
+                        f'of them with `tcnn convert {t_name} --weights {path} --out FILE`')
     if misfit:
         raise TcnnError(f'{path} does not fit {name}: {misfit}')
     # a head of another class count (an explicit num_classes, warned about): keep the backbone, leave the new head at

@@ -21,6 +21,7 @@ checkpoints (a dict whose ``'model_file'`` entry is such a dict).
 """
 import dataclasses
 import datetime
+import difflib
 import json
 import math
 import os
@@ -36,10 +37,12 @@ from timm.models._features_fx import FeatureGraphNet
 
 from . import data
 from .atomic import atomic_torch_save, atomic_write, atomic_write_text
-from .convert import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize
+from .convert import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from .gpsa import match_grouped_storage, upgrade_proj_weight
-from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn, error_reason,
+from .integrity import safetensors_damage, tensor_checksums, verify_checksums
+from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, checkpoint_num_classes,
+                  classifier_layer, classifier_names, clean_state_dict, create_cnn, error_reason,
                   file_head, load_torch_file, record_source, source_model_name, state_dict_misfit, split_model_name,
                   transformed_model_name)
 from .paths import check_output_file
@@ -49,9 +52,17 @@ __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS'
            'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
            'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
            'write_checkpoint', 'read_metrics', 'write_metrics', 'STATUS_FILE', 'RUN_STATES', 'write_status',
-           'read_status', 'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict']
+           'read_status', 'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY',
+           'EMA_CHECKSUMS_KEY', 'HUB_CHECKSUMS_KEY', 'write_hub_weights', 'verify_hub_weights', 'check_architecture',
+           'safetensors_error']
 
 _METADATA_KEY = 'tcnn'
+# The tensors' checksums (tcnn.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
+# training checkpoint's model_file), 'ema_checksums' in a training checkpoint, and a metadata entry of a Hub folder's
+# model.safetensors. Files without them (tcnn 0.3.x) load unchecked.
+CHECKSUMS_KEY = 'checksums'
+EMA_CHECKSUMS_KEY = 'ema_checksums'
+HUB_CHECKSUMS_KEY = 'tcnn_checksums'
 
 
 class NotTcnnFileError(TcnnError):
@@ -240,8 +251,14 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
         raise NotTcnnFileError(f'{where} is not a T-CNN file (it holds a {type(d).__name__}, not a dict)')
     if d.get('format') != FORMAT_NAME:
         if d and all(isinstance(v, torch.Tensor) for v in d.values()):
+            layers = gpsa_layer_names(d)
+            if layers:  # torch.save(t_model.state_dict()), timm's clean_checkpoint.py of a T-CNN
+                raise NotTcnnFileError(f'{where} is the state dict of a T-CNN ({len(layers)} GPSA layers), not a T-CNN '
+                                       f'file: make one with `tcnn convert t_MODEL --weights {where} --out FILE`, '
+                                       't_MODEL the T-CNN it was saved from (e.g. t_resnet50d)')
             raise NotTcnnFileError(f'{where} is a plain state_dict, not a T-CNN file: convert it with '
-                                   f'`tcnn convert MODEL --weights {where} --out FILE`')
+                                   f'`tcnn convert MODEL --weights {where} --out FILE`, MODEL the CNN it was saved '
+                                   'from (e.g. resnet50d)')
         raise NotTcnnFileError(f'{where} is not a T-CNN file (format {d.get("format")!r}, expected {FORMAT_NAME!r}; '
                                f'keys: {", ".join(sorted(map(str, d))[:8])})')
     version = d.get('version')
@@ -403,17 +420,23 @@ def check_extension(path: str) -> str:
     return ext
 
 
-def _save_safetensors(d: Dict[str, Any], path: str) -> None:
-    settings = {k: v for k, v in d.items() if k != 'state_dict'}
+def _safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The tensors of a state dict as safetensors stores them: on the CPU, contiguous, no storage shared."""
     tensors, seen = {}, set()
-    for k, v in d['state_dict'].items():
+    for k, v in state_dict.items():
         v = v.detach().to('cpu').contiguous()
         if v.untyped_storage().data_ptr() in seen and v.numel():
             v = v.clone()  # safetensors refuses shared storage
         seen.add(v.untyped_storage().data_ptr())
         tensors[k] = v
+    return tensors
+
+
+def _save_safetensors(d: Dict[str, Any], path: str) -> None:
+    settings = {k: v for k, v in d.items() if k != 'state_dict'}
     # 'format': 'pt' is the safetensors convention for torch tensors; our settings go under 'tcnn'.
-    save_file(tensors, path, metadata={'format': 'pt', _METADATA_KEY: json.dumps(settings)})
+    metadata = {'format': 'pt', _METADATA_KEY: json.dumps(settings)}
+    save_file(_safetensors_tensors(d['state_dict']), path, metadata=metadata)
 
 
 def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] = None,
@@ -437,6 +460,7 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
     if data_config is not None and not isinstance(data_config, dict):
         raise InvalidTypeError(f'data_config must be a dict or None, got {type(data_config).__name__}')
     d = model_to_dict(model, data_config=data_config, label_names=label_names)
+    d[CHECKSUMS_KEY] = tensor_checksums(d['state_dict'])
     try:
         if ext == '.safetensors':
             atomic_write(path, lambda tmp: _save_safetensors(d, tmp))
@@ -447,14 +471,24 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
     return os.path.abspath(path)
 
 
+def safetensors_error(path: str, error: BaseException) -> str:
+    """One line for a safetensors file that safetensors cannot read: truncated or corrupt, as its layout shows
+    (``tcnn.integrity.safetensors_damage``), else safetensors' own reason."""
+    try:
+        damage = safetensors_damage(path)
+    except OSError:
+        damage = None
+    damage = damage or f'corrupt (not a valid safetensors file: {error_reason(error)})'
+    return f'{path} is {damage}: re-download or re-save it'
+
+
 def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -> Dict[str, Any]:
     try:  # on the CPU: a device problem must not be reported as a corrupt file
         with safe_open(path, framework='pt', device='cpu') as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
-        raise TcnnError(f'cannot read {path}: not a valid safetensors file (truncated or corrupt?): '
-                        f'{error_reason(e)}') from e
+        raise TcnnError(safetensors_error(path, e)) from e
     if _METADATA_KEY not in metadata:
         raise NotTcnnFileError(f'{path} is a safetensors file without T-CNN settings (a plain state_dict?): '
                                f'convert it with `tcnn convert MODEL --weights {path} --out FILE`')
@@ -498,10 +532,17 @@ def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
 
     Raises:
         NotTcnnFileError: A readable file that is not a T-CNN file (e.g. a plain state_dict).
+        CorruptFileError: Tensors that do not match the checksums stored with them (``tcnn.integrity``).
         TcnnError: Missing, junk or truncated file; unknown format version; ``ema`` and no EMA weights.
     """
-    d = _read_any(path, map_location)
-    return _check_dict(_with_ema(d, str(path)) if ema else d, str(path))
+    return _validated(_read_any(path, map_location), str(path), ema)
+
+
+def _validated(d: Any, where: str, ema: bool) -> Dict[str, Any]:
+    """``read``'s checks of what a file held: the T-CNN dict (EMA weights with ``ema``), its checksums verified."""
+    d = _check_dict(_with_ema(d, where) if ema else d, where)
+    verify_checksums(d['state_dict'], d.get(CHECKSUMS_KEY), f'{where} (its EMA weights)' if ema else where)
+    return d
 
 
 def _with_ema(d: Any, where: str) -> Dict[str, Any]:
@@ -515,7 +556,8 @@ def _with_ema(d: Any, where: str) -> Dict[str, Any]:
     if not (isinstance(ema, dict) and ema and all(isinstance(v, torch.Tensor) for v in ema.values())):
         raise TcnnError(f'{where} holds no EMA weights (its run did not use --model-ema): load it without ema / '
                         '--use-ema')
-    return dict(d, model_file=dict(d['model_file'], state_dict=ema), ema_weights=True)
+    return dict(d, model_file=dict(d['model_file'], state_dict=ema, **{CHECKSUMS_KEY: d.get(EMA_CHECKSUMS_KEY)}),
+                ema_weights=True)
 
 
 def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> nn.Module:
@@ -538,7 +580,119 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
             raise TcnnError(f'{path} is a Hub folder, which holds one set of weights (no EMA): load it without ema / '
                             '--use-ema')
         return load_folder(os.fspath(path), map_location)
-    return model_from_dict(read(path, map_location, ema=ema), map_location=None, where=str(path))
+    d = _read_any(path, map_location)
+    arch = timm_checkpoint_arch(d)
+    if arch is not None:  # a checkpoint of timm's train.py: its arch (and model_kwargs) rebuild the model
+        args = d.get('args')
+        model = model_from_state_dict(arch, clean_state_dict(d, use_ema=ema), where=str(path),
+                                      kwargs=dict(getattr(args, 'model_kwargs', None) or {}))
+        return model.to(map_location) if isinstance(map_location, (str, torch.device)) else model
+    return model_from_dict(_validated(d, str(path), ema), map_location=None, where=str(path))
+
+
+# ---------------------------------------------------------------------------------------------- state dicts
+# What users hold besides T-CNN files: the checkpoints of timm's train.py (a dict of 'state_dict', 'args' (an
+# argparse.Namespace, read with weights-only loading that allows it: tcnn.hub.load_torch_file), 'arch', 'epoch',
+# 'optimizer', 'version', maybe 'state_dict_ema', 'metric', 'amp_scaler', 'saver') and plain state dicts
+# (torch.save(model.state_dict()), timm's clean_checkpoint.py). Neither records the architecture's settings; a
+# T-CNN's conversion settings (stages, qk_dim) show in its keys and shapes.
+
+_GPSA_KEY = '.pos_centers'  # one per GPSA layer
+
+
+def timm_checkpoint_arch(d: Any) -> Optional[str]:
+    """The architecture of a checkpoint of timm's train.py (``args.model``, else its ``'arch'``), or None for
+    anything else."""
+    if not (isinstance(d, dict) and isinstance(d.get('state_dict'), dict) and 'arch' in d and 'format' not in d):
+        return None
+    arch = getattr(d.get('args'), 'model', None) or d.get('arch')
+    return arch if isinstance(arch, str) and arch else None
+
+
+def gpsa_layer_names(state_dict: Dict[str, Any]) -> List[str]:
+    """The GPSA layers whose weights a state dict holds, sorted."""
+    return sorted(k[:-len(_GPSA_KEY)] for k in state_dict if k.endswith(_GPSA_KEY))
+
+
+def _stages_of(name: str, layers: List[str], kwargs: Dict[str, Any]) -> List[str]:
+    """The stages of the CNN under a T-CNN ``name`` that hold ``layers`` (e.g. ``['layer4']``)."""
+    with torch.device('meta'):
+        cnn = create_cnn(source_model_name(name), pretrained=False, **kwargs)
+    names = [n for n, _ in stage_candidates(cnn)]
+    stages = [n for n in names if any(layer.startswith(n + '.') for layer in layers)]
+    return stages or list(layers)
+
+
+def tcnn_state_dict_settings(name: str, state_dict: Dict[str, torch.Tensor], where: str, num_classes: Optional[int],
+                             kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``stages`` and ``qk_dim`` of the T-CNN ``name`` whose state dict this is: the model's defaults where they
+    build the state dict's GPSA layers and shapes, else those the state dict shows."""
+    layers = gpsa_layer_names(state_dict)
+    if not layers:
+        source = source_model_name(name)
+        raise TcnnError(f'{where} holds the weights of a CNN (no GPSA layers), not of the T-CNN {name}: convert them '
+                        f'with `tcnn convert {source} --weights {where} --out FILE`')
+    settings = {k: kwargs.pop(k) for k in ('stages', 'qk_dim') if k in kwargs}
+
+    def built() -> nn.Module:
+        with torch.device('meta'):
+            return timm.create_model(name, pretrained=False, num_classes=num_classes, **settings, **kwargs)
+    model = built()
+    if 'stages' not in settings and sorted(n for n, _ in gpsa_layers(model)) != layers:
+        settings['stages'] = _stages_of(name, layers, kwargs)
+        model = built()
+    dims = {state_dict[f'{n}.q_weight'].shape[0] // state_dict[f'{n}{_GPSA_KEY}'].shape[0]
+            for n in layers if f'{n}.q_weight' in state_dict}
+    expected = model.state_dict()
+    differs = any(expected[k].shape != state_dict[k].shape for n in layers for k in (f'{n}.q_weight',)
+                  if k in expected and k in state_dict)
+    if 'qk_dim' not in settings and differs and len(dims) == 1:
+        settings['qk_dim'] = dims.pop()
+    return settings
+
+
+def model_from_state_dict(
+        name: str,
+        state_dict: Dict[str, torch.Tensor],
+        *,
+        where: str = 'the state dict',
+        num_classes: Optional[int] = None,
+        kwargs: Optional[Dict[str, Any]] = None,
+) -> nn.Module:
+    """Build the timm model ``name`` (a ``t_*`` T-CNN or a CNN) for a state dict (a plain one, or a checkpoint of
+    timm's train.py cleaned by ``tcnn.hub.clean_state_dict``) and load it strictly; the model in eval mode.
+
+    A T-CNN's conversion settings come from the state dict: its GPSA layers give the stages, their query weights the
+    ``qk_dim``; the GPSA parameters (positions, locality strengths, gates) are the state dict's own.
+
+    Args:
+        name: A timm model name: the architecture the state dict was saved from.
+        state_dict: The weights.
+        where: Their origin in messages (a file).
+        num_classes: Classifier size (default the state dict's head).
+        kwargs: Further ``timm.create_model`` arguments (e.g. the ``model_kwargs`` of timm's train.py).
+    """
+    kwargs = dict(kwargs or {})
+    source = source_model_name(name)
+    classifiers = classifier_names(source or name)
+    num_classes = checkpoint_num_classes(state_dict, classifiers, num_classes, where=where)
+    if source is None:
+        if gpsa_layer_names(state_dict):
+            t_name = transformed_model_name(name)
+            raise TcnnError(f'{where} holds the weights of a T-CNN (GPSA layers), not of the CNN {name}: load them as '
+                            f'{t_name}, `tcnn convert {t_name} --weights {where} --out FILE`')
+        model = create_cnn(name, pretrained=False, num_classes=num_classes, **kwargs)
+    else:
+        kwargs.update(tcnn_state_dict_settings(name, state_dict, where, num_classes, kwargs))
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    misfit = state_dict_misfit(model, state_dict)
+    if misfit:
+        raise TcnnError(f'{where} does not fit {name} (built with {kwargs or "its defaults"}): {misfit}')
+    model.load_state_dict(state_dict, strict=True)
+    source_name = getattr(model, 'tcnn_source', {}).get('model', name)
+    record_source(model, source_name, num_classes, {k: v for k, v in kwargs.items()
+                                                    if k not in ('stages', 'qk_dim')}, None)
+    return model.eval()
 
 
 # ---------------------------------------------------------------------------------------------- Hub folders
@@ -550,6 +704,18 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
 HUB_PREFIXES = ('local-dir:', 'hf-hub:')
 HUB_CONFIG = 'config.json'
 HUB_WEIGHTS = 'model.safetensors'
+
+
+def check_architecture(architecture: Any, config_path: str) -> None:
+    """A config.json's architecture must be a model that timm's registry (with tcnn's ``t_*`` models) holds."""
+    if not isinstance(architecture, str) or not architecture:
+        raise TcnnError(f'{config_path} names no architecture (its "architecture" is {architecture!r}): it is not a '
+                        'timm model config; give a folder written by tcnn publish or timm.models.save_for_hf')
+    if not timm.is_model(architecture):
+        close = difflib.get_close_matches(architecture, timm.list_models(), n=3, cutoff=0.75)
+        hint = f' (did you mean: {", ".join(close)}?)' if close else ''
+        raise TcnnError(f'{config_path} names architecture {architecture!r} that neither timm {timm.__version__} nor '
+                        f'tcnn {__version__} knows{hint}: a newer timm or tcnn may, or the config.json is wrong')
 
 
 def _check_local_folder(folder: str) -> None:
@@ -569,17 +735,22 @@ def _check_local_folder(folder: str) -> None:
             architecture = json.load(f).get('architecture')
     except (OSError, ValueError, AttributeError) as e:
         raise TcnnError(f'{config_path} is not a timm model config ({error_reason(e)})') from e
+    check_architecture(architecture, config_path)
     weights = os.path.join(folder, HUB_WEIGHTS)
-    if isinstance(architecture, str) and source_model_name(architecture) is None and os.path.isfile(weights):
-        try:
-            with safe_open(weights, framework='pt', device='cpu') as f:
-                gpsa = any(k.endswith('.pos_centers') for k in f.keys())
-        except Exception:  # noqa: BLE001 - a corrupt weights file is timm's loader's to report
-            gpsa = False
-        if gpsa:
-            raise TcnnError(f'{folder}: config.json names the CNN {architecture} but the weights hold GPSA layers (a '
-                            'T-CNN saved under its CNN\'s name): save T-CNNs as t_* models, e.g. tcnn publish FILE '
-                            'of a tcnn.save file, or timm.models.save_for_hf(tcnn.load(FILE), DIR)')
+    if not os.path.isfile(weights):
+        return  # another weights file (pytorch_model.bin, ...) or none: timm's loader reports
+    try:
+        with safe_open(weights, framework='pt', device='cpu') as f:
+            gpsa = any(k.endswith('.pos_centers') for k in f.keys())
+        damage = safetensors_damage(weights)  # safe_open reads the header only
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError / ValueError
+        raise TcnnError(safetensors_error(weights, e)) from e
+    if damage:
+        raise TcnnError(f'{weights} is {damage}: re-download or re-save it')
+    if gpsa and source_model_name(architecture) is None:
+        raise TcnnError(f'{folder}: config.json names the CNN {architecture} but the weights hold GPSA layers (a '
+                        'T-CNN saved under its CNN\'s name): save T-CNNs as t_* models, e.g. tcnn publish FILE '
+                        'of a tcnn.save file, or timm.models.save_for_hf(tcnn.load(FILE), DIR)')
 
 
 def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
@@ -608,6 +779,54 @@ def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu')
     return model.eval()
 
 
+def write_hub_weights(model: nn.Module, path: str) -> None:
+    """Write ``model``'s weights as a Hub folder's ``model.safetensors`` (what timm's ``save_for_hf`` writes), with
+    their checksums in the metadata entry ``'tcnn_checksums'``, which every load of the folder checks."""
+    tensors = _safetensors_tensors(_unwrap(model).state_dict())
+    checksums = json.dumps(tensor_checksums(tensors))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={'format': 'pt', HUB_CHECKSUMS_KEY: checksums}))
+
+
+def _hub_weights_file(location: str) -> Optional[str]:
+    """The local ``model.safetensors`` that timm reads for ``'local-dir:PATH'`` or (from the local Hugging Face
+    cache) ``'hf-hub:ORG/NAME'``, or None."""
+    if location.startswith('local-dir:'):
+        path = os.path.join(location[len('local-dir:'):], HUB_WEIGHTS)
+        return path if os.path.isfile(path) else None
+    if location.startswith('hf-hub:'):
+        repo, _, revision = location[len('hf-hub:'):].partition('@')
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            path = try_to_load_from_cache(repo, HUB_WEIGHTS, revision=revision or None)
+        except (ImportError, ValueError):
+            return None
+        return path if isinstance(path, str) else None
+    return None
+
+
+def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> None:
+    """Check the weights that timm read from a Hub folder against the checksums in its ``model.safetensors``
+    metadata (``write_hub_weights``); folders without them (timm's ``save_for_hf``, tcnn 0.3.x) are not checked.
+
+    Raises:
+        CorruptFileError: A tensor that does not match its checksum, named with the file.
+    """
+    path = _hub_weights_file(location)
+    if path is None:
+        return
+    try:
+        with safe_open(path, framework='pt', device='cpu') as f:
+            raw = (f.metadata() or {}).get(HUB_CHECKSUMS_KEY)
+    except Exception:  # noqa: BLE001 - timm has just read the file: a race with its replacement, nothing to check
+        return
+    if raw is not None:
+        try:
+            checksums = json.loads(raw)
+        except ValueError:
+            checksums = {'algorithm': None}
+        verify_checksums(state_dict, checksums, path)
+
+
 # ---------------------------------------------------------------------------------------------- training runs
 # A ``tcnn train`` output folder: RUN/config.yaml (the resolved recipe), RUN/metrics.jsonl (one JSON object per
 # epoch), RUN/last.pt and RUN/best.pt (training checkpoints: a T-CNN dict under 'model_file' plus the optimiser,
@@ -630,9 +849,14 @@ RUN_STATES = ('running', 'preempted', 'interrupted', 'finished', 'failed')
 def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, *,
                     label_names: Optional[Sequence[str]] = None, **state: Any) -> Dict[str, Any]:
     """A training checkpoint of ``model`` (its T-CNN dict with the run's data config and class names, so ``load``
-    reads the model out of it) and ``state``."""
-    return {CHECKPOINT_KEY: CHECKPOINT_VERSION,
-            'model_file': model_to_dict(model, data_config=data_config, label_names=label_names), **state}
+    reads the model out of it) and ``state``, with the checksums of the model's weights and of the EMA weights
+    (``state['ema']``) that ``read`` and ``read_checkpoint`` check."""
+    model_file = model_to_dict(model, data_config=data_config, label_names=label_names)
+    model_file[CHECKSUMS_KEY] = tensor_checksums(model_file['state_dict'])
+    checkpoint = {CHECKPOINT_KEY: CHECKPOINT_VERSION, 'model_file': model_file, **state}
+    if isinstance(state.get('ema'), dict):
+        checkpoint[EMA_CHECKSUMS_KEY] = tensor_checksums(state['ema'])
+    return checkpoint
 
 
 def read_checkpoint(path: str) -> Dict[str, Any]:
@@ -649,6 +873,10 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
         raise TcnnError(f'{path} has training-checkpoint layout {ckpt[CHECKPOINT_KEY]!r}; this tcnn reads up to '
                         f'{CHECKPOINT_VERSION}: upgrade tcnn')
+    model_file = _check_dict(ckpt['model_file'], path)
+    verify_checksums(model_file['state_dict'], model_file.get(CHECKSUMS_KEY), path)
+    if isinstance(ckpt.get('ema'), dict):
+        verify_checksums(ckpt['ema'], ckpt.get(EMA_CHECKSUMS_KEY), f'{path} (its EMA weights)')
     return ckpt
 
 

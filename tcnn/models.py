@@ -199,6 +199,12 @@ def _file_weights(
     if d is None:
         if head is not None:
             overlay.setdefault('num_classes', head[1])
+        if io.gpsa_layer_names(state_dict):  # a T-CNN's state dict: the conversion settings its GPSA layers show
+            given = {k: conversion[k] for k in ('stages', 'qk_dim') if conversion.get(k) is not None}
+            found = io.tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
+                                                head[1] if head is not None else num_classes, dict(given))
+            conversion.update({k: v for k, v in found.items() if k not in given})
+            return state_dict, None  # the source CNN's weights are not recorded in a state dict
         return state_dict, hub.file_weights_origin(path)
     file_source = d['source']['model']
     if file_source.split('.')[0] != source:
@@ -280,6 +286,7 @@ def _folder_config(
                         'publish or timm.models.save_for_hf') from None
     except Exception as e:  # noqa: BLE001 - huggingface_hub's (offline, not found) and JSON errors
         raise TcnnError(f'cannot read the config.json of {where} ({hub.error_reason(e)})') from e
+    io.check_architecture(architecture, f'the config.json of {where}')
     if architecture != variant:
         what = 'a T-CNN of another CNN' if source_model_name(architecture) else 'a plain CNN, not a T-CNN'
         name = where if hub_id else f'local-dir:{folder}'
@@ -308,6 +315,7 @@ def _check_folder_weights(
     The classifier may differ when the caller asked for another class count or ``features_only`` (timm then drops
     it), and the first conv's input channels when ``in_chans`` differs (timm adapts it after this filter).
     """
+    io.verify_hub_weights(state_dict, where)  # the tensors as tcnn publish wrote them: a corrupt one is named
     cfg = model.pretrained_cfg
     arch = cfg.get('architecture')
     expected = model.state_dict()

@@ -43,6 +43,7 @@ from .convert import eval_mode
 from .data import IMAGE_EXTENSIONS, check_image_options, data_config
 from .distributed import resolve_device
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
+from .integrity import nonfinite_output_error
 from .paths import check_output_file
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
@@ -439,6 +440,10 @@ def evaluate(
         ``img_size`` and ``crop_pct`` (what the model ran at), ``partial`` (a marker such as ``'(3/15 corruptions)'``
         or ``'(120 of 7500 images)'``, None for a full run); for ImageNet-C also ``corruptions``, ``categories``,
         ``severities``, ``mce``, ``complete`` and ``image_counts``; for ImageNet-A/R ``complete``.
+
+    Raises:
+        tcnn.integrity.NonFiniteOutputError: A model computed NaN or infinite logits (no accuracy is reported from
+            them): the message names the model's parameters that hold non-finite values, if any.
     """
 
     # every argument before the folder scan and the first batch: a mistake costs no pass over the data
@@ -473,6 +478,8 @@ def evaluate(
     n_groups = len(data.groups)
     # per model and group: [images, top-1 correct, top-5 correct], kept on the device (no sync per batch)
     counts = {name: torch.zeros(n_groups, 3, dtype=torch.float64, device=dev) for name in models}
+    # per model: images whose logits hold a NaN / an infinity / either (argmax of NaN is a silent class 0)
+    nonfinite = {name: torch.zeros(3, dtype=torch.float64, device=dev) for name in models}
     passes: Dict[str, List[str]] = {}
     for name in models:  # models with the same data config share a pass over the images
         passes.setdefault(_config_key(configs[name]), []).append(name)
@@ -490,14 +497,26 @@ def evaluate(
                     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
                         logits = forwards[name](x)  # used before the next forward (CUDA graphs)
                     _accumulate(counts[name], logits.float(), cls, group, spaces[name], n_groups)
+                    _count_nonfinite(nonfinite[name], logits)
         except Exception as e:
             # a TcnnError raised in a DataLoader worker comes back with the worker's traceback in its message
             worker = 'DataLoader worker' in str(e) and 'TcnnError' in str(e)
             if worker:
                 raise _worker_error(e) from e
             raise
+    for name, model in models.items():
+        nan, inf, bad = (int(v) for v in nonfinite[name].tolist())
+        if bad:
+            raise nonfinite_output_error(name, model, bad, int(counts[name][:, 0].sum().item()), nan, inf)
     per_group = image_counts(data) if suite == 'imagenet-c' else None
     return {name: _results(data, counts[name].cpu(), spaces[name], configs[name], per_group) for name in models}
+
+
+def _count_nonfinite(counts: torch.Tensor, logits: torch.Tensor) -> None:
+    """Add the images whose logits hold a NaN, an infinity, either (on the device: no sync per batch)."""
+    nan = logits.isnan().any(dim=1)
+    inf = logits.isinf().any(dim=1)
+    counts += torch.stack([nan.sum(), inf.sum(), (nan | inf).sum()]).double()
 
 
 def _accumulate(counts: torch.Tensor, logits: torch.Tensor, cls: torch.Tensor, group: torch.Tensor,

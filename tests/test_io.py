@@ -246,7 +246,8 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
     elif kind == 'state_dict_safetensors':
         save_file({k: v.contiguous() for k, v in good['state_dict'].items()}, str(path))
     elif kind == 'pickled_object':
-        torch.save({'args': argparse.Namespace(lr=0.1), 'state_dict': good['state_dict']}, path)
+        # a class of the user's (timm train.py's argparse.Namespace is allowed: tests/test_integrity.py)
+        torch.save({'args': argparse.Action(['--lr'], 'lr'), 'state_dict': good['state_dict']}, path)
     elif kind == 'other_format':
         torch.save(dict(good, format='something-else'), path)
     elif kind == 'future_version':
@@ -260,8 +261,8 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
     ('junk', '.pt', 'not a T-CNN file'),
     ('empty', '.pt', 'is empty \\(0 bytes\\)'),
     ('truncated', '.pt', 'truncated or corrupt'),
-    ('truncated_safetensors', '.safetensors', 'truncated or corrupt'),
-    ('state_dict', '.pt', 'plain state_dict.*tcnn convert'),
+    ('truncated_safetensors', '.safetensors', r'bad.safetensors is truncated \(\d+ of its \d+ bytes\): re-download'),
+    ('state_dict', '.pt', r'state dict of a T-CNN \(8 GPSA layers\).*`tcnn convert t_MODEL --weights .*bad.pt --out'),
     ('state_dict_safetensors', '.safetensors', 'without T-CNN settings.*tcnn convert'),
     ('pickled_object', '.pt', 'pickled Python objects'),
     ('other_format', '.pt', "not a T-CNN file \\(format 'something-else'"),

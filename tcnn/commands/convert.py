@@ -30,7 +30,8 @@ FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gati
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='MODEL',
                         help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, convnext_tiny, regnety_040, '
-                             'efficientnet_b0, ...) or torchvision:NAME')
+                             'efficientnet_b0, ...) or torchvision:NAME; a T-CNN name (t_resnet50d) with --weights '
+                             'holding that T-CNN\'s state dict makes a T-CNN file of it')
     parser.add_argument('--out', '-o', metavar='FILE',
                         help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
                              '(required unless --list-stages)')
@@ -233,6 +234,35 @@ def _input_size(model: 'nn.Module') -> Tuple[int, ...]:
     return tuple(cfg.get('input_size', (3, 224, 224)))
 
 
+def state_dict_file(args: argparse.Namespace, start: float) -> int:
+    """``tcnn convert t_MODEL --weights PATH``: the T-CNN file of a T-CNN's state dict (``torch.save(t_model
+    .state_dict())``, timm's clean_checkpoint.py, a checkpoint of timm's train.py), loaded strictly into ``t_MODEL``
+    as its GPSA layers show it (stages, qk_dim); nothing to convert or verify."""
+    from .. import io as tio
+    from ..hub import load_state_dict_file
+
+    stages = parse_stages(args.stages)
+    kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
+    state_dict = load_state_dict_file(args.weights, use_ema=args.use_ema)
+    if not tio.gpsa_layer_names(state_dict):
+        raise TcnnError(f'{args.weights} holds the weights of a CNN (no GPSA layers), not of the T-CNN {args.model}: '
+                        f'convert them with `tcnn convert {source_model_name(args.model)} --weights {args.weights} '
+                        f'--out {args.out}`')
+    t_model = tio.model_from_state_dict(args.model, state_dict, where=args.weights, num_classes=args.num_classes,
+                                        kwargs=kwargs)
+    tio.save(t_model, args.out)
+    config = t_model.tcnn_config
+    classes = _num_classes(t_model)
+    lines = _layer_lines(t_model)
+    print('\n'.join([f'{args.model} ({"EMA " if args.use_ema else ""}T-CNN weights {args.weights}, {classes} classes) '
+                     f'-> {args.out}',
+                     f'  loaded      {len(lines)} GPSA layers in {", ".join(config["stages"])} (strict: every tensor '
+                     'of the state dict, nothing converted or verified):'] +
+                    [f'                {line}' for line in lines] +
+                    [f'  saved       {args.out} ({_size(args.out)}) in {time.perf_counter() - start:.1f} s']))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.list_stages:
@@ -258,9 +288,11 @@ def run(args: argparse.Namespace) -> int:
     from ..hub import source_model_name
 
     source = source_model_name(args.model)
+    if source is not None and args.weights:
+        return state_dict_file(args, start)
     if source is not None:
         raise TcnnError(f'{args.model} is already a T-CNN architecture: convert its CNN, '
-                        f'`tcnn convert {source} --out FILE`')
+                        f'`tcnn convert {source} --out FILE`, or give the T-CNN\'s weights with --weights PATH')
     stages = parse_stages(args.stages)
     steps = ['creating ' + args.model, 'converting' + ('' if args.no_verify else ' and verifying'), 'saving']
     # a bar on a terminal only (tqdm disables itself otherwise); the summary goes to stdout

@@ -107,6 +107,7 @@ def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]
 
 def run(args: argparse.Namespace) -> int:
     from .. import robustness as rb
+    from ..integrity import NonFiniteOutputError
     if len(args.suite) != len(args.data):
         raise TcnnError(f'{len(args.suite)} suites but {len(args.data)} --data directories: give one per suite, '
                         'in the same order')
@@ -144,9 +145,12 @@ def run(args: argparse.Namespace) -> int:
             size, crop = rb.resolution_policy(suite, args.imagenet_c_size), 1.0
         else:
             size, crop = rb.resolution_policy(suite, resolution), args.crop_pct
-        results = rb.evaluate(models, suite, d.root, resolution=size, crop_pct=crop, batch_size=args.batch_size,
-                              workers=args.workers, device=args.device, amp=args.amp, progress=not args.no_progress,
-                              data=d, compile=args.compile)
+        try:
+            results = rb.evaluate(models, suite, d.root, resolution=size, crop_pct=crop, batch_size=args.batch_size,
+                                  workers=args.workers, device=args.device, amp=args.amp,
+                                  progress=not args.no_progress, data=d, compile=args.compile)
+        except NonFiniteOutputError as e:  # named by the file the user gave, not its column
+            raise e.renamed(dict(zip(names, args.models)).get(e.name, e.name)) from None
         report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'resolution': size, 'results': results}
 
     header, rows = rb.results_table(report)
