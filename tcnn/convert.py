@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_conversion_settings, check_device, \
     check_module, check_number, check_size
+from .fusion import adopt_fusion
 from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
@@ -798,6 +799,7 @@ def reparameterize_(
     for name, conv in targets:
         model.set_submodule(name, GPSA.from_conv(conv, s.locality_strength, s.gating_init, qk_dim=s.qk_dim))
         convs[name] = conv
+    reclassed = adopt_fusion(model)  # RepVGG/MobileOne blocks: timm's reparameterize_model keeps the GPSA layers
     model.tcnn_config = {
         'architecture': source_name,
         'layers': list(convs),
@@ -810,6 +812,8 @@ def reparameterize_(
         except BaseException:  # a failed check or a bad input_size: leave the caller's model as it was
             for name, conv in convs.items():
                 model.set_submodule(name, conv)
+            for block, cls in reclassed:
+                block.__class__ = cls
             del model.tcnn_config
             raise
     return model

@@ -78,8 +78,8 @@ def param_groups(
         only_gpsa: bool = False,
 ) -> List[Dict[str, Any]]:
     """The paper's parameter groups of a CNN or T-CNN, for any optimiser (see the module docstring); empty groups
-    are left out. Also timm's ``param_group_fn``: ``create_optimizer_v2(model, 'adamw', lr=1e-4, weight_decay=0.05,
-    param_group_fn=functools.partial(tcnn.param_groups, lr=1e-4, weight_decay=0.05))``.
+    are left out. Also timm's ``param_group_fn``: ``create_optimizer_v2(model, 'adamw', lr=lr, weight_decay=wd,
+    param_group_fn=functools.partial(tcnn.param_groups, lr=lr, weight_decay=wd))`` with the factory's own values
 
     Args:
         model: The raw model (not DDP-wrapped or compiled).

@@ -6,7 +6,9 @@ Inputs are 96-128 px, so the last (GPSA) stage sees 3x3 and 4x4 grids.
 """
 import copy
 import math
+import sys
 import time
+import types
 
 import pytest
 import timm
@@ -21,7 +23,7 @@ from timm.optim import create_optimizer_v2
 
 import tcnn
 import tcnn.hub
-from nontrivial import nontrivial
+from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.models import FAMILIES, SOURCE_MODELS, TransformedModel, TransformedResNet, transformed_class
@@ -494,3 +496,76 @@ def test_family_file_round_trip_and_stage_conflicts(tmp_path):
         timm.create_model('t_convnext_atto', pretrained=True, stages=3,  # offline: a local file
                           pretrained_cfg_overlay=dict(file=path))
     assert type(tcnn.load(path)).__name__ == 'TransformedConvNeXt'
+
+
+# ---------------------------------------------------------------------------------------------- timm's reparameterisation
+
+# What timm.models.reparameterize_model calls on a module (timm.utils.reparameterize_model, benchmark.py --reparam,
+# onnx_export.py --reparam).
+FUSION_METHODS = ('fuse', 'reparameterize', 'switch_to_deploy')
+# The t_* models holding such modules (test_reparameterizable_models_enumerated_from_the_registry keeps this list
+# true): RepVGG and MobileOne blocks of timm's byobnet, whose k x k conv branches are GPSA layers.
+REPARAMETERIZABLE = ['t_mobileone_s0', 't_mobileone_s1', 't_mobileone_s2', 't_mobileone_s3', 't_mobileone_s4',
+                     't_repvgg_a0', 't_repvgg_a1', 't_repvgg_a2', 't_repvgg_b0', 't_repvgg_b1', 't_repvgg_b1g4',
+                     't_repvgg_b2', 't_repvgg_b2g4', 't_repvgg_b3', 't_repvgg_b3g4', 't_repvgg_d2se']
+
+
+def _timm_modules_reached(name: str) -> set:
+    """The timm modules that timm module ``name`` uses, transitively (through the modules, classes and functions
+    its namespace names): the only places a model of ``name`` can take its module classes from."""
+    seen, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        if module in seen or not module.startswith('timm.') or module not in sys.modules:
+            continue
+        seen.add(module)
+        for value in vars(sys.modules[module]).values():
+            todo.append(value.__name__ if isinstance(value, types.ModuleType) else getattr(value, '__module__', ''))
+    return seen
+
+
+def test_reparameterizable_models_enumerated_from_the_registry():
+    """Every t_* model with a module that timm's reparameterisation calls is in REPARAMETERIZABLE (so all of them
+    are checked below). A model can only hold classes of the timm modules its family's module reaches; the families
+    reaching a class with a fusion method are built (on the meta device: byobnet's ~50 models, a few seconds) and
+    searched, which keeps this complete without building all 300 t_* models."""
+    fusing = [family for family in FAMILIES if any(
+        isinstance(c, type) and issubclass(c, nn.Module) and any(hasattr(c, m) for m in FUSION_METHODS)
+        for module in _timm_modules_reached(f'timm.models.{family.module}') for c in vars(sys.modules[module]).values())]
+    assert [family.module for family in fusing] == ['byobnet']
+    found = []
+    for family in fusing:
+        for source in family.sources():
+            with torch.device('meta'):
+                model = timm.create_model(f't_{source}', device='meta')
+            if any(hasattr(m, a) for m in model.modules() for a in FUSION_METHODS):
+                found.append(f't_{source}')
+    assert sorted(found) == REPARAMETERIZABLE
+
+
+@pytest.mark.parametrize('name', REPARAMETERIZABLE)
+def test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers(name):
+    """timm.utils.reparameterize_model (benchmark.py/onnx_export.py --reparam) on every t_* model that has blocks to
+    fuse: the BNs and 1x1/identity branches fuse, the GPSA layers stay GPSA layers (tcnn.fusion), the logits stay.
+
+    Random BN statistics and varied heads (so that every branch and head reaches the logits), 48 px (a 2x2 GPSA
+    grid), in float64: that checks the fusion's algebra to 1e-9, apart from float32 rounding, which 50 random-BN
+    blocks amplify (repvgg_d2se's plain CNN moves ~4e-4 relative under timm's own fusion in float32). Float32, the
+    dtype users run, is checked at 1e-5 on the two smallest."""
+    torch.manual_seed(0)
+    model = varied_heads(nontrivial(timm.create_model(name, num_classes=10)))
+    layers = len(gpsa_layers(model))
+    dtype = torch.float32 if name in ('t_repvgg_a0', 't_mobileone_s0') else torch.float64
+    model.to(dtype)
+    x = _x(1, 48).to(dtype)
+    with torch.no_grad():
+        before = model(x)
+        fused = timm.utils.reparameterize_model(model, inplace=True)
+        after = fused(x)
+    rel = ((after - before).abs().max() / before.abs().max()).item()
+    assert rel < (1e-5 if dtype == torch.float32 else 1e-9), rel
+    assert len(gpsa_layers(fused)) == layers and all(n.endswith(('.gpsa.0', '.gpsa.1', '.gpsa.2', '.gpsa.3'))
+                                                     for n, _ in gpsa_layers(fused))
+    # fused: no BN, no 1x1 branch left in the converted blocks, and timm's own fusion did the other blocks
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.stages.modules())
+    assert not any(hasattr(m, 'conv_kxk') for m in fused.modules())
