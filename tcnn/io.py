@@ -352,7 +352,7 @@ def model_from_dict(
         model.tcnn_config = dict(d['conversion'])
     if isinstance(d.get('report'), dict):
         model.tcnn_report = report_from_dict(d['report'])
-    model.pretrained_cfg = _pretrained_cfg(getattr(model, 'pretrained_cfg', None) or {}, d, where)
+    model.pretrained_cfg = pretrained_cfg_of(getattr(model, 'pretrained_cfg', None) or {}, d, where)
     model.default_cfg = model.pretrained_cfg
     return model.eval()
 
@@ -376,7 +376,7 @@ def _weights_note(d: Dict[str, Any]) -> Optional[str]:
             'published checkpoint: license unknown')
 
 
-def _pretrained_cfg(cfg: Dict[str, Any], d: Dict[str, Any], where: str) -> Dict[str, Any]:
+def pretrained_cfg_of(cfg: Dict[str, Any], d: Dict[str, Any], where: str) -> Dict[str, Any]:
     """The ``pretrained_cfg`` of a model rebuilt from the T-CNN dict ``d`` (what timm's ``resolve_data_config`` and
     ``save_for_hf`` read): the built model's ``cfg`` with the file's data config, class count and names.
 

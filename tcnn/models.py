@@ -180,10 +180,11 @@ def _file_weights(
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
         num_classes: Optional[int] = None,
-) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
+) -> Tuple[Dict[str, torch.Tensor], Optional[str], Optional[Dict[str, Any]]]:
     """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint (its conversion settings,
     class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter).
-    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``).
+    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``) and the T-CNN file's dict
+    (None for a plain checkpoint), whose records the model's ``pretrained_cfg`` takes (``io.pretrained_cfg_of``).
 
     The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.hub.create_cnn`` (the same
     helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
@@ -204,8 +205,8 @@ def _file_weights(
             found = io.tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
                                                 head[1] if head is not None else num_classes, dict(given))
             conversion.update({k: v for k, v in found.items() if k not in given})
-            return state_dict, None  # the source CNN's weights are not recorded in a state dict
-        return state_dict, hub.file_weights_origin(path)
+            return state_dict, None, None  # the source CNN's weights are not recorded in a state dict
+        return state_dict, hub.file_weights_origin(path), None
     file_source = d['source']['model']
     if file_source.split('.')[0] != source:
         raise TcnnError(f'{path} holds a model of {file_source}, not {source}: create '
@@ -224,7 +225,7 @@ def _file_weights(
     overlay.setdefault('num_classes', head[1] if head is not None else d['num_classes'])
     for key, value in (d.get('data_config') or {}).items():
         overlay.setdefault(key, tuple(value) if isinstance(value, list) else value)
-    return state_dict, d['source'].get('weights')
+    return state_dict, d['source'].get('weights'), d
 
 
 def _pretrained_weights(
@@ -234,15 +235,15 @@ def _pretrained_weights(
         conversion: Dict[str, Any],
         overlay: Dict[str, Any],
         num_classes: Optional[int] = None,
-) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
+) -> Tuple[Dict[str, torch.Tensor], Optional[str], Optional[Dict[str, Any]]]:
     """The weights that ``pretrained=True`` loads when tcnn supplies them (see the module docstring), with the origin
-    of the source CNN's weights; may update conversion/overlay."""
+    of the source CNN's weights and the T-CNN file's dict they came from (if any); may update conversion/overlay."""
     if overlay.get('state_dict') is not None:
-        return overlay.pop('state_dict'), None
+        return overlay.pop('state_dict'), None, None
     if file:
         return _file_weights(file, source, conversion, overlay, num_classes)
     name = f'{source}.{tag}' if tag else source
-    return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained'  # fails fast offline, naming the fix
+    return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained', None  # fails fast offline, naming the fix
 
 
 # ---------------------------------------------------------------------------------------------- Hub folders
@@ -392,7 +393,7 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
     tag = _resolve_tag(variant, pretrained_cfg)
     arch_kwargs = {k: v for k, v in kwargs.items() if k not in _NON_ARCH_KWARGS}
     features = bool(kwargs.get('features_only'))
-    filter_fn, weights_origin = _load_filter, 'random'
+    filter_fn, weights_origin, file_dict = _load_filter, 'random', None
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, pretrained_cfg, overlay).to_dict()
         location = None if overlay.get('state_dict') is not None else _timm_location(cfg)
@@ -400,8 +401,8 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
             filter_fn = functools.partial(_check_folder_weights, where=location, features=features)
             weights_origin = None  # the source CNN's weights are not recorded in the folder's config
         else:
-            weights, weights_origin = _pretrained_weights(source, tag, cfg.get('file'), conversion, overlay,
-                                                          kwargs.get('num_classes'))
+            weights, weights_origin, file_dict = _pretrained_weights(source, tag, cfg.get('file'), conversion,
+                                                                     overlay, kwargs.get('num_classes'))
             overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
             filter_fn = functools.partial(_load_filter, weights=weights)
     if features:  # the family's feature wrapper settings (what its own entrypoint passes)
@@ -410,6 +411,11 @@ def _create_transformed(variant: str, source: str, pretrained: bool = False, **k
         functools.partial(_build, source, conversion), variant, pretrained,
         pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay, pretrained_filter_fn=filter_fn, **kwargs)
     model.pretrained_cfg.pop('state_dict', None)
+    if file_dict is not None:  # a T-CNN file's records (test size, class names, weights' origin), as tcnn.load reads
+        if kwargs.get('num_classes') not in (None, file_dict['num_classes']):  # a new head: the file's names go
+            file_dict = dict(file_dict, num_classes=kwargs['num_classes'], label_names=None)
+        model.pretrained_cfg = model.default_cfg = io.pretrained_cfg_of(model.pretrained_cfg, file_dict,
+                                                                        cfg['file'])
     if not features:
         record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs, weights_origin)
         model._model_args = _model_args(model, arch_kwargs)

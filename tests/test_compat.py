@@ -61,3 +61,14 @@ def test_training_checkpoint_of_the_previous_release_keeps_its_run_size():
     model = tcnn.load(os.path.join(FIXTURES, 'run_last.pt'))
     config = resolve_data_config({}, model=model, use_test_size=True)
     assert config['input_size'] == (3, 48, 48)  # the run trained and validated at 48 px (test_resnet's own: 160)
+
+
+def test_timm_loads_previous_release_files_with_their_records():
+    """Through timm's pretrained_cfg_overlay too, a 0.3.1 training checkpoint gets its run's size (not the source's
+    test size) and no tag or license of the source's published weights (it was trained from a random init)."""
+    from timm.data import resolve_data_config
+    model = timm.create_model('t_test_resnet', pretrained=True,  # offline: a local file
+                              pretrained_cfg_overlay=dict(file=os.path.join(FIXTURES, 'run_last.pt')))
+    _assert_same_logits(model, 'run_last')
+    assert resolve_data_config({}, model=model, use_test_size=True)['input_size'] == (3, 48, 48)
+    assert 'license' not in model.pretrained_cfg and 'tag' not in model.pretrained_cfg
