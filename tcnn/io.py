@@ -39,6 +39,7 @@ from . import data
 from .atomic import atomic_torch_save, atomic_write, atomic_write_text
 from .convert import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
+from .fusion import FusedBranches
 from .gpsa import match_grouped_storage, upgrade_proj_weight
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
 from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, checkpoint_num_classes,
@@ -216,6 +217,9 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
     if conversion:
         conversion = _plain(dict(conversion), 'conversion')
         if conversion['layers'] != layers:
+            if any(isinstance(m, FusedBranches) for m in model.modules()):
+                raise TcnnError('cannot save a model fused by timm.utils.reparameterize_model (its GPSA layers moved '
+                                'into the fused blocks): save the model before fusing, and fuse after tcnn.load')
             raise TcnnError(f'the model\'s GPSA layers {layers} differ from its tcnn_config {conversion["layers"]}')
     grouped = any(layer.groups > 1 for _, layer in gpsa_layers(model))
     num_classes = _num_classes(model)

@@ -569,3 +569,13 @@ def test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers(name):
     # fused: no BN, no 1x1 branch left in the converted blocks, and timm's own fusion did the other blocks
     assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.stages.modules())
     assert not any(hasattr(m, 'conv_kxk') for m in fused.modules())
+
+
+def test_a_fused_t_cnn_is_refused_by_save_with_the_fix(tmp_path):
+    """A deploy-form (fused) T-CNN no longer has the layers its tcnn_config names: saving it says to save before
+    fusing, in one line."""
+    from timm.utils import reparameterize_model
+    fused = reparameterize_model(timm.create_model('t_repvgg_a0', num_classes=3))
+    with pytest.raises(TcnnError, match='save the model before fusing') as info:
+        tcnn.save(fused, str(tmp_path / 'fused.pt'))
+    assert '\n' not in str(info.value) and not (tmp_path / 'fused.pt').exists()
