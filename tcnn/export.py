@@ -1,10 +1,12 @@
-"""Export a model for deployment, checked against PyTorch before the file is written.
+"""Export a model for deployment, checked against PyTorch, in the runtime that reads it, before the file is written.
 
-Two formats, chosen by the output's extension: ``.onnx`` (onnxruntime, TensorRT, ...) and ``.pt2`` (``torch.export``'s
-archive: AOTInductor, ExecuTorch, ``torch.export.load``). Both take a dynamic batch, and with ``dynamic_size`` a
-dynamic height and width. The exported model is then run against the PyTorch model on the same random inputs at
-batch 1 and 5 (onnxruntime for ``.onnx``, the exported program for ``.pt2``); the file is written (atomically) only
-when the largest logit error, relative to the largest logit as in ``tcnn.check_equivalence``, is within tolerance.
+Four formats, chosen by the output's extension: ``.onnx`` (checked in onnxruntime), ``.pt2`` (``torch.export``'s
+archive, checked with ``torch.export.load``; with ``aoti`` an AOTInductor package, checked with its input checks on,
+at sizes with odd stage inputs too), ``.pte`` (ExecuTorch with the XNNPACK backend, batch 1, checked in ExecuTorch's
+runtime). All but ``.pte`` take a dynamic batch, and with ``dynamic_size`` a dynamic height and width. The exported
+model is run against the PyTorch model on the same random inputs (batch 1 and 5); the file is written (atomically)
+only when the largest logit error, relative to the largest logit as in ``tcnn.check_equivalence``, is within
+tolerance. A model that computes non-finite logits is refused before exporting.
 
 The ONNX exporters (torch 2.15, onnxruntime 1.32; docs/export.md has the measurements):
 
