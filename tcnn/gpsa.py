@@ -694,7 +694,10 @@ class GPSA(nn.Module):
         else:
             pos, gate = self._eager_mixing_terms(height, width, x.device, content.dtype)
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
-        attn = torch.lerp(content, pos, gate)
+        if torch.jit.is_scripting():
+            attn = torch.lerp(content, pos, gate)
+        else:
+            attn = _lerp(content, pos, gate)
         n_k = attn.shape[-2] * attn.shape[-1]
         if self.groups == self.in_chs:
             out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v)  # (B, N_q, C_out)
@@ -757,6 +760,16 @@ def _is_exporting() -> bool:
     than the one traced, so the depthwise product takes its plain-op form there (``attend_traceable``)."""
     exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.6
     return bool(exporting is not None and exporting()) or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``torch.lerp``; while an exporter records the forward, its formula ``start + weight * (end - start)`` in plain
+    ops instead: the core-ATen decomposition of ``lerp`` writes its result with ``prims.copy_strided``, which
+    ExecuTorch has no kernel for (its edge lowering fails with "Missing out variants"). The two differ by float
+    rounding (eager ``lerp`` switches to ``end - (1 - weight) * (end - start)`` for weights >= 0.5)."""
+    if _is_exporting():
+        return start + weight * (end - start)
+    return torch.lerp(start, end, weight)
 
 
 def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
-    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.3.1',  # version 3 when it holds grouped GPSA layers
+    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.4.0',  # version 3 when it holds grouped GPSA layers
      'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.hub.create_cnn arguments
                 'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.hub.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,

@@ -3,6 +3,7 @@ mistake costs seconds, not a finished evaluation or training run, and a failed r
 Nothing here imports torch: the CLI runs these checks before the heavy imports."""
 import contextlib
 import os
+import tempfile
 from typing import Iterator, List, Optional, Sequence
 
 from .errors import TcnnError
@@ -37,8 +38,21 @@ def _check_creatable(folder: str, what: str) -> None:
     existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         raise TcnnError(f'{what}: {existing} is a file, so {folder} cannot be a folder; choose another path')
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_create_in(existing):
         raise TcnnError(f'{what}: {existing} is not writable; choose another path')
+
+
+def _can_create_in(folder: str) -> bool:
+    """Whether a file can be created in ``folder``, by trying: ``os.access`` answers yes to root everywhere, also in
+    /proc, /sys or a read-only mount, where only the final write fails (after an export or a training run)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix='.tcnn-write-test-', dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.remove(probe)
+    return True
 
 
 def check_output_file(path: str, what: str = '--out', suffixes: Optional[Sequence[str]] = None) -> str:
@@ -49,9 +63,10 @@ def check_output_file(path: str, what: str = '--out', suffixes: Optional[Sequenc
         what: The argument that named it, for messages.
         suffixes: Allowed extensions (lower case, with the dot), or None for any.
     """
-    path = os.path.abspath(str(path))
-    if os.path.isdir(path):
-        raise TcnnError(f'{what} {path} is a folder; give a file name')
+    given = os.fspath(path)
+    path = os.path.abspath(given)
+    if os.path.isdir(path) or given.endswith(('/', os.sep)):  # 'out.onnx/': a folder was meant, or a typo
+        raise TcnnError(f'{what} {given} is a folder; give a file name')
     if suffixes is not None and os.path.splitext(path)[1].lower() not in suffixes:
         raise TcnnError(f'{what} {path}: the extension must be one of {", ".join(suffixes)}')
     if os.path.exists(path) and not os.access(path, os.W_OK):

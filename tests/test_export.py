@@ -370,3 +370,70 @@ def test_onnx_benchmark_runs(tmp_path):
     (row,) = res['rows']
     assert set(row['ms']) == {'ort_cnn', 'ort_t_cnn', 'torch_cnn', 'torch_t_cnn'} and min(row['ms'].values()) > 0
     assert row['clock'] == 'process CPU time' and row['ort_t_over_cnn'] > 0 and row['ort_over_torch_t_cnn'] > 0
+
+
+# ------------------------------------------------------------------------------------- issue 31: inputs and outputs
+
+
+def test_a_published_hub_folder_exports_as_tcnn_load_reads_it(small_file, tmp_path, capsys):
+    folder = tmp_path / 'published'
+    rc, _, err = _run(['publish', small_file, '--out', str(folder)], capsys)
+    assert rc == 0, err
+    for spec in (str(folder), f'local-dir:{folder}'):
+        out_path = tmp_path / 'm.pt2'
+        rc, out, err = _run(['export', spec, '--out', str(out_path), '--img-size', '32'], capsys)
+        assert rc == 0 and out_path.exists(), err
+        model, x = tcnn.load(str(folder)), _x(3, 32)
+        with torch.no_grad():
+            assert _rel_err(torch.export.load(str(out_path)).module()(x), model(x)) < 1e-5
+        out_path.unlink()
+
+
+@pytest.mark.parametrize('out,message', [
+    ('/proc/tcnn-test.onnx', 'tcnn export: error: --out: /proc is not writable; choose another path'),
+    ('OUT/m.onnx/', 'OUT/m.onnx/ is a folder; give a file name'),
+    ('OUT/folder.onnx', 'OUT/folder.onnx is a folder; give a file name'),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_export(small_file, tmp_path, capsys, monkeypatch,
+                                                                       out, message):
+    # the export must not even start: a write that fails after minutes of exporting is a dead end
+    (tmp_path / 'folder.onnx').mkdir()
+    monkeypatch.setattr(tex, 'export', lambda *a, **k: pytest.fail('exported before checking --out'))
+    out, message = out.replace('OUT', str(tmp_path)), message.replace('OUT', str(tmp_path))
+    rc, _, err = _run(['export', small_file, '--out', out, '--img-size', '32'], capsys)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(os.listdir(tmp_path)) == ['folder.onnx'] and not os.listdir(tmp_path / 'folder.onnx')
+
+
+def test_a_model_with_non_finite_weights_is_named_before_exporting(tmp_path, capsys, monkeypatch):
+    model = _t_cnn('resnet10t')
+    with torch.no_grad():
+        model.layer4[0].conv2.v_weight[0, 0] = float('nan')  # a GPSA layer's parameter
+        model.fc.bias[3] = float('inf')
+    path = str(tmp_path / 'bad.pt')
+    tcnn.save(model, path)
+    monkeypatch.setattr(tex, '_pt2_bytes', lambda *a: pytest.fail('exported a model that computes NaN'))
+    rc, _, err = _run(['export', path, '--out', str(tmp_path / 'm.pt2'), '--img-size', '32'], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert 'the model computes non-finite logits (NaN or infinity); 2 of its parameters/buffers hold NaN or ' \
+           'infinite values (layer4.0.conv2.v_weight, fc.bias)' in err and 'max rel err' not in err, err
+    assert os.listdir(tmp_path) == ['bad.pt']
+
+
+def test_finite_weights_with_non_finite_outputs_say_so():
+    model = nn.Linear(2, 2)
+    with pytest.raises(tcnn.errors.TcnnError, match=r'^cannot run: the model computes non-finite logits .* its '
+                                                    r'parameters and buffers are all finite'):
+        tcnn.errors.check_finite_outputs(model(torch.tensor([[1e38, 1e38]])) * 1e38, model, 'cannot run')
+    tcnn.errors.check_finite_outputs(model(torch.ones(1, 2)), model, 'cannot run')  # finite: nothing raised
+
+
+def test_exported_gpsa_graph_has_no_op_executorch_lacks():
+    # ExecuTorch has no kernel for prims.copy_strided, which the core-ATen decomposition of torch.lerp writes: while
+    # exporting, GPSA mixes the attentions with plain ops (eager keeps torch.lerp); the product is unchanged
+    layer = _layer()
+    program = torch.export.export(layer, (_features(2),)).run_decompositions()
+    targets = {str(n.target) for n in program.graph.nodes if n.op == 'call_function'}
+    assert not any('copy_strided' in t or 'lerp' in t for t in targets), targets
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(_features(2)), layer(_features(2)), rtol=1e-5, atol=1e-6)

@@ -1,11 +1,14 @@
-"""``tcnn export FILE --out OUT.onnx|OUT.pt2``: a T-CNN for deployment (ONNX or ``torch.export``), dynamic batch,
-checked against PyTorch at batch 1 and 5 before it is written (``tcnn.export``)."""
+"""``tcnn export FILE --out OUT.onnx|OUT.pt2|OUT.pte [--aoti]``: a T-CNN for deployment (ONNX, ``torch.export``,
+AOTInductor, ExecuTorch), checked against PyTorch in the runtime that reads it before it is written (``tcnn.export``)."""
 import argparse
+import os
 import warnings
 
 from ..errors import TcnnError, check_number
 from ..paths import check_input_file, check_output_file
 from ..version import EXPORT_EXTENSIONS
+
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.io.HUB_PREFIXES, without importing torch
 from .convert import _in_chans, parse_img_size
 
 __all__ = ['add_arguments', 'run']
@@ -13,11 +16,16 @@ __all__ = ['add_arguments', 'run']
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('file', metavar='FILE',
-                        help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save) or a training '
-                             'checkpoint (last.pt / best.pt of tcnn train)')
+                        help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save), a training '
+                             'checkpoint (last.pt / best.pt of tcnn train) or a Hub folder (tcnn publish: its path, '
+                             'local-dir:PATH or hf-hub:ORG/NAME)')
     parser.add_argument('--out', '-o', metavar='OUT', required=True,
-                        help='output file: .onnx (onnxruntime, TensorRT, ...) or .pt2 (torch.export: AOTInductor, '
-                             'ExecuTorch, torch.export.load)')
+                        help='output file: .onnx (checked in onnxruntime), .pt2 (torch.export archive, checked with '
+                             'torch.export.load; with --aoti an AOTInductor package) or .pte (ExecuTorch, XNNPACK, '
+                             'batch 1; checked in ExecuTorch\'s runtime)')
+    parser.add_argument('--aoti', action='store_true',
+                        help='compile the .pt2 with AOTInductor (a package for torch._inductor.aoti_load_package), '
+                             'checked with its input checks on (AOTI_RUNTIME_CHECK_INPUTS=1)')
     parser.add_argument('--img-size', metavar='SIZE',
                         help='input size of the trace and the check: N or HxW (default: the file\'s data config)')
     parser.add_argument('--dynamic-size', action='store_true',
@@ -42,10 +50,12 @@ def _shape(shape) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # the cheap checks first: a mistake costs no model load and no export
-    check_input_file(args.file, 'T-CNN file')
+    if not (args.file.startswith(HUB_PREFIXES) or os.path.isdir(args.file)):  # a Hub folder is checked as it loads
+        check_input_file(args.file, 'T-CNN file')
     path = check_output_file(args.out, '--out', EXPORT_EXTENSIONS)  # also the format, by extension
-    if path.lower().endswith('.pt2') and args.exporter:
-        raise TcnnError('--exporter applies to .onnx files; a .pt2 file is written by torch.export')
+    if not path.lower().endswith('.onnx') and args.exporter:
+        raise TcnnError(f'--exporter applies to .onnx files; a {os.path.splitext(path)[1]} file is written by '
+                        'torch.export')
     check_number(args.tol, '--tol', gt=0)
     parse_img_size(args.img_size, 3)
 
@@ -54,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
     from ..convert import gpsa_layers
 
     exporter = args.exporter or 'dynamo'
-    fmt = tex.check_export_options(path, exporter, args.opset)
+    fmt = tex.check_export_options(path, exporter, args.opset, args.aoti, args.dynamic_size)
     if fmt == 'onnx':
         tex.require_onnx(exporter)
+    elif fmt == 'pte':
+        tex.require_executorch()
     model = tio.load(args.file)
     if not gpsa_layers(model):
         raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
@@ -65,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', module=r'torch\.(onnx|export|_export|fx)')  # exporters' progress notes
         report = tex.export(model, path, input_size=size, exporter=exporter, opset=args.opset,
-                            dynamic_size=args.dynamic_size, tol=args.tol)
-    how = f'ONNX opset {report.opset}, {report.exporter} exporter' if fmt == 'onnx' else 'torch.export'
+                            dynamic_size=args.dynamic_size, tol=args.tol, aoti=args.aoti)
+    how = f'ONNX opset {report.opset}, {report.exporter} exporter' if fmt == 'onnx' else report.exporter
     checks = ', '.join(f'batch {c.batch} {c.height}x{c.width} {c.max_rel_err:.2g}' for c in report.checks)
     print('\n'.join([
         f'{args.file} -> {report.path} ({how}, {_size(report.size_bytes)}) in {report.seconds:.1f} s',
