@@ -787,7 +787,7 @@ def run(args: argparse.Namespace) -> int:
         with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):
             for note in notes if ctx.is_main else ():
                 print(f'note: {note}')
-            data = open_training_data(recipe)
+            data = open_training_data(recipe, resumed=checkpoint is not None)
             recipe['num_classes'] = data.num_classes  # a fresh run may leave it to the data
             trainer = Trainer(recipe, data, ctx, checkpoint, stop)
             del checkpoint

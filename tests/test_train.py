@@ -573,6 +573,23 @@ def test_bad_data_folders(data_dir, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith('tcnn train: error:') and message in err[0], err
 
 
+@pytest.mark.parametrize('classes', [1000, 5])
+def test_a_class_count_other_than_the_data_is_refused(data_dir, tmp_path, capsys, classes):
+    """``--set num_classes=N`` on a 3-class folder: one line naming both counts and the fix, before any training (an
+    ImageNet head trained on its classes 0-2 would learn nothing useful); the folder's own count is accepted."""
+    from tcnn.cli import main as tcnn_main
+    out = tmp_path / 'deep' / 'out'
+    assert tcnn_main(['train', *common(data_dir, out, epochs=1), '--set', f'num_classes={classes}']) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('tcnn train: error: '), err
+    assert f"num_classes {classes} disagrees with the data's 3 classes" in err[0]
+    assert 'leave num_classes out' in err[0] and '--set num_classes=3' in err[0]
+    assert 'epoch 1' not in captured.out and not (tmp_path / 'deep').exists()
+    recipe = resolve_recipe(None, {'data': data_dir}, ['num_classes=3'])
+    assert open_training_data(recipe).num_classes == 3
+
+
 def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     bad = tmp_path / 'bad.yaml'
     bad.write_text('base: ' + os.path.join(RECIPES, 'base.yaml') + '\nmodle: resnet50d\n')

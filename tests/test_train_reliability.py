@@ -300,11 +300,14 @@ def test_failed_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monk
     assert [r['epoch'] for r in metrics(run)] == [0]  # the metrics row follows the checkpoint, never precedes it
 
 
-def test_resume_errors_are_one_line(data_dir, tmp_path, capsys):
+def test_resume_errors_are_one_line(data_dir, straight, tmp_path, capsys):
     empty = tmp_path / 'empty.pt'
     empty.write_bytes(b'')
     (tmp_path / 'folder').mkdir()
+    other = make_image_folder(str(tmp_path / 'two'), num_classes=2, train_per_class=4, val_per_class=1, size=32)
     cases = [
+        (['--resume', str(straight), '--data', other, '--epochs', '4'],
+         "the resumed run's model has 3 classes, the data 2"),
         (['--resume', str(empty)], 'empty.pt'),
         (['--resume', str(tmp_path / 'folder')], 'holds no last.pt'),
         (['--resume', str(tmp_path / 'folder'), '--recipe', 't_resnet50_d'], '--resume auto accepts --recipe'),
