@@ -167,7 +167,7 @@ def _create_model(recipe: Dict[str, Any], num_classes: int) -> nn.Module:
         kwargs['drop_path_rate'] = recipe['drop_path_rate']
     try:
         return create_cnn(recipe['model'], pretrained=recipe['pretrained'], weights=recipe['weights'],
-                          num_classes=num_classes, **kwargs)
+                          num_classes=num_classes, classes_of="the data's", **kwargs)
     except TypeError as e:  # a timm architecture that does not take one of the kwargs
         raise TcnnError(f'cannot create {recipe["model"]} with {kwargs}: {e}') from None
     except WeightsUnavailableError as e:  # the fix in tcnn train's terms: its flags, not Python arguments

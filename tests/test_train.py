@@ -573,6 +573,20 @@ def test_bad_data_folders(data_dir, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith('tcnn train: error:') and message in err[0], err
 
 
+def test_a_dropped_head_is_named_with_the_data_class_count(data_dir, tmp_path):
+    """``tcnn train --weights`` of a 1000-class checkpoint on a 3-class folder: the one warning about the replaced
+    head speaks of the data's class count, not of a ``num_classes`` the user never gave."""
+    weights = tmp_path / 'imagenet_head.pth'
+    torch.save(timm.create_model('resnet18d', num_classes=1000).state_dict(), weights)
+    recipe = resolve_recipe(None, {'data': data_dir, 'model': 'resnet18d', 'weights': str(weights)}, [])
+    with pytest.warns(UserWarning) as caught:
+        model = tcnn_train._create_model(recipe, open_training_data(recipe).num_classes)
+    (message,) = [str(w.message) for w in caught if 'dropped' in str(w.message)]
+    assert message == (f"{weights}: its head 'fc' (1000 classes) is dropped for a new, randomly initialised one for "
+                       "the data's 3 classes")
+    assert model.fc.out_features == 3
+
+
 @pytest.mark.parametrize('classes', [1000, 5])
 def test_a_class_count_other_than_the_data_is_refused(data_dir, tmp_path, capsys, classes):
     """``--set num_classes=N`` on a 3-class folder: one line naming both counts and the fix, before any training (an
