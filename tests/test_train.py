@@ -626,6 +626,42 @@ def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     assert not (tmp_path / 'out' / 'last.pt').exists()
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--num-classes', '5'], "--num-classes is timm train.py's flag; tcnn train's way: the class count comes from the "
+                             'data (one output per class folder); for data that does not state its classes: --set '
+                             'num_classes=5'),
+    (['--warmup-epochs', '3'], 'tcnn train has no --warmup-epochs flag: use --set warmup_epochs=3'),
+    (['--weight-decay=0.1'], 'use --set weight_decay=0.1'),
+    (['--drop-path', '0.1'], 'use --set drop_path_rate=0.1'),
+    (['--opt', 'sgd'], 'use --set opt=sgd'),
+    (['--sched', 'cosine'], 'use --set sched=cosine'),
+    (['--mixup', '0.2', '--cutmix', '0'], 'use --set mixup=0.2'),
+    (['--scale', '0.5', '1'], 'use --set scale=[0.5,1]'),
+    (['--channels-last'], 'use --set channels_last=true'),
+    (['-b', '64'], "-b is timm train.py's flag; tcnn train's way: --batch-size 64"),
+    (['--grad-accum-steps', '2'], '--accum-steps 2'),
+    (['--initial-checkpoint', 'w.pth'], '--weights w.pth'),
+    (['--log-wandb'], '--log wandb'),
+    (['--pretrained'], 'a run starts from the pretrained weights by default'),
+    (['--layer-decay', '0.7'], 'unknown argument --layer-decay: tcnn train takes its flags (tcnn train --help) and any '
+                               'recipe key as --set KEY=VALUE (closest: weight_decay); every key and its value: tcnn '
+                               'train --print-config'),
+])
+def test_timm_train_flags_point_to_tcnn_train_in_one_line(data_dir, tmp_path, capsys, argv, message):
+    """Flags of timm's train.py that tcnn train spells otherwise (or not at all): one line with tcnn's way, from
+    ``tcnn train`` and ``python -m tcnn.train`` alike, not argparse's usage; timm's flags that tcnn shares work."""
+    from tcnn.cli import main as tcnn_main
+    args = ['--data', data_dir, '--lr', '1e-3', '--epochs', '2', '--model', 'resnet18d', '--img-size', '64', *argv]
+    for prog, call in (('tcnn train', lambda: tcnn_main(['train', *args])), ('python -m tcnn.train',
+                                                                            lambda: tcnn_train.main(args))):
+        with pytest.raises(SystemExit) as exit_info:
+            call()
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.err.count('\n') == 1 and 'usage' not in captured.err, captured.err
+        assert captured.err.startswith(f'{prog}: error: ') and message in captured.err, captured.err
+
+
 def test_cli_error_is_one_line(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE='1')
     proc = subprocess.run([sys.executable, '-m', 'tcnn.cli', 'train', '--data', str(tmp_path / 'nowhere'),
@@ -633,6 +669,11 @@ def test_cli_error_is_one_line(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f'tcnn train: error: data folder not found: {tmp_path / "nowhere"}']
+    proc = subprocess.run([sys.executable, '-m', 'tcnn.cli', 'train', '--data', str(tmp_path), '--num-classes', '1000'],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("tcnn train: error: --num-classes is timm train.py's flag") and \
+        '--set num_classes=1000' in proc.stderr
 
 
 def test_offline_pretrained_names_the_train_flags(data_dir, tmp_path, monkeypatch, capsys):
