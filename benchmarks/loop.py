@@ -15,11 +15,12 @@ channels_last on a GPU. torchrun gives the one process a process group, so the j
 The numbers are the run's own (``OUTPUT/metrics.jsonl``, the last epoch's: the first one pays for cuDNN's
 autotuning and the loader's start):
 
-- loop img/s: training images per second of the whole epoch, waiting for data included (``img_per_s``);
-- step img/s: the same images over the epoch's time minus the time spent waiting for the loader's next batch
+- loop img/s: training images per second of the epoch's whole training loop, waiting for data included
+  (``img_per_s``; validation is not part of it);
+- step img/s: the same images over the loop's time minus the time spent waiting for the loader's next batch
   (``step_img_per_s`` = loop img/s / (1 - data wait)): what the loop would do with data for free, as far as the
   compute of this run goes (host overhead included, the loader's CPU use beside it not excluded);
-- data wait: the share of the epoch's time the training process waited for the loader (``data_wait``; ``tcnn
+- data wait: the share of the loop's time the training process waited for the loader (``data_wait``; ``tcnn
   train`` calls a run data-bound from 10% on).
 
 Prints a table and writes ``<out>/<device>-loop-<backend>-<date>.json`` (device ``cpu`` or ``cuda-<gpu>``, e.g.
@@ -214,10 +215,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         'settings': {k: getattr(args, k) for k in ('smoke', 'model', 'img_size', 'epochs', 'batch_size', 'workers',
                                                    'variants')},
         'tcnn_default_workers': auto_workers(1), 'data': data, 'runs': rows, 'ratios': ratios(rows),
-        'definitions': {'img_per_s': 'training images / epoch time, data wait included (metrics.jsonl img_per_s)',
-                        'step_img_per_s': 'training images / (epoch time - time waiting for the loader) = img_per_s '
+        'definitions': {'img_per_s': 'training images / training loop time, data wait included (metrics.jsonl '
+                                     'img_per_s)',
+                        'step_img_per_s': 'training images / (loop time - time waiting for the loader) = img_per_s '
                                           '/ (1 - data_wait) (metrics.jsonl step_img_per_s)',
-                        'data_wait': 'share of the epoch time spent waiting for the next batch'},
+                        'data_wait': 'share of the loop time spent waiting for the next batch (0 to 1)'},
         'loadavg_end': load_average(), 'wall_time_s': time.perf_counter() - start,
     }
     print_table(results)

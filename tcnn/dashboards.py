@@ -6,8 +6,11 @@ What a run logs (the step is the global optimiser-update count):
   ``train/gating_lr``, ``train/grad_norm`` (before clipping), ``train/img_per_s`` (all processes) and
   ``train/data_wait`` (the share of the time spent waiting for the loader), both since the previous point;
 * every epoch, at the update that ends it: ``epoch``, ``val/loss``, ``val/top1``, ``val/top5`` (``ema_val/*`` with
-  an EMA), ``train/epoch_loss``, ``train/epoch_top1``, ``train/epoch_time_s``; per GPSA layer the mean and per-head
-  gate sigmoid(lambda_h) (T-CNN, arXiv:2106.05795, eq. 7) and span 1/alpha_h (Fig. 4): ``gate/LAYER/mean``,
+  an EMA), ``train/epoch_loss``, ``train/epoch_top1``, ``train/epoch_time_s``, the learning rates of the epoch's last
+  update ``train/epoch_lr`` and ``train/epoch_gating_lr`` (the base and gating parameter groups; a run shorter than
+  ``log_every`` updates has no other lr curve), the epoch's ``train/epoch_img_per_s``,
+  ``train/epoch_step_img_per_s`` and ``train/epoch_data_wait`` (``metrics.jsonl``'s loop numbers); per GPSA layer
+  the mean and per-head gate sigmoid(lambda_h) (T-CNN, arXiv:2106.05795, eq. 7) and span 1/alpha_h (Fig. 4): ``gate/LAYER/mean``,
   ``gate/LAYER/head_H``, ``span/LAYER/...``; the nonlocality (ConViT, arXiv:2103.10697, eq. 8) of a fixed batch of
   validation images, ``nonlocality/LAYER`` and ``nonlocality/mean``; and ``attention``, the Fig. 5 figure (every
   head's gated attention of the centre pixel, the gates in red; ``tcnn inspect``'s first row) of the first of them;
@@ -50,7 +53,10 @@ UPDATE_TAGS = ('loss', 'lr', 'gating_lr', 'grad_norm', 'img_per_s', 'data_wait')
 # metrics.jsonl keys of an epoch -> dashboard tags
 EPOCH_TAGS = {'val_loss': 'val/loss', 'val_top1': 'val/top1', 'val_top5': 'val/top5', 'ema_val_loss': 'ema_val/loss',
               'ema_val_top1': 'ema_val/top1', 'ema_val_top5': 'ema_val/top5', 'train_loss': 'train/epoch_loss',
-              'train_top1': 'train/epoch_top1', 'epoch_time_s': 'train/epoch_time_s'}
+              'train_top1': 'train/epoch_top1', 'epoch_time_s': 'train/epoch_time_s',
+              # per epoch too, so that a run of fewer than log_every updates shows its schedule and throughput
+              'lr': 'train/epoch_lr', 'gating_lr': 'train/epoch_gating_lr', 'img_per_s': 'train/epoch_img_per_s',
+              'step_img_per_s': 'train/epoch_step_img_per_s', 'data_wait': 'train/epoch_data_wait'}
 
 
 def check_backends(names: List[str]) -> None:

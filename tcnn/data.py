@@ -527,9 +527,10 @@ def _check_reader_package(reader: str, data: str) -> None:
 
 
 def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_classes: Optional[int], batch_size: int,
-                         seed: int, skip_bad_images: bool = False) -> Tuple[Any, Any, int]:
+                         seed: int, skip_bad_images: bool = False) -> Tuple[Any, Any, Optional[int]]:
     """The training and validation sets of ``--data READER/REST`` (timm's ``create_dataset`` readers) and the class
-    count (``num_classes``, else the dataset's own).
+    count the data states itself (its class names, a webdataset's ``_info.json``; None when only ``num_classes``
+    gives it). The datasets check labels against ``num_classes``, else the data's own count.
 
     ``hfds`` is map-style (an ``ImageFolderDataset``-like ``ReaderDataset``: sampler, exact mid-epoch resume);
     ``wds``, ``hfids`` and ``tfds`` are streams (``StreamDataset``), whose training split must state its size.
@@ -543,10 +544,10 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
         train = ReaderDataset(data, rest, train_split, skip_bad_images=skip_bad_images)
         val = ReaderDataset(data, rest, _resolve_split(val_split, train.splits), class_map=train.class_to_idx or None,
                             skip_bad_images=skip_bad_images)
-        classes = num_classes or len(train.class_to_idx)
-        if not classes:
+        known = len(train.class_to_idx) or None
+        if not (num_classes or known):
             raise TcnnError(f'{data} does not name its classes: set --set num_classes=N')
-        return train, val, classes
+        return train, val, known
     name, root = (reader + '/' + os.path.basename(rest.rstrip('/')), rest) if reader == 'wds' else (data, None)
     kwargs: Dict[str, Any] = {}
     splits = []
@@ -559,12 +560,14 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
         train_split, train_files, n_train = _wds_split(rest, train_split, info)
         val_split, val_files, n_val = _wds_split(rest, val_split, info)
         splits = [(train_split, len(train_files), n_train), (val_split, len(val_files), n_val)]
-        num_classes = num_classes or info.get('num_classes')
+        known = info.get('num_classes') or None
+        num_classes = num_classes or known
         if not num_classes:
             raise TcnnError(f'the classes of {data} are unknown (webdataset .cls labels are bare indices): set '
                             '--set num_classes=N (or "num_classes" in its _info.json)')
     else:
         splits = [(train_split, 0, 0), (val_split, 0, 0)]
+        known = None
     sets = []
     size_hint = ('give it in the _info.json ("num_samples") or the split, e.g. --set '
                  'train_split="train-{0000..0099}.tar|N"')
@@ -583,12 +586,15 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
         if training and count <= 0:
             raise TcnnError(f'the size of split {split!r} of {data} is unknown, so the epoch length is too: '
                             f'{size_hint}')
-        classes = num_classes or len(getattr(ds.reader, 'class_to_idx', None) or {}) or None
+        own = len(getattr(ds.reader, 'class_to_idx', None) or {}) or None
+        if training:
+            known = known or own
+        classes = num_classes or own
         sets.append(StreamDataset(ds, data, split, count, classes, shards or 1,
                                   getattr(ds.reader, 'class_to_idx', None)))
     if sets[0].num_classes is None:
         raise TcnnError(f'the classes of {data} are unknown: set --set num_classes=N')
-    return sets[0], sets[1], sets[0].num_classes
+    return sets[0], sets[1], known
 
 
 class ReaderDataset(ImageFolderDataset):
@@ -642,10 +648,13 @@ class TrainingData:
         train: The training split: an ``ImageFolderDataset``, a ``ReaderDataset`` or a ``StreamDataset``.
         val: The validation split, labelled like ``train``.
         num_classes: The run's class count (the recipe's, or the data's when the recipe leaves it open).
+        data_classes: The class count the data states itself (class folders, a reader's class names, a webdataset's
+            ``_info.json``); None when only the recipe gives it.
     """
     train: Dataset
     val: Dataset
     num_classes: int
+    data_classes: Optional[int] = None
 
     @property
     def streaming(self) -> bool:
@@ -669,25 +678,37 @@ def num_images(dataset: Dataset) -> int:
     return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
 
 
-def open_training_data(recipe: Mapping[str, Any]) -> TrainingData:
+def open_training_data(recipe: Mapping[str, Any], resumed: bool = False) -> TrainingData:
     """Open the recipe's ``data`` (an ImageFolder root or a timm reader spec) at its train and val splits.
 
+    Args:
+        recipe: The resolved recipe.
+        resumed: The recipe is a resumed run's (its ``num_classes`` is the checkpoint's model's), for the error
+            when the class counts disagree.
+
     Raises:
-        TcnnError: No data, a missing or malformed split, or a ``num_classes`` below the data's class count.
+        TcnnError: No data, a missing or malformed split, or a ``num_classes`` other than the class count the data
+            states (a model trained on classes 0-2 of a 1000-class head learns nothing useful).
     """
     r = recipe
     if not r['data']:
         raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
                         '(wds/FOLDER, hfds/NAME, ...)')
     if is_reader_spec(r['data']):
-        train, val, classes = open_reader_datasets(
+        train, val, known = open_reader_datasets(
             r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'], batch_size=r['batch_size'],
             seed=r['seed'], skip_bad_images=r['skip_bad_images'])
+        where = f'the classes of {r["data"]}'
     else:
         train = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
         val = open_dataset(r['data'], r['val_split'], class_map=train.class_to_idx,
                            skip_bad_images=r['skip_bad_images'])
-        classes = len(train.class_to_idx)
-    if r['num_classes'] is not None and r['num_classes'] < classes:
-        raise TcnnError(f'num_classes {r["num_classes"]} is smaller than the {classes} classes of the data')
-    return TrainingData(train, val, r['num_classes'] if r['num_classes'] is not None else classes)
+        known, where = len(train.class_to_idx), f'the class folders of {os.path.join(r["data"], r["train_split"])}'
+    given = r['num_classes']
+    if given is not None and known is not None and given != known:
+        if resumed:
+            raise TcnnError(f'the resumed run\'s model has {given} classes, the data {known} ({where}): resume with '
+                            'the data it was trained on, or start a new run')
+        raise TcnnError(f'num_classes {given} disagrees with the data\'s {known} classes ({where}): leave num_classes '
+                        f'out (tcnn train takes the class count from the data) or set --set num_classes={known}')
+    return TrainingData(train, val, given if given is not None else known, known)

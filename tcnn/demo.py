@@ -780,6 +780,16 @@ HEADLINE: Tuple[Tuple[str, str], ...] = (
     ('t-cnn/nonlocality_mean', 'T-CNN nonlocality after fine-tuning (tokens)'),
 )
 HEADLINE_TITLES = dict(HEADLINE)
+# A number is judged against the documented band: the documented range (min to max over the documented seeds)
+# widened by BAND_SD documented standard deviations on each side. The documented seeds are a sample of a
+# distribution, and another machine's floating-point rounding turns every seed into a new draw of it (docs/demo.md):
+# a new draw leaves the bare range of n = 12 seeds with probability 2 / (n + 1), 15% per number (more for the
+# default seeds 0 and 1, themselves among the range's ends), so a fresh install flagged numbers 0.1 past it; for a
+# normal distribution it leaves the band with probability about 0.6% per value (simulated, n = 12), while a broken
+# pipeline (a T-CNN that does not learn, a wrong conversion) lies many sd away. The band's margin is wider than the
+# rounding of the printed numbers (3 significant digits) for every headline number, and a value printed equal to a
+# range end counts as inside the range, so what the report prints never contradicts what it says.
+BAND_SD = 2.0
 
 
 def headline_values(results: Mapping[str, Any]) -> Dict[str, List[float]]:
@@ -847,10 +857,12 @@ def compare_with_reference(results: Mapping[str, Any], reference: Optional[Mappi
                            ) -> Dict[str, Any]:
     """Where each headline number of ``results`` lies in the documented distribution of its plan.
 
-    A number is ``inside`` when every seed's value lies within the documented range (min to max over the documented
-    seeds); ``sd`` is how far the seed furthest from the documented mean lies from it, in documented standard
-    deviations (signed). Without a documented distribution for the plan, ``available`` is False and ``why`` says
-    why.
+    A number is ``inside`` when every seed's value lies within the documented band (``band``: the documented range,
+    min to max over the documented seeds, widened by ``BAND_SD`` documented standard deviations each side), and
+    ``in_range`` when every value, printed with 3 significant digits, lies within the printed range itself; ``sd``
+    is how far the seed furthest from the documented mean lies from it, in documented standard deviations (signed),
+    and ``past_range`` how far the seed furthest outside the range lies past its nearer end (0 inside it). Without a
+    documented distribution for the plan, ``available`` is False and ``why`` says why.
     """
     reference = load_reference() if reference is None else reference
     if reference is None:
@@ -867,9 +879,13 @@ def compare_with_reference(results: Mapping[str, Any], reference: Optional[Mappi
         sds = [(v - ref['mean']) / ref['std'] if ref['std'] > 0 else (0.0 if v == ref['mean'] else math.inf)
                for v in values]
         furthest = max(range(len(values)), key=lambda i: abs(sds[i]))
+        lo, hi = ref['min'] - BAND_SD * ref['std'], ref['max'] + BAND_SD * ref['std']
+        past = [_past_range(v, ref) for v in values]
+        beyond = max(range(len(values)), key=lambda i: abs(past[i]))
         numbers[key] = {'values': values, 'mean': sum(values) / len(values),
-                        'inside': all(ref['min'] <= v <= ref['max'] for v in values),
-                        'sd': sds[furthest], 'furthest_seed': furthest,
+                        'inside': all(_within(v, lo, hi) for v in values), 'in_range': all(p == 0 for p in past),
+                        'band': [lo, hi], 'sd': sds[furthest], 'furthest_seed': furthest,
+                        'past_range': past[beyond], 'past_range_seed': beyond,
                         'reference': {k: ref[k] for k in ('mean', 'std', 'min', 'max', 'n')}}
     return {'available': True, 'seeds': max(s['n'] for s in reference['stats'].values()),
             'environments': [{k: e.get(k) for k in ('torch', 'timm', 'pillow', 'threads', 'jobs', 'device', 'seeds')}
@@ -878,11 +894,38 @@ def compare_with_reference(results: Mapping[str, Any], reference: Optional[Mappi
             'outside': [k for k, n in numbers.items() if not n['inside']]}
 
 
+def _printed(value: float) -> float:
+    """``value`` as the report prints it (3 significant digits)."""
+    return float(f'{value:.3g}')
+
+
+def _within(value: float, lo: float, hi: float) -> bool:
+    """``lo <= value <= hi``, or so as printed: a value printed equal to a printed end is within."""
+    return lo <= value <= hi or _printed(lo) <= _printed(value) <= _printed(hi)
+
+
+def _past_range(value: float, ref: Mapping[str, Any]) -> float:
+    """How far ``value`` lies past the documented range, in documented sd (signed: below its min < 0 < above its
+    max); 0 within it (``_within``)."""
+    if _within(value, ref['min'], ref['max']):
+        return 0.0
+    end = ref['max'] if value > ref['max'] else ref['min']
+    return (value - end) / ref['std'] if ref['std'] > 0 else math.copysign(math.inf, value - end)
+
+
+BAND_TEXT = f'the documented range ± {BAND_SD:g} sd'
+
+
 def _where(number: Mapping[str, Any]) -> str:
-    if number['inside']:
+    if number.get('in_range', number['inside']):
         return 'inside the documented range'
+    if number['inside']:
+        past = number['past_range']
+        return (f'inside the band ({BAND_TEXT}): seed {number["past_range_seed"]} lies {abs(past):.1f} sd '
+                f'{"above the documented maximum" if past > 0 else "below the documented minimum"}')
     sd = number['sd']
-    return (f'outside the documented range: seed {number["furthest_seed"]} lies {abs(sd):.1f} sd '
+    band = ' to '.join(f'{v:.3g}' for v in number['band'])
+    return (f'outside the band ({BAND_TEXT}: {band}): seed {number["furthest_seed"]} lies {abs(sd):.1f} sd '
             f'{"above" if sd > 0 else "below"} the documented mean')
 
 
@@ -891,11 +934,16 @@ def reference_lines(results: Mapping[str, Any]) -> List[str]:
     ref = results.get('reference') or {}
     if not ref.get('available'):
         return [f'No comparison with the documented distribution: {ref.get("why", "none")}.']
-    numbers = ref['numbers']
-    lines = [f'Against the documented distribution ({ref["seeds"]} full-pipeline seeds, docs/demo.md): '
-             + (f'all {len(numbers)} headline numbers lie inside the documented range.' if not ref['outside'] else
-                f'{len(numbers) - len(ref["outside"])} of {len(numbers)} headline numbers lie inside the documented '
-                'range; outside:')]
+    numbers, outside = ref['numbers'], ref['outside']
+    in_range = sum(n.get('in_range', n['inside']) for n in numbers.values())
+    head = f'Against the documented distribution ({ref["seeds"]} full-pipeline seeds, docs/demo.md): '
+    if not outside:
+        head += (f'all {len(numbers)} headline numbers lie inside the documented band ({BAND_TEXT}), '
+                 f'{in_range} of them inside the range itself.')
+    else:
+        head += (f'{len(numbers) - len(outside)} of {len(numbers)} headline numbers lie inside the documented band '
+                 f'({BAND_TEXT}); outside: {"; ".join(HEADLINE_TITLES[key] for key in outside)}.')
+    lines = [head]
     for key in ref['outside']:
         n = numbers[key]
         lines.append(f'  {HEADLINE_TITLES[key]}: {", ".join(f"{v:.3g}" for v in n["values"])} vs documented '
@@ -1033,7 +1081,8 @@ def _readme_reference(results: Mapping[str, Any]) -> str:
 What another machine sees: every headline number over {ref['seeds']} full-pipeline seeds of this plan (each its own
 CNN and fine-tuning), measured {ref['measured'] or 'when this tcnn was released'} ({envs}). A different torch build,
 CPU or thread count changes the floating-point rounding, and from there the whole training: numbers anywhere in the
-documented range are what this demo gives, not a failure to reproduce it.
+documented range, or a little past it, are what this demo gives, not a failure to reproduce it. A number is flagged
+only outside the band, {BAND_TEXT} (docs/demo.md says why).
 
 {_md_table(['number', 'this run (per seed)', 'documented mean ± sd', 'documented range', 'this run lies'], rows)}
 

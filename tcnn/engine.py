@@ -22,7 +22,7 @@ from .errors import TcnnError
 from .optim import group_lrs
 
 __all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'ForwardPass', 'EpochPlan', 'train_one_epoch',
-           'validate', 'autocast_fn', 'grad_norm', 'to_device', 'DATA_BOUND_FRACTION']
+           'validate', 'autocast_fn', 'grad_norm', 'to_device', 'loop_rates', 'DATA_BOUND_FRACTION']
 
 # A run is "data-bound" when the step waits this fraction of its time or more for the loader.
 DATA_BOUND_FRACTION = 0.1
@@ -47,15 +47,23 @@ class EpochPosition:
     loss_sum: float = 0.0  # sum over updates of the global mean loss
     correct: int = 0  # this process's correct predictions (against the dominant label)
     images: int = 0  # this process's training images
-    train_time_s: float = 0.0
+    compute_time_s: float = 0.0  # time spent in the steps (forward, backward, update), the wait for data excluded
     data_time_s: float = 0.0  # time spent waiting for the loader
+
+    @property
+    def loop_time_s(self) -> float:
+        """The training loop's wall time: waiting for the loader plus computing."""
+        return self.compute_time_s + self.data_time_s
 
     def state_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_state_dict(cls, state: Optional[Dict[str, Any]]) -> 'EpochPosition':
-        return cls(**state) if state else cls()
+        state = dict(state or {})
+        if 'train_time_s' in state:  # checkpoints of tcnn <= 0.3 named the compute time so
+            state['compute_time_s'] = state.pop('train_time_s')
+        return cls(**state)
 
 
 @dataclasses.dataclass
@@ -175,11 +183,21 @@ class EpochPlan:
     log_every: int = 1
 
 
+def loop_rates(images: int, compute_s: float, wait_s: float) -> Dict[str, Optional[float]]:
+    """The throughput of a stretch of the training loop that trained ``images`` images in ``compute_s`` seconds of
+    steps after waiting ``wait_s`` seconds for the loader: ``img_per_s`` over the whole time (the loop's),
+    ``step_img_per_s`` over the steps alone (= ``img_per_s / (1 - data_wait)``) and ``data_wait``, the share of the
+    whole time spent waiting (in [0, 1]); None where a time is zero."""
+    elapsed = compute_s + wait_s
+    return {'img_per_s': images / elapsed if elapsed > 0 else None,
+            'step_img_per_s': images / compute_s if compute_s > 0 else None,
+            'data_wait': wait_s / elapsed if elapsed > 0 else None}
+
+
 def _bar_postfix(position: EpochPosition, lr: Optional[float], world: int) -> Dict[str, str]:
-    elapsed = max(position.train_time_s, 1e-9)
+    rates = loop_rates(position.images * world, position.compute_time_s, position.data_time_s)
     return {'loss': f'{position.loss_sum / max(position.updates, 1):.4f}', 'lr': f'{lr:.3g}',
-            'img_s': f'{position.images * world / elapsed:.1f}',
-            'data': f'{100 * position.data_time_s / elapsed:.0f}%'}
+            'img_s': f'{rates["img_per_s"] or 0:.1f}', 'data': f'{100 * (rates["data_wait"] or 0):.0f}%'}
 
 
 class _UpdateReporter:
@@ -188,7 +206,7 @@ class _UpdateReporter:
     def __init__(self, plan: EpochPlan, position: EpochPosition):
         self.plan = plan
         self.enabled = plan.on_update is not None and plan.log_every > 0
-        self._since = (position.images, position.train_time_s, position.data_time_s)
+        self._since = (position.images, position.compute_time_s, position.data_time_s)
 
     def wants(self, num_updates: int) -> bool:
         """Whether update ``num_updates`` (1-based global count) is reported."""
@@ -196,14 +214,14 @@ class _UpdateReporter:
 
     def report(self, num_updates: int, loss: float, lrs: Dict[str, Optional[float]], norm: Optional[torch.Tensor],
                position: EpochPosition) -> None:
-        images, elapsed, waited = (now - before for now, before in zip(
-            (position.images, position.train_time_s, position.data_time_s), self._since))
-        self._since = (position.images, position.train_time_s, position.data_time_s)
+        now = (position.images, position.compute_time_s, position.data_time_s)
+        images, computed, waited = (a - b for a, b in zip(now, self._since))
+        self._since = now
+        rates = loop_rates(images * world_size(), computed, waited)
         self.plan.on_update({
             'step': num_updates, 'loss': loss, 'lr': lrs['lr'], 'gating_lr': lrs['gating_lr'],
             'grad_norm': None if norm is None else norm.item(),
-            'img_per_s': images * world_size() / elapsed if elapsed > 0 else None,
-            'data_wait': waited / elapsed if elapsed > 0 else None,
+            'img_per_s': rates['img_per_s'], 'data_wait': rates['data_wait'],
         })
 
 
@@ -255,9 +273,11 @@ def train_one_epoch(
 
     Returns:
         The epoch's position (``updates < updates_per_epoch`` when stopped early) and, for a whole epoch, the global
-        ``train_loss``, ``train_top1``, ``lr``/``gating_lr`` of the last update, ``img_per_s`` (whole loop),
-        ``step_img_per_s`` (excluding the wait for data), ``data_wait`` (fraction of the time spent waiting),
-        ``train_images``, ``train_time_s`` and the new ``num_updates``; an empty dict when stopped early.
+        ``train_loss``, ``train_top1``, ``lr``/``gating_lr`` of the last update, ``img_per_s`` (images over the
+        loop's whole time, waiting for the loader included), ``step_img_per_s`` (images over the steps' time alone),
+        ``data_wait`` (the share of the loop's time spent waiting, in [0, 1]), ``train_images``, ``train_time_s``
+        (the loop's whole time: waiting plus computing, over the resumed parts too) and the new ``num_updates``; an
+        empty dict when stopped early.
 
     Raises:
         NonFiniteLossError: The mean loss of an update is NaN or infinite.
@@ -303,7 +323,7 @@ def train_one_epoch(
                 position.loss_sum += loss_value
                 position.correct += sums.take_correct()
             tick = time.perf_counter()
-            position.train_time_s += tick - now
+            position.compute_time_s += tick - now
             if last_micro:
                 if plan.progress:
                     bar.set_postfix(_bar_postfix(position, lrs['lr'], world_size()), refresh=False)
@@ -325,17 +345,16 @@ def _epoch_stats(position: EpochPosition, lrs: Dict[str, Optional[float]], num_u
                  device: torch.device) -> Dict[str, Any]:
     sums = all_reduce_sum(torch.tensor([position.correct, position.images], dtype=torch.float64, device=device))
     correct, seen = (int(v) for v in sums.tolist())
-    elapsed, compute = position.train_time_s, position.train_time_s - position.data_time_s
     return {
         'train_loss': position.loss_sum / max(position.updates, 1),
         'train_top1': 100.0 * correct / seen if seen else None,
         'lr': lrs['lr'],
         'gating_lr': lrs['gating_lr'],
-        'img_per_s': seen / elapsed if elapsed > 0 else None,
-        'step_img_per_s': seen / compute if compute > 0 else None,
-        'data_wait': position.data_time_s / elapsed if elapsed > 0 else None,
+        # this process's times: every process trains the same number of batches, and the all-reduces of each update
+        # keep them in step
+        **loop_rates(seen, position.compute_time_s, position.data_time_s),
         'train_images': seen,
-        'train_time_s': elapsed,
+        'train_time_s': position.loop_time_s,
         'num_updates': num_updates,
     }
 

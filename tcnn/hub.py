@@ -386,6 +386,7 @@ def checkpoint_num_classes(
         classifiers: Sequence[str],
         num_classes: Optional[int] = None,
         where: str = 'the checkpoint',
+        classes_of: Optional[str] = None,
 ) -> Optional[int]:
     """The class count of a model built for ``state_dict``: its head's unless ``num_classes`` is given (timm's
     ``create_model(num_classes=...)`` convention; with neither, None: the model's default).
@@ -398,6 +399,8 @@ def checkpoint_num_classes(
         classifiers: The head's module names (``classifier_names``); the first found in ``state_dict`` counts.
         num_classes: The caller's class count, or None.
         where: The checkpoint, for the warning.
+        classes_of: Whose class count ``num_classes`` is, for the warning (``"the data's"``: ``tcnn train`` takes it
+            from the data, the user gave none); default: the caller's ``num_classes``.
     """
     found = checkpoint_head(state_dict, classifiers)
     if found is None:
@@ -409,8 +412,10 @@ def checkpoint_num_classes(
     if num_classes is None:
         return classes
     if num_classes != classes:
+        new = (f'for {classes_of} {num_classes} classes' if classes_of else
+               f'(num_classes={num_classes}); leave num_classes out to keep it')
         warnings.warn(f'{where}: its head {head!r} ({classes} classes) is dropped for a new, randomly initialised one '
-                      f'(num_classes={num_classes}); leave num_classes out to keep it', stacklevel=3)
+                      f'{new}', stacklevel=3)
     return num_classes
 
 
@@ -437,6 +442,7 @@ def create_cnn(
         weights: Optional[str] = None,
         num_classes: Optional[int] = None,
         use_ema: bool = False,
+        classes_of: Optional[str] = None,
         **kwargs,
 ) -> nn.Module:
     """Create a source CNN by name, failing fast and clearly when weights cannot be had.
@@ -450,6 +456,8 @@ def create_cnn(
             ``weights`` with another size is dropped for a new random one, with a warning naming it.
         use_ema: Load the EMA weights of ``weights`` (``state_dict_ema``/``model_ema``) instead of its raw
             ``state_dict``; an error if it has none.
+        classes_of: Whose class count ``num_classes`` is, for the warning about a dropped head (``"the data's"``);
+            default: the caller's ``num_classes``.
         **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``).
 
     Raises:
@@ -470,7 +478,8 @@ def create_cnn(
     if weights is not None:  # read first: the class count of the checkpoint's head decides the model's
         sd = load_state_dict_file(os.fspath(weights), use_ema=use_ema)
         classifiers = classifier_names(name)
-        num_classes = checkpoint_num_classes(sd, classifiers, num_classes, where=os.fspath(weights))
+        num_classes = checkpoint_num_classes(sd, classifiers, num_classes, where=os.fspath(weights),
+                                             classes_of=classes_of)
     elif use_ema:
         raise InvalidArgumentError('use_ema=True needs weights=PATH (a checkpoint holding EMA weights)')
     if source == 'torchvision':

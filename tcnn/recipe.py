@@ -50,7 +50,8 @@ RECIPE_KEYS: Dict[str, RecipeKey] = {
     'model': _k('resnet50d', str, 'source CNN: a timm name (resnetrs50, resnet50d, ...) or torchvision:NAME'),
     'pretrained': _k(True, bool, "start from the library's pretrained weights (false: random init)"),
     'weights': _k(None, (str, NoneType), 'local checkpoint of the source CNN (instead of downloading)'),
-    'num_classes': _k(None, (int, NoneType), 'classifier size; null: the number of class folders in the data'),
+    'num_classes': _k(None, (int, NoneType), 'classifier size; null: the class count of the data (class folders, '
+                      'class names); set it for data that does not state it (webdataset labels), else it must agree'),
     'drop_path_rate': _k(0.0, float, 'stochastic depth rate (Table 1: 0.1 for RS-50/101, 0.2 for larger)'),
     'no_sa': _k(False, bool, 'Table 1 "without SA" baseline: fine-tune the unconverted CNN'),
     'reparam_epoch': _k(None, (int, NoneType), 'Table 3 late reparameterisation: train the CNN this many epochs, '

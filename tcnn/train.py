@@ -167,7 +167,7 @@ def _create_model(recipe: Dict[str, Any], num_classes: int) -> nn.Module:
         kwargs['drop_path_rate'] = recipe['drop_path_rate']
     try:
         return create_cnn(recipe['model'], pretrained=recipe['pretrained'], weights=recipe['weights'],
-                          num_classes=num_classes, **kwargs)
+                          num_classes=num_classes, classes_of="the data's", **kwargs)
     except TypeError as e:  # a timm architecture that does not take one of the kwargs
         raise TcnnError(f'cannot create {recipe["model"]} with {kwargs}: {e}') from None
     except WeightsUnavailableError as e:  # the fix in tcnn train's terms: its flags, not Python arguments
@@ -632,8 +632,8 @@ class Trainer:
         if self.model_ema is not None:
             distribute_bn(self.model_ema.module, self.ctx.world_size, reduce=True)
 
-    def _validate(self, epoch: int, stats: Dict[str, Any]) -> Dict[str, Any]:
-        eval_start = time.perf_counter()
+    def _validate(self, epoch: int, stats: Dict[str, Any], trained_at: float) -> Dict[str, Any]:
+        """The epoch's ``metrics.jsonl`` row; ``trained_at`` is when its training loop ended (``perf_counter``)."""
         val = validate(self.eval_model, self.val_loader, device=self.device, autocast=self.autocast,
                        channels_last=self.channels_last)
         row = {'epoch': epoch, 'lr': stats['lr'], 'gating_lr': stats['gating_lr'],
@@ -644,7 +644,9 @@ class Trainer:
         if self.model_ema is not None:
             row.update(validate(self.eval_ema, self.val_loader, device=self.device, autocast=self.autocast,
                                 channels_last=self.channels_last, prefix='ema_val'))
-        row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - eval_start
+        # the epoch's wall time: its training loop (waiting for data and computing, over every resumed part) and
+        # what followed it (batch-norm averaging, validation)
+        row['epoch_time_s'] = stats['train_time_s'] + time.perf_counter() - trained_at
         row['bad_images'] = self._bad_images()
         return row
 
@@ -670,6 +672,7 @@ class Trainer:
             if self.late and not self.converted and epoch >= r['reparam_epoch']:
                 self._late_reparameterize()
             position, stats = self._train_epoch(epoch, position)
+            trained_at = time.perf_counter()
             self.num_updates = epoch * self.updates_per_epoch + position.updates
             if not stats and self.streaming:  # a stream cannot restart mid-epoch: last.pt stays at the epoch start
                 return self._stopped_stream(epoch, position)
@@ -678,7 +681,7 @@ class Trainer:
                 return self._stopped(f'in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}')
             position = EpochPosition()
             self._sync_batch_norm()
-            row = self._validate(epoch, stats)
+            row = self._validate(epoch, stats, trained_at)
             self.dashboards.log_epoch(row, self.model, self.num_updates)
             is_best = row[self.best_metric] > self.best_top1
             self.best_top1 = max(self.best_top1, row[self.best_metric])
@@ -786,7 +789,7 @@ def run(args: argparse.Namespace) -> int:
         with StopRequest() as stop, (output_dir(output) if ctx.is_main else contextlib.nullcontext()):
             for note in notes if ctx.is_main else ():
                 print(f'note: {note}')
-            data = open_training_data(recipe)
+            data = open_training_data(recipe, resumed=checkpoint is not None)
             recipe['num_classes'] = data.num_classes  # a fresh run may leave it to the data
             trainer = Trainer(recipe, data, ctx, checkpoint, stop)
             del checkpoint

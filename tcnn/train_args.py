@@ -4,12 +4,14 @@ Torch-free on purpose: ``tcnn train --help`` and argument errors answer without 
 timm takes; ``tcnn.train`` (the run itself) imports this module for its own parser.
 """
 import argparse
-from typing import Any, Dict, Tuple
+import difflib
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .compiling import COMPILE_HELP
 from .recipe import LOG_BACKENDS, RECIPE_KEYS
 
-__all__ = ['FLAGS', 'ALIASES', 'add_arguments', 'flag_overrides']
+__all__ = ['FLAGS', 'ALIASES', 'TIMM_FLAGS', 'add_arguments', 'flag_overrides', 'unknown_argument_message']
 
 # (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
 FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
@@ -48,6 +50,93 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
 # too, against abbreviations of its own options: it refuses --log as ambiguous (--log-dir, --logs-specs, ...).
 ALIASES: Dict[str, Tuple[str, ...]] = {'--log': ('--log-to',)}
 
+# timm's train.py flags that users type, and tcnn train's way to the same setting: a flag ('--...'; VALUE: the
+# values given), a recipe key (set with --set KEY=VALUE) or a sentence. Flags spelled as a recipe key
+# (--weight-decay, --warmup-epochs, --opt, --sched, --mixup, --smoothing, ...) need no entry: they map to their key.
+TIMM_FLAGS: Dict[str, str] = {
+    '--num-classes': 'the class count comes from the data (one output per class folder); for data that does not '
+                     'state its classes: --set num_classes=VALUE',
+    '-b': '--batch-size VALUE',
+    '-j': '--workers VALUE',
+    '--data-dir': '--data VALUE',
+    '--dataset': '--data READER/NAME (a timm reader spec: wds/FOLDER, hfds/NAME, ...)',
+    '--experiment': '--output DIR (the run folder itself)',
+    '--initial-checkpoint': '--weights VALUE',
+    '--pretrained-path': '--weights VALUE',
+    '--pretrained': 'a run starts from the pretrained weights by default (--no-pretrained: a random init)',
+    '--input-size': '--img-size PX (the side alone)',
+    '--grad-accum-steps': '--accum-steps VALUE',
+    '--amp-dtype': '--amp bf16 or --amp fp16',
+    '--torchcompile': '--compile VALUE',
+    '--log-wandb': '--log wandb',
+    '--log-interval': '--log-every VALUE',
+    '--drop-path': 'drop_path_rate',
+    '--pin-mem': 'pin_memory',
+    '--channels-last': 'channels_last',
+    '--lr-base-size': 'lr_base_batch',
+    '--clip-grad': 'clip_grad',
+}
+
+
+def _values(extras: Sequence[str], start: int) -> Tuple[str, List[str]]:
+    """The flag at ``extras[start]`` and the values after it (up to the next flag; ``--flag=value`` too)."""
+    flag, _, inline = extras[start].partition('=')
+    values = [inline] if inline else []
+    for token in extras[start + 1:]:
+        if token.startswith('-') and not re.fullmatch(r'-[0-9.]+(e-?[0-9]+)?', token):
+            break
+        values.append(token)
+    return flag, values
+
+
+def _set_item(key: str, values: List[str]) -> str:
+    if not values:
+        value = 'true'  # a switch (timm: store_true)
+    elif len(values) == 1 and RECIPE_KEYS[key].types[0] is not list:
+        value = values[0]
+    else:
+        value = f'[{",".join(values)}]'  # one shell word
+    return f'--set {key}={value}'
+
+
+def unknown_argument_message(extras: Sequence[str]) -> Optional[str]:
+    """One line for the first flag of ``extras`` (arguments ``tcnn train`` does not know) pointing at tcnn train's
+    way: timm's train.py flags (``TIMM_FLAGS``, or spelled as a recipe key) get their equivalent, others the
+    ``--set KEY=VALUE`` route with the closest recipe keys. None when ``extras`` holds no flag."""
+    starts = [i for i, a in enumerate(extras) if a.startswith('-')]
+    if not starts:
+        return None
+    flag, values = _values(extras, starts[0])
+    key = flag.lstrip('-').replace('-', '_')
+    target = TIMM_FLAGS.get(flag)
+    if target is None and key in RECIPE_KEYS:
+        target = key
+    if target in RECIPE_KEYS:
+        return f'tcnn train has no {flag} flag: use {_set_item(target, values)} (the recipe key {target})'
+    if target is not None:
+        target = target.replace('VALUE', ' '.join(values) or 'VALUE')
+        return f'{flag} is timm train.py\'s flag; tcnn train\'s way: {target}'
+    close = difflib.get_close_matches(key, list(RECIPE_KEYS), n=3, cutoff=0.6)
+    hint = f' (closest: {", ".join(close)})' if close else ''
+    return (f'unknown argument {flag}: tcnn train takes its flags (tcnn train --help) and any recipe key as --set '
+            f'KEY=VALUE{hint}; every key and its value: tcnn train --print-config')
+
+
+def _one_line_unknown_arguments(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser`` answer a flag it does not know with one line (``unknown_argument_message``), not argparse's
+    usage. Wraps the parser's own ``parse_known_args``: it is what the ``tcnn`` command's sub-command parser and
+    ``parse_args`` call, before argparse's usage error on what is left over."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        namespace, extras = parse(args, namespace)
+        message = unknown_argument_message(extras)
+        if message is not None:
+            parser.exit(2, f'{parser.prog}: error: {message}\n')
+        return namespace, extras
+
+    parser.parse_known_args = parse_known_args
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of ``tcnn train`` and ``python -m tcnn.train`` to ``parser``.
@@ -72,6 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = kwargs.pop('help', RECIPE_KEYS[key].help)
         group.add_argument(flag, *ALIASES.get(flag, ()), dest=key, default=None, help=f'{help_text} (recipe key {key})',
                            **kwargs)
+    _one_line_unknown_arguments(parser)
 
 
 def flag_overrides(args: argparse.Namespace) -> Dict[str, Any]:

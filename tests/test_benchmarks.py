@@ -340,6 +340,9 @@ def test_loop_benchmark_smoke_run(tmp_path):
         assert ('--no-sa' in r['command']) == (r['variant'] == 'cnn')
         assert r['step_img_per_s'] >= r['img_per_s'] > 0 and math.isfinite(r['step_img_per_s'])
         assert 0 <= r['data_wait'] < 1 and r['wall_s'] > 0
+        assert r['step_img_per_s'] == pytest.approx(r['img_per_s'] / (1 - r['data_wait']))  # the documented identity
+        last = r['epochs'][-1]
+        assert last['train_images'] / last['img_per_s'] <= last['epoch_time_s']  # the loop is part of the epoch
         assert r['epochs'][-1]['train_images'] == 48 and (runs / f'{r["variant"]}-w2.log').is_file()
     (ratio,) = res['ratios']
     assert ratio['workers'] == 2 and all(math.isfinite(ratio[k]) and ratio[k] > 0 for k in ('loop', 'step'))

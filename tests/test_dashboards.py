@@ -239,6 +239,22 @@ def test_dashboards_hold_every_value_and_continue_across_a_preemption(data_dir, 
         assert values['lr'] == 1e-3 and values['model'] == 'demo_resnet10' and values['epochs'] == EPOCHS
 
 
+def test_a_run_shorter_than_log_every_shows_its_learning_rates_per_epoch(data_dir, tmp_path):
+    """12 updates at the default log_every (50): no per-update point, but every epoch's learning rates (base and
+    gating parameter groups) and loop numbers, as in metrics.jsonl, read back with TensorBoard's reader."""
+    run = tmp_path / 'run'
+    assert tcnn_train.main(train_args(data_dir, run, '--log', 'tensorboard')) == 0
+    events, rows = tensorboard(run), metrics(run)
+    assert 'train/lr' not in events.Tags()['scalars']  # fewer updates than log_every
+    for key, tag in (('lr', 'train/epoch_lr'), ('gating_lr', 'train/epoch_gating_lr'),
+                     ('img_per_s', 'train/epoch_img_per_s'), ('step_img_per_s', 'train/epoch_step_img_per_s'),
+                     ('data_wait', 'train/epoch_data_wait')):
+        assert scalars(events, tag) == [(s, pytest.approx(r[key], rel=1e-6)) for s, r in zip(EPOCH_STEPS, rows)], tag
+    lrs = [v for _, v in scalars(events, 'train/epoch_lr')]
+    assert len(set(lrs)) == EPOCHS  # warm-up then decay: a curve, not a constant
+    assert all(np.isclose(g, 1000 * lr) for (_, g), lr in zip(scalars(events, 'train/epoch_gating_lr'), lrs))
+
+
 def test_a_crash_between_checkpoints_is_logged_once(data_dir, plain, tmp_path, monkeypatch):
     """A process that dies after logging past its last checkpoint (here: an immediate Ctrl-C in epoch 2, whose
     checkpoint is the end of epoch 1): the resumed process logs those steps again, and TensorBoard shows each once

@@ -599,6 +599,37 @@ def test_bad_data_folders(data_dir, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith('tcnn train: error:') and message in err[0], err
 
 
+def test_a_dropped_head_is_named_with_the_data_class_count(data_dir, tmp_path):
+    """``tcnn train --weights`` of a 1000-class checkpoint on a 3-class folder: the one warning about the replaced
+    head speaks of the data's class count, not of a ``num_classes`` the user never gave."""
+    weights = tmp_path / 'imagenet_head.pth'
+    torch.save(timm.create_model('resnet18d', num_classes=1000).state_dict(), weights)
+    recipe = resolve_recipe(None, {'data': data_dir, 'model': 'resnet18d', 'weights': str(weights)}, [])
+    with pytest.warns(UserWarning) as caught:
+        model = tcnn_train._create_model(recipe, open_training_data(recipe).num_classes)
+    (message,) = [str(w.message) for w in caught if 'dropped' in str(w.message)]
+    assert message == (f"{weights}: its head 'fc' (1000 classes) is dropped for a new, randomly initialised one for "
+                       "the data's 3 classes")
+    assert model.fc.out_features == 3
+
+
+@pytest.mark.parametrize('classes', [1000, 5])
+def test_a_class_count_other_than_the_data_is_refused(data_dir, tmp_path, capsys, classes):
+    """``--set num_classes=N`` on a 3-class folder: one line naming both counts and the fix, before any training (an
+    ImageNet head trained on its classes 0-2 would learn nothing useful); the folder's own count is accepted."""
+    from tcnn.cli import main as tcnn_main
+    out = tmp_path / 'deep' / 'out'
+    assert tcnn_main(['train', *common(data_dir, out, epochs=1), '--set', f'num_classes={classes}']) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('tcnn train: error: '), err
+    assert f"num_classes {classes} disagrees with the data's 3 classes" in err[0]
+    assert 'leave num_classes out' in err[0] and '--set num_classes=3' in err[0]
+    assert 'epoch 1' not in captured.out and not (tmp_path / 'deep').exists()
+    recipe = resolve_recipe(None, {'data': data_dir}, ['num_classes=3'])
+    assert open_training_data(recipe).num_classes == 3
+
+
 def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     bad = tmp_path / 'bad.yaml'
     bad.write_text('base: ' + os.path.join(RECIPES, 'base.yaml') + '\nmodle: resnet50d\n')
@@ -621,6 +652,42 @@ def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     assert not (tmp_path / 'out' / 'last.pt').exists()
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--num-classes', '5'], "--num-classes is timm train.py's flag; tcnn train's way: the class count comes from the "
+                             'data (one output per class folder); for data that does not state its classes: --set '
+                             'num_classes=5'),
+    (['--warmup-epochs', '3'], 'tcnn train has no --warmup-epochs flag: use --set warmup_epochs=3'),
+    (['--weight-decay=0.1'], 'use --set weight_decay=0.1'),
+    (['--drop-path', '0.1'], 'use --set drop_path_rate=0.1'),
+    (['--opt', 'sgd'], 'use --set opt=sgd'),
+    (['--sched', 'cosine'], 'use --set sched=cosine'),
+    (['--mixup', '0.2', '--cutmix', '0'], 'use --set mixup=0.2'),
+    (['--scale', '0.5', '1'], 'use --set scale=[0.5,1]'),
+    (['--channels-last'], 'use --set channels_last=true'),
+    (['-b', '64'], "-b is timm train.py's flag; tcnn train's way: --batch-size 64"),
+    (['--grad-accum-steps', '2'], '--accum-steps 2'),
+    (['--initial-checkpoint', 'w.pth'], '--weights w.pth'),
+    (['--log-wandb'], '--log wandb'),
+    (['--pretrained'], 'a run starts from the pretrained weights by default'),
+    (['--layer-decay', '0.7'], 'unknown argument --layer-decay: tcnn train takes its flags (tcnn train --help) and any '
+                               'recipe key as --set KEY=VALUE (closest: weight_decay); every key and its value: tcnn '
+                               'train --print-config'),
+])
+def test_timm_train_flags_point_to_tcnn_train_in_one_line(data_dir, tmp_path, capsys, argv, message):
+    """Flags of timm's train.py that tcnn train spells otherwise (or not at all): one line with tcnn's way, from
+    ``tcnn train`` and ``python -m tcnn.train`` alike, not argparse's usage; timm's flags that tcnn shares work."""
+    from tcnn.cli import main as tcnn_main
+    args = ['--data', data_dir, '--lr', '1e-3', '--epochs', '2', '--model', 'resnet18d', '--img-size', '64', *argv]
+    for prog, call in (('tcnn train', lambda: tcnn_main(['train', *args])), ('python -m tcnn.train',
+                                                                            lambda: tcnn_train.main(args))):
+        with pytest.raises(SystemExit) as exit_info:
+            call()
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.err.count('\n') == 1 and 'usage' not in captured.err, captured.err
+        assert captured.err.startswith(f'{prog}: error: ') and message in captured.err, captured.err
+
+
 def test_cli_error_is_one_line(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE='1')
     proc = subprocess.run([sys.executable, '-m', 'tcnn.cli', 'train', '--data', str(tmp_path / 'nowhere'),
@@ -628,6 +695,11 @@ def test_cli_error_is_one_line(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f'tcnn train: error: data folder not found: {tmp_path / "nowhere"}']
+    proc = subprocess.run([sys.executable, '-m', 'tcnn.cli', 'train', '--data', str(tmp_path), '--num-classes', '1000'],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("tcnn train: error: --num-classes is timm train.py's flag") and \
+        '--set num_classes=1000' in proc.stderr
 
 
 def test_offline_pretrained_names_the_train_flags(data_dir, tmp_path, monkeypatch, capsys):

@@ -300,11 +300,14 @@ def test_failed_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monk
     assert [r['epoch'] for r in metrics(run)] == [0]  # the metrics row follows the checkpoint, never precedes it
 
 
-def test_resume_errors_are_one_line(data_dir, tmp_path, capsys):
+def test_resume_errors_are_one_line(data_dir, straight, tmp_path, capsys):
     empty = tmp_path / 'empty.pt'
     empty.write_bytes(b'')
     (tmp_path / 'folder').mkdir()
+    other = make_image_folder(str(tmp_path / 'two'), num_classes=2, train_per_class=4, val_per_class=1, size=32)
     cases = [
+        (['--resume', str(straight), '--data', other, '--epochs', '4'],
+         "the resumed run's model has 3 classes, the data 2"),
         (['--resume', str(empty)], 'empty.pt'),
         (['--resume', str(tmp_path / 'folder')], 'holds no last.pt'),
         (['--resume', str(tmp_path / 'folder'), '--recipe', 't_resnet50_d'], '--resume auto accepts --recipe'),
@@ -377,3 +380,73 @@ def test_bad_images_stop_the_run_or_are_skipped_and_logged(tmp_path, capsys):
     assert f'warning: skipped unreadable image {bad}' in capsys.readouterr().out
     (row,) = metrics(run)
     assert row['bad_images'] == [str(bad)]
+
+
+class _SlowImages(torch.utils.data.Dataset):
+    """Tiny random images whose every read sleeps ``delay`` seconds: a loader far slower than the step."""
+
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return torch.full((3, 16, 16), float(i) / self.n), i % 2
+
+
+def test_loop_numbers_of_a_data_bound_epoch():
+    """A loader that sleeps 40 ms per image (160 ms a batch) before a step of a few ms: the loop's img/s is the images
+    over the whole time (waiting included), the step's over the compute alone, data_wait the waiting share, in [0, 1]
+    and well above a half, and the times add up to the call's wall time (a report every update agrees)."""
+    from tcnn.engine import EpochPlan, ForwardPass, UpdateStep, train_one_epoch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2))
+    batches, delay = 5, 0.04
+    loader = torch.utils.data.DataLoader(_SlowImages(4 * batches, delay), batch_size=4)
+    reports = []
+    plan = EpochPlan(0, batches, on_update=reports.append, log_every=1)
+    update = UpdateStep(torch.optim.SGD(model.parameters(), lr=0.1))
+    start = time.perf_counter()
+    position, stats = train_one_epoch(model, loader, torch.nn.functional.cross_entropy, update, plan,
+                                      ForwardPass(torch.device('cpu')))
+    wall = time.perf_counter() - start
+    images = 4 * batches
+    slept = images * delay
+    assert stats['train_images'] == images
+    loop, waited = stats['train_time_s'], position.data_time_s
+    assert slept <= waited <= loop <= wall
+    assert loop == pytest.approx(wall, rel=0.1)  # the loop's whole time, not its compute
+    assert 0.5 < stats['data_wait'] <= 1 and stats['data_wait'] == pytest.approx(waited / loop)
+    assert stats['img_per_s'] == pytest.approx(images / wall, rel=0.1)
+    assert stats['img_per_s'] == pytest.approx(images / loop)
+    assert stats['step_img_per_s'] == pytest.approx(images / (loop - waited))
+    assert stats['step_img_per_s'] == pytest.approx(stats['img_per_s'] / (1 - stats['data_wait']))  # benchmarks/loop
+    assert stats['step_img_per_s'] > 3 * stats['img_per_s']
+    assert [r['step'] for r in reports] == list(range(1, batches + 1))
+    assert all(0.5 < r['data_wait'] <= 1 and r['img_per_s'] < 4 / delay / 4 * 1.01 for r in reports), reports
+
+
+def test_epoch_time_is_the_wall_time_of_a_data_bound_epoch(data_dir, tmp_path, monkeypatch, capsys):
+    """``tcnn train`` with image reads that sleep: the metrics row's epoch time holds the waiting (every read of the
+    epoch, training and validation), data_wait is the waiting share and the log line says the run is data-bound."""
+    from tcnn.data import ImageFolderDataset
+    delay = 0.05
+    read = ImageFolderDataset.__getitem__
+
+    def slow(self, index):
+        time.sleep(delay)
+        return read(self, index)
+
+    monkeypatch.setattr(ImageFolderDataset, '__getitem__', slow)
+    run = tmp_path / 'run'
+    small = ['--no-sa', '--model', 'demo_resnet10', '--img-size', '32']  # a step of a few ms
+    assert tcnn_train.main(common(data_dir, run, epochs=1) + small) == 0
+    (row,) = metrics(run)
+    reads = row['train_images'] + row['val_images']
+    assert row['epoch_time_s'] >= reads * delay
+    assert row['train_images'] / row['img_per_s'] <= row['epoch_time_s']
+    assert 0.5 < row['data_wait'] <= 1
+    assert row['step_img_per_s'] == pytest.approx(row['img_per_s'] / (1 - row['data_wait']), rel=1e-6)
+    assert 'data-bound: raise --workers' in capsys.readouterr().out

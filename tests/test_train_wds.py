@@ -158,6 +158,20 @@ def test_wds_user_mistakes_are_one_line(shards, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_wds_class_count_of_its_info_is_checked(shards, tmp_path, capsys):
+    """A webdataset whose _info.json states its class count: a run that leaves num_classes out takes it, and another
+    count is refused in one line before training."""
+    stated = tmp_path / 'stated'
+    make_shards(str(stated))
+    info = json.loads((stated / '_info.json').read_text())
+    (stated / '_info.json').write_text(json.dumps(dict(info, num_classes=CLASSES)))
+    err = _one_line_error(args(f'wds/{stated}', tmp_path / 'out', epochs=1, num_classes=5), capsys)
+    assert f"num_classes 5 disagrees with the data's {CLASSES} classes (the classes of wds/{stated})" in err
+    run = tmp_path / 'run'
+    assert main(['train', *args(f'wds/{stated}', run, epochs=1, num_classes=None)]) == 0
+    assert load(run / 'last.pt')['config']['num_classes'] == CLASSES
+
+
 def test_wds_labels_beyond_num_classes_name_the_fix(shards, tmp_path, capsys):
     argv = args(f'wds/{shards}', tmp_path / 'out', epochs=1, workers=2, num_classes=2)
     err = _one_line_error(argv, capsys)
