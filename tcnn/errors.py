@@ -8,7 +8,7 @@ import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = ['TcnnError', 'InvalidArgumentError', 'InvalidTypeError', 'check_number', 'check_size', 'check_module',
-           'check_device', 'check_conversion_settings', 'check_finite_outputs', 'first_line']
+           'check_device', 'check_conversion_settings', 'first_line']
 
 
 class TcnnError(Exception):
@@ -95,27 +95,3 @@ def check_conversion_settings(locality_strength: float, gating_init: float, qk_d
         check_number(qk_dim, names.get('qk_dim', 'qk_dim'), ge=1, integer=True)
     check_number(tol, names.get('tol', 'tol'), gt=0)
 
-
-def check_finite_outputs(output: Any, model: Any, what: str) -> None:
-    """Raise a one-line ``TcnnError`` when ``output`` (a tensor the model computed) holds NaN or infinity, naming the
-    cause: the first (up to 3) of ``model``'s parameters and buffers that hold non-finite values, with their count, or
-    that all of them are finite (then an input or the computation overflows).
-
-    Args:
-        output: A tensor computed by ``model``.
-        model: The ``torch.nn.Module`` that computed it.
-        what: What was being done, the start of the message (e.g. ``'cannot export t_resnet50d.pt'``).
-    """
-    import torch
-    if bool(torch.isfinite(output).all()):
-        return
-    bad = [name for name, t in list(model.named_parameters()) + list(model.named_buffers())
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        names = ', '.join(bad[:3]) + (', ...' if len(bad) > 3 else '')
-        cause = (f'{len(bad)} of its parameters/buffers hold NaN or infinite values ({names}): the weights are damaged '
-                 '(a corrupted file or a diverged training run); use an earlier checkpoint or reconvert')
-    else:
-        cause = ('its parameters and buffers are all finite, so the computation overflows (e.g. float16 range or '
-                 'extreme inputs)')
-    raise TcnnError(f'{what}: the model computes non-finite logits (NaN or infinity); {cause}')

@@ -41,8 +41,9 @@ import torch.nn.functional as F
 from . import data
 from .atomic import atomic_open
 from .convert import _errors, eval_mode
-from .errors import (InvalidArgumentError, InvalidTypeError, TcnnError, check_finite_outputs, check_module, check_number,
-                     check_size, first_line)
+from .errors import (InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number, check_size,
+                     first_line)
+from .integrity import check_finite_outputs
 from .paths import check_output_file
 from .version import EXPORT_EXTENSIONS, __version__
 

@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 import timm
 import torch
 import torch.nn as nn
-from timm.models import push_to_hf_hub, save_for_hf
+from timm.models import push_to_hf_hub
+from timm.models._hub import save_config_for_hf
 from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (not exported by timm.models)
 
 from . import data, io
@@ -313,8 +314,9 @@ def _model_config(model: nn.Module, config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[str, Any]) -> str:
-    """Write the Hub folder of ``model`` atomically: timm's ``save_for_hf`` (config.json with ``config`` under
-    ``CONFIG_KEY``, model.safetensors) and the card as README.md, in a temporary folder beside ``out`` that then
+    """Write the Hub folder of ``model`` atomically: what timm's ``save_for_hf`` writes (config.json by timm's
+    ``save_config_for_hf``, with ``config`` under ``CONFIG_KEY``; model.safetensors, with checksums) and the card as
+    README.md, in a temporary folder beside ``out`` that then
     replaces ``out`` (a crash leaves the previous folder or none, never a partial one).
 
     Returns:
@@ -326,9 +328,10 @@ def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[
     tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', suffix='.tmp', dir=parent)
     old = None
     try:
-        save_for_hf(model, tmp, model_config=_model_config(model, config), model_args=_model_args(model),
-                    safe_serialization=True)
-        io.write_hub_weights(model, os.path.join(tmp, io.HUB_WEIGHTS))  # the same tensors, with their checksums
+        # what timm's save_for_hf writes, with the weights' checksums in model.safetensors (written once, by tcnn)
+        io.write_hub_weights(model, os.path.join(tmp, io.HUB_WEIGHTS))
+        save_config_for_hf(model, os.path.join(tmp, io.HUB_CONFIG), model_config=_model_config(model, config),
+                           model_args=_model_args(model))
         name = os.path.basename(out)
         with open(os.path.join(tmp, 'README.md'), 'w', encoding='utf-8') as f:
             f.write(generate_readme(card, name))

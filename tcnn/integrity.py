@@ -22,8 +22,8 @@ import torch.nn as nn
 from .errors import TcnnError
 
 __all__ = ['CHECKSUM_ALGORITHM', 'CorruptFileError', 'tensor_checksums', 'verify_checksums', 'safetensors_damage',
-           'nonfinite_tensors', 'nonfinite_text', 'nonfinite_kind', 'nonfinite_output_error', 'NonFiniteOutputError',
-           'names_text']
+           'nonfinite_tensors', 'check_finite_outputs', 'nonfinite_text', 'nonfinite_kind', 'nonfinite_output_error',
+           'NonFiniteOutputError', 'names_text']
 
 CHECKSUM_ALGORITHM = 'crc32'
 _FIX = 'the file is corrupt (re-download or re-save it)'
@@ -102,7 +102,8 @@ def verify_checksums(tensors: Mapping[str, torch.Tensor], checksums: Any, where:
 def safetensors_damage(path: str) -> Optional[str]:
     """What is wrong with a safetensors file, from its layout alone (an 8-byte little-endian header length, a JSON
     header, the tensors' bytes at the header's ``data_offsets``): ``'truncated (N of its M bytes)'``,
-    ``'corrupt (...)'``, or None when the layout holds (safetensors' own errors say only "Error while deserializing header")."""
+    ``'corrupt (...)'``, or None when the layout holds (safetensors' own errors say only "Error while deserializing
+    header")."""
     size = os.path.getsize(path)
     with open(path, 'rb') as f:
         head = f.read(8)
@@ -127,6 +128,23 @@ def nonfinite_tensors(model: nn.Module) -> List[str]:
     """Names of the parameters and buffers of ``model`` that hold a NaN or an infinity (floating point ones)."""
     named = list(model.named_parameters()) + list(model.named_buffers())
     return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def check_finite_outputs(output: torch.Tensor, model: nn.Module, what: str) -> None:
+    """Raise a one-line ``TcnnError`` when ``output`` (a tensor ``model`` computed) holds NaN or infinity, naming the
+    cause: ``model``'s parameters and buffers that hold non-finite values, or that all of them are finite (then an
+    input or the computation overflows). ``what``: what was being done, the start of the message (e.g.
+    ``'cannot export t_resnet50d.pt'``)."""
+    if bool(torch.isfinite(output).all()):
+        return
+    bad = nonfinite_tensors(model)
+    if bad:
+        cause = (f'{len(bad)} of its parameters/buffers hold NaN or infinite values ({names_text(bad)}): the weights '
+                 'are damaged (a corrupted file or a diverged training run); use an earlier checkpoint or reconvert')
+    else:
+        cause = ('its parameters and buffers are all finite, so the computation overflows (e.g. float16 range or '
+                 'extreme inputs)')
+    raise TcnnError(f'{what}: the model computes non-finite logits (NaN or infinity); {cause}')
 
 
 def nonfinite_text(model: nn.Module) -> str:

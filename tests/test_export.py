@@ -24,6 +24,7 @@ from test_depthwise import _definition
 from tcnn.cli import main
 from tcnn.gpsa import GPSA
 from tcnn.hub import create_cnn
+from tcnn.integrity import check_finite_outputs
 
 SIZE = 64
 # one model per family: timm ResNet (from a training checkpoint), byobnet ResNeXt, RegNet (grouped), ConvNeXt
@@ -424,8 +425,8 @@ def test_finite_weights_with_non_finite_outputs_say_so():
     model = nn.Linear(2, 2)
     with pytest.raises(tcnn.errors.TcnnError, match=r'^cannot run: the model computes non-finite logits .* its '
                                                     r'parameters and buffers are all finite'):
-        tcnn.errors.check_finite_outputs(model(torch.tensor([[1e38, 1e38]])) * 1e38, model, 'cannot run')
-    tcnn.errors.check_finite_outputs(model(torch.ones(1, 2)), model, 'cannot run')  # finite: nothing raised
+        check_finite_outputs(model(torch.tensor([[1e38, 1e38]])) * 1e38, model, 'cannot run')
+    check_finite_outputs(model(torch.ones(1, 2)), model, 'cannot run')  # finite: nothing raised
 
 
 def test_exported_gpsa_graph_has_no_op_executorch_lacks():

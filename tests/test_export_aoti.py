@@ -71,7 +71,8 @@ def test_floor_mode_pooling_equals_the_ceil_mode_one(pool, ceil_mode):
 
 def test_aoti_sizes_a_ceil_mode_pooling_wrongly_and_the_floor_mode_form_rightly(tmp_path):
     # the torch bug behind garbage at odd sizes: AOTInductor floors a ceil_mode pooling's output size when the size
-    # is dynamic (a 5x5 input gives 2x2 instead of 3x3); the form tcnn compiles instead is exact (one small compile each)
+    # is dynamic (a 5x5 input gives 2x2 instead of 3x3); the form tcnn compiles instead is exact (one small compile
+    # each)
     pool = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
     dims = torch.export.Dim.DYNAMIC
     shapes = {}

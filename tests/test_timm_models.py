@@ -498,7 +498,7 @@ def test_family_file_round_trip_and_stage_conflicts(tmp_path):
     assert type(tcnn.load(path)).__name__ == 'TransformedConvNeXt'
 
 
-# ---------------------------------------------------------------------------------------------- timm's reparameterisation
+# ------------------------------------------------------------------------------------- timm's reparameterisation
 
 # What timm.models.reparameterize_model calls on a module (timm.utils.reparameterize_model, benchmark.py --reparam,
 # onnx_export.py --reparam).
@@ -531,7 +531,8 @@ def test_reparameterizable_models_enumerated_from_the_registry():
     searched, which keeps this complete without building all 300 t_* models."""
     fusing = [family for family in FAMILIES if any(
         isinstance(c, type) and issubclass(c, nn.Module) and any(hasattr(c, m) for m in FUSION_METHODS)
-        for module in _timm_modules_reached(f'timm.models.{family.module}') for c in vars(sys.modules[module]).values())]
+        for module in _timm_modules_reached(f'timm.models.{family.module}')
+        for c in vars(sys.modules[module]).values())]
     assert [family.module for family in fusing] == ['byobnet']
     found = []
     for family in fusing:

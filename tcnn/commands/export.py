@@ -1,5 +1,6 @@
 """``tcnn export FILE --out OUT.onnx|OUT.pt2|OUT.pte [--aoti]``: a T-CNN for deployment (ONNX, ``torch.export``,
-AOTInductor, ExecuTorch), checked against PyTorch in the runtime that reads it before it is written (``tcnn.export``)."""
+AOTInductor, ExecuTorch), checked against PyTorch in the runtime that reads it before it is written
+(``tcnn.export``)."""
 import argparse
 import os
 import warnings
