@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 if __package__ in (None, ''):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tcnn import demo  # noqa: E402
+from tcnn.demo import runner as demo  # noqa: E402
 from tcnn.atomic import atomic_write_text  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')

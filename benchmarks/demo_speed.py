@@ -27,7 +27,7 @@ import timm  # noqa: E402
 import torch  # noqa: E402
 
 import tcnn.models  # noqa: E402,F401  (registers demo_resnet10)
-from tcnn.convert import reparameterize  # noqa: E402
+from tcnn.convert.transform import reparameterize  # noqa: E402
 
 from benchmarks.report import machine_info, write_json  # noqa: E402
 
@@ -69,7 +69,7 @@ def _transform_fn() -> Callable[[], None]:
     from timm.data import create_transform
     from PIL import Image
 
-    from tcnn import synthetic
+    from tcnn.demo import synthetic
     folder = tempfile.mkdtemp(prefix='demo-speed-')
     paths = []
     for i in range(64):

@@ -5,7 +5,7 @@
     python benchmarks/loop.py --workers 8 16               # a sweep of loader workers
     python benchmarks/loop.py --smoke --out /tmp/loop      # every code path in under a minute on 2 CPU cores
 
-Generates an ImageFolder of JPEGs on the local disk (``tcnn.synthetic.generate``: the demo's shape images, written
+Generates an ImageFolder of JPEGs on the local disk (``tcnn.demo.synthetic.generate``: the demo's shape images, written
 as JPEGs by a process pool, train and val splits; reused when it exists), then runs ``torchrun --nproc_per_node 1
 -m tcnn.train`` on it with the recipe's full augmentation (RandAugment, random erasing, mixup/cutmix) at 224 px, for
 the T-CNN and for its CNN (``--no-sa``), random weights (``--no-pretrained``: nothing is downloaded), bf16 and
@@ -45,9 +45,9 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from benchmarks.report import load_average, machine_info, write_json  # noqa: E402
-from tcnn import synthetic  # noqa: E402
-from tcnn.io import read_metrics, read_status  # noqa: E402
-from tcnn.recipe import auto_workers  # noqa: E402
+from tcnn.demo import synthetic  # noqa: E402
+from tcnn.train.run_folder import read_metrics, read_status  # noqa: E402
+from tcnn.train.recipe import auto_workers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'results')

@@ -35,10 +35,10 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tcnn  # noqa: E402
-import tcnn.depthwise as dw  # noqa: E402
-import tcnn.gpsa  # noqa: E402
+import tcnn.layers.depthwise as dw  # noqa: E402
+import tcnn.layers.gpsa  # noqa: E402
 from tcnn import export as tex  # noqa: E402
-from tcnn.hub import create_cnn  # noqa: E402
+from tcnn.files.weights import create_cnn  # noqa: E402
 
 from benchmarks.measure import interleaved_times, paired_ratio  # noqa: E402
 from benchmarks.report import load_average, machine_info, write_json  # noqa: E402
@@ -134,12 +134,12 @@ def measure_forms(args: argparse.Namespace, folder: str) -> List[Dict[str, Any]]
         layer = tcnn.GPSA.from_conv(nn.Conv2d(channels, channels, kernel, 1, kernel // 2, groups=channels)).eval()
         paths = {}
         for form, fn in forms.items():
-            saved, tcnn.gpsa.attend_traceable = tcnn.gpsa.attend_traceable, fn
+            saved, tcnn.layers.gpsa.attend_traceable = tcnn.layers.gpsa.attend_traceable, fn
             try:
                 paths[form] = os.path.join(folder, f'layer-{form}.onnx')
                 tex.export(layer, paths[form], input_size=(channels, grid, grid))
             finally:
-                tcnn.gpsa.attend_traceable = saved
+                tcnn.layers.gpsa.attend_traceable = saved
         for threads in args.threads:
             sessions = {form: _session(p, threads) for form, p in paths.items()}
             timer = 'process' if threads == 1 else 'wall'

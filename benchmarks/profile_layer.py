@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from tcnn.gpsa import GPSA  # noqa: E402
+from tcnn.layers.gpsa import GPSA  # noqa: E402
 
 from benchmarks.measure import count_operators, synchronize  # noqa: E402
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tcnn.gpsa import GPSA, _pair, locality_to_raw
+from tcnn.layers.gpsa import GPSA, _pair, locality_to_raw
 
 __all__ = ['ReferenceGPSA', 'to_reference']
 

@@ -13,7 +13,7 @@ kernels' head-dim limit, so the efficient or math backends run. The benchmark me
 import torch
 import torch.nn.functional as F
 
-from tcnn.gpsa import GPSA
+from tcnn.layers.gpsa import GPSA
 
 __all__ = ['SdpaGPSA', 'to_sdpa']
 

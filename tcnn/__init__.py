@@ -18,12 +18,12 @@ __all__ = ['GPSA', 'reparameterize', 'reparameterize_', 'check_equivalence', 'ex
 
 # public name -> the submodule that defines it
 _LAZY = {
-    'GPSA': 'gpsa',
+    'GPSA': 'layers.gpsa',
     'reparameterize': 'convert', 'reparameterize_': 'convert', 'check_equivalence': 'convert',
     'exact_configuration': 'convert', 'gpsa_layers': 'convert', 'gpsa_summary': 'convert',
     'ConversionError': 'convert', 'EquivalenceReport': 'convert',
-    'load': 'io', 'save': 'io',
-    'param_groups': 'optim',
+    'load': 'files.tcnn_file', 'save': 'files.tcnn_file',
+    'param_groups': 'train.optim',
     'TcnnError': 'errors',
 }
 

@@ -17,7 +17,7 @@ The ONNX exporters (torch 2.15, onnxruntime 1.32; docs/export.md has the measure
 
 Both export every family T-CNNs are made from (ResNet, ResNeXt, RegNet, ConvNeXt, EfficientNet, MobileNetV3,
 byobnet, torchvision) because a depthwise GPSA layer switches to a plain-op form of its product while an exporter
-traces it (``tcnn.depthwise.attend_traceable``): the eager product picks its order and chunk plan from the batch
+traces it (``tcnn.layers.depthwise.attend_traceable``): the eager product picks its order and chunk plan from the batch
 size, which ``torch.export`` turns into guards that fix the batch, and its small-shape order uses ``linalg.vecdot``,
 which has no ONNX form in the TorchScript exporter.
 """
@@ -40,10 +40,10 @@ import torch.nn.functional as F
 
 from . import data
 from .atomic import atomic_open
-from .convert import _errors, eval_mode
+from .convert.transform import _errors, eval_mode
 from .errors import (InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number, check_size,
                      first_line)
-from .integrity import check_finite_outputs
+from .files.integrity import check_finite_outputs
 from .paths import check_output_file
 from .version import EXPORT_EXTENSIONS, __version__
 

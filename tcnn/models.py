@@ -7,7 +7,7 @@ timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, Mobil
 copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's
 data config), minus the weight locations: there are no converted weights to download. Instead
 
-* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.hub.create_cnn``, which fails
+* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which fails
   within seconds offline);
 * ``pretrained_cfg_overlay=dict(file=PATH)`` loads a T-CNN file (``tcnn.save``), a training checkpoint, or a plain
   checkpoint of the source CNN (converted on the fly); ``checkpoint_path=PATH`` loads a T-CNN file with timm's own
@@ -36,11 +36,11 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pr
 from timm.models._hub import load_model_config_from_path  # what 'local-dir:' names read (not in timm.models)
 from timm.models.resnet import BasicBlock, ResNet
 
-from . import hub, io
-from .convert import CONVERSION_KEYS, ConversionSettings, gpsa_layers, reparameterize_, resolve_stages
+from .files import weights as hub, tcnn_file as io
+from .convert.transform import CONVERSION_KEYS, ConversionSettings, gpsa_layers, reparameterize_, resolve_stages
 from .errors import TcnnError
-from .gpsa import GPSA, match_grouped_storage
-from .hub import T_PREFIX, record_source, source_model_name, transformed_model_name
+from .layers.gpsa import GPSA, match_grouped_storage
+from .files.weights import T_PREFIX, record_source, source_model_name, transformed_model_name
 
 __all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURCE_MODELS', 'T_PREFIX',
            'no_weight_decay_names', 'source_model_name', 'transformed_model_name', 'transformed_class']
@@ -98,7 +98,7 @@ class TransformedResNet(TransformedModel, ResNet):
 
     Args:
         *args: ``ResNet`` arguments.
-        stages: Which stages to convert (``tcnn.convert.resolve_stages``); default the last one.
+        stages: Which stages to convert (``tcnn.convert.transform.resolve_stages``); default the last one.
         locality_strength: Initial alpha of every head (1.0: the paper's fine-tuning init).
         gating_init: Initial lambda of every head (1.0: the paper's fine-tuning init).
         qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group
@@ -186,7 +186,7 @@ def _file_weights(
     Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``) and the T-CNN file's dict
     (None for a plain checkpoint), whose records the model's ``pretrained_cfg`` takes (``io.pretrained_cfg_of``).
 
-    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.hub.create_cnn`` (the same
+    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.files.weights.create_cnn`` (the same
     helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
     differs from the count recorded in the pretrained config."""
     try:
@@ -526,7 +526,7 @@ def demo_resnet10(pretrained: bool = False, **kwargs) -> ResNet:
     args.pop('pretrained_cfg_overlay', None)
     args.pop('cache_dir', None)
     model = ResNet(**args)
-    # what timm's resolve_data_config and tcnn.io read: the demo's images are 96 px, evaluated whole (no crop)
+    # what timm's resolve_data_config and tcnn.files.tcnn_file read: the demo's images are 96 px, evaluated whole (no crop)
     model.pretrained_cfg = model.default_cfg = {
         'architecture': DEMO_MODEL, 'input_size': (3, 96, 96), 'crop_pct': 1.0, 'interpolation': 'bicubic',
         'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225), 'num_classes': model.num_classes,

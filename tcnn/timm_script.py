@@ -32,8 +32,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch.nn as nn
 
 from .errors import TcnnError
-from .optim import GATING_LR_RATIO, param_groups
-from .recipe import find_recipe, resolve_recipe
+from .train.optim import GATING_LR_RATIO, param_groups
+from .train.recipe import find_recipe, resolve_recipe
 
 __all__ = ['main', 'recipe_flags', 'tcnn_param_groups', 'run_script', 'RECIPE_FLAGS']
 
@@ -81,7 +81,7 @@ def _values(value: Any) -> List[str]:
 
 
 def recipe_flags(recipe: Mapping[str, Any], given: Sequence[str] = ()) -> List[str]:
-    """train.py flags for a resolved tcnn recipe (``tcnn.recipe``), minus the flags in ``given`` (the user's win).
+    """train.py flags for a resolved tcnn recipe (``tcnn.train.recipe``), minus the flags in ``given`` (the user's win).
 
     The lr is given as train.py's own batch rule when the recipe scales it (``--lr-base LR --lr-base-size
     lr_base_batch --lr-base-scale linear``: train.py computes the lr of its global batch as ``tcnn train`` does),
@@ -150,7 +150,7 @@ def tcnn_param_groups(factory: Callable[..., Any], gating_ratio: float = GATING_
     """Wrap timm's ``create_optimizer_v2`` so that a model with GPSA layers gets ``tcnn.param_groups`` (with
     ``lr_scale=True``, for timm's schedulers) made from the call's own ``lr`` and ``weight_decay``; any other call,
     or one with a ``param_group_fn`` of its own, goes through unchanged."""
-    from .convert import gpsa_layers
+    from .convert.transform import gpsa_layers
 
     signature = inspect.signature(factory)
 

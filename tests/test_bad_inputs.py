@@ -1,5 +1,5 @@
 """Bad files and output paths get one line naming the fix, before any work: the shared loader of user-named torch
-files (``tcnn.io.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
+files (``tcnn.files.tcnn_file.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
 import os
 import shlex
 
@@ -8,7 +8,7 @@ import torch
 
 from tcnn.cli import main
 from tcnn.errors import TcnnError
-from tcnn.hub import load_torch_file
+from tcnn.files.weights import load_torch_file
 from tcnn.paths import check_output_dir, check_output_file, output_dir
 
 
@@ -149,8 +149,10 @@ def small():
 def _api_cases():
     import torch.nn as nn
     import tcnn
-    from tcnn import analysis, data, hub, plots
-    from tcnn import robustness as rb
+    from tcnn.evaluation import analysis, plots
+    from tcnn import data
+    from tcnn.files import weights as hub
+    from tcnn.evaluation import robustness as rb
     nan, inf = float('nan'), float('inf')
     conv = nn.Conv2d(4, 4, 3, padding=1)
     return [  # (name, call(cnn, t_cnn, x, tmp_path), exception type, message)
@@ -294,7 +296,7 @@ def test_empty_safetensors_weights_is_one_line(tmp_path, capsys):
 
 
 def test_write_results_checks_both_paths_before_writing(tmp_path):
-    from tcnn import robustness as rb
+    from tcnn.evaluation import robustness as rb
     report = {'format': 'tcnn-eval', 'version': 1, 'models': {'m': {}}, 'suites': {}}
     (tmp_path / 'blocker').write_text('a file')
     with pytest.raises(TcnnError, match='markdown_path'):
@@ -410,8 +412,8 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
 
 
 def test_train_help_and_argument_errors_do_not_import_torch():
-    """``tcnn train`` takes its arguments from the torch-free ``tcnn.train_args`` and checks a fresh run's recipe
-    before importing ``tcnn.train``: --help, argparse errors and recipe mistakes answer without importing torch/timm
+    """``tcnn train`` takes its arguments from the torch-free ``tcnn.train.args`` and checks a fresh run's recipe
+    before importing ``tcnn.train.trainer``: --help, argparse errors and recipe mistakes answer without importing torch/timm
     (about 0.05 s instead of 1.5-2 s)."""
     out = _fresh_python(
         'import contextlib, io, sys, time\n'
@@ -436,8 +438,8 @@ def test_train_help_and_argument_errors_do_not_import_torch():
 def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
     """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
     named recipe flag among them."""
-    import tcnn.train as tcnn_train
-    from tcnn.train_args import FLAGS
+    import tcnn.train.trainer as tcnn_train
+    from tcnn.train.args import FLAGS
     monkeypatch.setenv('COLUMNS', '120')
     with pytest.raises(SystemExit):
         main(['train', '--help'])
@@ -482,7 +484,7 @@ def test_info_reads_stored_counts_without_building_the_model(tmp_path):
     import warnings
     import tcnn
     from tcnn.commands import info
-    from tcnn.hub import create_cnn
+    from tcnn.files.weights import create_cnn
     cnn = create_cnn('resnet26d', pretrained=False, num_classes=5, cardinality=4, base_width=16)  # grouped convs
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')

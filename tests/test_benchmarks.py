@@ -14,7 +14,7 @@ from benchmarks.measure import PeakTensorMemory, interleaved_times, paired_ratio
 from benchmarks.reference_gpsa import ReferenceGPSA, to_reference
 from conftest import ROOT
 from benchmarks.sdpa_gpsa import SdpaGPSA, to_sdpa  # noqa: E402
-from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA  # noqa: E402
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA  # noqa: E402
 
 
 def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ import torch
 
 import tcnn
 from tcnn.cli import main
-from tcnn.hub import create_cnn
+from tcnn.files.weights import create_cnn
 
 
 def _run(argv, capsys):
@@ -77,7 +77,7 @@ def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):
                          '--stages', '3', 'layer4', '--qk-dim', '8', '--num-classes', '10'], capsys)
     assert rc == 0, err
     assert '8 convs in layer3, layer4' in out and 'departs from the CNN' in out and '2x3x64x80' in out
-    d = tcnn.io.read(out_path)
+    d = tcnn.files.tcnn_file.read(out_path)
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 8
     assert d['num_classes'] == 10
     assert d['source'] == {'model': 'resnet18d', 'kwargs': {}, 'weights': 'file:resnet18d.pth'}
@@ -113,7 +113,7 @@ def test_info(cnn_checkpoint, tmp_path, capsys):
     assert out.count('head 8:') == 4
     # a training checkpoint holding the model
     ckpt_path = tmp_path / 'last.pt'
-    torch.save({'model_file': tcnn.io.model_to_dict(tcnn.load(out_path)), 'epoch': 4, 'best_top1': 12.5}, ckpt_path)
+    torch.save({'model_file': tcnn.files.tcnn_file.model_to_dict(tcnn.load(out_path)), 'epoch': 4, 'best_top1': 12.5}, ckpt_path)
     rc, out, _ = _run(['info', str(ckpt_path)], capsys)
     assert rc == 0 and 'training    after epoch 5, best_top1 12.5' in out  # counted from 1, as the console
 

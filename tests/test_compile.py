@@ -12,13 +12,13 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import tcnn
-import tcnn.compiling as compiling
-import tcnn.robustness
-import tcnn.train as tcnn_train
+import tcnn.train.compiling as compiling
+import tcnn.evaluation.robustness
+import tcnn.train.trainer as tcnn_train
 from tcnn.cli import main
 from tcnn.errors import TcnnError
-from tcnn.recipe import default_recipe, resolve_recipe
-from tcnn.train_args import add_arguments
+from tcnn.train.recipe import default_recipe, resolve_recipe
+from tcnn.train.args import add_arguments
 
 from imagegen import make_image_folder
 from test_train import (assert_same_weights, common, evaluate_checkpoint, interrupt_in_epoch, load, metrics,  # noqa
@@ -139,13 +139,13 @@ def test_compiled_training_resumes_exactly_and_saves_the_raw_model(compiled_runs
 def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys, step_marks, monkeypatch):
     root, _ = compiled_runs
     results, logits = {}, {}
-    accumulate = tcnn.robustness._accumulate
+    accumulate = tcnn.evaluation.robustness._accumulate
 
     def recording(counts, batch_logits, *args):  # the logits each evaluation scores, in order
         logits[current].append(batch_logits.detach().clone())
         return accumulate(counts, batch_logits, *args)
 
-    monkeypatch.setattr(tcnn.robustness, '_accumulate', recording)
+    monkeypatch.setattr(tcnn.evaluation.robustness, '_accumulate', recording)
     for flags in ([], ['--compile', 'reduce-overhead']):
         current = len(flags)
         logits[current] = []

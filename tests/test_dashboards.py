@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import tcnn.train as tcnn_train
-from tcnn.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
+import tcnn.train.trainer as tcnn_train
+from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 
 from imagegen import make_image_folder
 from test_train import assert_same_weights, interrupt_in_epoch, load, metrics, one_thread  # noqa: F401

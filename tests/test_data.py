@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from tcnn.data import BadImageError, build_transforms, open_dataset, recipe_data_config
 from tcnn.errors import TcnnError
-from tcnn.recipe import load_recipe, resolve_recipe
+from tcnn.train.recipe import load_recipe, resolve_recipe
 
 from imagegen import draw_shape, make_image_folder
 

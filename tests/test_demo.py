@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import tcnn
-from tcnn import demo, robustness
-from tcnn.convert import gpsa_layers
+from tcnn.demo import runner as demo
+from tcnn.evaluation import robustness
+from tcnn.convert.transform import gpsa_layers
 from tcnn.errors import TcnnError
-from tcnn.recipe import load_recipe
+from tcnn.train.recipe import load_recipe
 
 pytestmark = pytest.mark.filterwarnings('ignore')
 
@@ -125,7 +126,7 @@ def test_readme_states_the_result_and_the_changes(tiny):
     for change in results['recipe_changes']:
         assert change in text
     assert '](figures/fig3_robustness.png)' in text
-    # the attention statistics carry their units (the definitions of tcnn.analysis)
+    # the attention statistics carry their units (the definitions of tcnn.evaluation.analysis)
     for header in ('span 1/α, tokens²', 'σ = 1/√(2α), tokens', 'nonlocality on real keys, tokens',
                    'attention on padding, %', '6x6 tokens of 16 px'):
         assert header in text, header

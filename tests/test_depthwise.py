@@ -1,4 +1,4 @@
-"""The depthwise GPSA product (tcnn.depthwise): both orders (folded and chunked, attending first) against the
+"""The depthwise GPSA product (tcnn.layers.depthwise): both orders (folded and chunked, attending first) against the
 written-out sum, with gradients in float64 (gradcheck) for every chunking (one chunk; images and channels in chunks
 with a partial last one; heads in chunks), channel multipliers, autocast, which order each shape gets, and whole
 depthwise layers against their TorchScript form, which attends first."""
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-import tcnn.depthwise as dw
-import tcnn.gpsa
-from tcnn.gpsa import GPSA
+import tcnn.layers.depthwise as dw
+import tcnn.layers.gpsa
+from tcnn.layers.gpsa import GPSA
 
 from nontrivial import away_from_exact
 
@@ -161,7 +161,7 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
         return [p.grad.clone() for p in layer.parameters()]
 
     folded_grads = penalty_gradients()
-    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, differentiated by autograd
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, differentiated by autograd
     plain_grads = penalty_gradients()
     for (name, _), a, b in zip(layer.named_parameters(), folded_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)

@@ -1,4 +1,4 @@
-"""tcnn.robustness and `tcnn eval`: suites on generated folders, with classifiers whose answers are known."""
+"""tcnn.evaluation.robustness and `tcnn eval`: suites on generated folders, with classifiers whose answers are known."""
 import json
 import os
 from typing import Dict, List, Sequence
@@ -11,7 +11,7 @@ import torch.nn as nn
 from PIL import Image
 
 import tcnn
-from tcnn import robustness as rb
+from tcnn.evaluation import robustness as rb
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 
@@ -255,7 +255,7 @@ def test_eval_command_compares_models(tmp_path, capsys):
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)
     paths = []
     for k in (0, 2):
-        paths.append(tcnn.io.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')))
+        paths.append(tcnn.files.tcnn_file.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')))
     out = tmp_path / 'res' / 'results.json'
     rc = main(['eval', *paths, '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
                '--workers', '0', '--batch-size', '4', '--no-progress', '--out', str(out)])
@@ -307,7 +307,7 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
 def _timm_predictions(model: nn.Module, images: Sequence[Image.Image], size: int = None, crop_pct: float = None,
                       subset: Sequence[int] = None) -> List[int]:
     """Class indices ``model`` predicts under timm validate.py's preprocessing (the test size by default): an
-    oracle independent of tcnn.robustness."""
+    oracle independent of tcnn.evaluation.robustness."""
     args = {} if size is None else {'input_size': (3, size, size), 'crop_pct': crop_pct}
     cfg = timm.data.resolve_data_config(args, model=model, use_test_size=True)
     transform = timm.data.create_transform(**cfg, is_training=False)
@@ -329,8 +329,8 @@ def cnn_and_t_cnn(tmp_path_factory):
     torch.manual_seed(0)
     cnn = nontrivial(timm.create_model('resnet10t', num_classes=1000))
     t_cnn = tcnn.reparameterize(cnn, locality_strength=50.0, gating_init=25.0)  # the CNN's function, verified
-    files = [tcnn.io.save(cnn, str(root / 'cnn.pt')),
-             tcnn.io.save(t_cnn, str(root / 't-cnn.pt'),
+    files = [tcnn.files.tcnn_file.save(cnn, str(root / 'cnn.pt')),
+             tcnn.files.tcnn_file.save(t_cnn, str(root / 't-cnn.pt'),
                           data_config={'input_size': (3, 224, 224), 'crop_pct': 1.0, 'test_crop_pct': 0.95})]
     rng = np.random.default_rng(0)
     wnids = rb.imagenet_wnids()
@@ -457,7 +457,7 @@ def test_partial_imagenet_c_is_marked_in_every_output(tmp_path, capsys):
     for c, severities in (('gaussian_noise', '12345'), ('fog', '12345'), ('spatter', '1')):
         for s in severities:
             _class_folder(str(tmp_path / 'c' / c / s), C_CLASSES, [[col] for col in C_CLASSES.values()])
-    path = tcnn.io.save(_rigged_tcnn(0, num_classes=3), str(tmp_path / 'm.pt'))
+    path = tcnn.files.tcnn_file.save(_rigged_tcnn(0, num_classes=3), str(tmp_path / 'm.pt'))
     out = tmp_path / 'r.json'
     assert main(['eval', path, '--suite', 'imagenet-c', '--data', str(tmp_path / 'c'), '--imagenet-c-size', '32',
                  '--workers', '0', '--no-progress', '--out', str(out)]) == 0

@@ -15,16 +15,16 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.depthwise as dw
+import tcnn.layers.depthwise as dw
 import tcnn.export as tex
-import tcnn.gpsa
-import tcnn.io as tio
+from tcnn.train import run_folder
+import tcnn.layers.gpsa
 from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
-from tcnn.gpsa import GPSA
-from tcnn.hub import create_cnn
-from tcnn.integrity import check_finite_outputs
+from tcnn.layers.gpsa import GPSA
+from tcnn.files.weights import create_cnn
+from tcnn.files.integrity import check_finite_outputs
 
 SIZE = 64
 # one model per family: timm ResNet (from a training checkpoint), byobnet ResNeXt, RegNet (grouped), ConvNeXt
@@ -67,7 +67,7 @@ def family_files(tmp_path_factory):
             model = _t_cnn(name)
             path = str(folder / (name.replace(':', '_') + '.pt'))
             if name == 'resnet10t':
-                tio.write_checkpoint(tio.make_checkpoint(model, epoch=3, best_top1=12.5), path)
+                run_folder.write_checkpoint(run_folder.make_checkpoint(model, epoch=3, best_top1=12.5), path)
             else:
                 tcnn.save(model, path)
             files[name] = path
@@ -218,7 +218,7 @@ def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
     layer = _layer()
     with torch.no_grad():
         eager = {b: layer(_features(b)) for b in (1, 5)}
-    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', _not_here)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', _not_here)
     with torch.no_grad():
         if tracer == 'jit.trace':
             traced = torch.jit.trace(layer, _features(2), check_trace=False)  # the check would rerun eagerly
@@ -234,7 +234,7 @@ def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
 def test_eager_product_outside_exporters(monkeypatch):
     """Outside exporters training goes through the eager product's autograd function (it has a backward), whose
     gradients are those of the plain-op form that exporters trace, in float64."""
-    assert not tcnn.gpsa._is_exporting()
+    assert not tcnn.layers.gpsa._is_exporting()
     layer = _layer(stride=2).double()
     x = torch.randn(2, 16, 9, 9, dtype=torch.float64, requires_grad=True)
 
@@ -247,7 +247,7 @@ def test_eager_product_outside_exporters(monkeypatch):
 
     out, eager = gradients()
     assert out.grad_fn is not None
-    monkeypatch.setattr(tcnn.gpsa, 'attend_depthwise', dw.attend_traceable)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)
     plain_out, plain = gradients()
     torch.testing.assert_close(out, plain_out, rtol=1e-12, atol=1e-12)
     assert len(eager) == len(plain) == 1 + len(list(layer.parameters()))
@@ -322,7 +322,7 @@ def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, c
     path = family_files('convnext_atto')
     out_path = tmp_path / 'm.onnx'
     out_path.write_bytes(b'previous export')
-    monkeypatch.setattr(tcnn.gpsa, 'attend_traceable', lambda a, v, t: dw.attend_traceable(a, v, t) * 1.01)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable', lambda a, v, t: dw.attend_traceable(a, v, t) * 1.01)
     rc, out, err = _run(['export', path, '--out', str(out_path), '--img-size', str(SIZE), '--exporter', 'torchscript'],
                         capsys)
     assert rc == 2, err
@@ -336,7 +336,7 @@ def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, 
                                                                        monkeypatch):
     # tcnn 0.3.1 traced the eager product: its batch-size decisions fixed the batch under torch.export, its
     # linalg.vecdot has no ONNX form in the TorchScript exporter; either way one line (no graph dump), nothing written
-    monkeypatch.setattr(tcnn.gpsa, '_is_exporting', lambda: False)
+    monkeypatch.setattr(tcnn.layers.gpsa, '_is_exporting', lambda: False)
     path = family_files('efficientnet_b0')
     rc = main(['export', path, '--out', str(tmp_path / 'm.onnx'), '--img-size', str(SIZE), '--exporter', exporter])
     out, err = capfd.readouterr()

@@ -16,7 +16,7 @@ from timm.data import resolve_data_config
 
 import tcnn
 import tcnn.export
-from tcnn import io as tio
+from tcnn.files import tcnn_file as tio
 from tcnn.cli import main
 
 from imagegen import SHAPES, make_image_folder

@@ -8,7 +8,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
 
 from benchmarks.measure import OperatorCount
 from nontrivial import away_from_exact

@@ -10,9 +10,9 @@ import torch
 import yaml
 
 import tcnn
-import tcnn.distributed as tcnn_distributed
-import tcnn.train as tcnn_train
-from tcnn.convert import full_precision_matmul
+import tcnn.train.distributed as tcnn_distributed
+import tcnn.train.trainer as tcnn_train
+from tcnn.convert.transform import full_precision_matmul
 from tcnn.errors import TcnnError
 
 from devices import DEVICE

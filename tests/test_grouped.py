@@ -10,10 +10,10 @@ import torch.nn as nn
 import torchvision
 
 import tcnn
-from tcnn import io as tio
+from tcnn.files import tcnn_file as tio
 from tcnn.errors import InvalidArgumentError
-from tcnn.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
-from tcnn.hub import create_cnn
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
+from tcnn.files.weights import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
 from nontrivial import away_from_exact, nontrivial as _nontrivial_norms
@@ -166,7 +166,7 @@ def test_grouped_and_depthwise_models_are_exact(name):
     torch.manual_seed(0)
     build, stages = MODELS[name]
     cnn = _nontrivial_norms(build())
-    convs = dict(tcnn.convert.find_convertible_convs(cnn, stages))
+    convs = dict(tcnn.convert.transform.find_convertible_convs(cnn, stages))
     t_cnn = tcnn.reparameterize(cnn, stages=stages, input_size=(3, 64, 64))  # verify=True: raises above 1e-4
     report = t_cnn.tcnn_report
     assert report.max_rel_err <= 1e-5 and report.sensitivity > 1e-3, report

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import save_for_hf
 
 import tcnn
-import tcnn.hf
+import tcnn.files.hub_folder
 from imagegen import make_image_folder
 from nontrivial import nontrivial, varied_heads
 from tcnn.cli import main
@@ -317,7 +317,7 @@ def converted_file(tmp_path_factory) -> tuple:
     cnn = nontrivial(timm.create_model('resnet18d', num_classes=10, zero_init_last=False))
     weights = root / 'my-resnet18d.pth'
     torch.save(cnn.state_dict(), weights)
-    source = tcnn.hub.create_cnn('resnet18d', weights=str(weights), num_classes=10)
+    source = tcnn.files.weights.create_cnn('resnet18d', weights=str(weights), num_classes=10)
     model = _moved(tcnn.reparameterize(source, stages=[3, 4], input_size=(3, 64, 64)))
     path = root / 't_resnet18d.safetensors'
     tcnn.save(model, str(path))
@@ -357,7 +357,7 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
     for expected in ('`resnet18d`', 'a local checkpoint, `my-resnet18d.pth`', 'layer3, layer4',
                      f'max relative error of {report.max_rel_err:.2g}', f'by {report.init_max_rel_err:.2g}',
                      # the exact configuration's constants are the code's (tcnn.exact_configuration)
-                     f'alpha = {tcnn.gpsa.EXACT_LOCALITY:g}, lambda = {tcnn.gpsa.EXACT_GATING:g}',
+                     f'alpha = {tcnn.layers.gpsa.EXACT_LOCALITY:g}, lambda = {tcnn.layers.gpsa.EXACT_GATING:g}',
                      "timm.create_model('local-dir:my-t-resnet18d', pretrained=True)",
                      '@article{dascoli2021transformed'):
         assert expected in card, expected
@@ -373,7 +373,7 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
 def test_card_states_the_exact_configuration_of_the_code(converted_file):
     """The card's alpha and lambda are the ones tcnn.exact_configuration sets (not a copy that can drift)."""
     model, _ = converted_file
-    text = tcnn.hf._report_text(model)
+    text = tcnn.files.hub_folder._report_text(model)
     with tcnn.exact_configuration(model):
         layer = tcnn.gpsa_layers(model)[0][1]
         lam, alpha = layer.gating.flatten()[0].item(), layer.locality_strength().flatten()[0].item()
@@ -385,7 +385,7 @@ def test_card_states_the_exact_configuration_of_the_code(converted_file):
                    '(https://huggingface.co/timm/resnet50d.a1_in1k))'),
     ('random', 'random initialisation'), ('file:w.pth', 'a local checkpoint, `w.pth`'), (None, 'not recorded')])
 def test_card_names_the_source_weights(origin, text):
-    assert tcnn.hf._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
+    assert tcnn.files.hub_folder._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
 
 
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check
@@ -425,7 +425,7 @@ def test_publish_bad_input(converted_file, tmp_path, capsys):
     plain = tmp_path / 'cnn.safetensors'
     tcnn.save(timm.create_model('resnet10t'), str(plain))
     tv = tmp_path / 'tv.pt'
-    tcnn.save(tcnn.reparameterize(tcnn.hub.create_cnn('torchvision:resnet18', pretrained=False), verify=False),
+    tcnn.save(tcnn.reparameterize(tcnn.files.weights.create_cnn('torchvision:resnet18', pretrained=False), verify=False),
               str(tv))
     busy = tmp_path / 'busy'
     busy.mkdir()

@@ -20,10 +20,11 @@ import torch
 import tcnn
 from imagegen import make_image_folder
 from nontrivial import nontrivial
-from tcnn import io as tio
+from tcnn.files import tcnn_file as tio
+from tcnn.train import run_folder
 from tcnn.cli import main
 from tcnn.errors import TcnnError
-from tcnn.integrity import CorruptFileError, tensor_checksums
+from tcnn.files.integrity import CorruptFileError, tensor_checksums
 
 TENSOR = 'layer4.0.conv2.proj_weight'
 
@@ -107,7 +108,7 @@ def test_a_flipped_byte_in_a_training_checkpoint_is_named(t_model, tmp_path):
     ema = timm.create_model('t_resnet18d', num_classes=5, qk_dim=16)
     ema.load_state_dict({k: v + 0.01 if v.is_floating_point() else v for k, v in t_model.state_dict().items()})
     path = str(tmp_path / 'last.pt')
-    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
+    run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
     assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
     _flip(path, ema.state_dict()[TENSOR])
     assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))  # the raw weights are whole
@@ -116,8 +117,8 @@ def test_a_flipped_byte_in_a_training_checkpoint_is_named(t_model, tmp_path):
     assert _one_line(e) == (f'{path} (its EMA weights): the tensor {TENSOR} does not match its checksum: the file '
                             'is corrupt (re-download or re-save it)')
     with pytest.raises(CorruptFileError):  # resuming reads the whole checkpoint
-        tio.read_checkpoint(path)
-    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
+        run_folder.read_checkpoint(path)
+    run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
     _flip(path, t_model.state_dict()[TENSOR])
     with pytest.raises(CorruptFileError, match=f'{path}: the tensor {TENSOR} does not match its checksum'):
         tcnn.load(path)
@@ -155,9 +156,9 @@ def test_checksum_names_several_tensors_and_lost_ones(t_model):
     checksums = tensor_checksums(sd)
     bad = dict(sd, **{'fc.bias': sd['fc.bias'] + 1, TENSOR: sd[TENSOR] * 2})
     with pytest.raises(CorruptFileError, match=r'w: 2 tensors do not match their checksums \(layer4.0.conv2'):
-        tcnn.integrity.verify_checksums(bad, checksums, 'w')
+        tcnn.files.integrity.verify_checksums(bad, checksums, 'w')
     with pytest.raises(CorruptFileError, match='missing fc.bias'):
-        tcnn.integrity.verify_checksums({k: v for k, v in sd.items() if k != 'fc.bias'}, checksums, 'w')
+        tcnn.files.integrity.verify_checksums({k: v for k, v in sd.items() if k != 'fc.bias'}, checksums, 'w')
 
 
 # ---------------------------------------------------------------------------------------------- non-finite logits
@@ -215,7 +216,7 @@ def test_timm_train_checkpoints_of_a_cnn_load(tmp_path, capsys):
     path = str(tmp_path / 'model_best.pth.tar')
     _train_checkpoint(cnn, 'resnet18d', path)
     assert torch.equal(tcnn.load(path)(_x()), cnn(_x()))
-    assert torch.equal(tcnn.hub.create_cnn('resnet18d', weights=path).eval()(_x()), cnn(_x()))
+    assert torch.equal(tcnn.files.weights.create_cnn('resnet18d', weights=path).eval()(_x()), cnn(_x()))
     out = str(tmp_path / 't.pt')
     assert main(['convert', 'resnet18d', '--weights', path, '--out', out, '--img-size', '64']) == 0
     assert 'verified' in capsys.readouterr().out
@@ -263,7 +264,7 @@ def test_other_pickled_classes_are_still_refused(tmp_path, capsys):
         path = str(tmp_path / f'c{i}.pth.tar')
         torch.save({'state_dict': cnn.state_dict(), 'arch': 'resnet18d', 'args': _train_args('resnet18d'),
                     'epoch': 1, 'version': 2, 'extra': extra}, path)
-        for load in (lambda: tcnn.load(path), lambda: tcnn.hub.create_cnn('resnet18d', weights=path),
+        for load in (lambda: tcnn.load(path), lambda: tcnn.files.weights.create_cnn('resnet18d', weights=path),
                      lambda: timm.create_model('t_resnet18d', pretrained=True,
                                                pretrained_cfg_overlay=dict(file=path))):
             with pytest.raises(TcnnError, match='holds pickled Python objects other than tensors'):

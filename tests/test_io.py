@@ -1,4 +1,4 @@
-"""tcnn.io: the T-CNN file format (save / load / model_to_dict / model_from_dict / read)."""
+"""tcnn.files.tcnn_file: the T-CNN file format (save / load / model_to_dict / model_from_dict / read)."""
 import argparse
 import copy
 import json
@@ -13,9 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import tcnn
-from tcnn import io as tio
+from tcnn.files import tcnn_file as tio
+from tcnn.train import run_folder
 from tcnn.errors import TcnnError
-from tcnn.hub import create_cnn
+from tcnn.files.weights import create_cnn
 
 
 def _x(size: int = 64, chans: int = 3) -> torch.Tensor:
@@ -290,14 +291,14 @@ def test_training_checkpoint_ema_weights(t_model, tmp_path):
         for p in ema.parameters():
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / 'last.pt')
-    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0), path)
+    run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0), path)
     with torch.no_grad():
         assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
         assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))
     assert tio.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
     assert tio.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
     no_ema = str(tmp_path / 'no_ema.pt')
-    tio.write_checkpoint(tio.make_checkpoint(t_model, ema=None, epoch=3), no_ema)
+    run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=None, epoch=3), no_ema)
     model_file = tcnn.save(t_model, str(tmp_path / 't.safetensors'))
     for where, message in ((no_ema, 'holds no EMA weights (its run did not use --model-ema)'),
                            (model_file, 'is a T-CNN file, which holds no EMA weights')):
@@ -317,7 +318,7 @@ def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
             model.fc.weight.zero_()
             model.fc.bias.copy_(torch.nn.functional.one_hot(torch.tensor(cls), 10).float())
     path = str(tmp_path / 'best.pt')
-    tio.write_checkpoint(tio.make_checkpoint(raw, ema=ema.state_dict(), epoch=2), path)
+    run_folder.write_checkpoint(run_folder.make_checkpoint(raw, ema=ema.state_dict(), epoch=2), path)
     assert main(['info', path, '--use-ema']) == 0
     out = capsys.readouterr().out
     assert '0.047 [0.047-0.047]' in out and 'weights ema' in out

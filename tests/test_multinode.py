@@ -75,7 +75,7 @@ def test_every_train_option_passes_through_torchrun():
     """torchrun's parser checks the script's arguments too, against abbreviations of its own options: every option of
     ``tcnn train`` reaches the script, or has a spelling that does (``--log`` clashes with ``--log-dir``...)."""
     from torch.distributed.run import get_args_parser
-    from tcnn.train_args import ALIASES, add_arguments
+    from tcnn.train.args import ALIASES, add_arguments
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     parser.add_argument('--debug', action='store_true')  # python -m tcnn.train's own

@@ -11,7 +11,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
 import tcnn
-from tcnn.optim import GATING_LR_RATIO, group_lrs
+from tcnn.train.optim import GATING_LR_RATIO, group_lrs
 
 from nontrivial import nontrivial
 from test_train import one_thread  # noqa: F401  (one intra-op thread on the shared 2-core CI machine)

@@ -12,7 +12,7 @@ import torchvision
 import tcnn
 from nontrivial import nontrivial
 from tcnn.cli import main
-from tcnn.convert import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
+from tcnn.convert.transform import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
 
 
 def _timm(name: str) -> nn.Module:
@@ -23,7 +23,7 @@ def _timm(name: str) -> nn.Module:
 def _tv(name: str) -> nn.Module:
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None)
-    model.tcnn_source = {'model': f'torchvision:{name}'}  # the name in messages, as tcnn.hub.create_cnn sets it
+    model.tcnn_source = {'model': f'torchvision:{name}'}  # the name in messages, as tcnn.files.weights.create_cnn sets it
     return model
 
 
@@ -201,14 +201,14 @@ def test_convert_command_other_family(tmp_path, capsys):
 
 def test_torchvision_file_round_trip():
     """A torchvision T-CNN other than a ResNet (classifier.1, not fc) saves with its class count and rebuilds."""
-    from tcnn.hub import classifier_layer, create_cnn
+    from tcnn.files.weights import classifier_layer, create_cnn
     cnn = nontrivial(create_cnn('torchvision:efficientnet_b0', pretrained=False, num_classes=7))
     name, head = classifier_layer(cnn)
     assert name == 'classifier.1' and head.out_features == 7
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
-    d = tcnn.io.model_to_dict(t_cnn)
+    d = tcnn.files.tcnn_file.model_to_dict(t_cnn)
     assert d['num_classes'] == 7 and d['conversion']['stages'] == ['features.7']
-    rebuilt = tcnn.io.model_from_dict(d)
+    rebuilt = tcnn.files.tcnn_file.model_from_dict(d)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), t_cnn(x), rtol=0, atol=0)

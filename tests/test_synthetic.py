@@ -1,4 +1,4 @@
-"""Tests of ``tcnn.synthetic``: determinism, the label rules checked on rendered pixels, corruptions that grow with
+"""Tests of ``tcnn.demo.synthetic``: determinism, the label rules checked on rendered pixels, corruptions that grow with
 severity, the dataset folder (ImageFolder + ImageNet-C layout) and argument checks."""
 import hashlib
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tcnn import synthetic
+from tcnn.demo import synthetic
 from tcnn.errors import InvalidArgumentError, TcnnError
 
 TASKS = [synthetic.OddColour(), synthetic.OddOneOut(), synthetic.SameDifferent()]

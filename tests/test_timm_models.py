@@ -22,7 +22,7 @@ from timm.models.regnet import RegNet
 from timm.optim import create_optimizer_v2
 
 import tcnn
-import tcnn.hub
+import tcnn.files.weights
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
@@ -257,7 +257,7 @@ def test_forward_intermediates(name):
                                   't_mobilenetv3_large_100', 't_regnety_002', 't_resnext26ts'])
 def test_torchscript(name):
     """timm's test_model_forward_torchscript, plus equality with eager (to rounding: TorchScript evaluates depthwise
-    GPSA layers' sum in another order, see tcnn.depthwise)."""
+    GPSA layers' sum in another order, see tcnn.layers.depthwise)."""
     model = _model(name)
     scripted = torch.jit.script(model)
     x = _x(1, 128)
@@ -311,7 +311,7 @@ def _source_cnn(name: str = 'resnet18d') -> nn.Module:
 
 def test_pretrained_offline_fails_fast(monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr(tcnn.hub, '_cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    monkeypatch.setattr(tcnn.files.weights, '_cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     start = time.perf_counter()
     with pytest.raises(TcnnError, match=r'pretrained=False.*pretrained_cfg_overlay=dict\(file=PATH\)') as info:
         timm.create_model('t_resnet18d', pretrained=True)  # offline: asserts the fast failure, downloads nothing
@@ -329,7 +329,7 @@ def test_pretrained_converts_source_weights(monkeypatch):
         asked.append((name, pretrained, kwargs))
         return cnn
 
-    monkeypatch.setattr(tcnn.hub, 'create_cnn', fake_create_cnn)
+    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', fake_create_cnn)
     model = timm.create_model(
         't_resnet18d.ra4_e3600_r224_in1k', pretrained=True).eval()  # offline: stubbed source weights
     assert asked == [('resnet18d.ra4_e3600_r224_in1k', True, {})]
@@ -401,7 +401,7 @@ def test_grouped_source_converts_exactly(monkeypatch):
     """ResNeXt's grouped 3x3 convs become grouped GPSA layers (the filter stored per group, as the conv stores it):
     still the CNN exactly."""
     cnn = _source_cnn('seresnext26d_32x4d')
-    monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda name, **kwargs: cnn)
+    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', lambda name, **kwargs: cnn)
     model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()  # offline: a local file
     x = _x(1, 96)
     with torch.no_grad(), exact_configuration(model):
@@ -463,7 +463,7 @@ def test_family_pretrained_converts_source_weights(monkeypatch, name):
     """pretrained=True converts the source's weights (stubbed: no download): in the exact configuration the T-CNN is
     the CNN; a new class count re-initialises the head (ConvNeXt head.fc, EfficientNet classifier) only."""
     cnn = nontrivial(timm.create_model(name))
-    monkeypatch.setattr(tcnn.hub, 'create_cnn', lambda source, **kwargs: cnn)
+    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', lambda source, **kwargs: cnn)
     model = timm.create_model(f't_{name}', pretrained=True).eval()  # offline: stubbed source weights
     x = _x(2, 64)
     with torch.no_grad(), exact_configuration(model):
@@ -547,7 +547,7 @@ def test_reparameterizable_models_enumerated_from_the_registry():
 @pytest.mark.parametrize('name', REPARAMETERIZABLE)
 def test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers(name):
     """timm.utils.reparameterize_model (benchmark.py/onnx_export.py --reparam) on every t_* model that has blocks to
-    fuse: the BNs and 1x1/identity branches fuse, the GPSA layers stay GPSA layers (tcnn.fusion), the logits stay.
+    fuse: the BNs and 1x1/identity branches fuse, the GPSA layers stay GPSA layers (tcnn.convert.fusion), the logits stay.
 
     Random BN statistics and varied heads (so that every branch and head reaches the logits), 48 px (a 2x2 GPSA
     grid), in float64: that checks the fusion's algebra to 1e-9, apart from float32 rounding, which 50 random-BN

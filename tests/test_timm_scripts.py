@@ -15,7 +15,7 @@ import pytest
 import timm
 
 import tcnn.models  # noqa: F401 - t_* names, for the folder this test writes
-from tcnn.recipe import find_recipe, resolve_recipe
+from tcnn.train.recipe import find_recipe, resolve_recipe
 from tcnn.timm_script import main, recipe_flags
 
 TRAIN_LIKE = textwrap.dedent('''

@@ -17,13 +17,14 @@ import yaml
 from torch.utils.data import DataLoader
 
 import tcnn
-import tcnn.train as tcnn_train
+import tcnn.train.trainer as tcnn_train
 from tcnn.data import build_transforms, open_training_data, recipe_data_config
-from tcnn.engine import validate
+from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
-from tcnn.io import model_from_dict, read_checkpoint
-from tcnn.optim import create_optimizer, create_scheduler, group_lrs, param_groups
-from tcnn.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
+from tcnn.files.tcnn_file import model_from_dict
+from tcnn.train.run_folder import read_checkpoint
+from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
+from tcnn.train.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
     scaled_lrs
 
 from devices import device_args
@@ -303,7 +304,7 @@ def test_train_interrupt_and_exact_resume(data_dir, tmp_path, monkeypatch, capsy
         config = yaml.safe_load(f)
     assert config['epochs'] == 3 and config['num_classes'] == 3 and config['model'] == 'resnet18d'
     assert not [p for p in os.listdir(run) if 'tmp' in p]
-    model = tcnn.load(str(run / 'last.pt'))  # the model file inside a checkpoint (tcnn.io)
+    model = tcnn.load(str(run / 'last.pt'))  # the model file inside a checkpoint (tcnn.files.tcnn_file)
     assert len(tcnn.gpsa_layers(model)) == 4
 
     monkeypatch.undo()
@@ -452,7 +453,7 @@ def _free_port():
 
 
 def _torchrun(args, processes=2):
-    """``tcnn.train`` under torchrun (gloo, CPU) through tests/torchrun_ranks.py: every rank also writes its final
+    """``tcnn.train.trainer`` under torchrun (gloo, CPU) through tests/torchrun_ranks.py: every rank also writes its final
     model to OUTPUT/rank{R}.pt."""
     env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={processes}', '--master_addr=127.0.0.1',
@@ -704,9 +705,9 @@ def test_cli_error_is_one_line(tmp_path):
 
 def test_offline_pretrained_names_the_train_flags(data_dir, tmp_path, monkeypatch, capsys):
     """tcnn train without the pretrained weights (offline): one line naming its flags, not the Python arguments that
-    the same error from tcnn.hub names."""
+    the same error from tcnn.files.weights names."""
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr('tcnn.hub._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     from tcnn.cli import main
     args = [a for a in common(data_dir, tmp_path / 'out', epochs=1) if a != '--no-pretrained']
     assert main(['train', *args]) == 2  # offline: asserts the fast failure, downloads nothing

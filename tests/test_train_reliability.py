@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import tcnn
-import tcnn.train as tcnn_train
+import tcnn.train.trainer as tcnn_train
 from tcnn.cli import main as tcnn_main
-from tcnn.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
-from tcnn.recipe import resolve_recipe
+from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
+from tcnn.train.recipe import resolve_recipe
 
 from devices import DEVICE, process_group_backend
 from imagegen import make_image_folder
@@ -226,7 +226,7 @@ def test_loader_workers_drop_job_signals_but_obey_their_parent():
     code = (
         'import sys\n'
         'from torch.utils.data import DataLoader\n'
-        'from tcnn.distributed import ignore_stop_signals\n'
+        'from tcnn.train.distributed import ignore_stop_signals\n'
         'loader = DataLoader(list(range(100000)), batch_size=1, num_workers=2, worker_init_fn=ignore_stop_signals)\n'
         'it = iter(loader)\n'
         'for _ in range(4):  # batches come from the workers in turn: both have started\n'
@@ -400,7 +400,7 @@ def test_loop_numbers_of_a_data_bound_epoch():
     """A loader that sleeps 40 ms per image (160 ms a batch) before a step of a few ms: the loop's img/s is the images
     over the whole time (waiting included), the step's over the compute alone, data_wait the waiting share, in [0, 1]
     and well above a half, and the times add up to the call's wall time (a report every update agrees)."""
-    from tcnn.engine import EpochPlan, ForwardPass, UpdateStep, train_one_epoch
+    from tcnn.train.engine import EpochPlan, ForwardPass, UpdateStep, train_one_epoch
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2))
     batches, delay = 5, 0.04

@@ -9,9 +9,9 @@ import tarfile
 import numpy as np
 import pytest
 
-import tcnn.train as tcnn_train
+import tcnn.train.trainer as tcnn_train
 from tcnn.cli import main
-from tcnn.distributed import EXIT_PREEMPTED
+from tcnn.train.distributed import EXIT_PREEMPTED
 
 from imagegen import SHAPES, draw_shape
 from test_train import assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401

@@ -18,7 +18,7 @@ from ..version import EXTENSIONS
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
 
-    from ..convert import StageRow
+    from ..convert.transform import StageRow
 
 __all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size', 'FLAG_NAMES']
 
@@ -120,7 +120,7 @@ def _weights_text(args: argparse.Namespace) -> str:
 
 
 def _layer_lines(t_model: 'nn.Module') -> List[str]:
-    from ..convert import gpsa_layers
+    from ..convert.transform import gpsa_layers
     lines = []
     for name, layer in gpsa_layers(t_model):
         kh, kw = layer.kernel_size
@@ -133,7 +133,7 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
 
 
 def _num_classes(model: 'nn.Module') -> Optional[int]:
-    from ..hub import classifier_layer
+    from ..files.weights import classifier_layer
     if isinstance(getattr(model, 'num_classes', None), int):
         return model.num_classes
     _, head = classifier_layer(model)  # torchvision: its last nn.Linear
@@ -194,8 +194,8 @@ def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
 
 def list_stages(args: argparse.Namespace) -> int:
     """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
-    from ..convert import list_stages as stage_rows
-    from ..hub import create_cnn
+    from ..convert.transform import list_stages as stage_rows
+    from ..files.weights import create_cnn
     from ..models import source_model_name
 
     source = source_model_name(args.model)
@@ -238,8 +238,8 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
     """``tcnn convert t_MODEL --weights PATH``: the T-CNN file of a T-CNN's state dict (``torch.save(t_model
     .state_dict())``, timm's clean_checkpoint.py, a checkpoint of timm's train.py), loaded strictly into ``t_MODEL``
     as its GPSA layers show it (stages, qk_dim); nothing to convert or verify."""
-    from .. import io as tio
-    from ..hub import load_state_dict_file
+    from ..files import tcnn_file as tio
+    from ..files.weights import load_state_dict_file, source_model_name
 
     stages = parse_stages(args.stages)
     kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
@@ -282,10 +282,10 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from .. import io as tio
-    from ..convert import reparameterize
-    from ..hub import CLI_HINT, WeightsUnavailableError, create_cnn
-    from ..hub import source_model_name
+    from ..files import tcnn_file as tio
+    from ..convert.transform import reparameterize
+    from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
+    from ..files.weights import source_model_name
 
     source = source_model_name(args.model)
     if source is not None and args.weights:

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
-from ..compiling import COMPILE_HELP, compile_mode
+from ..train.compiling import COMPILE_HELP, compile_mode
 from ..errors import TcnnError
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
@@ -69,20 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
-    """A model from a file (``tcnn.io.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
+    """A model from a file (``tcnn.files.tcnn_file.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
     a pretrained model name."""
     if os.path.exists(spec):
-        from .. import io as tio
+        from ..files import tcnn_file as tio
         return tio.load(spec, map_location='cpu', ema=use_ema)
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
     if use_ema:
         raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
-    from ..hub import WeightsUnavailableError, create_cnn
+    from ..files.weights import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
     except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round
-        raise e.with_hint('give a model file instead (a CNN saved with tcnn.io.save, a tcnn convert file or a '
+        raise e.with_hint('give a model file instead (a CNN saved with tcnn.files.tcnn_file.save, a tcnn convert file or a '
                           'checkpoint)') from None
 
 
@@ -106,15 +106,15 @@ def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import robustness as rb
-    from ..integrity import NonFiniteOutputError
+    from ..evaluation import robustness as rb
+    from ..files.integrity import NonFiniteOutputError
     if len(args.suite) != len(args.data):
         raise TcnnError(f'{len(args.suite)} suites but {len(args.data)} --data directories: give one per suite, '
                         'in the same order')
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
     from ..data import check_image_options
-    from ..distributed import resolve_device
+    from ..train.distributed import resolve_device
     from ..errors import check_number
     from ..paths import check_output_file
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an

@@ -9,7 +9,7 @@ from ..errors import TcnnError, check_number
 from ..paths import check_input_file, check_output_file
 from ..version import EXPORT_EXTENSIONS
 
-HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.io.HUB_PREFIXES, without importing torch
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.tcnn_file.HUB_PREFIXES, without importing torch
 from .convert import _in_chans, parse_img_size
 
 __all__ = ['add_arguments', 'run']
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     parse_img_size(args.img_size, 3)
 
     from .. import export as tex
-    from .. import io as tio
-    from ..convert import gpsa_layers
+    from ..files import tcnn_file as tio
+    from ..convert.transform import gpsa_layers
 
     exporter = args.exporter or 'dynamo'
     fmt = tex.check_export_options(path, exporter, args.opset, args.aoti, args.dynamic_size)

@@ -31,7 +31,7 @@ def _cnn_parameters(d: Dict[str, Any]) -> int:
     """Parameters of the source CNN, rebuilt without weights on the meta device (exact for grouped convs too)."""
     import torch
 
-    from ..hub import create_cnn
+    from ..files.weights import create_cnn
     source = d['source']
     with torch.device('meta'):
         cnn = create_cnn(source['model'], pretrained=False, num_classes=d.get('num_classes'),
@@ -39,9 +39,9 @@ def _cnn_parameters(d: Dict[str, Any]) -> int:
     return _count(cnn)
 
 
-# the GPSA parameters the gates and spans come from (tcnn.gpsa.GPSA)
+# the GPSA parameters the gates and spans come from (tcnn.layers.gpsa.GPSA)
 _HEAD_PARAMS = ('gating', 'pos_locality', 'pos_centers')
-_SOFTPLUS_BETA = 5.0  # tcnn.gpsa.SOFTPLUS_BETA: alpha = softplus(pos_locality, beta=5)
+_SOFTPLUS_BETA = 5.0  # tcnn.layers.gpsa.SOFTPLUS_BETA: alpha = softplus(pos_locality, beta=5)
 # safetensors dtype -> (struct code, bytes); BF16 is the upper half of a float32
 _SAFETENSORS_FLOATS = {'F64': ('d', 8), 'F32': ('f', 4), 'F16': ('e', 2), 'BF16': ('H', 2)}
 
@@ -55,7 +55,7 @@ def collect(path: str, ema: bool = False) -> Dict[str, Any]:
     """
     d = _read_safetensors_settings(path) if path.lower().endswith('.safetensors') and not ema else None
     if d is None:
-        from .. import io as tio
+        from ..files import tcnn_file as tio
         d = tio.read(path, ema=ema)
         values = {k: v.float().tolist() for k, v in d['state_dict'].items() if k.endswith(_HEAD_PARAMS)}
         d = dict(d, head_values=values)
@@ -81,8 +81,8 @@ def _info(path: str, d: Dict[str, Any], parameters: Dict[str, int], layers: Dict
 
 def _collect_by_rebuilding(path: str, ema: bool = False) -> Dict[str, Any]:
     """``collect`` for files without stored counts: rebuild the T-CNN (and the CNN, on the meta device)."""
-    from .. import io as tio
-    from ..convert import gpsa_summary
+    from ..files import tcnn_file as tio
+    from ..convert.transform import gpsa_summary
 
     d = tio.read(path, ema=ema)
     model = tio.model_from_dict(d, map_location=None, where=path)
@@ -105,7 +105,7 @@ def _softplus(x: float, beta: float) -> float:
 
 
 def _layers_from_values(d: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``tcnn.convert.gpsa_summary`` computed from the stored GPSA parameters (``d['head_values']``), or None when
+    """``tcnn.convert.transform.gpsa_summary`` computed from the stored GPSA parameters (``d['head_values']``), or None when
     they do not fit the file's conversion settings."""
     conversion, values = d.get('conversion'), d.get('head_values') or {}
     summary: Dict[str, Any] = {}

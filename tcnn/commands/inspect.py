@@ -48,7 +48,7 @@ def parse_query(text: Optional[str]) -> Optional[Tuple[float, float]]:
 
 
 def _parts(text: str) -> List[str]:
-    from ..analysis import ATTENTION_PARTS
+    from ..evaluation.analysis import ATTENTION_PARTS
     parts = [p.strip() for p in text.split(',') if p.strip()]
     bad = [p for p in parts if p not in ATTENTION_PARTS]
     if bad or not parts:
@@ -67,9 +67,10 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import analysis, data
-    from .. import io as tio
-    from ..convert import gpsa_layers
+    from ..evaluation import analysis
+    from .. import data
+    from ..files import tcnn_file as tio
+    from ..convert.transform import gpsa_layers
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts: List[str]) -> List[str]:
-    from .. import plots
+    from ..evaluation import plots
     written = [atomic_write_text(os.path.join(args.out, 'summary.json'), json.dumps(summary, indent=2) + '\n'),
                plots.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
     if maps is not None:

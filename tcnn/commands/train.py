@@ -1,24 +1,24 @@
 """``tcnn train``: fine-tune a T-CNN (or the no-SA baseline) with a recipe; the arguments and the run are those of
 ``python -m tcnn.train``.
 
-The arguments come from the torch-free ``tcnn.train_args`` and the run imports ``tcnn.train`` (torch, timm) only
+The arguments come from the torch-free ``tcnn.train.args`` and the run imports ``tcnn.train.trainer`` (torch, timm) only
 when it starts, so ``tcnn train --help`` and argument errors answer at once.
 """
 import argparse
 
-from ..train_args import add_arguments
+from ..train.args import add_arguments
 
 __all__ = ['add_arguments', 'run']
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``tcnn train`` with parsed arguments (``tcnn.train.run``).
+    """Run ``tcnn train`` with parsed arguments (``tcnn.train.trainer.run``).
 
     A fresh run's recipe (the file, the flags, ``--set``) is resolved and validated first, without torch: a mistake
     in it (``--lr nan``, an unknown key, an impossible warm-up) answers at once instead of after the imports."""
     if args.resume is None:
-        from ..recipe import resolve_recipe
-        from ..train_args import flag_overrides
+        from ..train.recipe import resolve_recipe
+        from ..train.args import flag_overrides
         resolve_recipe(args.recipe, flag_overrides(args), args.set_items, [])
-    from ..train import run as train_run
+    from ..train.trainer import run as train_run
     return train_run(args)

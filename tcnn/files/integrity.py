@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from .errors import TcnnError
+from ..errors import TcnnError
 
 __all__ = ['CHECKSUM_ALGORITHM', 'CorruptFileError', 'tensor_checksums', 'verify_checksums', 'safetensors_damage',
            'nonfinite_tensors', 'check_finite_outputs', 'nonfinite_text', 'nonfinite_kind', 'nonfinite_output_error',

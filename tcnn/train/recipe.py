@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import yaml
 
 from .compiling import COMPILE_MODES, compile_mode
-from .errors import TcnnError
+from ..errors import TcnnError
 
 __all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'default_recipe', 'load_recipe', 'parse_set',
            'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe',
@@ -26,7 +26,7 @@ __all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'default_recip
 # The learning rates the batch rule scales (``scaled_lrs``), unless the user gave them (``absolute_lrs``).
 LR_KEYS = ('lr', 'gating_lr', 'warmup_lr', 'min_lr')
 
-# Live dashboards of `tcnn train --log` (tcnn.dashboards), each an optional extra of the same name.
+# Live dashboards of `tcnn train --log` (tcnn.train.dashboards), each an optional extra of the same name.
 LOG_BACKENDS = ('tensorboard', 'wandb')
 BASE_KEY = 'base'  # names a parent recipe file; resolved while loading, never part of the resolved recipe
 NoneType = type(None)

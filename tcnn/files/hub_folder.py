@@ -23,15 +23,17 @@ from timm.models import push_to_hf_hub
 from timm.models._hub import save_config_for_hf
 from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (not exported by timm.models)
 
-from . import data, io
-from .convert import ConversionSettings, gpsa_summary
-from .errors import TcnnError
-from .gpsa import EXACT_GATING, EXACT_LOCALITY
-from .hub import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
-from .paths import check_replaceable_dir
-from .recipe import dump_recipe
-from .robustness import format_markdown
-from .version import __version__
+from .. import data
+from . import tcnn_file as io
+from ..convert.transform import ConversionSettings, gpsa_summary
+from ..errors import TcnnError
+from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
+from .weights import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
+from ..paths import check_replaceable_dir
+from ..train import run_folder
+from ..train.recipe import dump_recipe
+from ..evaluation.robustness import format_markdown
+from ..version import __version__
 
 __all__ = ['CONFIG_KEY', 'read_published', 'hub_config', 'model_card', 'write_folder', 'push', 'PAPER_BIBTEX']
 
@@ -56,11 +58,11 @@ _METRICS = (('val_top1', 'top-1 %'), ('val_top5', 'top-5 %'), ('val_loss', 'val 
 
 def _run_checkpoint(folder: str) -> str:
     """A ``tcnn train`` run folder's checkpoint to publish: ``best.pt`` (best validation top-1), else ``last.pt``."""
-    for name in (io.BEST_CHECKPOINT, io.LAST_CHECKPOINT):
+    for name in (run_folder.BEST_CHECKPOINT, run_folder.LAST_CHECKPOINT):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             return path
-    raise TcnnError(f'{folder} is a folder without {io.BEST_CHECKPOINT} or {io.LAST_CHECKPOINT}: give a T-CNN file, '
+    raise TcnnError(f'{folder} is a folder without {run_folder.BEST_CHECKPOINT} or {run_folder.LAST_CHECKPOINT}: give a T-CNN file, '
                     'a training checkpoint or a tcnn train run folder')
 
 
@@ -78,7 +80,7 @@ def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str,
 
     Raises:
         TcnnError: Not a T-CNN (a plain CNN, the no-SA baseline), or a T-CNN without a timm architecture
-            (a torchvision source), or any error of ``tcnn.io.read``.
+            (a torchvision source), or any error of ``tcnn.files.tcnn_file.read``.
     """
     if os.path.isdir(path):
         path = _run_checkpoint(path)
@@ -94,8 +96,8 @@ def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str,
                         'not registered): Hub folders are loaded by timm.create_model, so only T-CNNs of timm CNNs '
                         'can be published')
     model = io.model_from_dict(d, where=where)
-    metrics_path = os.path.join(os.path.dirname(os.path.abspath(path)), io.METRICS_FILE)
-    metrics = io.read_metrics(metrics_path) if d.get('training') is not None and os.path.isfile(metrics_path) else []
+    metrics_path = os.path.join(os.path.dirname(os.path.abspath(path)), run_folder.METRICS_FILE)
+    metrics = run_folder.read_metrics(metrics_path) if d.get('training') is not None and os.path.isfile(metrics_path) else []
     return model, {k: v for k, v in d.items() if k != 'state_dict'}, metrics
 
 

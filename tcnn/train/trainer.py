@@ -1,11 +1,11 @@
 """Fine-tune a T-CNN (T-CNN, arXiv:2106.05795, section 3) or its no-SA baseline: ``tcnn train``,
 ``python -m tcnn.train`` and ``torchrun --nproc_per_node=N -m tcnn.train`` take the same arguments.
 
-A run, in order: resolve the recipe (``tcnn.recipe``) and, with ``--resume``, the checkpoint; set up
-torch.distributed from the torchrun environment (``tcnn.distributed``); open the datasets (which fixes the number of
-classes); create the CNN (``tcnn.hub.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the
+A run, in order: resolve the recipe (``tcnn.train.recipe``) and, with ``--resume``, the checkpoint; set up
+torch.distributed from the torchrun environment (``tcnn.train.distributed``); open the datasets (which fixes the number of
+classes); create the CNN (``tcnn.files.weights.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the
 exact configuration) unless ``no_sa``, or later for ``reparam_epoch``; build the loaders with the model's
-preprocessing; then train epoch by epoch (``tcnn.engine``). Only rank 0 writes ``OUTPUT/config.yaml``,
+preprocessing; then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes ``OUTPUT/config.yaml``,
 ``OUTPUT/metrics.jsonl`` (one JSON object per epoch) and the checkpoints ``OUTPUT/last.pt`` / ``OUTPUT/best.pt``
 (atomic, ``torch.load(weights_only=True)``-loadable; ``tcnn.load`` reads the model out of them).
 
@@ -31,10 +31,10 @@ from timm.utils import ModelEmaV3, distribute_bn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from .atomic import atomic_copy, atomic_write_text
+from ..atomic import atomic_copy, atomic_write_text
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
-from .data import TrainingData, build_transforms, class_names, num_images, open_training_data, recipe_data_config
-from .convert import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
+from ..data import TrainingData, build_transforms, class_names, num_images, open_training_data, recipe_data_config
+from ..convert.transform import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
                       reparameterize_)
 from .dashboards import Dashboards, check_backends
 from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopRequest, all_reduce_sum,
@@ -42,16 +42,17 @@ from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopReq
                           set_rng_state, setup_distributed)
 from .engine import (DATA_BOUND_FRACTION, EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep,
                      autocast_fn, to_device, train_one_epoch, validate)
-from .errors import TcnnError, first_line
-from .gpsa import GPSA
-from .hub import CLI_HINT, WeightsUnavailableError, create_cnn
-from .io import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, STATUS_FILE, make_checkpoint,
-                 model_from_dict, read_checkpoint, read_metrics, write_checkpoint, write_metrics, write_status)
-from .paths import check_output_dir, output_dir
+from ..errors import TcnnError, first_line
+from ..layers.gpsa import GPSA
+from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
+from ..files.tcnn_file import model_from_dict
+from .run_folder import (BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, STATUS_FILE, make_checkpoint,
+                         read_checkpoint, read_metrics, write_checkpoint, write_metrics, write_status)
+from ..paths import check_output_dir, output_dir
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
 from .recipe import (apply_overrides, auto_workers, default_recipe, dump_recipe, mark_absolute_lrs, parse_set,
                      resolve_recipe, scaled_lrs, validate_recipe)
-from .train_args import add_arguments, flag_overrides
+from .args import add_arguments, flag_overrides
 
 __all__ = ['add_arguments', 'run', 'main', 'Trainer', 'CheckpointWriteError']
 
@@ -738,7 +739,7 @@ class Trainer:
 # ---------------------------------------------------------------------------------------------------- entry points
 
 class RunStatus:
-    """Rank 0's ``OUTPUT/status.json`` (``tcnn.io.write_status``): where the run stands, so that a cluster script can
+    """Rank 0's ``OUTPUT/status.json`` (``tcnn.train.run_folder.write_status``): where the run stands, so that a cluster script can
     decide to requeue (``preempted``) or stop (``finished``, ``failed``), whatever exit code torchrun or srun made of
     the run's own (torchrun turns a worker's 75 into 1 when it was signalled itself)."""
 
@@ -836,6 +837,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f'tcnn train: error: {e}', file=sys.stderr)
         return 2
 
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -32,9 +32,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 import torch
 import torch.nn as nn
 
-from .convert import eval_mode, gpsa_layers, gpsa_summary
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
-from .gpsa import GPSA
+from ..convert.transform import eval_mode, gpsa_layers, gpsa_summary
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from ..layers.gpsa import GPSA
 
 __all__ = ['AttentionMaps', 'ATTENTION_PARTS', 'UNITS', 'capture_gpsa_inputs', 'attention_maps', 'query_cell',
            'nonlocality', 'summarize']

@@ -20,10 +20,10 @@ from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarForm
 from PIL import Image
 
 from .analysis import ATTENTION_PARTS, AttentionMaps
-from .atomic import atomic_open
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
-from .io import METRICS_FILE, read_metrics
-from .paths import check_output_file
+from ..atomic import atomic_open
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from ..train.run_folder import METRICS_FILE, read_metrics
+from ..paths import check_output_file
 
 __all__ = ['plot_summary', 'plot_attention', 'attention_figure', 'plot_training_curves', 'load_metrics', 'save_figure',
            'figure_pixels', 'check_figure_path']
@@ -141,7 +141,7 @@ def plot_summary(summary: Mapping[str, Any], path: str) -> str:
     grid) and the share of attention on padded keys (%).
 
     Args:
-        summary: ``tcnn.analysis.summarize`` output (or a ``tcnn.gpsa_summary`` dict of layers).
+        summary: ``tcnn.evaluation.analysis.summarize`` output (or a ``tcnn.gpsa_summary`` dict of layers).
         path: Output image path (``.png``, ``.pdf``, ``.svg``).
     """
     check_figure_path(path)
@@ -205,7 +205,7 @@ def attention_figure(
     block row per layer and one block column per part (gates: ``plot_summary``).
 
     Args:
-        maps: ``tcnn.analysis.attention_maps`` output.
+        maps: ``tcnn.evaluation.analysis.attention_maps`` output.
         image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.data.denormalize``).
         index: Which image of the batch the maps belong to.
         parts: Attention parts to show, rows in this order.

@@ -3,7 +3,7 @@
 RepVGG (arXiv:2101.03697) and MobileOne (arXiv:2206.04040) blocks train as several branches, a k x k conv + BN, a
 1x1 conv + BN and an identity BN, summed; their ``reparameterize()`` fuses the branches into one k x k conv for
 inference. In a T-CNN the k x k conv of such a block is a GPSA layer, so timm's fusion, which reads the conv's
-``weight``, cannot run. ``reparameterize_`` (tcnn.convert) re-classes every such block that holds a GPSA layer into
+``weight``, cannot run. ``reparameterize_`` (tcnn.convert.transform) re-classes every such block that holds a GPSA layer into
 the subclass below (adding methods only, as ``tcnn.models`` does for whole models), whose ``reparameterize()`` fuses
 what is exact and leaves the attention as it is:
 
@@ -29,7 +29,7 @@ import torch.nn as nn
 from timm.layers import ConvNormAct
 from timm.models.byobnet import MobileOneBlock, RepVggBlock
 
-from .gpsa import GPSA
+from ..layers.gpsa import GPSA
 
 __all__ = ['FusedBranches', 'TransformedRepVggBlock', 'TransformedMobileOneBlock', 'adopt_fusion']
 
@@ -114,7 +114,7 @@ class TransformedRepVggBlock(RepVggBlock):
     """A timm ``RepVggBlock`` whose k x k conv is a GPSA layer; ``reparameterize()`` as in the module docstring."""
 
     def reparameterize(self) -> None:
-        """Fuse the BN and 1x1 branches for inference; the GPSA layer stays (see ``tcnn.fusion``)."""
+        """Fuse the BN and 1x1 branches for inference; the GPSA layer stays (see ``tcnn.convert.fusion``)."""
         if self.reparam_conv is not None:
             return
         if not isinstance(self.conv_kxk.conv, GPSA):
@@ -127,7 +127,7 @@ class TransformedMobileOneBlock(MobileOneBlock):
     docstring (each of its ``num_conv_branches`` GPSA layers is kept)."""
 
     def reparameterize(self) -> None:
-        """Fuse the BN and 1x1 branches for inference; the GPSA layers stay (see ``tcnn.fusion``)."""
+        """Fuse the BN and 1x1 branches for inference; the GPSA layers stay (see ``tcnn.convert.fusion``)."""
         if self.reparam_conv is not None:
             return
         if not isinstance(self.conv_kxk[0].conv, GPSA):  # its branches are converted together or not at all

@@ -1,6 +1,6 @@
 """``tcnn demo``: the whole method end to end, offline, in miniature (T-CNN, arXiv:2106.05795).
 
-1. **Data**: ``tcnn.synthetic`` writes an odd-colour-out task (train / val / test ImageFolders and an
+1. **Data**: ``tcnn.demo.synthetic`` writes an odd-colour-out task (train / val / test ImageFolders and an
    ImageNet-C-style ``test-c``) from a fixed seed.
 2. **The "pretrained" CNN**, one per seed: ``demo_resnet10`` (timm's ``ResNet`` class, see ``tcnn.models``) trained
    from scratch on it with ``tcnn train --no-pretrained --no-sa``.
@@ -9,7 +9,7 @@
    fine-tuning recipe (AdamW, warm-up + cosine, gating lr, init alpha = lambda = 1); (c) ``t-cnn-late``: the CNN
    fine-tuned for part of the epochs, then reparameterised (Table 3), where the plan has it.
 4. **Evaluation and analysis**: ``tcnn eval`` on the test split and ``test-c``, gates / spans / nonlocality of every
-   T-CNN (``tcnn.analysis``), the figures (Fig. 3, 4 and 5 of the paper in miniature), ``results.json`` and a
+   T-CNN (``tcnn.evaluation.analysis``), the figures (Fig. 3, 4 and 5 of the paper in miniature), ``results.json`` and a
    ``README.md`` that says what the numbers mean, whatever their sign, and how far they lie from the distribution
    documented for the plan (``demo_reference.json``, measured over many full-pipeline seeds).
 
@@ -18,7 +18,7 @@ fine-tuning's and the GPSA layers' query/key init), so the spread over seeds inc
 another machine's torch build changes first.
 
 Every step goes through the project's public code paths (the ``tcnn`` command's ``train`` and ``eval``, ``tcnn.load``,
-``tcnn.save``, ``tcnn.reparameterize``, ``tcnn.analysis``, ``tcnn.plots``), so the demo is also their end-to-end
+``tcnn.save``, ``tcnn.reparameterize``, ``tcnn.evaluation.analysis``, ``tcnn.evaluation.plots``), so the demo is also their end-to-end
 check. Training runs are ``tcnn train`` processes, several at once on a CPU (see ``_train_all``). An interrupted
 demo continues where it stopped when the same command is run again (every training run resumes from its
 ``last.pt``).
@@ -39,19 +39,21 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import timm
 import torch
 
-from . import analysis, plots, synthetic
-from . import io as tio
-from .atomic import atomic_write_text
-from .cli import main
-from .convert import reparameterize
-from .data import data_config, find_images, load_images
-from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
-from .errors import InvalidArgumentError, TcnnError, check_device, check_number
-from .paths import check_output_dir
-from .plots import load_metrics
-from .robustness import format_markdown, format_table
+from ..evaluation import analysis, plots
+from . import synthetic
+from ..files import tcnn_file as tio
+from ..atomic import atomic_write_text
+from ..train import run_folder
+from ..cli import main
+from ..convert.transform import reparameterize
+from ..data import data_config, find_images, load_images
+from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
+from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
+from ..paths import check_output_dir
+from ..evaluation.plots import load_metrics
+from ..evaluation.robustness import format_markdown, format_table
 from .synthetic import CORRUPTED_SPLIT, hue_class
-from .version import __version__
+from ..version import __version__
 
 __all__ = ['Plan', 'PLANS', 'ARMS', 'CNN', 'run_demo', 'run_name', 'parallel_layout', 'recipe_changes', 'verdict',
            'DemoStopped', 'DEMO_FORMAT', 'HEADLINE', 'headline_values', 'build_reference', 'load_reference',
@@ -255,12 +257,12 @@ class _Run:
 
 def _epochs(ctx: _Context, name: str) -> List[Dict[str, Any]]:
     """The epochs a run has logged so far (none before its first)."""
-    path = os.path.join(ctx.run_dir(name), tio.METRICS_FILE)
-    return tio.read_metrics(path) if os.path.isfile(path) else []
+    path = os.path.join(ctx.run_dir(name), run_folder.METRICS_FILE)
+    return run_folder.read_metrics(path) if os.path.isfile(path) else []
 
 
 def _complete(ctx: _Context, run: _Run) -> bool:
-    return (os.path.isfile(os.path.join(ctx.run_dir(run.name), tio.LAST_CHECKPOINT))
+    return (os.path.isfile(os.path.join(ctx.run_dir(run.name), run_folder.LAST_CHECKPOINT))
             and len(_epochs(ctx, run.name)) >= run.epochs)
 
 
@@ -385,7 +387,7 @@ def _train_all(ctx: _Context, runs: Sequence[_Run], timings: Dict[str, float]) -
 def _export(ctx: _Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
     path = ctx.model_file(name)
-    tio.save(tio.load(os.path.join(ctx.run_dir(name), tio.LAST_CHECKPOINT)), path)
+    tio.save(tio.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
     return path
 
 
@@ -483,7 +485,7 @@ def _analyse(ctx: _Context, model_file: str) -> Dict[str, Any]:
         for name, entry in summary['layers'].items()}}
 
 
-# Layer means of tcnn.analysis.summarize that the report shows (their units: tcnn.analysis.UNITS).
+# Layer means of tcnn.evaluation.analysis.summarize that the report shows (their units: tcnn.evaluation.analysis.UNITS).
 ANALYSIS_MEANS = ('gate_mean', 'span_mean', 'sigma_mean', 'nonlocality_mean', 'nonlocality_real_mean',
                   'padding_share_mean')
 
@@ -758,7 +760,7 @@ def _figures(ctx: _Context, results: Mapping[str, Any]) -> Dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ the documented distribution
 
-REFERENCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'demo_reference.json')
+REFERENCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'reference.json')
 REFERENCE_FORMAT = 'tcnn-demo-reference'
 # The headline numbers, per seed: (key, what it is). Keys are ARM/QUANTITY; gains are of the T-CNN arm over the
 # no-SA run of the same seed, in points; gate, span and nonlocality are the fine-tuned T-CNN's layer means.
@@ -1116,7 +1118,7 @@ def _readme_details(results: Mapping[str, Any]) -> str:
             'σ = 1/√(2α), tokens', 'nonlocality, tokens', 'nonlocality on real keys, tokens',
             'attention on padding, %', 'train s'], per_seed)}
 
-Means over heads and GPSA layers, with `tcnn.analysis` (docs/analysis.md, "What the numbers mean"). Gate:
+Means over heads and GPSA layers, with `tcnn.evaluation.analysis` (docs/analysis.md, "What the numbers mean"). Gate:
 sigma(lambda) (1: positional attention only, 0: content only). Span: 1/alpha, in tokens² (not a distance); σ: the
 width (standard deviation) of the positional Gaussian, in tokens. Nonlocality (ConViT eq. 8): mean distance between a
 query and the keys it attends to (gated attention), in tokens of the layers' input grid
@@ -1165,7 +1167,7 @@ apart is local; finding which kind is the single one needs the shapes to be comp
 2. From the seed's CNN, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
    `t-cnn` (`tcnn.reparameterize`, verified, then the recipe){late}.
 3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
-   with `tcnn.analysis`, attention maps with `tcnn inspect`.
+   with `tcnn.evaluation.analysis`, attention maps with `tcnn inspect`.
 
 Changes from the paper's fine-tuning recipe:
 

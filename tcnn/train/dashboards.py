@@ -37,11 +37,11 @@ import torch
 import torch.nn as nn
 import yaml
 
-from .analysis import attention_maps, nonlocality
-from .convert import gpsa_layers
-from .data import denormalize
-from .errors import TcnnError, first_line
-from .plots import attention_figure, figure_pixels
+from ..evaluation.analysis import attention_maps, nonlocality
+from ..convert.transform import gpsa_layers
+from ..data import denormalize
+from ..errors import TcnnError, first_line
+from ..evaluation.plots import attention_figure, figure_pixels
 from .recipe import dump_recipe
 
 __all__ = ['Dashboards', 'check_backends', 'TENSORBOARD_DIR', 'PROBE_IMAGES', 'epoch_scalars']
@@ -177,7 +177,7 @@ class _WandB:
         pass  # wandb's own process writes the run file as values arrive
 
     def close(self, exit_code: int) -> None:
-        if exit_code == 75:  # tcnn.distributed.EXIT_PREEMPTED: shown as preempted, not crashed, until resumed
+        if exit_code == 75:  # tcnn.train.distributed.EXIT_PREEMPTED: shown as preempted, not crashed, until resumed
             self.run.mark_preempting()
         self.run.finish(exit_code=exit_code)
 
@@ -195,7 +195,7 @@ class Dashboards:
     """The dashboards of one training process; without backends (other ranks, no ``--log``) every call is a no-op.
 
     Args:
-        backends: Names from ``tcnn.recipe.LOG_BACKENDS``.
+        backends: Names from ``tcnn.train.recipe.LOG_BACKENDS``.
         output: The run folder.
         recipe: The resolved recipe (logged as hyperparameters).
         start_step: Updates done before this process (0 for a fresh run, the checkpoint's count on resume).
@@ -228,7 +228,7 @@ class Dashboards:
             call(backend)
 
     def log_update(self, stats: Mapping[str, Optional[float]]) -> None:
-        """``tcnn.engine.EpochPlan.on_update``: one update's scalars."""
+        """``tcnn.train.engine.EpochPlan.on_update``: one update's scalars."""
         values = {f'train/{k}': stats[k] for k in UPDATE_TAGS if stats.get(k) is not None}
         self._each(lambda b: b.scalars(values, stats['step']))
 

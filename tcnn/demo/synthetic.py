@@ -23,11 +23,11 @@ worker processes, and a larger set extends a smaller one.
 severities each, with the parameters of ImageNet-C (Hendrycks & Dietterich 2019), blur radii scaled to the image
 size. ``generate`` writes corrupted copies of the test split in the ImageNet-C layout
 ``test-c/<corruption>/<severity>/<class>/<image>``, which ``tcnn eval --suite imagenet-c`` and
-``tcnn.robustness.evaluate`` read as they are (give ``--img-size`` the image size: ImageNet-C's default is 224).
+``tcnn.evaluation.robustness.evaluate`` read as they are (give ``--img-size`` the image size: ImageNet-C's default is 224).
 
 Typical use::
 
-    from tcnn import synthetic
+    from tcnn.demo import synthetic
     info = synthetic.generate('data/odd', sizes={'train': 100_000, 'val': 5000, 'test': 5000}, seed=0)
     img, label, scene = synthetic.make_example(synthetic.OddColour(num_objects=5), seed=0, split='train', index=7)
     synthetic.generate('data/sd', sizes={'train': 20_000, 'val': 2000}, task=synthetic.SameDifferent(), seed=1)
@@ -48,7 +48,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from .errors import InvalidArgumentError, TcnnError, check_number
+from ..errors import InvalidArgumentError, TcnnError, check_number
 
 __all__ = ['SHAPES', 'SPLITS', 'CORRUPTIONS', 'DEFAULT_CORRUPTIONS', 'SEVERITIES', 'ShapeTask', 'SameDifferent',
            'OddOneOut', 'OddColour', 'TASKS', 'HUES', 'hue_class', 'ShapeInstance', 'Scene', 'sample_scene', 'render',
@@ -624,7 +624,7 @@ def generate(
     task = OddColour() if task is None else task
     if not isinstance(task, ShapeTask) or type(task) is ShapeTask:
         names = ', '.join(c.__name__ for c in TASKS.values())
-        raise InvalidArgumentError(f'task must be a task of tcnn.synthetic ({names}), got {type(task).__name__}')
+        raise InvalidArgumentError(f'task must be a task of tcnn.demo.synthetic ({names}), got {type(task).__name__}')
     check_number(seed, 'seed', ge=0, integer=True)
     sizes = _check_sizes(sizes, len(task.classes))
     unknown = [c for c in corruptions if c not in CORRUPTIONS]

@@ -17,7 +17,7 @@ Torch-free at import: the recipe check and the commands' argument errors answer 
 """
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import TcnnError
+from ..errors import TcnnError
 
 if TYPE_CHECKING:
     import torch

@@ -37,14 +37,14 @@ from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .atomic import atomic_write_text
-from .compiling import CompiledForward, compile_mode
-from .convert import eval_mode
-from .data import IMAGE_EXTENSIONS, check_image_options, data_config
-from .distributed import resolve_device
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
-from .integrity import nonfinite_output_error
-from .paths import check_output_file
+from ..atomic import atomic_write_text
+from ..train.compiling import CompiledForward, compile_mode
+from ..convert.transform import eval_mode
+from ..data import IMAGE_EXTENSIONS, check_image_options, data_config
+from ..train.distributed import resolve_device
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
+from ..files.integrity import nonfinite_output_error
+from ..paths import check_output_file
 
 __all__ = ['SUITES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS', 'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS',
            'IMAGENET_C_SIZE', 'RESOLUTION_POLICIES', 'RELEASE_IMAGES', 'imagenet_wnids', 'subset_wnids', 'SuiteData',
@@ -432,7 +432,7 @@ def evaluate(
         amp: Run the models under bfloat16 autocast.
         progress: Show tqdm progress bars.
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
-        compile: A ``torch.compile`` mode (``tcnn.compiling.COMPILE_MODES``) for the full batches of each model;
+        compile: A ``torch.compile`` mode (``tcnn.train.compiling.COMPILE_MODES``) for the full batches of each model;
             None: eager.
 
     Returns:
@@ -442,7 +442,7 @@ def evaluate(
         ``severities``, ``mce``, ``complete`` and ``image_counts``; for ImageNet-A/R ``complete``.
 
     Raises:
-        tcnn.integrity.NonFiniteOutputError: A model computed NaN or infinite logits (no accuracy is reported from
+        tcnn.files.integrity.NonFiniteOutputError: A model computed NaN or infinite logits (no accuracy is reported from
             them): the message names the model's parameters that hold non-finite values, if any.
     """
 

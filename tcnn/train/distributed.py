@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import TcnnError, check_device
+from ..errors import TcnnError, check_device
 
 __all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
            'all_reduce_sum', 'gather', 'launched_by_torchrun', 'rng_state', 'set_rng_state', 'seed_all',

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
-from .errors import InvalidArgumentError, InvalidTypeError, check_number
+from ..errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
            'match_grouped_storage']
@@ -115,7 +115,7 @@ class GPSA(nn.Module):
     head as one batched GEMM over the groups (``B * N_q`` rows each); the attention stays one ``N_h x N_q x N_k``
     matrix shared by all channels. A depthwise layer folds its per-channel taps into the values instead and computes
     attention, values and filter as one GEMM per image over all heads and keys, in cache-sized chunks, wherever that
-    beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.depthwise``). The dense
+    beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.layers.depthwise``). The dense
     block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
     ``g``.
 
@@ -582,8 +582,8 @@ class GPSA(nn.Module):
     def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
         ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``. Eager mode picks the faster of two orders for the shape
-        (``tcnn.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first;
-        exporters and tracers get the same product in plain ops (``tcnn.depthwise.attend_traceable``)."""
+        (``tcnn.layers.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first;
+        exporters and tracers get the same product in plain ops (``tcnn.layers.depthwise.attend_traceable``)."""
         taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
         if torch.jit.is_scripting():
             out = attend_heads_first(attn, v, taps)

@@ -10,10 +10,10 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping,
 import torch
 import torch.nn as nn
 
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_conversion_settings, check_device, \
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_conversion_settings, check_device, \
     check_module, check_number, check_size
 from .fusion import adopt_fusion
-from .gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
+from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['ConversionError', 'EquivalenceReport', 'reparameterize', 'reparameterize_', 'check_equivalence',
            'ConversionSettings', 'CONVERSION_KEYS', 'exact_configuration', 'eval_mode', 'gpsa_layers', 'gpsa_summary',

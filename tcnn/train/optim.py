@@ -39,9 +39,9 @@ import torch.nn as nn
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
-from .convert import gpsa_layers
-from .errors import check_module, check_number
-from .gpsa import GPSA
+from ..convert.transform import gpsa_layers
+from ..errors import check_module, check_number
+from ..layers.gpsa import GPSA
 
 __all__ = ['GATING_LR_RATIO', 'param_groups', 'create_optimizer', 'create_scheduler',
            'add_gpsa_groups', 'apply_group_settings', 'group_lrs']

@@ -6,7 +6,7 @@ caches first, then probe the weight host with a short timeout, and fail within s
 ``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
 (``--weights``/``--no-pretrained``) through ``WeightsUnavailableError.with_hint``.
 
-Weight files are read here, for every file tcnn reads (``tcnn.io``'s formats included): ``load_torch_file`` is the one
+Weight files are read here, for every file tcnn reads (``tcnn.files.tcnn_file``'s formats included): ``load_torch_file`` is the one
 ``torch.load``, always with ``weights_only=True``. timm and torchvision are imported inside the functions that use
 them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models`` imports this module, which must
 therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's argument checks should not pay).
@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_number
-from .paths import check_input_file
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_number
+from ..paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
            'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'load_state_dict_file',
@@ -37,7 +37,7 @@ T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models
 # What to do without the pretrained weights, in the caller's terms: Python arguments, or the flags of tcnn
 # convert/train (which translate the error, see WeightsUnavailableError.with_hint).
 PYTHON_HINT = ('pass pretrained=False (random init) or local weights: timm.create_model(..., '
-               'pretrained_cfg_overlay=dict(file=PATH)), tcnn.hub.create_cnn(..., weights=PATH), or tcnn.load(PATH) '
+               'pretrained_cfg_overlay=dict(file=PATH)), tcnn.files.weights.create_cnn(..., weights=PATH), or tcnn.load(PATH) '
                'for a saved T-CNN')
 CLI_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
 OFFLINE_HINT = CLI_HINT  # the name of CLI_HINT before it had a Python counterpart; kept for existing callers
@@ -93,7 +93,7 @@ def source_model_name(name: str) -> Optional[str]:
     arch = name.split('.')[0]
     if not arch.startswith(T_PREFIX) or not timm.is_model(arch):
         return None
-    return name[len(T_PREFIX):] if timm.models.model_entrypoint(arch).__module__ == f'{__package__}.models' else None
+    return name[len(T_PREFIX):] if timm.models.model_entrypoint(arch).__module__ == 'tcnn.models' else None
 
 
 def _close_matches(name: str, candidates: List[str]) -> str:

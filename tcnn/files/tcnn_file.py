@@ -1,11 +1,11 @@
 """tcnn's files: the T-CNN file format (save a converted or plain CNN with what it takes to rebuild it offline, and
-load it), plain weight files, and the files of a training run (checkpoints, metrics).
+load it), and plain weight files.
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
     {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.4.0',  # version 3 when it holds grouped GPSA layers
-     'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.hub.create_cnn arguments
-                'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.hub.record_source)
+     'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.files.weights.create_cnn arguments
+                'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.files.weights.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode',
                      'test_input_size', 'test_crop_pct'},  # test size: timm's use_test_size (validate.py)
@@ -20,7 +20,6 @@ load it), plain weight files, and the files of a training run (checkpoints, metr
 checkpoints (a dict whose ``'model_file'`` entry is such a dict).
 """
 import dataclasses
-import datetime
 import difflib
 import json
 import math
@@ -35,30 +34,28 @@ from safetensors.torch import save_file
 from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
 from timm.models._features_fx import FeatureGraphNet
 
-from . import data
-from .atomic import atomic_torch_save, atomic_write, atomic_write_text
-from .convert import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
-from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
-from .fusion import FusedBranches
-from .gpsa import match_grouped_storage, upgrade_proj_weight
+from .. import data
+from ..atomic import atomic_write
+from ..convert.transform import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
+from ..convert.fusion import FusedBranches
+from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
-from .hub import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, checkpoint_num_classes,
+from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, checkpoint_num_classes,
                   classifier_layer, classifier_names, clean_state_dict, create_cnn, error_reason,
                   file_head, load_torch_file, record_source, source_model_name, state_dict_misfit, split_model_name,
                   transformed_model_name)
-from .paths import check_output_file
-from .version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
+from ..paths import check_output_file
+from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
-           'read', 'model_to_dict', 'model_from_dict', 'check_extension', 'CHECKPOINT_KEY', 'CHECKPOINT_VERSION',
-           'CONFIG_FILE', 'METRICS_FILE', 'LAST_CHECKPOINT', 'BEST_CHECKPOINT', 'make_checkpoint', 'read_checkpoint',
-           'write_checkpoint', 'read_metrics', 'write_metrics', 'STATUS_FILE', 'RUN_STATES', 'write_status',
-           'read_status', 'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY',
+           'read', 'model_to_dict', 'model_from_dict', 'check_extension',
+           'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY',
            'EMA_CHECKSUMS_KEY', 'HUB_CHECKSUMS_KEY', 'write_hub_weights', 'verify_hub_weights', 'check_architecture',
            'safetensors_error']
 
 _METADATA_KEY = 'tcnn'
-# The tensors' checksums (tcnn.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
+# The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
 # training checkpoint's model_file), 'ema_checksums' in a training checkpoint, and a metadata entry of a Hub folder's
 # model.safetensors. Files without them (tcnn 0.3.x) load unchecked.
 CHECKSUMS_KEY = 'checksums'
@@ -97,7 +94,7 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def _source_of(model: nn.Module) -> Dict[str, Any]:
-    """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.hub.create_cnn`` and the ``t_*``
+    """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.files.weights.create_cnn`` and the ``t_*``
     registry), else the timm architecture name and factory kwargs that timm records."""
     source = getattr(model, 'tcnn_source', None)
     if source:
@@ -106,7 +103,7 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     arch = cfg.get('architecture')
     if not arch:
         raise TcnnError(f'cannot tell which architecture this {type(model).__name__} is: create it with '
-                        'tcnn.hub.create_cnn (or timm.create_model), or set model.tcnn_source = {"model": NAME, '
+                        'tcnn.files.weights.create_cnn (or timm.create_model), or set model.tcnn_source = {"model": NAME, '
                         '"kwargs": {...}}')
     if source_model_name(arch) is not None:
         raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
@@ -387,7 +384,7 @@ def pretrained_cfg_of(cfg: Dict[str, Any], d: Dict[str, Any], where: str) -> Dic
     The source's test size (timm's ``use_test_size``) stays only where the file does not say otherwise: files of
     this tcnn store their test size, and a training checkpoint of tcnn 0.3 (which did not) holds the data config
     its run validated with. The source's tag, license and notes go when the weights did not come from timm's
-    published ones (``tcnn.hub.record_source``).
+    published ones (``tcnn.files.weights.record_source``).
     """
     cfg = dict(cfg)
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
@@ -477,7 +474,7 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
 
 def safetensors_error(path: str, error: BaseException) -> str:
     """One line for a safetensors file that safetensors cannot read: truncated or corrupt, as its layout shows
-    (``tcnn.integrity.safetensors_damage``), else safetensors' own reason."""
+    (``tcnn.files.integrity.safetensors_damage``), else safetensors' own reason."""
     try:
         damage = safetensors_damage(path)
     except OSError:
@@ -536,7 +533,7 @@ def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
 
     Raises:
         NotTcnnFileError: A readable file that is not a T-CNN file (e.g. a plain state_dict).
-        CorruptFileError: Tensors that do not match the checksums stored with them (``tcnn.integrity``).
+        CorruptFileError: Tensors that do not match the checksums stored with them (``tcnn.files.integrity``).
         TcnnError: Missing, junk or truncated file; unknown format version; ``ema`` and no EMA weights.
     """
     return _validated(_read_any(path, map_location), str(path), ema)
@@ -596,7 +593,7 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
 
 # ---------------------------------------------------------------------------------------------- state dicts
 # What users hold besides T-CNN files: the checkpoints of timm's train.py (a dict of 'state_dict', 'args' (an
-# argparse.Namespace, read with weights-only loading that allows it: tcnn.hub.load_torch_file), 'arch', 'epoch',
+# argparse.Namespace, read with weights-only loading that allows it: tcnn.files.weights.load_torch_file), 'arch', 'epoch',
 # 'optimizer', 'version', maybe 'state_dict_ema', 'metric', 'amp_scaler', 'saver') and plain state dicts
 # (torch.save(model.state_dict()), timm's clean_checkpoint.py). Neither records the architecture's settings; a
 # T-CNN's conversion settings (stages, qk_dim) show in its keys and shapes.
@@ -664,7 +661,7 @@ def model_from_state_dict(
         kwargs: Optional[Dict[str, Any]] = None,
 ) -> nn.Module:
     """Build the timm model ``name`` (a ``t_*`` T-CNN or a CNN) for a state dict (a plain one, or a checkpoint of
-    timm's train.py cleaned by ``tcnn.hub.clean_state_dict``) and load it strictly; the model in eval mode.
+    timm's train.py cleaned by ``tcnn.files.weights.clean_state_dict``) and load it strictly; the model in eval mode.
 
     A T-CNN's conversion settings come from the state dict: its GPSA layers give the stages, their query weights the
     ``qk_dim``; the GPSA parameters (positions, locality strengths, gates) are the state dict's own.
@@ -730,6 +727,7 @@ def _check_local_folder(folder: str) -> None:
                         f'{folder} is a file, not a Hub folder: load a T-CNN file with tcnn.load(PATH)')
     config_path = os.path.join(folder, HUB_CONFIG)
     if not os.path.isfile(config_path):
+        from ..train.run_folder import BEST_CHECKPOINT, LAST_CHECKPOINT  # a run folder given for a Hub folder
         runs = [f for f in (BEST_CHECKPOINT, LAST_CHECKPOINT) if os.path.isfile(os.path.join(folder, f))]
         hint = (f'it is a tcnn train run folder: load {os.path.join(folder, runs[0])}' if runs else
                 'give a T-CNN file, or a folder written by tcnn publish or timm.models.save_for_hf')
@@ -829,112 +827,3 @@ def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> No
         except ValueError:
             checksums = {'algorithm': None}
         verify_checksums(state_dict, checksums, path)
-
-
-# ---------------------------------------------------------------------------------------------- training runs
-# A ``tcnn train`` output folder: RUN/config.yaml (the resolved recipe), RUN/metrics.jsonl (one JSON object per
-# epoch), RUN/last.pt and RUN/best.pt (training checkpoints: a T-CNN dict under 'model_file' plus the optimiser,
-# scheduler, scaler, EMA, RNG and position state, all tensors and plain values), RUN/status.json (where the run
-# stands, for cluster scripts).
-
-# Marks a training checkpoint (value: its layout version). Not 'format': that key marks T-CNN files, and ``read``
-# recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
-CHECKPOINT_KEY = 'tcnn_checkpoint'
-CHECKPOINT_VERSION = 2
-CONFIG_FILE = 'config.yaml'
-METRICS_FILE = 'metrics.jsonl'
-LAST_CHECKPOINT, BEST_CHECKPOINT = 'last.pt', 'best.pt'
-STATUS_FILE = 'status.json'
-# running: set up and training; preempted: stopped by SIGTERM/SIGUSR1 after writing last.pt (requeue with
-# --resume auto); interrupted: Ctrl-C; finished: every epoch done; failed: stopped by an error (requeueing repeats it).
-RUN_STATES = ('running', 'preempted', 'interrupted', 'finished', 'failed')
-
-
-def make_checkpoint(model: nn.Module, data_config: Optional[Dict[str, Any]] = None, *,
-                    label_names: Optional[Sequence[str]] = None, **state: Any) -> Dict[str, Any]:
-    """A training checkpoint of ``model`` (its T-CNN dict with the run's data config and class names, so ``load``
-    reads the model out of it) and ``state``, with the checksums of the model's weights and of the EMA weights
-    (``state['ema']``) that ``read`` and ``read_checkpoint`` check."""
-    model_file = model_to_dict(model, data_config=data_config, label_names=label_names)
-    model_file[CHECKSUMS_KEY] = tensor_checksums(model_file['state_dict'])
-    checkpoint = {CHECKPOINT_KEY: CHECKPOINT_VERSION, 'model_file': model_file, **state}
-    if isinstance(state.get('ema'), dict):
-        checkpoint[EMA_CHECKSUMS_KEY] = tensor_checksums(state['ema'])
-    return checkpoint
-
-
-def read_checkpoint(path: str) -> Dict[str, Any]:
-    """Read a training checkpoint (``RUN/last.pt`` or ``RUN/best.pt``) with ``weights_only=True``.
-
-    Raises:
-        TcnnError: Missing, unreadable, not a training checkpoint, or written by a newer tcnn.
-    """
-    if not os.path.isfile(path):
-        raise TcnnError(f'checkpoint not found: {path}')
-    ckpt = load_torch_file(path, 'checkpoint')
-    if not isinstance(ckpt, dict) or CHECKPOINT_KEY not in ckpt or 'model_file' not in ckpt:
-        raise TcnnError(f'{path} is not a tcnn training checkpoint (OUTPUT/last.pt or OUTPUT/best.pt of tcnn train)')
-    if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
-        raise TcnnError(f'{path} has training-checkpoint layout {ckpt[CHECKPOINT_KEY]!r}; this tcnn reads up to '
-                        f'{CHECKPOINT_VERSION}: upgrade tcnn')
-    model_file = _check_dict(ckpt['model_file'], path)
-    verify_checksums(model_file['state_dict'], model_file.get(CHECKSUMS_KEY), path)
-    if isinstance(ckpt.get('ema'), dict):
-        verify_checksums(ckpt['ema'], ckpt.get(EMA_CHECKSUMS_KEY), f'{path} (its EMA weights)')
-    return ckpt
-
-
-def write_checkpoint(checkpoint: Dict[str, Any], path: str) -> None:
-    """Write a training checkpoint atomically (the previous file stays whole until the new one is complete)."""
-    atomic_torch_save(checkpoint, path)
-
-
-def read_metrics(path: str) -> List[Dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, one per epoch, sorted by epoch (empty for a run without epochs).
-
-    A resumed run may log an epoch twice: the last record wins. A truncated last line (a file another tool is still
-    appending to) is skipped; any other malformed line is an error.
-    """
-    try:
-        with open(path, encoding='utf-8') as f:
-            lines = [(n, line.strip()) for n, line in enumerate(f, 1)]
-    except UnicodeDecodeError:
-        raise TcnnError(f'{path} is not a metrics file (binary content); give a tcnn train run folder or its '
-                        f'{METRICS_FILE}') from None
-    lines = [(n, line) for n, line in lines if line]
-    by_epoch: Dict[int, Dict[str, Any]] = {}
-    for k, (n, line) in enumerate(lines):
-        try:
-            record = json.loads(line)
-            epoch = int(record['epoch'])
-        except (ValueError, KeyError, TypeError) as e:
-            if k == len(lines) - 1 and k > 0:
-                continue
-            raise TcnnError(f'{path}, line {n}: not a metrics record ({type(e).__name__}: {e})') from e
-        by_epoch[epoch] = record
-    return [by_epoch[e] for e in sorted(by_epoch)]
-
-
-def write_metrics(path: str, records: Sequence[Dict[str, Any]]) -> None:
-    """Write ``metrics.jsonl`` atomically, one JSON object per line."""
-    atomic_write_text(path, ''.join(json.dumps(r) + '\n' for r in records))
-
-
-def write_status(path: str, state: str, **info: Any) -> None:
-    """Write a run's ``status.json`` atomically: ``{"state": STATE, ...info, "time": UTC ISO time}``.
-
-    A cluster script reads ``state`` to decide whether to requeue, whatever exit code a launcher (torchrun, srun)
-    made of the run's own: ``preempted`` is the only state worth requeueing.
-    """
-    if state not in RUN_STATES:
-        raise ValueError(f'unknown run state {state!r}; expected one of {RUN_STATES}')
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
-    atomic_write_text(path, json.dumps({'state': state, **info, 'time': stamp}, indent=2) + '\n')
-
-
-def read_status(path: str) -> Optional[Dict[str, Any]]:
-    """The content of a ``status.json``, or None when there is none."""
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding='utf-8') as f:
-        return json.load(f)
