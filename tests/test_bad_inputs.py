@@ -152,7 +152,7 @@ def _api_cases():
     from tcnn.evaluation import analysis, plots
     from tcnn import data
     from tcnn.files import weights as hub
-    from tcnn.evaluation import robustness as rb
+    from tcnn.evaluation import scoring, suites, tables
     nan, inf = float('nan'), float('inf')
     conv = nn.Conv2d(4, 4, 3, padding=1)
     return [  # (name, call(cnn, t_cnn, x, tmp_path), exception type, message)
@@ -223,18 +223,18 @@ def _api_cases():
          'paths must be a list of image paths'),
         ('denormalize', lambda c, t, x, p: data.denormalize(x, {}), ValueError,
          'data_config must hold the normalisation mean and std'),
-        ('eval_data_config crop', lambda c, t, x, p: rb.eval_data_config(t, 'imagenet', 32, 2.0), ValueError,
+        ('eval_data_config crop', lambda c, t, x, p: suites.eval_data_config(t, 'imagenet', 32, 2.0), ValueError,
          'crop_pct must be <= 1, got 2.0'),
-        ('evaluate models', lambda c, t, x, p: rb.evaluate([t], 'imagenet', str(p)), TypeError,
+        ('evaluate models', lambda c, t, x, p: scoring.evaluate([t], 'imagenet', str(p)), TypeError,
          'models must be a dict of name -> model'),
-        ('evaluate batch_size', lambda c, t, x, p: rb.evaluate({'t': t}, 'imagenet', str(p), batch_size=0),
+        ('evaluate batch_size', lambda c, t, x, p: scoring.evaluate({'t': t}, 'imagenet', str(p), batch_size=0),
          ValueError, 'batch_size must be >= 1'),
-        ('evaluate device', lambda c, t, x, p: rb.evaluate({'t': t}, 'imagenet', str(p), device='tpu'),
+        ('evaluate device', lambda c, t, x, p: scoring.evaluate({'t': t}, 'imagenet', str(p), device='tpu'),
          ValueError, "device 'tpu' is not a device"),
-        ('subset_wnids', lambda c, t, x, p: rb.subset_wnids('imagenet'), ValueError,
+        ('subset_wnids', lambda c, t, x, p: suites.subset_wnids('imagenet'), ValueError,
          "suite 'imagenet' has no class subset"),
-        ('num_outputs', lambda c, t, x, p: rb.num_outputs(None), TypeError, 'model must be a torch.nn.Module'),
-        ('results_table', lambda c, t, x, p: rb.results_table({}), ValueError, 'report must be a tcnn eval report'),
+        ('num_outputs', lambda c, t, x, p: suites.num_outputs(None), TypeError, 'model must be a torch.nn.Module'),
+        ('results_table', lambda c, t, x, p: tables.results_table({}), ValueError, 'report must be a tcnn eval report'),
         ('plot_summary format', lambda c, t, x, p: plots.plot_summary({}, str(p / 's.xyz')), TcnnError,
          'the extension must be one of'),
         ('plot_training_curves folder', lambda c, t, x, p: plots.plot_training_curves([], str(p)), TcnnError,
@@ -296,11 +296,11 @@ def test_empty_safetensors_weights_is_one_line(tmp_path, capsys):
 
 
 def test_write_results_checks_both_paths_before_writing(tmp_path):
-    from tcnn.evaluation import robustness as rb
+    from tcnn.evaluation import tables
     report = {'format': 'tcnn-eval', 'version': 1, 'models': {'m': {}}, 'suites': {}}
     (tmp_path / 'blocker').write_text('a file')
     with pytest.raises(TcnnError, match='markdown_path'):
-        rb.write_results(report, str(tmp_path / 'r.json'), str(tmp_path / 'blocker' / 'r.md'))
+        tables.write_results(report, str(tmp_path / 'r.json'), str(tmp_path / 'blocker' / 'r.md'))
     assert not (tmp_path / 'r.json').exists()
 
 

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 import tcnn
 import tcnn.train.compiling as compiling
-import tcnn.evaluation.robustness
+import tcnn.evaluation.scoring
 import tcnn.train.trainer as tcnn_train
 from tcnn.cli import main
 from tcnn.errors import TcnnError
@@ -139,13 +139,13 @@ def test_compiled_training_resumes_exactly_and_saves_the_raw_model(compiled_runs
 def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys, step_marks, monkeypatch):
     root, _ = compiled_runs
     results, logits = {}, {}
-    accumulate = tcnn.evaluation.robustness._accumulate
+    accumulate = tcnn.evaluation.scoring._accumulate
 
     def recording(counts, batch_logits, *args):  # the logits each evaluation scores, in order
         logits[current].append(batch_logits.detach().clone())
         return accumulate(counts, batch_logits, *args)
 
-    monkeypatch.setattr(tcnn.evaluation.robustness, '_accumulate', recording)
+    monkeypatch.setattr(tcnn.evaluation.scoring, '_accumulate', recording)
     for flags in ([], ['--compile', 'reduce-overhead']):
         current = len(flags)
         logits[current] = []

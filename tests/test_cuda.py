@@ -332,11 +332,11 @@ def test_inspect_command_on_cuda_matches_cpu(tmp_path, capsys):
 
 
 def test_robustness_evaluate_on_cuda_and_cpu_agree(tmp_path):
-    """rb.evaluate of a CPU model on the GPU gives the same top-1 as on the CPU."""
-    from tcnn.evaluation import robustness as rb
+    """scoring.evaluate of a CPU model on the GPU gives the same top-1 as on the CPU."""
+    from tcnn.evaluation import scoring
     plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)
     model = _rigged_tcnn(2)
-    results = {dev: rb.evaluate({'m': model}, 'imagenet', str(tmp_path / 'val'), batch_size=4, workers=0,
+    results = {dev: scoring.evaluate({'m': model}, 'imagenet', str(tmp_path / 'val'), batch_size=4, workers=0,
                                 progress=False, img_size=32, device=dev)['m'] for dev in ('cpu', 'cuda')}
     assert results['cuda']['top1'] == pytest.approx(results['cpu']['top1']) == pytest.approx(30.0)

@@ -14,7 +14,7 @@ import torch
 
 import tcnn
 from tcnn.demo import runner as demo
-from tcnn.evaluation import robustness
+from tcnn.evaluation import scoring
 from tcnn.convert.transform import gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import load_recipe
@@ -77,9 +77,9 @@ def test_numbers_are_what_tcnn_eval_measures_on_the_model_files(tiny):
     out, results, _ = tiny
     files = {r['name']: r['model_file'] for r in results['runs']}
     models = {name: tcnn.load(path) for name, path in files.items()}
-    clean = robustness.evaluate(models, 'imagenet', str(out / 'data' / 'test'), img_size=96, crop_pct=1.0,
+    clean = scoring.evaluate(models, 'imagenet', str(out / 'data' / 'test'), img_size=96, crop_pct=1.0,
                                 workers=0, progress=False)
-    corrupted = robustness.evaluate(models, 'imagenet-c', str(out / 'data' / 'test-c'), img_size=96, crop_pct=1.0,
+    corrupted = scoring.evaluate(models, 'imagenet-c', str(out / 'data' / 'test-c'), img_size=96, crop_pct=1.0,
                                     workers=0, progress=False)
     runs = {r['name']: r for r in results['runs']}
     for name, run in runs.items():

@@ -1,4 +1,5 @@
-"""tcnn.evaluation.robustness and `tcnn eval`: suites on generated folders, with classifiers whose answers are known."""
+"""tcnn.evaluation (suites, scoring, tables) and `tcnn eval`: suites on generated folders, with classifiers whose
+answers are known."""
 import json
 import os
 from typing import Dict, List, Sequence
@@ -11,9 +12,9 @@ import torch.nn as nn
 from PIL import Image
 
 import tcnn
-from tcnn.evaluation import robustness as rb
 from tcnn.cli import main
 from tcnn.errors import TcnnError
+from tcnn.evaluation import scoring, suites, tables
 
 from nontrivial import nontrivial
 
@@ -79,7 +80,7 @@ def test_imagenet_c_known_answers(tmp_path):
              ('spatter', '1'): 1}
     for (c, s), k in right.items():
         _class_folder(str(tmp_path / c / s), CLASSES, _rigged_plan(k))
-    res = rb.evaluate({'colour': _colour_model()}, 'imagenet-c', str(tmp_path), batch_size=8, workers=0,
+    res = scoring.evaluate({'colour': _colour_model()}, 'imagenet-c', str(tmp_path), batch_size=8, workers=0,
                       progress=False, img_size=16)['colour']
 
     acc = {key: 25.0 * k for key, k in right.items()}
@@ -103,7 +104,7 @@ def test_imagenet_c_known_answers(tmp_path):
                                                'blur': per_corruption['motion_blur'],
                                                'weather': per_corruption['fog'],
                                                'digital': per_corruption['pixelate']})
-    assert res['mce'] is None and res['complete'] is False and res['mce_missing'] == list(rb.BENCHMARK_CORRUPTIONS)
+    assert res['mce'] is None and res['complete'] is False and res['mce_missing'] == list(suites.BENCHMARK_CORRUPTIONS)
     assert res['num_images'] == 4 * 4 * len(right) and res['top5'] is None  # 4 labels: top-5 is meaningless
 
 
@@ -115,13 +116,13 @@ def _complete_imagenet_c(root) -> List[float]:
     ``min(i % 4, 3)`` classes right at every severity. Returns the expected CE per corruption."""
     colours = list(C_CLASSES.values())
     expected_ce = []
-    for i, c in enumerate(rb.BENCHMARK_CORRUPTIONS):
+    for i, c in enumerate(suites.BENCHMARK_CORRUPTIONS):
         n_right = i % 4
         for s in '12345':
             plan = [[col if j < n_right else colours[(j + 1) % 3]] for j, col in enumerate(colours)]
             _class_folder(str(root / c / s), C_CLASSES, plan)
         err = 1 - min(n_right, 3) / 3
-        expected_ce.append(100 * err / rb.ALEXNET_ERRORS[c])
+        expected_ce.append(100 * err / suites.ALEXNET_ERRORS[c])
     return expected_ce
 
 
@@ -132,39 +133,39 @@ def _c_model() -> ColourNet:
 def test_imagenet_c_mce_is_normalised_by_alexnet(tmp_path):
     # published AlexNet errors (Hendrycks & Dietterich 2019, in %, rounded as in the paper's table)
     published = [88.6, 89.4, 92.3, 82.0, 82.6, 78.6, 79.8, 86.7, 82.7, 81.9, 56.5, 85.3, 64.6, 71.8, 60.7]
-    assert [round(100 * rb.ALEXNET_ERRORS[c], 1) for c in rb.BENCHMARK_CORRUPTIONS] == published
-    assert len(rb.BENCHMARK_CORRUPTIONS) == 15
+    assert [round(100 * suites.ALEXNET_ERRORS[c], 1) for c in suites.BENCHMARK_CORRUPTIONS] == published
+    assert len(suites.BENCHMARK_CORRUPTIONS) == 15
     expected_ce = _complete_imagenet_c(tmp_path)
-    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), batch_size=64, workers=0, progress=False,
+    res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), batch_size=64, workers=0, progress=False,
                       img_size=8)['m']
     assert res['complete'] and res['mce_missing'] == []
-    assert [res['corruptions'][c]['ce'] for c in rb.BENCHMARK_CORRUPTIONS] == pytest.approx(expected_ce)
+    assert [res['corruptions'][c]['ce'] for c in suites.BENCHMARK_CORRUPTIONS] == pytest.approx(expected_ce)
     assert res['mce'] == pytest.approx(sum(expected_ce) / 15)
     assert set(res['categories']) == {'noise', 'blur', 'weather', 'digital'}
 
 
 def test_imagenet_c_default_resolution_is_224_without_crop():
     model = timm.create_model('resnet18d', num_classes=4)
-    cfg = rb.eval_data_config(model, 'imagenet-c')
+    cfg = suites.eval_data_config(model, 'imagenet-c')
     assert cfg['input_size'] == (3, 224, 224) and cfg['crop_pct'] == 1.0
-    assert rb.eval_data_config(model, 'imagenet-c', img_size=160)['input_size'] == (3, 160, 160)
+    assert suites.eval_data_config(model, 'imagenet-c', img_size=160)['input_size'] == (3, 160, 160)
     # the other suites: timm validate.py's test size and crop by default, the model's input size on request
-    cfg = rb.eval_data_config(model, 'imagenet')
+    cfg = suites.eval_data_config(model, 'imagenet')
     assert cfg['input_size'] == model.pretrained_cfg['test_input_size'] == (3, 288, 288)
     assert cfg['crop_pct'] == model.pretrained_cfg['test_crop_pct'] == 0.95
-    cfg = rb.eval_data_config(model, 'imagenet-a', resolution='model')
+    cfg = suites.eval_data_config(model, 'imagenet-a', resolution='model')
     assert cfg['input_size'] == (3, 224, 224) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct'] == 0.875
-    assert rb.eval_data_config(model, 'imagenet-r', resolution=160)['input_size'] == (3, 160, 160)
+    assert suites.eval_data_config(model, 'imagenet-r', resolution=160)['input_size'] == (3, 160, 160)
     with pytest.raises(ValueError, match='test or model or a size'):
-        rb.eval_data_config(model, 'imagenet', resolution='train')
+        suites.eval_data_config(model, 'imagenet', resolution='train')
     with pytest.raises(ValueError, match='not both'):
-        rb.eval_data_config(model, 'imagenet', img_size=160, resolution='model')
+        suites.eval_data_config(model, 'imagenet', img_size=160, resolution='model')
 
 
 @pytest.mark.parametrize('suite', ['imagenet-a', 'imagenet-r'])
 def test_200_class_suites_restrict_the_logits(tmp_path, suite):
-    wnids_1k = rb.imagenet_wnids()
-    subset = rb.subset_wnids(suite)
+    wnids_1k = suites.imagenet_wnids()
+    subset = suites.subset_wnids(suite)
     assert len(subset) == 200 and subset == sorted(subset) and set(subset) <= set(wnids_1k)
     picked = [subset[3], subset[77], subset[150]]
     colours = ['red', 'green', 'blue']
@@ -184,35 +185,35 @@ def test_200_class_suites_restrict_the_logits(tmp_path, suite):
             out[:, decoy] = 1e3
             return out
 
-    res = rb.evaluate({'m': Decoy(full)}, suite, str(tmp_path), batch_size=4, workers=0, progress=False,
+    res = scoring.evaluate({'m': Decoy(full)}, suite, str(tmp_path), batch_size=4, workers=0, progress=False,
                       img_size=16)['m']
     assert res['num_images'] == 9 and res['num_labels'] == 200
     assert res['top1'] == pytest.approx(100.0)
     # the unrestricted ImageNet protocol on the same folder would score 0: the decoy wins every image
-    res_1k = rb.evaluate({'m': Decoy(full)}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
+    res_1k = scoring.evaluate({'m': Decoy(full)}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
                          img_size=16)['m']
     assert res_1k['top1'] == 0.0 and res_1k['labels'] == 'imagenet-1k wnids'
 
     # a folder that is not one of the 200 classes: a layout error naming the level
     _image(str(tmp_path / wnids_1k[decoy] / '0.png'), 'red')
     with pytest.raises(TcnnError, match='level 1'):
-        rb.scan_suite(suite, str(tmp_path))
+        suites.scan_suite(suite, str(tmp_path))
     with pytest.raises(TcnnError, match='1000 outputs'):
-        rb.label_space(suite, picked, 10)
+        suites.label_space(suite, picked, 10)
 
 
 def test_imagenet_wnid_folders_map_to_imagenet_indices(tmp_path):
-    wnids_1k = rb.imagenet_wnids()
+    wnids_1k = suites.imagenet_wnids()
     assert len(wnids_1k) == 1000 and wnids_1k == sorted(wnids_1k)
     picked = [wnids_1k[5], wnids_1k[400], wnids_1k[999]]  # a few classes only: folder order != ImageNet index
     colours = ['red', 'green', 'blue']
     _class_folder(str(tmp_path), dict(zip(picked, colours)), [[c, c] for c in colours])
     model = ColourNet(colours, 1000, [5, 400, 999])
-    res = rb.evaluate({'m': model}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
+    res = scoring.evaluate({'m': model}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
                       img_size=16)['m']
     assert res['top1'] == 100.0 and res['top5'] == 100.0 and res['num_images'] == 6
     with pytest.raises(TcnnError, match='class folders'):
-        rb.label_space('imagenet', ['x', 'y'], 5)  # neither wnids nor one folder per output
+        suites.label_space('imagenet', ['x', 'y'], 5)  # neither wnids nor one folder per output
 
 
 @pytest.mark.parametrize('suite, build, level', [
@@ -226,7 +227,7 @@ def test_imagenet_wnid_folders_map_to_imagenet_indices(tmp_path):
 def test_wrong_layouts_name_the_level(tmp_path, suite, build, level):
     build(str(tmp_path))
     with pytest.raises(TcnnError, match=level) as e:
-        rb.scan_suite(suite, str(tmp_path))
+        suites.scan_suite(suite, str(tmp_path))
     assert '\n' not in str(e.value) and 'expected DIR/' in str(e.value)
 
 
@@ -235,7 +236,7 @@ def test_unreadable_image_is_a_one_line_error(tmp_path):
     (tmp_path / 'a_red' / 'broken.png').write_bytes(b'not an image')
     for workers in (0, 1):
         with pytest.raises(TcnnError, match='cannot read image .*broken.png') as e:
-            rb.evaluate({'m': _colour_model()}, 'imagenet', str(tmp_path), workers=workers, progress=False,
+            scoring.evaluate({'m': _colour_model()}, 'imagenet', str(tmp_path), workers=workers, progress=False,
                         img_size=8)
         assert '\n' not in str(e.value)
 
@@ -307,7 +308,7 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
 def _timm_predictions(model: nn.Module, images: Sequence[Image.Image], size: int = None, crop_pct: float = None,
                       subset: Sequence[int] = None) -> List[int]:
     """Class indices ``model`` predicts under timm validate.py's preprocessing (the test size by default): an
-    oracle independent of tcnn.evaluation.robustness."""
+    oracle independent of tcnn.evaluation."""
     args = {} if size is None else {'input_size': (3, size, size), 'crop_pct': crop_pct}
     cfg = timm.data.resolve_data_config(args, model=model, use_test_size=True)
     transform = timm.data.create_transform(**cfg, is_training=False)
@@ -333,8 +334,8 @@ def cnn_and_t_cnn(tmp_path_factory):
              tcnn.files.tcnn_file.save(t_cnn, str(root / 't-cnn.pt'),
                           data_config={'input_size': (3, 224, 224), 'crop_pct': 1.0, 'test_crop_pct': 0.95})]
     rng = np.random.default_rng(0)
-    wnids = rb.imagenet_wnids()
-    subset = [wnids.index(w) for w in rb.subset_wnids('imagenet-a')]
+    wnids = suites.imagenet_wnids()
+    subset = [wnids.index(w) for w in suites.subset_wnids('imagenet-a')]
     images_a = [draw_shape(SHAPES[i % len(SHAPES)], 256, rng) for i in range(6)]
     for k, (img, label) in enumerate(zip(images_a, _timm_predictions(cnn, images_a, subset=subset))):
         os.makedirs(root / 'a' / wnids[label], exist_ok=True)
@@ -425,10 +426,10 @@ def _labels_and_sections(rows: Sequence[Sequence[str]]) -> List[tuple]:
 def test_imagenet_c_table_rows_say_what_they_hold(tmp_path):
     expected_ce = _complete_imagenet_c(tmp_path / 'c')
     _class_folder(str(tmp_path / 'c' / 'spatter' / '1'), C_CLASSES, [[c] for c in C_CLASSES.values()])  # an extra
-    results = rb.evaluate({'m': _c_model(), 'n': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0,
+    results = scoring.evaluate({'m': _c_model(), 'n': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0,
                           progress=False, img_size=8)
     assert results['m']['complete'] and results['m']['partial'] is None
-    header, rows = rb.results_table(_report('imagenet-c', results))
+    header, rows = tables.results_table(_report('imagenet-c', results))
     assert [r[1:] for r in rows if r[0].startswith('ImageNet-C input')] == [['8 px, crop 1.0'] * 2]
     for section, label, values in _labels_and_sections(rows):
         if 'input' in section:
@@ -443,13 +444,13 @@ def test_imagenet_c_table_rows_say_what_they_hold(tmp_path):
     assert sections[mce_label] == [f'{sum(expected_ce) / 15:.2f}'] * 2
     ce_rows = [(label.strip(), values) for section, label, values in _labels_and_sections(rows)
                if section.startswith('ImageNet-C CE') and label != section]
-    assert [name for name, _ in ce_rows] == list(rb.BENCHMARK_CORRUPTIONS)  # per-corruption CE in the table
+    assert [name for name, _ in ce_rows] == list(suites.BENCHMARK_CORRUPTIONS)  # per-corruption CE in the table
     assert [float(v[0]) for _, v in ce_rows] == pytest.approx(expected_ce, abs=0.006)
     # the extra corruption: its own section, marked, after every benchmark row, and in no mean
     extra = [(section, label) for section, label, _ in _labels_and_sections(rows) if 'spatter' in label]
     assert len(extra) == 1 and 'extra' in extra[0][0] and 'not in' in extra[0][0] and '(extra)' in extra[0][1]
     labels = [r[0] for r in rows]
-    assert labels.index(extra[0][1]) > max(labels.index(f'  {c}') for c in rb.BENCHMARK_CORRUPTIONS)
+    assert labels.index(extra[0][1]) > max(labels.index(f'  {c}') for c in suites.BENCHMARK_CORRUPTIONS)
     assert not any('/15 corruptions' in label for label in labels)  # a complete run has no partial marker
 
 
@@ -471,7 +472,7 @@ def test_partial_imagenet_c_is_marked_in_every_output(tmp_path, capsys):
         assert '(2/15 corruptions)' in _row(text, 'ImageNet-C mCE')
     # a corruption with some severities missing is counted in the marker too
     _class_folder(str(tmp_path / 'c' / 'snow' / '2'), C_CLASSES, [[col] for col in C_CLASSES.values()])
-    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0, progress=False,
+    res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0, progress=False,
                       img_size=8)['m']
     assert res['partial'] == '(3/15 corruptions, 11/75 corruption x severity pairs)'
 
@@ -481,16 +482,17 @@ def test_complete_needs_the_same_image_counts_everywhere(tmp_path):
     kept = tmp_path.parent / f'{tmp_path.name}-kept.png'
 
     def check(group: str, cause: str):
-        res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+        res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False,
+                               img_size=8)['m']
         assert res['complete'] is False and res['mce'] is None
         assert list(res['image_counts']['mismatched']) == [group]
         assert res['image_counts']['images_per_group'] == 3
         assert cause in res['partial'] and group in res['partial']
-        header, rows = rb.results_table(_report('imagenet-c', {'m': res}))
+        header, rows = tables.results_table(_report('imagenet-c', {'m': res}))
         assert group in next(r[0] for r in rows if r[0].startswith('ImageNet-C mCE'))
         return res
 
-    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
     assert res['complete']
     # one image missing in fog/3 (its class folder empty): every folder still has images, the counts differ
     removed = tmp_path / 'fog' / '3' / 'b_green' / '0.png'
@@ -498,7 +500,7 @@ def test_complete_needs_the_same_image_counts_everywhere(tmp_path):
     res = check('fog/3', 'image counts differ')
     assert res['image_counts']['mismatched']['fog/3'] == {'images': 2, 'expected': 3, 'classes': ['b_green']}
     kept.rename(removed)
-    res = rb.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), workers=0, progress=False, img_size=8)['m']
     assert res['complete'] and res['image_counts'] == {'images_per_group': 3, 'mismatched': {}}
     # same total, but an image moved between classes in snow/2
     (tmp_path / 'snow' / '2' / 'a_red' / '0.png').rename(tmp_path / 'snow' / '2' / 'c_blue' / '1.png')
@@ -507,13 +509,13 @@ def test_complete_needs_the_same_image_counts_everywhere(tmp_path):
 
 
 def test_imagenet_a_and_r_counts_are_checked_against_the_release(tmp_path):
-    wnids = rb.subset_wnids('imagenet-a')[:2]
+    wnids = suites.subset_wnids('imagenet-a')[:2]
     _class_folder(str(tmp_path), dict(zip(wnids, ('red', 'green'))), [['red'], ['green']])
-    model = ColourNet(['red', 'green'], 1000, [rb.imagenet_wnids().index(w) for w in wnids])
-    res = rb.evaluate({'m': model}, 'imagenet-a', str(tmp_path), workers=0, progress=False, img_size=8)['m']
+    model = ColourNet(['red', 'green'], 1000, [suites.imagenet_wnids().index(w) for w in wnids])
+    res = scoring.evaluate({'m': model}, 'imagenet-a', str(tmp_path), workers=0, progress=False, img_size=8)['m']
     assert res['partial'] == '(2 of 7500 images)' and res['complete'] is False
-    header, rows = rb.results_table(_report('imagenet-a', {'m': res}))
+    header, rows = tables.results_table(_report('imagenet-a', {'m': res}))
     label = next(r for r in rows if r[0].startswith('ImageNet-A top-1'))[0]
     assert label == 'ImageNet-A top-1 % (2 of 7500 images) (higher is better)'
-    notes = rb.results_notes(_report('imagenet-a', {'m': res}))
+    notes = tables.results_notes(_report('imagenet-a', {'m': res}))
     assert notes == ['imagenet-a: 2 of 7500 images: a subset of the release']

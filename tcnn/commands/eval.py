@@ -8,8 +8,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
-from ..train.compiling import COMPILE_HELP, compile_mode
 from ..errors import TcnnError
+from ..train.compiling import COMPILE_HELP, compile_mode
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
-    """A model from a file (``tcnn.files.tcnn_file.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or
-    a pretrained model name."""
+    """A model from a file (``tcnn.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or a
+    pretrained model name."""
     if os.path.exists(spec):
         from ..files import tcnn_file as tio
         return tio.load(spec, map_location='cpu', ema=use_ema)
@@ -82,8 +82,8 @@ def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
     try:
         return create_cnn(spec, pretrained=True)
     except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round
-        raise e.with_hint('give a model file instead (a CNN saved with tcnn.files.tcnn_file.save, a tcnn convert file or a '
-                          'checkpoint)') from None
+        raise e.with_hint('give a model file instead (a CNN saved with tcnn.files.tcnn_file.save, a tcnn convert file '
+                          'or a checkpoint)') from None
 
 
 def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]:
@@ -106,7 +106,7 @@ def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import robustness as rb
+    from ..evaluation import scoring, suites, tables
     from ..files.integrity import NonFiniteOutputError
     if len(args.suite) != len(args.data):
         raise TcnnError(f'{len(args.suite)} suites but {len(args.data)} --data directories: give one per suite, '
@@ -114,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
     from ..data import check_image_options
-    from ..train.distributed import resolve_device
     from ..errors import check_number
     from ..paths import check_output_file
+    from ..train.distributed import resolve_device
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
     # ImageNet-C pass and its results
     check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(os.path.splitext(args.out)[0] + '.md', '--out (its .md table)', ('.md',))
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
-    data = {suite: rb.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
+    data = {suite: suites.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
     models: Dict[str, nn.Module] = {name: load_model(spec, args.use_ema) for name, spec in zip(names, args.models)}
 
     weights = {'weights': 'ema'} if args.use_ema else {}
@@ -142,23 +142,23 @@ def run(args: argparse.Namespace) -> int:
               'models': {name: {'source': spec, **weights} for name, spec in zip(names, args.models)}, 'suites': {}}
     for suite, d in data.items():
         if suite == 'imagenet-c':  # its own size: the corruptions are defined at 224 px, the images are the crops
-            size, crop = rb.resolution_policy(suite, args.imagenet_c_size), 1.0
+            size, crop = suites.resolution_policy(suite, args.imagenet_c_size), 1.0
         else:
-            size, crop = rb.resolution_policy(suite, resolution), args.crop_pct
+            size, crop = suites.resolution_policy(suite, resolution), args.crop_pct
         try:
-            results = rb.evaluate(models, suite, d.root, resolution=size, crop_pct=crop, batch_size=args.batch_size,
-                                  workers=args.workers, device=args.device, amp=args.amp,
-                                  progress=not args.no_progress, data=d, compile=args.compile)
+            results = scoring.evaluate(models, suite, d.root, resolution=size, crop_pct=crop,
+                                       batch_size=args.batch_size, workers=args.workers, device=args.device,
+                                       amp=args.amp, progress=not args.no_progress, data=d, compile=args.compile)
         except NonFiniteOutputError as e:  # named by the file the user gave, not its column
             raise e.renamed(dict(zip(names, args.models)).get(e.name, e.name)) from None
         report['suites'][suite] = {'data': d.root, 'num_images': len(d), 'resolution': size, 'results': results}
 
-    header, rows = rb.results_table(report)
-    print(rb.format_table(header, rows))
-    for note in rb.results_notes(report):
+    header, rows = tables.results_table(report)
+    print(tables.format_table(header, rows))
+    for note in tables.results_notes(report):
         print(note)
     if args.out or args.markdown:
         md = args.markdown or os.path.splitext(args.out)[0] + '.md'
-        rb.write_results(report, args.out, md)
+        tables.write_results(report, args.out, md)
         print('wrote ' + ' and '.join(p for p in (args.out, md) if p))
     return 0

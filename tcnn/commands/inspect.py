@@ -67,10 +67,10 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import analysis
     from .. import data
-    from ..files import tcnn_file as tio
     from ..convert.transform import gpsa_layers
+    from ..evaluation import analysis
+    from ..files import tcnn_file as tio
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)

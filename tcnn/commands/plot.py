@@ -14,8 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..paths import check_output_file
     from ..evaluation.plots import load_metrics, plot_training_curves
+    from ..paths import check_output_file
     run_dir = args.run if os.path.isdir(args.run) else os.path.dirname(os.path.abspath(args.run))
     out = check_output_file(args.out or os.path.join(run_dir, 'curves.png'), '--out', FIGURE_SUFFIXES)
     records = load_metrics(args.run)

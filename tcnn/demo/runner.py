@@ -51,7 +51,7 @@ from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
 from ..paths import check_output_dir
 from ..evaluation.plots import load_metrics
-from ..evaluation.robustness import format_markdown, format_table
+from ..evaluation.tables import format_markdown, format_table
 from .synthetic import CORRUPTED_SPLIT, hue_class
 from ..version import __version__
 

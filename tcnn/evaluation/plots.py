@@ -19,11 +19,11 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
 from PIL import Image
 
-from .analysis import ATTENTION_PARTS, AttentionMaps
 from ..atomic import atomic_open
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
-from ..train.run_folder import METRICS_FILE, read_metrics
 from ..paths import check_output_file
+from ..train.run_folder import METRICS_FILE, read_metrics
+from .analysis import ATTENTION_PARTS, AttentionMaps
 
 __all__ = ['plot_summary', 'plot_attention', 'attention_figure', 'plot_training_curves', 'load_metrics', 'save_figure',
            'figure_pixels', 'check_figure_path']

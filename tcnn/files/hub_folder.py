@@ -32,7 +32,7 @@ from .weights import error_reason, hub_unreachable, source_model_name, split_mod
 from ..paths import check_replaceable_dir
 from ..train import run_folder
 from ..train.recipe import dump_recipe
-from ..evaluation.robustness import format_markdown
+from ..evaluation.tables import format_markdown
 from ..version import __version__
 
 __all__ = ['CONFIG_KEY', 'read_published', 'hub_config', 'model_card', 'write_folder', 'push', 'PAPER_BIBTEX']
