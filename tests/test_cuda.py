@@ -338,5 +338,5 @@ def test_robustness_evaluate_on_cuda_and_cpu_agree(tmp_path):
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)
     model = _rigged_tcnn(2)
     results = {dev: scoring.evaluate({'m': model}, 'imagenet', str(tmp_path / 'val'), batch_size=4, workers=0,
-                                progress=False, img_size=32, device=dev)['m'] for dev in ('cpu', 'cuda')}
+                                     progress=False, img_size=32, device=dev)['m'] for dev in ('cpu', 'cuda')}
     assert results['cuda']['top1'] == pytest.approx(results['cpu']['top1']) == pytest.approx(30.0)

@@ -78,9 +78,9 @@ def test_numbers_are_what_tcnn_eval_measures_on_the_model_files(tiny):
     files = {r['name']: r['model_file'] for r in results['runs']}
     models = {name: tcnn.load(path) for name, path in files.items()}
     clean = scoring.evaluate(models, 'imagenet', str(out / 'data' / 'test'), img_size=96, crop_pct=1.0,
-                                workers=0, progress=False)
+                             workers=0, progress=False)
     corrupted = scoring.evaluate(models, 'imagenet-c', str(out / 'data' / 'test-c'), img_size=96, crop_pct=1.0,
-                                    workers=0, progress=False)
+                                 workers=0, progress=False)
     runs = {r['name']: r for r in results['runs']}
     for name, run in runs.items():
         assert run['clean_top1'] == clean[name]['top1'], name

@@ -81,7 +81,7 @@ def test_imagenet_c_known_answers(tmp_path):
     for (c, s), k in right.items():
         _class_folder(str(tmp_path / c / s), CLASSES, _rigged_plan(k))
     res = scoring.evaluate({'colour': _colour_model()}, 'imagenet-c', str(tmp_path), batch_size=8, workers=0,
-                      progress=False, img_size=16)['colour']
+                           progress=False, img_size=16)['colour']
 
     acc = {key: 25.0 * k for key, k in right.items()}
     assert set(res['corruptions']) == {'gaussian_noise', 'motion_blur', 'fog', 'pixelate', 'spatter'}
@@ -137,7 +137,7 @@ def test_imagenet_c_mce_is_normalised_by_alexnet(tmp_path):
     assert len(suites.BENCHMARK_CORRUPTIONS) == 15
     expected_ce = _complete_imagenet_c(tmp_path)
     res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path), batch_size=64, workers=0, progress=False,
-                      img_size=8)['m']
+                           img_size=8)['m']
     assert res['complete'] and res['mce_missing'] == []
     assert [res['corruptions'][c]['ce'] for c in suites.BENCHMARK_CORRUPTIONS] == pytest.approx(expected_ce)
     assert res['mce'] == pytest.approx(sum(expected_ce) / 15)
@@ -186,12 +186,12 @@ def test_200_class_suites_restrict_the_logits(tmp_path, suite):
             return out
 
     res = scoring.evaluate({'m': Decoy(full)}, suite, str(tmp_path), batch_size=4, workers=0, progress=False,
-                      img_size=16)['m']
+                           img_size=16)['m']
     assert res['num_images'] == 9 and res['num_labels'] == 200
     assert res['top1'] == pytest.approx(100.0)
     # the unrestricted ImageNet protocol on the same folder would score 0: the decoy wins every image
     res_1k = scoring.evaluate({'m': Decoy(full)}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
-                         img_size=16)['m']
+                              img_size=16)['m']
     assert res_1k['top1'] == 0.0 and res_1k['labels'] == 'imagenet-1k wnids'
 
     # a folder that is not one of the 200 classes: a layout error naming the level
@@ -210,7 +210,7 @@ def test_imagenet_wnid_folders_map_to_imagenet_indices(tmp_path):
     _class_folder(str(tmp_path), dict(zip(picked, colours)), [[c, c] for c in colours])
     model = ColourNet(colours, 1000, [5, 400, 999])
     res = scoring.evaluate({'m': model}, 'imagenet', str(tmp_path), batch_size=4, workers=0, progress=False,
-                      img_size=16)['m']
+                           img_size=16)['m']
     assert res['top1'] == 100.0 and res['top5'] == 100.0 and res['num_images'] == 6
     with pytest.raises(TcnnError, match='class folders'):
         suites.label_space('imagenet', ['x', 'y'], 5)  # neither wnids nor one folder per output
@@ -237,7 +237,7 @@ def test_unreadable_image_is_a_one_line_error(tmp_path):
     for workers in (0, 1):
         with pytest.raises(TcnnError, match='cannot read image .*broken.png') as e:
             scoring.evaluate({'m': _colour_model()}, 'imagenet', str(tmp_path), workers=workers, progress=False,
-                        img_size=8)
+                             img_size=8)
         assert '\n' not in str(e.value)
 
 
@@ -427,7 +427,7 @@ def test_imagenet_c_table_rows_say_what_they_hold(tmp_path):
     expected_ce = _complete_imagenet_c(tmp_path / 'c')
     _class_folder(str(tmp_path / 'c' / 'spatter' / '1'), C_CLASSES, [[c] for c in C_CLASSES.values()])  # an extra
     results = scoring.evaluate({'m': _c_model(), 'n': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0,
-                          progress=False, img_size=8)
+                               progress=False, img_size=8)
     assert results['m']['complete'] and results['m']['partial'] is None
     header, rows = tables.results_table(_report('imagenet-c', results))
     assert [r[1:] for r in rows if r[0].startswith('ImageNet-C input')] == [['8 px, crop 1.0'] * 2]
@@ -473,7 +473,7 @@ def test_partial_imagenet_c_is_marked_in_every_output(tmp_path, capsys):
     # a corruption with some severities missing is counted in the marker too
     _class_folder(str(tmp_path / 'c' / 'snow' / '2'), C_CLASSES, [[col] for col in C_CLASSES.values()])
     res = scoring.evaluate({'m': _c_model()}, 'imagenet-c', str(tmp_path / 'c'), workers=0, progress=False,
-                      img_size=8)['m']
+                           img_size=8)['m']
     assert res['partial'] == '(3/15 corruptions, 11/75 corruption x severity pairs)'
 
 
