@@ -19,6 +19,7 @@ import tcnn.layers.depthwise as dw
 import tcnn.export as tex
 from tcnn.train import run_folder
 import tcnn.layers.gpsa
+import tcnn.layers.kept_values
 from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
@@ -234,7 +235,7 @@ def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
 def test_eager_product_outside_exporters(monkeypatch):
     """Outside exporters training goes through the eager product's autograd function (it has a backward), whose
     gradients are those of the plain-op form that exporters trace, in float64."""
-    assert not tcnn.layers.gpsa._is_exporting()
+    assert not tcnn.layers.kept_values.is_exporting()
     layer = _layer(stride=2).double()
     x = torch.randn(2, 16, 9, 9, dtype=torch.float64, requires_grad=True)
 
@@ -336,7 +337,7 @@ def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, 
                                                                        monkeypatch):
     # tcnn 0.3.1 traced the eager product: its batch-size decisions fixed the batch under torch.export, its
     # linalg.vecdot has no ONNX form in the TorchScript exporter; either way one line (no graph dump), nothing written
-    monkeypatch.setattr(tcnn.layers.gpsa, '_is_exporting', lambda: False)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'is_exporting', lambda: False)
     path = family_files('efficientnet_b0')
     rc = main(['export', path, '--out', str(tmp_path / 'm.onnx'), '--img-size', str(SIZE), '--exporter', exporter])
     out, err = capfd.readouterr()

@@ -6,6 +6,7 @@ The layer follows T-CNN (d'Ascoli et al. 2021, arXiv:2106.05795) section 2 on to
 * one head per kernel tap, head ``h = ky * kw + kx`` (row-major, the order of ``conv.weight.flatten(1)``);
 * positional attention ``softmax_k(-alpha_h * |delta_qk - Delta_h|^2)`` with ``delta = key - query``
   (T-CNN eq. 4, ConViT eq. 5), ``alpha_h = softplus(alpha_raw_h, beta=5)`` (T-CNN footnote 1);
+  separable into a row and a column softmax (``tcnn.layers.positional``);
 * content attention ``softmax(Q_h K_h^T / sqrt(d_qk))`` with its own q/k width ``d_qk``;
 * gating ``A_h = (1 - sigmoid(lambda_h)) * content_h + sigmoid(lambda_h) * positional_h`` (T-CNN eq. 7);
 * values ``X W_val`` with one matrix shared by all heads (identity at init) and the output projection holding the
@@ -16,15 +17,83 @@ The layer follows T-CNN (d'Ascoli et al. 2021, arXiv:2106.05795) section 2 on to
 
 Borders and strides are exact: the input is padded like the conv pads it (the padded tokens are keys and values),
 and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
+
+Design choices (measured in ``docs/benchmarks.md``, "Design choices of the GPSA layer", and ``docs/convert.md``,
+parameter counts of grouped models):
+
+Computation is token-major (queries as rows), so that every projection is one GEMM over the whole batch:
+
+* ``Q``, ``K`` and ``V = X W_val`` come from the ``(B * N, C_in)`` token matrix (``K`` and ``V`` in one GEMM);
+* the mixed attention is written query-major, ``(B, N_q * N_h, N_k)``, so ``A V`` is ``(B, N_q * N_h, C_in)``:
+  per query, the ``N_h`` attended value vectors side by side, i.e. one im2col row of ``X W_val``;
+* the output projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the conv filter. In the
+  exact configuration the rows *are* im2col(X W_val) and the layer is literally the conv.
+
+Why token-major and not channel-first (``V A^T`` as ``(B, C_in, N_h * N_q)``, the conv's own im2col order): the
+channel-first output projection is ``B`` small GEMMs of ``N_q`` columns, or one GEMM after a transposed copy of
+the whole ``heads`` tensor; token-major gives one GEMM with ``B * N_q`` rows and copies nothing (faster at every
+grid and batch measured). The filter is stored to match, as ``(C_out, N_h, C_in)``: per head its tap, so
+``view(C_out, -1)`` is the projection matrix. State dicts of the old 2-D ``(C_out, C_in * N_h)`` layout still
+load (``_load_from_state_dict`` reorders them; the shapes differ, so neither can be mistaken for the other). A
+channels_last input is read without any copy; the output is channels_last in memory and made contiguous only for
+an NCHW input.
+
+Why the mixed attention matrix and not ``scaled_dot_product_attention``: the two attentions are mixed into one
+``N_h x N_q x N_k`` matrix (``torch.lerp``) and applied to the values once. SDPA would apply the content part
+per head with the value width C_in (above the flash kernels' head-dim limit) and the positional part would need
+a second value product: slower, and more FLOPs.
+
+Why keys and values are projected on the unpadded input: ``W_k`` and ``W_val`` are 1x1 projections without
+bias, which commute with every padding mode, so projecting first and padding afterwards is exact; with zero
+padding the padded values are zero, so the value product only needs the attention on real keys (both softmaxes
+are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid. The padded keys' content
+scores are exactly 0 as well, so together they weigh ``n_pad * exp(0)`` in the content softmax: one extra key of
+score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7 kernel on a 7x7 grid).
+
+Why few operators: on a GPU at small batches the host's launches, not the kernels, set the layer's time, so the
+forward is written in as few operators as the math allows (18 for a dense stride-1 layer in training, 10 in
+inference, against the conv's 1-3): where every pixel is a query, Q, K and V come from one GEMM; both positional
+factors from one softmax where the axes match; the content scale is the score GEMM's ``alpha``; what depends on the
+input's size only, and in inference the positional attention and the gates, are kept from call to call in eager
+mode (``tcnn.layers.kept_values``: when, and what drops them).
+
+Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
+``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
+layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
+
+Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
+the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
+head as one batched GEMM over the groups (``B * N_q`` rows each); the attention stays one ``N_h x N_q x N_k``
+matrix shared by all channels. A depthwise layer folds its per-channel taps into the values instead and computes
+attention, values and filter as one GEMM per image over all heads and keys, in cache-sized chunks, wherever that
+beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.layers.depthwise``). The
+dense block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs
+by ``g``.
+
+Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
+one alone would grow a grouped model more than the whole T-CNN growth of a dense ResNet, and the grouped one keeps
+the exact configuration a grouped conv (per-channel rather than identity-only for depthwise: learnable, and the
+same code as the other groups).
+
+Why the default ``qk_dim`` of a grouped layer is its group width ``C_in // g`` (capped at the dense default
+``C_in // N_h``): with the dense default the content queries and keys (``2 C_in^2`` parameters) dominate wide
+grouped stages; with the group width a grouped model grows about as much as a dense ResNet does. ``qk_dim = 1``
+(depthwise) still gives every head a global softmax over one learned key feature whose sign and sharpness the
+query sets; pass ``qk_dim`` for more.
+
+TorchScript: ``forward`` has one switch, ``torch.jit.is_scripting()``, between the eager terms (values kept from
+call to call, exporters detected) and the plain ones; everything after it is the same code in both.
 """
 import math
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
+from .kept_values import caching_allowed, forget, is_exporting, keep
+from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
 from ..errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
@@ -58,80 +127,15 @@ def locality_to_raw(alpha: float) -> float:
 
 
 class GPSA(nn.Module):
-    """Gated positional self-attention with one head per tap of a ``kh x kw`` kernel.
+    """Gated positional self-attention with one head per tap of a ``kh x kw`` kernel: a drop-in for the
+    ``nn.Conv2d`` it stands for (same input, output shape and memory format, any input size), which it equals in
+    the exact configuration (``locality_strength=EXACT_LOCALITY``, ``gating_init=EXACT_GATING``, ``from_conv``).
 
-    Computation is token-major (queries as rows), so that every projection is one GEMM over the whole batch:
-
-    * ``Q``, ``K`` and ``V = X W_val`` come from the ``(B * N, C_in)`` token matrix (``K`` and ``V`` in one GEMM);
-    * the mixed attention is written query-major, ``(B, N_q * N_h, N_k)``, so ``A V`` is ``(B, N_q * N_h, C_in)``:
-      per query, the ``N_h`` attended value vectors side by side, i.e. one im2col row of ``X W_val``;
-    * the output projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the conv filter. In the
-      exact configuration the rows *are* im2col(X W_val) and the layer is literally the conv.
-
-    Why token-major and not channel-first (``V A^T`` as ``(B, C_in, N_h * N_q)``, the conv's own im2col order): the
-    channel-first output projection is ``B`` small GEMMs of ``N_q`` columns, or one GEMM after a transposed copy of
-    the whole ``heads`` tensor; token-major gives one GEMM with ``B * N_q`` rows and copies nothing (faster at every
-    grid and batch measured). The filter is stored to match, as ``(C_out, N_h, C_in)``: per head its tap, so
-    ``view(C_out, -1)`` is the projection matrix. State dicts of the old 2-D ``(C_out, C_in * N_h)`` layout still
-    load (``_load_from_state_dict`` reorders them; the shapes differ, so neither can be mistaken for the other). A
-    channels_last input is read without any copy; the output is channels_last in memory and made contiguous only for
-    an NCHW input.
-
-    Why the mixed attention matrix and not ``scaled_dot_product_attention``: the two attentions are mixed into one
-    ``N_h x N_q x N_k`` matrix (``torch.lerp``) and applied to the values once. SDPA would apply the content part
-    per head with the value width C_in (above the flash kernels' head-dim limit) and the positional part would need
-    a second value product: slower, and more FLOPs.
-
-    Why keys and values are projected on the unpadded input: ``W_k`` and ``W_val`` are 1x1 projections without
-    bias, which commute with every padding mode, so projecting first and padding afterwards is exact; with zero
-    padding the padded values are zero, so the value product only needs the attention on real keys (both softmaxes
-    are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid. The padded keys' content
-    scores are exactly 0 as well, so together they weigh ``n_pad * exp(0)`` in the content softmax: one extra key of
-    score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7 kernel on a 7x7 grid).
-
-    Why the positional softmax is separable: the logit ``-alpha |d - Delta|^2`` splits into a row term plus a
-    column term, and keys form a full grid, so the 2-D softmax is the outer product of a row softmax and a column
-    softmax. That is exact (not an approximation), cheaper, and computed once per forward for the whole batch, from
-    the input's shape only (any size, different call after call, nothing cached on the module).
-
-    Why few operators: on a GPU at small batches the host's launches, not the kernels, set the layer's time, so the
-    forward is written in as few operators as the math allows (18 for a dense stride-1 layer in training, 10 in
-    inference, against the conv's 1-3): where every pixel is a query, Q, K and V come from one GEMM; both positional
-    factors from one softmax where the axes match; the content scale is the score GEMM's ``alpha``. Where no gradient
-    flows to the positional and gating parameters (inference), the positional attention and the gates are kept from
-    call to call in eval mode, for as long as those parameters are the same tensors at the same version and address
-    (PyTorch bumps a tensor's version on every in-place change: optimizer steps, ``load_state_dict``, the setters;
-    ``param.data = t`` moves the address), and ``train()``/``eval()`` drop them. Only an in-place write through
-    ``param.data`` in eval mode, which bypasses version counting, would go unseen: switch modes (or write without
-    ``.data``) after such an edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
-    transforms.
-
-    Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
-    ``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
-    layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
-
-    Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
-    the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
-    head as one batched GEMM over the groups (``B * N_q`` rows each); the attention stays one ``N_h x N_q x N_k``
-    matrix shared by all channels. A depthwise layer folds its per-channel taps into the values instead and computes
-    attention, values and filter as one GEMM per image over all heads and keys, in cache-sized chunks, wherever that
-    beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.layers.depthwise``). The dense
-    block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs by
-    ``g``.
-
-    Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
-    one alone would grow a grouped model more than the whole T-CNN growth of a dense ResNet, and the grouped one keeps
-    the exact configuration a grouped conv (per-channel rather than identity-only for depthwise: learnable, and the
-    same code as the other groups).
-
-    Why the default ``qk_dim`` of a grouped layer is its group width ``C_in // g`` (capped at the dense default
-    ``C_in // N_h``): with the dense default the content queries and keys (``2 C_in^2`` parameters) dominate wide
-    grouped stages; with the group width a grouped model grows about as much as a dense ResNet does. ``qk_dim = 1``
-    (depthwise) still gives every head a global softmax over one learned key feature whose sign and sharpness the
-    query sets; pass ``qk_dim`` for more.
-
-    The measurements behind each choice are in ``docs/benchmarks.md`` ("Design choices of the GPSA layer") and
-    ``docs/convert.md`` (parameter counts of grouped models).
+    Parameters: ``q_weight``, ``k_weight`` ``(N_h * qk_dim, C_in)``; ``v_weight`` ``(C_in, C_in // groups)``
+    (``W_val``, block-diagonal); ``proj_weight`` ``(C_out, N_h, C_in // groups)`` (``W_out^h``: per head its tap of
+    the conv filter) and ``proj_bias``; per head ``pos_centers`` ``(N_h, 2)``, ``pos_locality`` (raw alpha) and
+    ``gating`` (lambda). Attention runs in ``promote_types(dtype, float32)``. The design and its measurements: the
+    module header and ``docs/benchmarks.md`` ("Design choices of the GPSA layer").
 
     Args:
         in_chs: Input channels C_in.
@@ -159,7 +163,8 @@ class GPSA(nn.Module):
     # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
     # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
     # filter parameters are the conv's (T-CNN eq. 6).
-    # values kept from call to call in eager mode (``_memo``): plain Python, never part of a TorchScript module
+    # values kept from call to call in eager mode (``kept_values.keep``): plain Python, never part of a TorchScript
+    # module
     __jit_ignored_attributes__ = ['_tcnn_memo']
 
     positional_params = ('pos_centers', 'pos_locality')
@@ -246,15 +251,12 @@ class GPSA(nn.Module):
 
     def train(self, mode: bool = True) -> 'GPSA':
         """``nn.Module.train``; also drops the values kept for inference (a mode switch is where training ends)."""
-        self.__dict__.pop('_tcnn_memo', None)
+        forget(self)
         return super().train(mode)
 
     def kernel_centers(self) -> torch.Tensor:
         """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
-        kh, kw = self.kernel_size
-        ky = torch.arange(kh, dtype=torch.float32) * self.dilation[0] - self.anchor[0]
-        kx = torch.arange(kw, dtype=torch.float32) * self.dilation[1] - self.anchor[1]
-        return torch.stack(torch.meshgrid(ky, kx, indexing='ij'), dim=-1).reshape(-1, 2)
+        return kernel_centers(self.kernel_size, self.dilation, self.anchor)
 
     def _check_per_head(self, value: Union[float, torch.Tensor], name: str) -> None:
         if isinstance(value, torch.Tensor):
@@ -392,11 +394,7 @@ class GPSA(nn.Module):
 
     def output_size(self, height: int, width: int) -> Tuple[int, int]:
         """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
-        hp = height + 2 * self.padding[0]
-        wp = width + 2 * self.padding[1]
-        h_out = (hp - self.dilation[0] * (self.kernel_size[0] - 1) - 1) // self.stride[0] + 1
-        w_out = (wp - self.dilation[1] * (self.kernel_size[1] - 1) - 1) // self.stride[1] + 1
-        return h_out, w_out
+        return output_size(height, width, self.kernel_size, self.stride, self.padding, self.dilation)
 
     def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
         """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32 (float64 for a
@@ -404,89 +402,80 @@ class GPSA(nn.Module):
 
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
-        py, px = self._positional_factors(height, width, device, real_keys=False)
-        return _outer(py, px).flatten(-2)
+        offsets = self._kept_offsets(height, width, device)
+        py, px = positional_factors(self.locality_strength(), _at_least_float32(self.pos_centers).t(), offsets,
+                                    height, width, self.padding, real_keys=False)
+        return outer(py, px).flatten(-2)
 
-    def _positional_factors(self, height: int, width: int, device: torch.device,
-                            real_keys: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Row and column factors ``(N_h, H_out, H_pad)``, ``(N_h, W_out, W_pad)`` of the separable softmax; with
-        ``real_keys``, their columns of the unpadded input only (``H``, ``W``), still normalised over the padded axis.
-
-        The logit of key offset ``d`` from the query along one axis is ``-alpha_h (d - Delta_h)^2``. Where both axes
-        have the same geometry (a square input and a symmetric conv, the usual case), the two factors are one softmax
-        over a ``(2, N_h, n, k)`` tensor, cut to the real keys once and unbound: half the element-wise kernels
-        forward and backward, the same values.
-        """
-        ph, pw = self.padding
-        alpha = self.locality_strength()
-        centers = _at_least_float32(self.pos_centers).t()  # (2, N_h)
-        neg_alpha = -alpha[:, None, None]
-        if torch.jit.is_scripting():
-            dy, dx, same_axes = self._axis_offsets(height, width, device, alpha.dtype)
-        else:
-            dy, dx, same_axes = self._eager_axis_offsets(height, width, device, alpha.dtype)
-        if same_axes:
-            both = ((dy - centers[:, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)  # (2, N_h, n, k)
-            if real_keys:
-                both = both[..., ph:ph + height]
-            py, px = both.unbind(0)
-            return py, px
-        py = ((dy - centers[0, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)
-        px = ((dx - centers[1, :, None, None]) ** 2 * neg_alpha).softmax(dim=-1)
-        if real_keys:
-            py, px = py[..., ph:ph + height], px[..., pw:pw + width]
-        return py, px
-
-    def _axis_offsets(self, height: int, width: int, device: torch.device,
-                      dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-        """Key-minus-query offsets ``(H_out, H_pad)`` and ``(W_out, W_pad)`` in ``dtype``, and whether the two axes
-        have the same geometry (then both are the same tensor). Under FX tracing the sizes are symbolic: the axes are
-        then treated as different (no branch on the input's size)."""
-        hp = height + 2 * self.padding[0]
-        wp = width + 2 * self.padding[1]
-        h_out, w_out = self.output_size(height, width)
-        dy = _offsets(hp, h_out, self.stride[0], self.anchor[0], device, dtype)
-        if isinstance(height, int) and isinstance(width, int) and self._same_axis_geometry(height, width):
-            return dy, dy, True
-        return dy, _offsets(wp, w_out, self.stride[1], self.anchor[1], device, dtype), False
-
-    def _same_axis_geometry(self, height: int, width: int) -> bool:
-        return (height == width and self.padding[0] == self.padding[1] and self.stride[0] == self.stride[1]
-                and self.anchor[0] == self.anchor[1] and self.kernel_size[0] == self.kernel_size[1]
-                and self.dilation[0] == self.dilation[1])
+    def _axis_offsets(self, height: int, width: int,
+                      device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
+        dtype = torch.promote_types(self.pos_locality.dtype, torch.float32)
+        return axis_offsets(height, width, self.kernel_size, self.stride, self.padding, self.dilation, self.anchor,
+                            device, dtype)
 
     @torch.jit.unused
-    def _eager_axis_offsets(self, height: int, width: int, device: torch.device,
-                            dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-        """``_axis_offsets``, computed once per input size, device and dtype in eager mode (they hold no parameter)."""
-        if not _caching_allowed(height):
-            return self._axis_offsets(height, width, device, dtype)
-        return _memo(self, ('offsets', height, width, device, dtype), (),
-                     lambda: self._axis_offsets(height, width, device, dtype))
+    def _kept_offsets(self, height: int, width: int,
+                      device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """``_axis_offsets``, made once per input size, device and dtype in eager mode (they hold no parameter)."""
+        if not caching_allowed(height):
+            return self._axis_offsets(height, width, device)
+        dtype = torch.promote_types(self.pos_locality.dtype, torch.float32)
+        return keep(self, ('offsets', height, width, device, dtype), (),
+                    lambda: self._axis_offsets(height, width, device))
 
-    def _mixing_terms(self, height: int, width: int, device: torch.device,
-                      dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _mixing_terms(self, height: int, width: int, dtype: torch.dtype,
+                      offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (real keys only with zero padding),
         and the gate ``(N_h, 1, 1)``, both in ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
+        alpha = self.locality_strength()
+        centers = _at_least_float32(self.pos_centers).t()  # (2, N_h)
         # zero padding: padded tokens have zero values, only the real keys contribute
-        py, px = self._positional_factors(height, width, device, real_keys=self.padding_mode == 'zeros')
-        pos = _outer(py, px).to(dtype).transpose(0, 1)
+        py, px = positional_factors(alpha, centers, offsets, height, width, self.padding,
+                                    real_keys=self.padding_mode == 'zeros')
+        pos = outer(py, px).to(dtype).transpose(0, 1)
         return pos, self.gate().to(dtype)[:, None, None]
 
+    def _log_pad(self, height: int, width: int, device: torch.device, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The logit ``log(n_pad)`` ``(1, 1, 1, 1)`` of the one key that stands for the ``n_pad`` zero-padded keys
+        of the content softmax (``_real_key_content_attention``); None without zero padding (decided from
+        attributes only, for FX)."""
+        ph, pw = self.padding
+        if self.padding_mode != 'zeros' or (ph == 0 and pw == 0):
+            return None
+        n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
+        return _log_count(n_pad, device, dtype)
+
+    def _terms(self, height: int, width: int, device: torch.device,
+               dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """What the forward needs besides the input's projections, in ``dtype``: ``_log_pad`` and the two
+        ``_mixing_terms``, computed (TorchScript computes them on every call)."""
+        offsets = self._axis_offsets(height, width, device)
+        pos, gate = self._mixing_terms(height, width, dtype, offsets)
+        return self._log_pad(height, width, device, dtype), pos, gate
+
     @torch.jit.unused
-    def _eager_mixing_terms(self, height: int, width: int, device: torch.device,
-                            dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``_mixing_terms``, kept from call to call in eval mode where no gradient flows to the positional and
-        gating parameters (inference): then they depend on the input's size and on those parameters only. A kept value
-        is used only while the three parameters are the same tensors at the same version and address (any in-place
-        change, an optimizer step, ``load_state_dict``, ``set_gating`` included, bumps the version), and ``train()`` /
-        ``eval()`` drop it; with gradients (training) they are recomputed, which autograd needs anyway."""
+    def _kept_terms(self, height: int, width: int, device: torch.device,
+                    dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``_terms`` in eager mode (``tcnn.layers.kept_values``): the offsets and ``log(n_pad)`` are made once per
+        input size, device and dtype; the mixing terms are kept from call to call in eval mode where no gradient
+        flows to the positional and gating parameters (inference): then they depend on the input's size and on those
+        parameters only. A kept value is used only while the three parameters are the same tensors at the same
+        version and address (any in-place change, an optimizer step, ``load_state_dict``, ``set_gating`` included,
+        bumps the version), and ``train()`` / ``eval()`` drop it; with gradients (training) they are recomputed,
+        which autograd needs anyway."""
+        if not caching_allowed(height):
+            return self._terms(height, width, device, dtype)
+        offsets = self._kept_offsets(height, width, device)
+        log_pad = keep(self, ('log_pad', height, width, device, dtype), (),
+                       lambda: self._log_pad(height, width, device, dtype))
         params = (self.pos_locality, self.pos_centers, self.gating)
-        if (self.training or not _caching_allowed(height)
-                or (torch.is_grad_enabled() and any(p.requires_grad for p in params))):
-            return self._mixing_terms(height, width, device, dtype)
-        return _memo(self, ('mixing', height, width, device, dtype), params,
-                     lambda: self._mixing_terms(height, width, device, dtype))
+        if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            pos, gate = self._mixing_terms(height, width, dtype, offsets)
+        else:
+            pos, gate = keep(self, ('mixing', height, width, device, dtype), params,
+                             lambda: self._mixing_terms(height, width, dtype, offsets))
+        return log_pad, pos, gate
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
         ph, pw = self.padding
@@ -579,23 +568,25 @@ class GPSA(nn.Module):
             out = torch.baddbmm(out, parts[h].transpose(0, 1), taps[h].transpose(1, 2))
         return self._add_bias(out.transpose(0, 1).reshape(b, n_q, self.out_chs))
 
-    def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor, product: str) -> torch.Tensor:
         """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
         ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``. Eager mode picks the faster of two orders for the shape
-        (``tcnn.layers.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends first;
-        exporters and tracers get the same product in plain ops (``tcnn.layers.depthwise.attend_traceable``)."""
+        (``tcnn.layers.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends
+        first; exporters and tracers get the same product in plain ops without the order and chunks chosen from the
+        sizes (``tcnn.layers.depthwise.attend_traceable``). ``product`` is forward's pick of the three: ``'eager'``,
+        ``'traced'`` or ``'scripted'``."""
         taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
-        if torch.jit.is_scripting():
-            out = attend_heads_first(attn, v, taps)
-        else:
+        if product == 'eager':
             out = self._attend_depthwise(attn, v, taps)
+        elif product == 'traced':
+            out = attend_traceable(attn, v, taps)
+        else:
+            out = attend_heads_first(attn, v, taps)
         return self._add_bias(out)
 
     @torch.jit.unused
     def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-        if _is_exporting():  # plain ops without the order and chunks chosen from the sizes (attend_traceable)
-            return attend_traceable(attn, v, taps)
-        return attend_depthwise(attn, v, taps)
+        return attend_depthwise(attn, v, taps)  # an autograd function: eager mode only
 
     def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
         bias = self.proj_bias  # a local, so that TorchScript refines the Optional
@@ -614,21 +605,14 @@ class GPSA(nn.Module):
         out = torch.baddbmm(q3.new_empty([1, 1, 1]), q3, k.reshape(b * nh, d, n_k), beta=0.0, alpha=self.scale)
         return out.view(b, nh, n_q, n_k)
 
-    @torch.jit.unused
-    def _eager_log_count(self, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``_log_count``, made once per count, device and dtype in eager mode."""
-        if not _caching_allowed(n):
-            return _log_count(n, device, dtype)
-        return _memo(self, ('log_count', n, device, dtype), (), lambda: _log_count(n, device, dtype))
-
-    def _content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """Content attention ``(B, N_h, N_q, H_pad, W_pad)``, softmax over the padded grid.
+    def _content_attention(self, scores: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Content attention ``(B, N_h, N_q, H_pad, W_pad)`` from ``_content_scores``, softmax over the padded grid.
 
         With zero padding ``k`` holds the real pixels only: a zero key scores exactly 0, so the scores of the
         padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
         """
         ph, pw = self.padding
-        scores = _at_least_float32(self._content_scores(q, k))  # (B, N_h, N_q, N_k)
+        scores = _at_least_float32(scores)  # (B, N_h, N_q, N_k)
         if self.padding_mode == 'zeros':
             scores = scores.view(scores.shape[0], self.num_heads, scores.shape[2], height, width)
             if ph > 0 or pw > 0:
@@ -637,24 +621,19 @@ class GPSA(nn.Module):
         return scores.softmax(dim=-1).view(scores.shape[0], self.num_heads, scores.shape[2], height + 2 * ph,
                                            width + 2 * pw)
 
-    def _real_key_content_attention(self, q: torch.Tensor, k: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    def _real_key_content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
+                                    width: int) -> torch.Tensor:
         """Zero padding: the content attention on the real keys, query-major ``(B, N_q, N_h, H, W)``, still
-        normalised over the padded grid. The ``n_pad`` padded keys all score exactly 0, so together they weigh
-        ``n_pad * exp(0)``: one extra key of score ``log(n_pad)`` normalises the same. The softmax then runs over
-        ``H * W + 1`` keys instead of the padded grid (49 + 1 instead of 169 for a 7x7 conv on a 7x7 grid), with no
-        padded copy; the concatenation that appends the extra key also writes the scores query-major, the order in
-        which the value product reads the attention, so the mixed attention needs no reordering copy."""
-        ph, pw = self.padding
-        scores = self._content_scores(q, k).transpose(1, 2)  # (B, N_q, N_h, H * W), in the GEMM's dtype
-        if ph > 0 or pw > 0:  # decided from attributes only, for FX
-            n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
+        normalised over the padded grid (``log_pad``: ``_log_pad``). The ``n_pad`` padded keys all score exactly 0,
+        so together they weigh ``n_pad * exp(0)``: one extra key of score ``log(n_pad)`` normalises the same. The
+        softmax then runs over ``H * W + 1`` keys instead of the padded grid (49 + 1 instead of 169 for a 7x7 conv on
+        a 7x7 grid), with no padded copy; the concatenation that appends the extra key also writes the scores
+        query-major, the order in which the value product reads the attention, so the mixed attention needs no
+        reordering copy."""
+        scores = scores.transpose(1, 2)  # (B, N_q, N_h, H * W), in the GEMM's dtype
+        if log_pad is not None:  # padding > 0, decided from attributes only (_log_pad), for FX
             # log(n_pad) is at least float32 (not rounded to bf16 under autocast), and the concatenation promotes the
             # scores to its dtype: the cast costs no kernel of its own
-            dtype = torch.promote_types(scores.dtype, torch.float32)
-            if torch.jit.is_scripting():
-                log_pad = _log_count(n_pad, scores.device, dtype)
-            else:
-                log_pad = self._eager_log_count(n_pad, scores.device, dtype)
             padded = log_pad.expand(scores.shape[0], scores.shape[1], scores.shape[2], 1)
             content = torch.cat([scores, padded], dim=-1).softmax(dim=-1)[..., :-1]
         else:
@@ -670,7 +649,7 @@ class GPSA(nn.Module):
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, _ = self._project(x)
-        content = self._content_attention(q, k, height, width).flatten(-2)
+        content = self._content_attention(self._content_scores(q, k), height, width).flatten(-2)
         pos = self.positional_attention(height, width, x.device)
         mixed = torch.lerp(content, pos, self.gate()[:, None, None])
         key_size = [height + 2 * self.padding[0], width + 2 * self.padding[1]]
@@ -683,24 +662,27 @@ class GPSA(nn.Module):
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, v = self._project(x)
+        scores = self._content_scores(q, k)  # (B, N_h, N_q, N_k), in the GEMM's dtype
+        dtype = torch.promote_types(scores.dtype, torch.float32)  # the attention's dtype (_at_least_float32)
+        # The one TorchScript switch. Eager mode keeps terms from call to call (kept_values) and gives exporters and
+        # tracers the plain-op forms; TorchScript computes every term on every call and attends first.
+        if torch.jit.is_scripting():
+            log_pad, pos, gate = self._terms(height, width, x.device, dtype)
+            product = 'scripted'
+        else:
+            log_pad, pos, gate = self._kept_terms(height, width, x.device, dtype)
+            product = 'traced' if is_exporting() else 'eager'
         if self.padding_mode == 'zeros':
             # Padded tokens have zero values: only the attention on real keys contributes. Both attentions are still
             # normalised over the padded grid (content in its extra key, positional in its separable factors).
-            content = self._real_key_content_attention(q, k, height, width)  # (B, N_q, N_h, H, W)
+            content = self._real_key_content_attention(scores, log_pad, height, width)  # (B, N_q, N_h, H, W)
         else:
-            content = self._content_attention(q, k, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
-        if torch.jit.is_scripting():
-            pos, gate = self._mixing_terms(height, width, x.device, content.dtype)
-        else:
-            pos, gate = self._eager_mixing_terms(height, width, x.device, content.dtype)
+            content = self._content_attention(scores, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
-        if torch.jit.is_scripting():
-            attn = torch.lerp(content, pos, gate)
-        else:
-            attn = _lerp(content, pos, gate)
+        attn = _lerp(content, pos, gate, product == 'traced')
         n_k = attn.shape[-2] * attn.shape[-1]
         if self.groups == self.in_chs:
-            out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v)  # (B, N_q, C_out)
+            out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v, product)
         else:
             attn = attn.reshape(b, h_out * w_out * self.num_heads, n_k)
             heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in): per query, the N_h attended value vectors
@@ -754,20 +736,13 @@ def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _is_exporting() -> bool:
-    """Whether an exporter or tracer is recording the forward: ``torch.export`` (also under the dynamo ONNX
-    exporter), the TorchScript ONNX exporter or ``torch.jit.trace``. Such a graph must hold for other input sizes
-    than the one traced, so the depthwise product takes its plain-op form there (``attend_traceable``)."""
-    exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.6
-    return bool(exporting is not None and exporting()) or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
-
-
-def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``torch.lerp``; while an exporter records the forward, its formula ``start + weight * (end - start)`` in plain
-    ops instead: the core-ATen decomposition of ``lerp`` writes its result with ``prims.copy_strided``, which
-    ExecuTorch has no kernel for (its edge lowering fails with "Missing out variants"). The two differ by float
-    rounding (eager ``lerp`` switches to ``end - (1 - weight) * (end - start)`` for weights >= 0.5)."""
-    if _is_exporting():
+def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, exporting: bool) -> torch.Tensor:
+    """``torch.lerp``; while an exporter records the forward (``exporting``), its formula
+    ``start + weight * (end - start)`` in plain ops instead: the core-ATen decomposition of ``lerp`` writes its result
+    with ``prims.copy_strided``, which ExecuTorch has no kernel for (its edge lowering fails with "Missing out
+    variants"). The two differ by float rounding (eager ``lerp`` switches to ``end - (1 - weight) * (end - start)``
+    for weights >= 0.5)."""
+    if exporting:
         return start + weight * (end - start)
     return torch.lerp(start, end, weight)
 
@@ -785,61 +760,9 @@ torch.fx.wrap('_at_least_float32')  # a leaf for FX: the dtype is known at run t
 torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
 
 
-def _outer(py: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
-    """2-D positional attention from its factors: ``(N_h, n_y, k_y)`` x ``(N_h, n_x, k_x)`` ->
-    ``(N_h, n_y * n_x, k_y, k_x)`` (queries and keys row-major)."""
-    pos = py[:, :, None, :, None] * px[:, None, :, None, :]  # (N_h, n_y, n_x, k_y, k_x)
-    return pos.reshape(py.shape[0], py.shape[1] * px.shape[1], py.shape[2], px.shape[2])
-
-
-def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.device,
-             dtype: torch.dtype) -> torch.Tensor:
-    """Key-minus-query offsets along one axis, ``(n_out, size)``: queries at ``anchor + stride * i``, keys at every
-    position of the padded axis."""
-    query = torch.arange(n_out, device=device, dtype=dtype) * stride + anchor
-    key = torch.arange(size, device=device, dtype=dtype)
-    return key[None, :] - query[:, None]
-
-
 def _log_count(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``log(n)`` as a ``(1, 1, 1, 1)`` tensor: the logit of one key that stands for ``n`` keys of score 0."""
     return torch.full([1, 1, 1, 1], n, dtype=dtype, device=device).log()
-
-
-def _caching_allowed(size: int) -> bool:
-    """Whether a forward may keep values from call to call: in eager mode on real sizes only, never while FX,
-    TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would
-    become a constant of their graph, or escape its transform)."""
-    return (isinstance(size, int) and not _is_exporting() and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
-
-
-def _memo(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: Callable[[], Any]) -> Any:
-    """``make()``, kept on ``layer`` under ``key`` while ``params`` are the same tensors at the same version and
-    address (``param.data = ...`` replaces the storage without a version bump, so the address is checked too).
-
-    Values are made outside inference mode (a tensor made inside it could not be used by a later training forward)
-    and without gradients;
-    a layer keeps at most ``_MEMO_SIZE`` of them (the newest), so a stream of new input sizes cannot grow it.
-    """
-    memo = layer.__dict__.setdefault('_tcnn_memo', {})
-    stamp = tuple((p, p._version, p.data_ptr()) for p in params)
-    hit = memo.get(key)
-    if hit is not None and len(hit[0]) == len(stamp) and all(
-            a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], stamp)):
-        return hit[1]
-    # inference_mode(False) turns gradient mode on (it is also autograd's mode guard): no_grad inside it keeps the
-    # values graph-free leaves (kept values never need a gradient; copy.deepcopy accepts only leaves)
-    with torch.inference_mode(False), torch.no_grad():
-        value = make()
-    memo.pop(key, None)
-    memo[key] = (stamp, value)
-    while len(memo) > _MEMO_SIZE:
-        memo.pop(next(iter(memo)), None)
-    return value
-
-
-_MEMO_SIZE = 8
 
 
 def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:

@@ -1,0 +1,67 @@
+"""Values a GPSA layer keeps from call to call in eager mode, and when it may keep them.
+
+On a GPU at small batches the host's launches, not the kernels, set the layer's time, so what depends on the input's
+size only (the key-query offsets, ``log(n_pad)``) is made once per size, device and dtype, and where no gradient flows
+to the positional and gating parameters (inference), the positional attention and the gates are kept from call to
+call in eval mode, for as long as those parameters are the same tensors at the same version and address (PyTorch
+bumps a tensor's version on every in-place change: optimizer steps, ``load_state_dict``, the setters;
+``param.data = t`` moves the address), and ``train()``/``eval()`` drop them (``forget``). Only an in-place write
+through ``param.data`` in eval mode, which bypasses version counting, would go unseen: switch modes (or write without
+``.data``) after such an edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
+transforms (``caching_allowed``).
+"""
+from typing import Any, Callable, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = ['keep', 'forget', 'caching_allowed', 'is_exporting', 'MEMO_SIZE']
+
+# the most values a layer keeps (the newest), so that a stream of new input sizes cannot grow it
+MEMO_SIZE = 8
+
+
+def is_exporting() -> bool:
+    """Whether an exporter or tracer is recording the forward: ``torch.export`` (also under the dynamo ONNX
+    exporter), the TorchScript ONNX exporter or ``torch.jit.trace``. Such a graph must hold for other input sizes
+    than the one traced, so the depthwise product takes its plain-op form there (``attend_traceable``)."""
+    exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.6
+    return bool(exporting is not None and exporting()) or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+def caching_allowed(size: int) -> bool:
+    """Whether a forward may keep values from call to call: in eager mode on real sizes only, never while FX,
+    TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would
+    become a constant of their graph, or escape its transform)."""
+    return (isinstance(size, int) and not is_exporting() and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def keep(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: Callable[[], Any]) -> Any:
+    """``make()``, kept on ``layer`` under ``key`` while ``params`` are the same tensors at the same version and
+    address (``param.data = ...`` replaces the storage without a version bump, so the address is checked too).
+
+    Values are made outside inference mode (a tensor made inside it could not be used by a later training forward)
+    and without gradients;
+    a layer keeps at most ``MEMO_SIZE`` of them (the newest), so a stream of new input sizes cannot grow it.
+    """
+    memo = layer.__dict__.setdefault('_tcnn_memo', {})
+    stamp = tuple((p, p._version, p.data_ptr()) for p in params)
+    hit = memo.get(key)
+    if hit is not None and len(hit[0]) == len(stamp) and all(
+            a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], stamp)):
+        return hit[1]
+    # inference_mode(False) turns gradient mode on (it is also autograd's mode guard): no_grad inside it keeps the
+    # values graph-free leaves (kept values never need a gradient; copy.deepcopy accepts only leaves)
+    with torch.inference_mode(False), torch.no_grad():
+        value = make()
+    memo.pop(key, None)
+    memo[key] = (stamp, value)
+    while len(memo) > MEMO_SIZE:
+        memo.pop(next(iter(memo)), None)
+    return value
+
+
+def forget(layer: nn.Module) -> None:
+    """Drop every value ``layer`` keeps (``GPSA.train``: a mode switch is where training ends)."""
+    layer.__dict__.pop('_tcnn_memo', None)
