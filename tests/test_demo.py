@@ -13,8 +13,6 @@ import pytest
 import torch
 
 import tcnn
-from tcnn.evaluation import robustness
-from tcnn.convert.transform import gpsa_layers
 from tcnn.demo.plan import DEMO_VERSION, PLANS
 from tcnn.demo.pool import parallel_layout
 from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
@@ -22,6 +20,8 @@ from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, comp
 from tcnn.demo.report import _readme_reference, render_readme, verdict
 from tcnn.demo.results import summarize_runs
 from tcnn.demo.runner import run_demo
+from tcnn.evaluation import robustness
+from tcnn.convert.transform import gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import load_recipe
 

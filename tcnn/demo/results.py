@@ -154,8 +154,8 @@ _CONVERSION_KEYS = ('seed', 'max_abs_err', 'max_rel_err', 'init_max_abs_err', 'i
 
 
 def collect_results(ctx: Context, report: Mapping[str, Any], runs: List[Dict[str, Any]],
-             conversions: Sequence[Mapping[str, Any]], dataset: Mapping[str, Any],
-             timings: Mapping[str, float]) -> Dict[str, Any]:
+                    conversions: Sequence[Mapping[str, Any]], dataset: Mapping[str, Any],
+                    timings: Mapping[str, float]) -> Dict[str, Any]:
     clean = report['suites']['imagenet']['results']
     corrupted = report['suites']['imagenet-c']['results']
 

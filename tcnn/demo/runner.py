@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import timm  # noqa: F401  (first: tcnn's import hook registers demo_resnet10 and the t_* models as timm loads, which
+# fails when timm is first imported by a half-initialised tcnn module such as tcnn.convert.transform)
 import torch
 
 from ..atomic import atomic_write_text
@@ -102,9 +104,9 @@ def _demo_runs(ctx: Context, conversions: Dict[int, Dict[str, Any]], files: Dict
         files[name] = _export(ctx, name)
 
     runs = [Run(run_name(s, CNN), _arm_argv(ctx, CNN, s), plan.pretrain_epochs,
-                 finished=functools.partial(cnn_done, s)) for s in range(plan.seeds)]
+                finished=functools.partial(cnn_done, s)) for s in range(plan.seeds)]
     runs += [Run(run_name(s, arm), _arm_argv(ctx, arm, s), plan.finetune_epochs, after=run_name(s, CNN),
-                  finished=functools.partial(arm_done, run_name(s, arm)))
+                 finished=functools.partial(arm_done, run_name(s, arm)))
              for s in range(plan.seeds) for arm in plan.arms]
     return runs
 
