@@ -7,7 +7,7 @@
 Each seed of the default plan trains its own CNN from scratch on the one dataset, then its fine-tuning arms, so the
 spread over seeds is the spread of the whole pipeline. Pass the ``results.json`` of demos run in other environments
 (another torch build, thread count) to pool them: the documented range should cover what any of them gives.
-``--write`` stores the pooled distribution as ``tcnn/demo_reference.json``, the one every demo report compares its
+``--write`` stores the pooled distribution as ``tcnn/demo/reference.json``, the one every demo report compares its
 numbers with; the per-seed table goes to ``benchmarks/results/demo-distribution-DATE.json`` and, as markdown, to
 stdout (docs/demo.md quotes it). A demo run here is resumable: the same command continues it.
 """
@@ -21,8 +21,9 @@ from typing import Any, Dict, List, Mapping, Sequence
 if __package__ in (None, ''):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tcnn.demo import runner as demo  # noqa: E402
 from tcnn.atomic import atomic_write_text  # noqa: E402
+from tcnn.demo.reference import HEADLINE, HEADLINE_TITLES, REFERENCE_FILE, build_reference  # noqa: E402
+from tcnn.demo.runner import run_demo  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')
 
@@ -43,7 +44,7 @@ def _environment_name(env: Mapping[str, Any]) -> str:
 
 def markdown(reference: Mapping[str, Any]) -> str:
     """Per seed and environment every headline number, then mean, sd and range over all of them."""
-    keys = [k for k, _ in demo.HEADLINE if k in reference['stats']]
+    keys = [k for k, _ in HEADLINE if k in reference['stats']]
     lines = []
     for e, env in enumerate(reference['environments']):
         lines.append(f'Environment {chr(65 + e)}: {_environment_name(env)}; {env["seeds"]} seeds'
@@ -55,9 +56,9 @@ def markdown(reference: Mapping[str, Any]) -> str:
     for key in keys:
         stats = reference['stats'][key]
         cells = [_fmt(key, v) for env in reference['environments'] for v in env['values'].get(key, [])]
-        lines.append('| ' + ' | '.join([demo.HEADLINE_TITLES[key], *cells, _fmt(key, stats['mean']),
+        lines.append('| ' + ' | '.join([HEADLINE_TITLES[key], *cells, _fmt(key, stats['mean']),
                                         f'{stats["std"]:.3g}', f'{_fmt(key, stats["min"])} to '
-                                                                f'{_fmt(key, stats["max"])}']) + ' |')
+                                                               f'{_fmt(key, stats["max"])}']) + ' |')
     return '\n'.join(lines) + '\n'
 
 
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] = None) -> int:
                                                  'process keeps one thread)')
     parser.add_argument('--results', nargs='+', metavar='JSON',
                         help='results.json of finished demos (one per environment) instead of running one')
-    parser.add_argument('--write', action='store_true', help=f'write {demo.REFERENCE_FILE}')
+    parser.add_argument('--write', action='store_true', help=f'write {REFERENCE_FILE}')
     args = parser.parse_args(argv)
     if args.results:
         runs: List[Dict[str, Any]] = []
@@ -77,16 +78,16 @@ def main(argv: Sequence[str] = None) -> int:
             with open(path, encoding='utf-8') as f:
                 runs.append(json.load(f))
     else:
-        runs = [demo.run_demo(args.out, plan='default', seeds=args.seeds, jobs=args.jobs, progress=False)]
+        runs = [run_demo(args.out, plan='default', seeds=args.seeds, jobs=args.jobs, progress=False)]
     today = datetime.date.today().isoformat()
-    reference = demo.build_reference(runs, measured=today)
+    reference = build_reference(runs, measured=today)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     path = os.path.join(RESULTS_DIR, f'demo-distribution-{today}.json')
     atomic_write_text(path, json.dumps(reference, indent=1) + '\n')
     if args.write:
-        atomic_write_text(demo.REFERENCE_FILE, json.dumps(reference, indent=1) + '\n')
+        atomic_write_text(REFERENCE_FILE, json.dumps(reference, indent=1) + '\n')
     print(markdown(reference))
-    print(f'wrote {path}' + (f' and {demo.REFERENCE_FILE}' if args.write else ''))
+    print(f'wrote {path}' + (f' and {REFERENCE_FILE}' if args.write else ''))
     return 0
 
 

@@ -18,7 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Callable, Dict, List
 
 if __package__ in (None, ''):  # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

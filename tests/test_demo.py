@@ -13,7 +13,13 @@ import pytest
 import torch
 
 import tcnn
-from tcnn.demo import runner as demo
+from tcnn.demo.plan import DEMO_VERSION, PLANS
+from tcnn.demo.pool import parallel_layout
+from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
+                                 load_reference, reference_lines)
+from tcnn.demo.report import _readme_reference, render_readme, verdict
+from tcnn.demo.results import summarize_runs
+from tcnn.demo.runner import run_demo
 from tcnn.evaluation import scoring
 from tcnn.convert.transform import gpsa_layers
 from tcnn.errors import TcnnError
@@ -27,14 +33,14 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp('demo') / 'out'
     lines = []
     # jobs=2: two training processes of one thread each, on any machine (the numbers depend on the threads)
-    results = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False,
+    results = run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False,
                             log=lines.append)
     return out, results, lines
 
 
 def test_report_files_and_keys(tiny):
     out, results, _ = tiny
-    plan = demo.PLANS['tiny']
+    plan = PLANS['tiny']
     for f in ('results.json', 'README.md', 'eval.json', 'eval.md', 'demo.json', 'data/dataset.json',
               'figures/fig3_robustness.png', 'models/seed0-cnn.pt', 'models/seed1-init-t-cnn.pt',
               'runs/seed1-cnn/metrics.jsonl'):
@@ -121,7 +127,7 @@ def test_readme_states_the_result_and_the_changes(tiny):
     text = (out / 'README.md').read_text()
     assert 'T-CNN' in text and 'no-SA' in text and 'Changes from the paper' in text
     assert f'{results["summary"]["t-cnn"]["clean_top1"]["mean"]:.1f}' in text
-    for line in demo.verdict(results):
+    for line in verdict(results):
         assert line in text
     for change in results['recipe_changes']:
         assert change in text
@@ -135,7 +141,7 @@ def test_readme_states_the_result_and_the_changes(tiny):
 def test_continuing_a_finished_demo_trains_nothing(tiny):
     out, results, _ = tiny
     lines = []
-    again = demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False, log=lines.append)
+    again = run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=2, progress=False, log=lines.append)
     assert [r['clean_top1'] for r in again['runs']] == [r['clean_top1'] for r in results['runs']]
     assert again['timings_s']['data'] == 0.0
     assert not any(line.startswith('== seed') for line in lines)  # no tcnn train process started
@@ -161,7 +167,7 @@ def test_a_stopped_demo_continues_to_the_same_numbers(tiny, tmp_path):
     assert proc.returncode == 130, err
     assert 'run the same tcnn demo command again' in err and 'Traceback' not in err
     assert not (fresh / 'results.json').exists()
-    fresh_results = demo.run_demo(str(fresh), plan='tiny', seeds=1, device='cpu', workers=0, jobs=2,
+    fresh_results = run_demo(str(fresh), plan='tiny', seeds=1, device='cpu', workers=0, jobs=2,
                                   progress=False, log=lambda s: None)
     first = {r['name']: r for r in results['runs']}
     for run in fresh_results['runs']:
@@ -181,46 +187,46 @@ def _shifted(results, arm, points):
     for run in out['runs']:
         if run['arm'] == arm:
             run['clean_top1'] += points[run['seed']]
-    out['summary'] = demo.summarize_runs(out['runs'], ALL_ARMS)
+    out['summary'] = summarize_runs(out['runs'], ALL_ARMS)
     return out
 
 
 def test_the_report_places_its_numbers_in_the_documented_distribution(tiny):
     _, results, _ = tiny
-    values = demo.headline_values(results)
-    assert set(values) == {key for key, _ in demo.HEADLINE}  # the tiny plan has every arm
+    values = headline_values(results)
+    assert set(values) == {key for key, _ in HEADLINE}  # the tiny plan has every arm
     assert values['cnn/clean_top1'] == [r['clean_top1'] for r in results['runs'] if r['arm'] == 'cnn']
     assert values['t-cnn/gain_clean'] == results['summary']['t-cnn']['gain_clean']['values']
     assert values['t-cnn/gate_mean'] == [r['gate_mean'] for r in results['runs'] if r['arm'] == 't-cnn']
     # a distribution of this plan from two environments: this demo, and one whose T-CNNs score 10 points more
     other = _shifted(results, 't-cnn', [10, 10])
     other['environment'] = dict(other['environment'], torch='0.0+other')
-    reference = demo.build_reference([results, other], measured='today')
+    reference = build_reference([results, other], measured='today')
     assert [e['torch'] for e in reference['environments']] == [torch.__version__, '0.0+other']
     stats = reference['stats']['t-cnn/clean_top1']
     assert stats['n'] == 4 and stats['max'] == max(values['t-cnn/clean_top1']) + 10
-    inside = demo.compare_with_reference(results, reference)
+    inside = compare_with_reference(results, reference)
     assert inside['available'] and inside['outside'] == [] and inside['seeds'] == 4
     # a run whose T-CNN of seed 1 scores 100 points more lies outside the band, on the T-CNN's numbers only
     far = _shifted(results, 't-cnn', [0, 100])
-    far['reference'] = demo.compare_with_reference(far, reference)
+    far['reference'] = compare_with_reference(far, reference)
     assert far['reference']['outside'] == ['t-cnn/clean_top1', 't-cnn/gain_clean']
     number = far['reference']['numbers']['t-cnn/clean_top1']
     assert number['furthest_seed'] == 1 and number['sd'] == pytest.approx(
         (values['t-cnn/clean_top1'][1] + 100 - stats['mean']) / stats['std'])
-    lines = demo.reference_lines(far)
+    lines = reference_lines(far)
     assert lines[0].startswith('Against the documented distribution (4 full-pipeline seeds')
     assert f'{len(values) - 2} of {len(values)} headline numbers lie inside' in lines[0]
     assert 'seed 1 lies' in lines[1] and 'above the documented mean' in lines[1]
-    text = demo.render_readme(far)
+    text = render_readme(far)
     assert 'Against the documented distribution' in text and '0.0+other' in text
     assert text.count('| outside the band (') == 2 and 'outside: T-CNN, clean top-1 %; T-CNN gain over no-SA, ' \
         'clean (points).' in text
     # another plan's numbers are not compared with the default plan's distribution
     quick = dict(results, plan=dict(results['plan'], name='quick', train=2400))
-    assert not demo.compare_with_reference(quick, reference)['available']
+    assert not compare_with_reference(quick, reference)['available']
     with pytest.raises(TcnnError, match='different plans'):
-        demo.build_reference([results, quick])
+        build_reference([results, quick])
 
 
 def _default_plan_results(values):
@@ -234,9 +240,9 @@ def _default_plan_results(values):
                 summary.setdefault(arm, {}).setdefault(quantity, {'values': []})['values'].append(value)
             else:
                 runs.setdefault((seed, arm), {'seed': seed, 'arm': arm})[quantity] = value
-    results = {'plan': demo.PLANS['default'].to_dict(), 'version': demo.DEMO_VERSION, 'runs': list(runs.values()),
+    results = {'plan': PLANS['default'].to_dict(), 'version': DEMO_VERSION, 'runs': list(runs.values()),
                'summary': summary}
-    results['reference'] = demo.compare_with_reference(results)
+    results['reference'] = compare_with_reference(results)
     return results
 
 
@@ -245,7 +251,7 @@ def test_the_report_band_holds_numbers_at_and_a_rounding_step_past_the_range_end
     to 1.0077. A fresh install's numbers equal to the printed ends (0.107, 1.01) lie inside the range, one a rounding
     step past it (94.1) inside the band (range ± 2 sd); only numbers clearly outside are flagged, and the line that
     announces them names them (README and log)."""
-    reference = demo.load_reference()['stats']
+    reference = load_reference()['stats']
     assert f"{reference['t-cnn/gate_mean']['min']:.3g}" == '0.107' and reference['t-cnn/gate_mean']['min'] > 0.107
     assert f"{reference['t-cnn/span_mean']['max']:.3g}" == '1.01' and reference['t-cnn/span_mean']['max'] < 1.01
     assert reference['t-cnn-late/clean_top1']['max'] == 94.0
@@ -265,12 +271,12 @@ def test_the_report_band_holds_numbers_at_and_a_rounding_step_past_the_range_end
     stats = reference['t-cnn/clean_top1']
     assert numbers['t-cnn/clean_top1']['band'] == pytest.approx([stats['min'] - 2 * stats['std'],
                                                                  stats['max'] + 2 * stats['std']])
-    lines = demo.reference_lines(results)
+    lines = reference_lines(results)
     assert lines[0].endswith('3 of 5 headline numbers lie inside the documented band (the documented range ± 2 sd); '
                              'outside: CNN (start point), corrupted top-1 %; T-CNN, clean top-1 %.'), lines[0]
     assert len(lines) == 3 and lines[1].startswith('  CNN (start point), corrupted top-1 %: 54.6, 90 vs documented')
     assert 'outside the band (the documented range ± 2 sd: 45.7 to 123): seed 0 lies' in lines[2]
-    text = demo._readme_reference(results)
+    text = _readme_reference(results)
     assert lines[0] in text and 'outside:\n' not in text
     assert text.count('| inside the documented range |') == 2
     assert text.count('inside the band (the documented range ± 2 sd): seed 0 lies 0.0 sd above the documented '
@@ -278,23 +284,23 @@ def test_the_report_band_holds_numbers_at_and_a_rounding_step_past_the_range_end
     assert text.count('| outside the band (') == 2
     inside = _default_plan_results({'t-cnn/gate_mean': [0.1070, 0.2], 't-cnn-late/clean_top1': [94.1, 53.1]})
     assert inside['reference']['outside'] == []
-    assert demo.reference_lines(inside)[0].endswith('all 2 headline numbers lie inside the documented band (the '
+    assert reference_lines(inside)[0].endswith('all 2 headline numbers lie inside the documented band (the '
                                                     'documented range ± 2 sd), 1 of them inside the range itself.')
 
 
 def test_the_shipped_distribution_is_of_the_default_plan():
-    reference = demo.load_reference()
-    assert reference is not None, f'{demo.REFERENCE_FILE} is missing: benchmarks/demo_distribution.py writes it'
-    default = demo.PLANS['default'].to_dict()
+    reference = load_reference()
+    assert reference is not None, f'{REFERENCE_FILE} is missing: benchmarks/demo_distribution.py writes it'
+    default = PLANS['default'].to_dict()
     assert reference['plan'] == {k: v for k, v in default.items() if k not in ('name', 'seeds')}
-    assert reference['demo_version'] == demo.DEMO_VERSION
-    assert set(reference['stats']) == {key for key, _ in demo.HEADLINE}
+    assert reference['demo_version'] == DEMO_VERSION
+    assert set(reference['stats']) == {key for key, _ in HEADLINE}
     assert min(s['n'] for s in reference['stats'].values()) >= 5
     for env in reference['environments']:
         assert env['torch'] and env['timm'] and env['pillow'] and env['threads'] >= 1 and env['seeds'] >= 1
     # shipped with the package, not only with a clone
-    setup = open(os.path.join(os.path.dirname(demo.__file__), '..', 'setup.cfg')).read()
-    assert 'demo_reference.json' in setup.split('[options.package_data]')[1].split('[')[0]
+    setup = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'setup.cfg')).read()
+    assert 'tcnn.demo = reference.json' in setup.split('[options.package_data]')[1].split('[')[0]
 
 
 def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
@@ -303,11 +309,11 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     now = {r['seed']: r['clean_top1'] for r in results['runs'] if r['arm'] == 't-cnn'}
     mixed = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] - 1])
     assert mixed['summary']['t-cnn']['gain_clean']['values'] == pytest.approx([5, -1])
-    line = demo.verdict(mixed)[0]
+    line = verdict(mixed)[0]
     assert line.startswith('On clean test accuracy') and '1 of 2 seeds favour the T-CNN: the direction does not ' \
         'hold on every seed' in line
     better = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] + 4])
-    line = demo.verdict(better)[0]
+    line = verdict(better)[0]
     assert 'beats the no-SA baseline by +4.5 ± 0.7 points (2 of 2 seeds favour the T-CNN)' in line
 
 
@@ -320,22 +326,22 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     ('cuda', 6, None, 16, (1, None)),
 ])
 def test_parallel_layout(device, seeds, jobs, cpus, expected):
-    assert demo.parallel_layout(device, seeds, jobs, cpus) == expected
+    assert parallel_layout(device, seeds, jobs, cpus) == expected
 
 
 def test_another_plan_in_the_same_folder_is_refused(tiny):
     out, _, _ = tiny
     with pytest.raises(TcnnError, match='other settings'):
-        demo.run_demo(str(out), plan='tiny', seeds=3, device='cpu', workers=0, jobs=2, progress=False,
+        run_demo(str(out), plan='tiny', seeds=3, device='cpu', workers=0, jobs=2, progress=False,
                       log=lambda s: None)
     with pytest.raises(TcnnError, match='other settings'):  # other threads per process: other numbers
-        demo.run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=1, progress=False, log=lambda s: None)
+        run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=1, progress=False, log=lambda s: None)
 
 
 def test_a_folder_of_other_files_is_refused(tmp_path):
     (tmp_path / 'notes.txt').write_text('mine')
     with pytest.raises(TcnnError, match='holds no demo'):
-        demo.run_demo(str(tmp_path), plan='tiny', progress=False, log=lambda s: None)
+        run_demo(str(tmp_path), plan='tiny', progress=False, log=lambda s: None)
     assert (tmp_path / 'notes.txt').read_text() == 'mine'
 
 

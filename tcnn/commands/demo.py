@@ -1,4 +1,4 @@
-"""``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo.runner``)."""
+"""``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
 import argparse
 
 from ..errors import InvalidArgumentError, check_device, check_number
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f'--quick is --plan quick: give one of --quick and --plan {args.plan}')
     plan = 'quick' if args.quick else args.plan or 'default'
     import sys
-    from ..demo.runner import DemoStopped, run_demo
+    from ..demo import DemoStopped, run_demo
     try:
         run_demo(args.out, plan=plan, seeds=args.seeds, device=args.device,
                  workers=args.workers, jobs=args.jobs, progress=not args.no_progress)

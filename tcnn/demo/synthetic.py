@@ -23,7 +23,8 @@ worker processes, and a larger set extends a smaller one.
 severities each, with the parameters of ImageNet-C (Hendrycks & Dietterich 2019), blur radii scaled to the image
 size. ``generate`` writes corrupted copies of the test split in the ImageNet-C layout
 ``test-c/<corruption>/<severity>/<class>/<image>``, which ``tcnn eval --suite imagenet-c`` and
-``tcnn.evaluation.robustness.evaluate`` read as they are (give ``--img-size`` the image size: ImageNet-C's default is 224).
+``tcnn.evaluation.scoring.evaluate`` read as they are (give ``--img-size`` the image size: ImageNet-C's default
+is 224).
 
 Typical use::
 

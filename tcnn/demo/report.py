@@ -1,0 +1,254 @@
+"""The demo's report: what the numbers say in plain words (``verdict``), the result table of its log
+(``summary_lines``) and its ``README.md`` (``render_readme``: the table, what it means, the comparison with the
+documented distribution, the details, the figures, how it was made).
+"""
+import os
+from typing import Any, List, Mapping, Sequence
+
+from ..evaluation.tables import format_markdown, format_table
+from .plan import ARM_TITLES, IMG_SIZE
+from .reference import BAND_TEXT, HEADLINE_TITLES, reference_lines, where_it_lies
+
+__all__ = ['verdict', 'summary_lines', 'render_readme']
+
+
+def _pm(stats: Mapping[str, Any], signed: bool = False) -> str:
+    fmt = '+.1f' if signed else '.1f'
+    if len(stats['values']) == 1:
+        return format(stats['mean'], fmt)
+    return f'{stats["mean"]:{fmt}} ± {stats["std"]:.1f}'
+
+
+def verdict(results: Mapping[str, Any]) -> List[str]:
+    """What the numbers say, in plain words, whatever their sign."""
+    s = results['summary']
+    n = results['plan']['seeds']
+    lines = []
+    t = s.get('t-cnn')
+    if t and 'gain_clean' in t:
+        for key, what in (('gain_clean', 'clean test accuracy'), ('gain_corrupted', 'accuracy on corrupted images')):
+            g = t[key]
+            favour = sum(v > 0 for v in g['values'])
+            agree = ('one seed: no spread' if n == 1 else f'{favour} of {n} seeds favour the T-CNN' +
+                     ('' if favour in (0, n) else ': the direction does not hold on every seed'))
+            if n > 1 and abs(g['mean']) <= g['std']:
+                lines.append(f'On {what}, the T-CNN and the no-SA baseline are within the spread over {n} seeds '
+                             f'({_pm(g, True)} points, {agree}): no clear difference.')
+            elif g['mean'] > 0:
+                lines.append(f'On {what}, the T-CNN beats the no-SA baseline by {_pm(g, True)} points ({agree}).')
+            else:
+                lines.append(f'On {what}, the T-CNN is worse than the no-SA baseline by {_pm(g, True)} points '
+                             f'({agree}).')
+    base = s.get('no-sa')
+    if t and base:
+        ratio_t = t['corrupted_top1']['mean'] / t['clean_top1']['mean']
+        ratio_b = base['corrupted_top1']['mean'] / base['clean_top1']['mean']
+        more = ratio_t > ratio_b + 0.01
+        lines.append(f'Relative to clean accuracy, the T-CNN keeps {ratio_t:.0%} on corrupted images and the baseline '
+                     f'{ratio_b:.0%}: the T-CNN is {"more" if more else "not more"} robust in relative terms'
+                     + ('.' if more else ': its gain on corrupted images is part of its clean gain.'))
+    init = results['init']
+    trained = [r for r in results['runs'] if r['arm'] == 't-cnn']
+    if trained and init.get('gate_mean') is not None:
+        gate = sum(r['gate_mean'] for r in trained) / len(trained)
+        span = sum(r['span_mean'] for r in trained) / len(trained)
+        nl = [r['nonlocality_mean'] for r in trained if r.get('nonlocality_mean') is not None]
+        moved = ('fell: heads moved towards content attention' if gate < init['gate_mean'] - 0.01 else
+                 'did not fall: heads stayed mostly positional')
+        grew = ('grew' if span > init['span_mean'] * 1.05 else 'shrank' if span < init['span_mean'] / 1.05 else
+                'barely moved')
+        line = (f'Did the T-CNN learn to use attention? Mean gate sigma(lambda) {init["gate_mean"]:.3f} at init -> '
+                f'{gate:.3f} after fine-tuning ({moved}); mean span 1/alpha {init["span_mean"]:.2f} -> {span:.2f} '
+                f'tokens^2 ({grew})')
+        if nl and init.get('nonlocality_mean') is not None:
+            line += f'; mean nonlocality {init["nonlocality_mean"]:.2f} -> {sum(nl) / len(nl):.2f} tokens'
+        lines.append(line + '.')
+    return lines
+
+
+def _result_rows(results: Mapping[str, Any]) -> List[List[str]]:
+    """The result table: per arm (the CNN first) clean and corrupted top-1 and the gains over no-SA."""
+    rows = []
+    for arm, e in results['summary'].items():
+        rows.append([ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
+                     _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
+                     _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''])
+    return rows
+
+
+def summary_lines(results: Mapping[str, Any]) -> str:
+    """The result table as plain text (the end of the demo's log)."""
+    return format_table(['model', 'clean top-1 %', 'corrupted top-1 %', 'gain clean', 'gain corrupted'],
+                        _result_rows(results))
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return format_markdown(header, rows).rstrip('\n')
+
+
+def _readme_result(results: Mapping[str, Any]) -> str:
+    """Title, the result table, the verdict in words and the conversion's exactness."""
+    plan, ds, conv = results['plan'], results['dataset'], results['conversion']
+    seeds_note = (f'mean ± standard deviation over {plan["seeds"]} seeds, each its own CNN and fine-tuning'
+                  if plan['seeds'] > 1 else 'one seed (run with --seeds 2 or more for a spread)')
+    lo, hi = conv['init_max_rel_err_range']
+    init_dev = f'{lo:.1%}' if f'{lo:.1%}' == f'{hi:.1%}' else f'{lo:.1%} to {hi:.1%}'
+    cnns = f'each of the {plan["seeds"]} trained CNNs' if plan['seeds'] > 1 else 'the trained CNN'
+    smoke = ('\n**A smoke run (`--quick`)**: its CNN is trained too briefly to learn the task, so the numbers below '
+             'check the pipeline, not the method; `tcnn demo` without `--quick` gives the result.\n'
+             if plan['name'] == 'quick' else '')
+    corrupted = f'corrupted top-1 % (mean of {len(ds["corruptions"])} corruptions x 5 severities)'
+    header = ['model', 'clean top-1 %', corrupted, 'gain clean (points)', 'gain corrupted (points)']
+    return f"""# tcnn demo: a Transformed CNN in miniature
+
+T-CNN (arXiv:2106.05795): the last-stage 3x3 convolutions of a trained CNN become GPSA self-attention layers
+(ConViT, arXiv:2103.10697) that hold the CNN's filters (in their exact configuration, the CNN's function), then
+the hybrid is fine-tuned. This folder holds the
+whole experiment on a task made for it, with every file needed to check the numbers.
+{smoke}
+## Result ({seeds_note}; test split, never used to choose settings)
+
+{_md_table(header, _result_rows(results))}
+
+Gains are T-CNN minus the no-SA baseline of the same seed. In plain words:
+
+""" + '\n'.join(f'- {line}' for line in verdict(results)) + f"""
+
+The conversion is exact: in its exact configuration the T-CNN computes {cnns} with a maximum relative
+logits error of {conv['max_rel_err']:.1e} (float32, {conv['gpsa_layers']} GPSA layers,
+{conv['params_cnn'] / 1e6:.3f}M -> {conv['params_t_cnn'] / 1e6:.3f}M parameters); at the fine-tuning init
+(alpha = lambda = 1) the logits deviate by {init_dev}: the init loosens locality and gates so that heads can learn
+content attention.
+"""
+
+
+def _readme_reference(results: Mapping[str, Any]) -> str:
+    """Every headline number against the documented distribution of the plan (docs/demo.md)."""
+    ref = results.get('reference') or {}
+    if not ref.get('available'):
+        return f'\nNo comparison with the documented distribution: {ref.get("why", "none")}.\n'
+    envs = '; '.join(f'torch {e["torch"]}, timm {e["timm"]}, Pillow {e["pillow"]}, {e["threads"]} thread(s) x '
+                     f'{e["jobs"]} process(es), {e["seeds"]} seeds' for e in ref['environments'])
+    rows = [[HEADLINE_TITLES[key], ', '.join(f'{v:.3g}' for v in n['values']),
+             f'{n["reference"]["mean"]:.3g} ± {n["reference"]["std"]:.2g}',
+             f'{n["reference"]["min"]:.3g} to {n["reference"]["max"]:.3g}', where_it_lies(n)]
+            for key, n in ref['numbers'].items()]
+    return f"""
+### Against the documented distribution
+
+What another machine sees: every headline number over {ref['seeds']} full-pipeline seeds of this plan (each its own
+CNN and fine-tuning), measured {ref['measured'] or 'when this tcnn was released'} ({envs}). A different torch build,
+CPU or thread count changes the floating-point rounding, and from there the whole training: numbers anywhere in the
+documented range, or a little past it, are what this demo gives, not a failure to reproduce it. A number is flagged
+only outside the band, {BAND_TEXT} (docs/demo.md says why).
+
+{_md_table(['number', 'this run (per seed)', 'documented mean ± sd', 'documented range', 'this run lies'], rows)}
+
+""" + '\n'.join(reference_lines(results)[:1]) + '\n'
+
+
+def _readme_details(results: Mapping[str, Any]) -> str:
+    """Per seed (with the attention statistics) and per corruption."""
+    def attention(r: Mapping[str, Any]) -> List[str]:  # the ANALYSIS_MEANS columns
+        return ['' if r.get(key) is None else format(r[key] * scale, fmt) for key, fmt, scale in (
+            ('gate_mean', '.3f', 1), ('span_mean', '.2f', 1), ('sigma_mean', '.2f', 1), ('nonlocality_mean', '.2f', 1),
+            ('nonlocality_real_mean', '.2f', 1), ('padding_share_mean', '.1f', 100))]
+
+    per_seed = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["clean_top1"]:.1f}', f'{r["corrupted_top1"]:.1f}',
+                 *attention(r), f'{r["train_s"]:.0f}'] for r in results['runs']]
+    for init in results['init']['seeds']:
+        per_seed.append([str(init['seed']), 'T-CNN at init (before fine-tuning)', '', '', *attention(init), ''])
+    corr_names = list(results['runs'][0]['corruptions'])
+    corr_rows = []
+    for arm in results['summary']:
+        rs = [r for r in results['runs'] if r['arm'] == arm]
+        corr_rows.append([ARM_TITLES[arm]] + [
+            f'{sum(r["corruptions"][c]["top1"] for r in rs) / len(rs):.1f}' for c in corr_names])
+    analysed = next((r['analysis'] for r in results['runs'] if r.get('analysis')), {})
+    grids = sorted({f'{e["grid"][0]}x{e["grid"][1]} tokens of {e["token_px"][0]:.3g} px' for e in
+                    analysed.get('layers', {}).values() if e.get('grid')})
+    return f"""
+### Per seed
+
+{_md_table(['seed', 'model', 'clean top-1 %', 'corrupted top-1 %', 'gate σ(λ), 0-1', 'span 1/α, tokens²',
+            'σ = 1/√(2α), tokens', 'nonlocality, tokens', 'nonlocality on real keys, tokens',
+            'attention on padding, %', 'train s'], per_seed)}
+
+Means over heads and GPSA layers, with `tcnn.evaluation.analysis` (docs/analysis.md, "What the numbers mean"). Gate:
+sigma(lambda) (1: positional attention only, 0: content only). Span: 1/alpha, in tokens² (not a distance); σ: the
+width (standard deviation) of the positional Gaussian, in tokens. Nonlocality (ConViT eq. 8): mean distance between a
+query and the keys it attends to (gated attention), in tokens of the layers' input grid
+({', '.join(grids) or 'not measured'}), over all keys including the conv's zero padding, and over the real keys with
+each query's attention renormalised over them; attention on padding: the share of the gated attention on padded keys.
+Averaged over {analysed.get('num_images', 0)} test images.
+
+### Accuracy by corruption (top-1 %, mean over severities and seeds)
+
+{_md_table(['model'] + corr_names, corr_rows)}
+"""
+
+
+def _readme_figures(results: Mapping[str, Any]) -> str:
+    figs = results.get('figures', {})
+    rel = lambda p: os.path.relpath(p, os.path.dirname(results['eval_file']))  # noqa: E731
+    fig_lines = []
+    if figs.get('robustness'):
+        fig_lines.append(f'![accuracy by corruption]({rel(figs["robustness"])})')
+    for arm, path in figs.get('curves', {}).items():
+        fig_lines.append(f'![training curves, {ARM_TITLES[arm]}]({rel(path)})')
+    for path in figs.get('attention', []):
+        fig_lines.append(f'![{os.path.basename(path)}]({rel(path)})')
+    return '\n## Figures\n\n' + '\n\n'.join(fig_lines) + '\n'
+
+
+def _readme_method(results: Mapping[str, Any]) -> str:
+    """The task, how the experiment was made, the files and the environment."""
+    plan, ds, env = results['plan'], results['dataset'], results['environment']
+    late = (f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
+   reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '')
+    return f"""
+## The task
+
+{ds['rule'].capitalize()}. Every image ({ds['task_params']['img_size']} px) holds {ds['task_params']['num_objects']}
+shapes of the kinds {', '.join(ds['classes'])}, with random positions (at least
+{ds['task_params']['min_distance']} image widths apart), sizes and colours on a random background. Telling the kinds
+apart is local; finding which kind is the single one needs the shapes to be compared across the image. Splits:
+{ds['sizes']['train']} train, {ds['sizes']['val']} val, {ds['sizes']['test']} test images (dataset seed
+{ds['seed']}); {ds['corrupt_count']} test images corrupted with {', '.join(ds['corruptions'])} at 5 severities
+(ImageNet-C parameters) in `data/test-c`.
+
+## How it was made
+
+1. Per seed, the CNN: `demo_resnet10` trained from scratch for {plan['pretrain_epochs']} epochs (`runs/seedS-cnn`).
+2. From the seed's CNN, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
+   `t-cnn` (`tcnn.reparameterize`, verified, then the recipe){late}.
+3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
+   with `tcnn.evaluation.analysis`, attention maps with `tcnn inspect`.
+
+Changes from the paper's fine-tuning recipe:
+
+""" + '\n'.join(f'- {c}' for c in results['recipe_changes']) + f"""
+
+The settings (epochs, learning rates) were chosen on the validation split; the test split only gives the table.
+
+## Files
+
+- `data/`: the dataset (`dataset.json` its parameters, `SPLIT.jsonl` every image's scene); `data/test-c` ImageNet-C
+  layout
+- `runs/NAME/`: each training run (`metrics.jsonl`, `last.pt`, `best.pt`, `log.txt`)
+- `models/NAME.pt`: each final model, `tcnn.load`-able; `models/seedS-init-t-cnn.pt` the seed's T-CNN before
+  fine-tuning
+- `eval.json`, `eval.md`: `tcnn eval`'s output; `results.json`: everything in this page
+- Check a number: `tcnn eval models/seed0-t-cnn.pt --suite imagenet --data data/test --img-size {IMG_SIZE} --crop-pct 1`
+
+Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (every training run's time in the
+per-seed table above; {env['jobs']} training process(es) at a time) on {env['cpus']} CPUs ({env['threads']} torch
+threads per process, device {env['device']}); torch {env['torch']}, torchvision {env['torchvision']}, timm
+{env['timm']}, Pillow {env['pillow']}, numpy {env['numpy']}, tcnn {env['tcnn']}.
+"""
+
+
+def render_readme(results: Mapping[str, Any]) -> str:
+    """The demo's ``README.md``: the table, what it means, the details, the figures, how it was made."""
+    return ''.join(f(results) for f in (_readme_result, _readme_reference, _readme_details, _readme_figures,
+                                         _readme_method))
