@@ -41,7 +41,7 @@ import torch
 
 from ..evaluation import analysis, plots
 from . import synthetic
-from ..files import tcnn_file as tio
+from ..files import loading, tcnn_file as tio
 from ..atomic import atomic_write_text
 from ..train import run_folder
 from ..cli import main
@@ -387,7 +387,7 @@ def _train_all(ctx: _Context, runs: Sequence[_Run], timings: Dict[str, float]) -
 def _export(ctx: _Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
     path = ctx.model_file(name)
-    tio.save(tio.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
+    tio.save(loading.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
     return path
 
 
@@ -396,7 +396,7 @@ def _verify_conversion(ctx: _Context, seed: int) -> Dict[str, Any]:
     computes the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1). The
     T-CNN is kept as ``models/seedS-init-t-cnn.pt``: the reference the fine-tuned T-CNNs are compared with (its
     query/key init drawn from the seed)."""
-    cnn = tio.load(ctx.model_file(run_name(seed, CNN)))
+    cnn = loading.load(ctx.model_file(run_name(seed, CNN)))
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         t_cnn = reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
@@ -472,7 +472,7 @@ def _test_images(ctx: _Context, limit: int) -> List[str]:
 
 def _analyse(ctx: _Context, model_file: str) -> Dict[str, Any]:
     """Gates, spans and nonlocality (mixed, content, positional) of a T-CNN on test images."""
-    model = tio.load(model_file).to(ctx.device)
+    model = loading.load(model_file).to(ctx.device)
     cfg = data_config(model)
     paths = _test_images(ctx, ctx.plan.nonlocality_images)
     batches = (load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
