@@ -22,7 +22,7 @@ _LAZY = {
     'reparameterize': 'convert', 'reparameterize_': 'convert', 'check_equivalence': 'convert',
     'exact_configuration': 'convert', 'gpsa_layers': 'convert', 'gpsa_summary': 'convert',
     'ConversionError': 'convert', 'EquivalenceReport': 'convert',
-    'load': 'files.tcnn_file', 'save': 'files.tcnn_file',
+    'load': 'files.loading', 'save': 'files.tcnn_file',
     'param_groups': 'train.optim',
     'TcnnError': 'errors',
 }

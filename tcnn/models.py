@@ -32,8 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 import torch
 import torch.nn as nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, get_pretrained_cfg, \
-    is_model, list_models, load_model_config_from_hf, model_entrypoint, register_model, resolve_pretrained_cfg
-from timm.models._hub import load_model_config_from_path  # what 'local-dir:' names read (not in timm.models)
+    is_model, list_models, model_entrypoint, register_model, resolve_pretrained_cfg
 from timm.models.resnet import BasicBlock, ResNet
 
 from .files import weights as hub, tcnn_file as io
@@ -41,6 +40,9 @@ from .convert.transform import CONVERSION_KEYS, ConversionSettings, gpsa_layers,
 from .errors import TcnnError
 from .layers.gpsa import GPSA, match_grouped_storage
 from .files.weights import T_PREFIX, record_source, source_model_name, transformed_model_name
+# tcnn.files.hub_folder and tcnn.files.loading are imported where they are used: they import names from
+# tcnn.files.tcnn_file, which may be half-initialised when this module is imported (tcnn_file imports timm, whose
+# import hook imports this module); the module aliases above are safe.
 
 __all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURCE_MODELS', 'T_PREFIX',
            'no_weight_decay_names', 'source_model_name', 'transformed_model_name', 'transformed_class']
@@ -189,6 +191,7 @@ def _file_weights(
     The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.files.weights.create_cnn`` (the same
     helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
     differs from the count recorded in the pretrained config."""
+    from .files import loading  # not at the top: see the imports
     try:
         d = io.read(path)
         state_dict = d['state_dict']
@@ -200,10 +203,10 @@ def _file_weights(
     if d is None:
         if head is not None:
             overlay.setdefault('num_classes', head[1])
-        if io.gpsa_layer_names(state_dict):  # a T-CNN's state dict: the conversion settings its GPSA layers show
+        if hub.gpsa_layer_names(state_dict):  # a T-CNN's state dict: the conversion settings its GPSA layers show
             given = {k: conversion[k] for k in ('stages', 'qk_dim') if conversion.get(k) is not None}
-            found = io.tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
-                                                head[1] if head is not None else num_classes, dict(given))
+            found = loading.tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
+                                                     head[1] if head is not None else num_classes, dict(given))
             conversion.update({k: v for k, v in found.items() if k not in given})
             return state_dict, None, None  # the source CNN's weights are not recorded in a state dict
         return state_dict, hub.file_weights_origin(path), None
@@ -246,108 +249,6 @@ def _pretrained_weights(
     return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained', None  # fails fast offline, naming the fix
 
 
-# ---------------------------------------------------------------------------------------------- Hub folders
-# ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` reads DIR/config.json, passes its
-# ``model_args`` (the conversion settings among them, see ``_model_args``) to the entrypoint named by its
-# ``architecture`` and its ``pretrained_cfg`` with the weights' location ('source': 'local-dir' or 'hf-hub'). Those
-# weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``_check_folder_weights`` makes sure they
-# are exactly this T-CNN's (never a CNN's converted on the fly, never a partial load).
-
-def _timm_location(cfg: Dict[str, Any]) -> Optional[str]:
-    """Where timm's ``load_pretrained`` finds the T-CNN weights of a resolved pretrained config (``'local-dir:PATH'``,
-    ``'hf-hub:ORG/NAME'``, a URL), or None when tcnn supplies them (a file, a state dict, the source's weights).
-    The registry's own configs hold no location (``_t_cfg``): one here came from a Hub folder or from the caller."""
-    if cfg.get('source') == 'local-dir':
-        return f'local-dir:{cfg.get("file")}'
-    if cfg.get('source') == 'hf-hub' or (cfg.get('hf_hub_id') and not cfg.get('file')):
-        return f'hf-hub:{cfg.get("hf_hub_id")}'
-    if cfg.get('url') and not cfg.get('file'):
-        return str(cfg['url'])
-    return None
-
-
-def _folder_config(
-        variant: str,
-        location: Dict[str, str],
-        conversion: Dict[str, Any],
-        kwargs: Dict[str, Any],
-) -> Dict[str, Any]:
-    """``pretrained_cfg_overlay=dict(file=FOLDER)`` or ``dict(hf_hub_id=ORG/NAME)``: read the folder's config.json as
-    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does (its ``model_args`` become defaults of the
-    keyword arguments, its pretrained config describes the weights) and return that pretrained config."""
-    folder, hub_id = location.get('file'), location.get('hf_hub_id')
-    where = f'hf-hub:{hub_id}' if hub_id else folder
-    try:
-        if hub_id:
-            cfg, architecture, model_args = load_model_config_from_hf(hub_id)
-        else:
-            cfg, architecture, model_args = load_model_config_from_path(folder)
-    except FileNotFoundError:
-        raise TcnnError(f'{folder} is a folder without config.json: give a T-CNN file, or a folder written by tcnn '
-                        'publish or timm.models.save_for_hf') from None
-    except Exception as e:  # noqa: BLE001 - huggingface_hub's (offline, not found) and JSON errors
-        raise TcnnError(f'cannot read the config.json of {where} ({hub.error_reason(e)})') from e
-    io.check_architecture(architecture, f'the config.json of {where}')
-    if architecture != variant:
-        what = 'a T-CNN of another CNN' if source_model_name(architecture) else 'a plain CNN, not a T-CNN'
-        name = where if hub_id else f'local-dir:{folder}'
-        raise TcnnError(f'{where} holds {architecture} ({what}): load it with '
-                        f'timm.create_model("{name}", pretrained=True) or tcnn.load')
-    for key, value in model_args.items():
-        (conversion if key in CONVERSION_KEYS else kwargs).setdefault(key, value)
-    return cfg
-
-
-def _gpsa_prefixes(names: Any) -> List[str]:
-    """The GPSA layers a state dict holds (its keys ending in ``.pos_centers``), sorted."""
-    suffix = '.pos_centers'
-    return sorted(k[:-len(suffix)] for k in names if k.endswith(suffix))
-
-
-def _check_folder_weights(
-        state_dict: Dict[str, torch.Tensor],
-        model: nn.Module,
-        where: str,
-        features: bool,
-) -> Dict[str, torch.Tensor]:
-    """timm ``pretrained_filter_fn`` for T-CNN weights that timm fetched (``_timm_location``): they must fit the
-    model that the folder's config built, key for key and shape for shape, or a one-line ``TcnnError`` says why.
-
-    The classifier may differ when the caller asked for another class count or ``features_only`` (timm then drops
-    it), and the first conv's input channels when ``in_chans`` differs (timm adapts it after this filter).
-    """
-    io.verify_hub_weights(state_dict, where)  # the tensors as tcnn publish wrote them: a corrupt one is named
-    cfg = model.pretrained_cfg
-    arch = cfg.get('architecture')
-    expected = model.state_dict()
-    layers = [name for name, _ in gpsa_layers(model)]
-    held = _gpsa_prefixes(state_dict)
-    if not held:
-        raise TcnnError(f'{where} holds the weights of a plain CNN (no GPSA layers), not of the T-CNN {arch} that its '
-                        'config names: convert the CNN first (tcnn convert), then tcnn publish')
-    if set(held) != set(layers):  # a safetensors file lists its keys sorted, not in module order
-        raise TcnnError(f'{where}: {arch} as built from its config.json (and the arguments given) has GPSA layers '
-                        f'{_layer_range(sorted(layers))} (stages {model.tcnn_config["stages"]}), the weights have GPSA '
-                        f'layers {_layer_range(held)}')
-    check = dict(state_dict)
-    first = cfg.get('first_conv')
-    for conv in ([first] if isinstance(first, str) else list(first or ())):
-        key = f'{conv}.weight'
-        if key in check and key in expected and check[key].shape[0] == expected[key].shape[0]:
-            check[key] = expected[key]  # another in_chans: timm adapts the input conv after this filter
-    classifier = cfg.get('classifier')
-    head = features or getattr(model, 'num_classes', None) != cfg.get('num_classes')
-    misfit = hub.state_dict_misfit(model, check, optional=f'{classifier}.' if head and classifier else '')
-    if misfit:
-        raise TcnnError(f'{where}: the weights do not fit {arch} as built from its config.json (and the arguments '
-                        f'given): {misfit}')
-    return state_dict
-
-
-def _layer_range(layers: List[str]) -> str:
-    return f'{layers[0]}..{layers[-1]} ({len(layers)})' if len(layers) > 1 else str(layers)
-
-
 def _model_args(model: nn.Module, arch_kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """What timm's ``save_for_hf`` writes as config.json's ``model_args``, and ``create_model('local-dir:...')``
     passes back to the entrypoint: the source's keyword arguments and every conversion setting (the stages as
@@ -383,22 +284,23 @@ def _resolve_tag(variant: str, pretrained_cfg: Any) -> Optional[str]:
 
 
 def _create_transformed(variant: str, source: str, pretrained: bool = False, **kwargs) -> nn.Module:
+    from .files import hub_folder  # not at the top: see the imports
     conversion = {k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs}
     overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     if pretrained and overlay.get('file') and os.path.isdir(overlay['file']):  # a Hub folder: as 'local-dir:'
-        pretrained_cfg = _folder_config(variant, {'file': overlay.pop('file')}, conversion, kwargs)
+        pretrained_cfg = hub_folder.folder_config(variant, {'file': overlay.pop('file')}, conversion, kwargs)
     elif pretrained and overlay.get('hf_hub_id') and overlay.get('source') != 'hf-hub':  # a Hub repo: as 'hf-hub:'
-        pretrained_cfg = _folder_config(variant, {'hf_hub_id': overlay.pop('hf_hub_id')}, conversion, kwargs)
+        pretrained_cfg = hub_folder.folder_config(variant, {'hf_hub_id': overlay.pop('hf_hub_id')}, conversion, kwargs)
     tag = _resolve_tag(variant, pretrained_cfg)
     arch_kwargs = {k: v for k, v in kwargs.items() if k not in _NON_ARCH_KWARGS}
     features = bool(kwargs.get('features_only'))
     filter_fn, weights_origin, file_dict = _load_filter, 'random', None
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, pretrained_cfg, overlay).to_dict()
-        location = None if overlay.get('state_dict') is not None else _timm_location(cfg)
+        location = None if overlay.get('state_dict') is not None else hub_folder.timm_location(cfg)
         if location is not None:  # timm's load_pretrained fetches the T-CNN's own weights; we check them
-            filter_fn = functools.partial(_check_folder_weights, where=location, features=features)
+            filter_fn = functools.partial(hub_folder.check_folder_weights, where=location, features=features)
             weights_origin = None  # the source CNN's weights are not recorded in the folder's config
         else:
             weights, weights_origin, file_dict = _pretrained_weights(source, tag, cfg.get('file'), conversion,

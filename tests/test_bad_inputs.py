@@ -1,5 +1,5 @@
 """Bad files and output paths get one line naming the fix, before any work: the shared loader of user-named torch
-files (``tcnn.files.tcnn_file.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
+files (``tcnn.files.weights.load_torch_file``) and output-path checks (``tcnn.paths``) used by the commands."""
 import os
 import shlex
 

@@ -21,6 +21,7 @@ import tcnn
 from imagegen import make_image_folder
 from nontrivial import nontrivial
 from tcnn.files import tcnn_file as tio
+from tcnn.files.hub_folder import HUB_CHECKSUMS_KEY
 from tcnn.train import run_folder
 from tcnn.cli import main
 from tcnn.errors import TcnnError
@@ -140,7 +141,7 @@ def test_a_flipped_byte_in_a_published_folder_is_named(t_model, published, tmp_p
     weights = os.path.join(out, 'model.safetensors')
     from safetensors import safe_open
     with safe_open(weights, 'pt') as f:
-        assert json.loads(f.metadata()[tio.HUB_CHECKSUMS_KEY]) == json.loads(json.dumps(
+        assert json.loads(f.metadata()[HUB_CHECKSUMS_KEY]) == json.loads(json.dumps(
             tensor_checksums(t_model.state_dict())))
     assert torch.equal(tcnn.load(out)(_x()), t_model(_x()))
     _flip(weights, t_model.state_dict()[TENSOR])

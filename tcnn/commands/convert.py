@@ -239,17 +239,18 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
     .state_dict())``, timm's clean_checkpoint.py, a checkpoint of timm's train.py), loaded strictly into ``t_MODEL``
     as its GPSA layers show it (stages, qk_dim); nothing to convert or verify."""
     from ..files import tcnn_file as tio
-    from ..files.weights import load_state_dict_file, source_model_name
+    from ..files.loading import model_from_state_dict
+    from ..files.weights import gpsa_layer_names, load_state_dict_file, source_model_name
 
     stages = parse_stages(args.stages)
     kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
     state_dict = load_state_dict_file(args.weights, use_ema=args.use_ema)
-    if not tio.gpsa_layer_names(state_dict):
+    if not gpsa_layer_names(state_dict):
         raise TcnnError(f'{args.weights} holds the weights of a CNN (no GPSA layers), not of the T-CNN {args.model}: '
                         f'convert them with `tcnn convert {source_model_name(args.model)} --weights {args.weights} '
                         f'--out {args.out}`')
-    t_model = tio.model_from_state_dict(args.model, state_dict, where=args.weights, num_classes=args.num_classes,
-                                        kwargs=kwargs)
+    t_model = model_from_state_dict(args.model, state_dict, where=args.weights, num_classes=args.num_classes,
+                                    kwargs=kwargs)
     tio.save(t_model, args.out)
     config = t_model.tcnn_config
     classes = _num_classes(t_model)

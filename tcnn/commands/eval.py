@@ -72,8 +72,8 @@ def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
     """A model from a file (``tcnn.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or a
     pretrained model name."""
     if os.path.exists(spec):
-        from ..files import tcnn_file as tio
-        return tio.load(spec, map_location='cpu', ema=use_ema)
+        from ..files import loading
+        return loading.load(spec, map_location='cpu', ema=use_ema)
     if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
         raise TcnnError(f'model file not found: {spec}')
     if use_ema:

@@ -9,7 +9,7 @@ from ..errors import TcnnError, check_number
 from ..paths import check_input_file, check_output_file
 from ..version import EXPORT_EXTENSIONS
 
-HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.tcnn_file.HUB_PREFIXES, without importing torch
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.hub_folder.HUB_PREFIXES, without importing torch
 from .convert import _in_chans, parse_img_size
 
 __all__ = ['add_arguments', 'run']
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     parse_img_size(args.img_size, 3)
 
     from .. import export as tex
-    from ..files import tcnn_file as tio
+    from ..files import loading
     from ..convert.transform import gpsa_layers
 
     exporter = args.exporter or 'dynamo'
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         tex.require_onnx(exporter)
     elif fmt == 'pte':
         tex.require_executorch()
-    model = tio.load(args.file)
+    model = loading.load(args.file)
     if not gpsa_layers(model):
         raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
                         '`tcnn convert MODEL --weights WEIGHTS --out FILE`')

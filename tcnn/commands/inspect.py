@@ -68,9 +68,9 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import data
+    from ..files import loading
     from ..convert.transform import gpsa_layers
     from ..evaluation import analysis
-    from ..files import tcnn_file as tio
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, '--out')
     if not os.path.exists(args.model):
         raise TcnnError(f'model file not found: {args.model}')
-    model = tio.load(args.model, map_location='cpu', ema=args.use_ema)
+    model = loading.load(args.model, map_location='cpu', ema=args.use_ema)
     try:
         model.to(args.device).eval()
     except RuntimeError as e:

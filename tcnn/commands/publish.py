@@ -41,13 +41,13 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.file):
         check_input_file(args.file, 'FILE')
 
-    from ..files import hub_folder as hf
+    from ..files import hub_folder as hf, model_card
 
     model, d, metrics = hf.read_published(args.file)
     # the card names the folder by its name only: the machine's paths stay on the machine
     location = f'hf-hub:{args.push}' if args.push else f'local-dir:{os.path.basename(out)}'
-    card = hf.model_card(model, d, metrics, location=location)
-    config = hf.hub_config(model, d)
+    card = model_card.model_card(model, d, metrics, location=location)
+    config = model_card.hub_config(model, d)
     hf.write_folder(model, out, card, config)
     report = getattr(model, 'tcnn_report', None)
     training = d.get('training')

@@ -17,7 +17,7 @@ from ..data import data_config, find_images, load_images
 from ..errors import TcnnError
 from ..evaluation import analysis, plots
 from ..evaluation.plots import load_metrics
-from ..files import tcnn_file as tio
+from ..files import loading
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from ..version import __version__
 from .plan import ARM_TITLES, CNN, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, recipe_changes, run_name
@@ -66,7 +66,7 @@ def _test_images(ctx: Context, limit: int) -> List[str]:
 
 def _analyse(ctx: Context, model_file: str) -> Dict[str, Any]:
     """Gates, spans and nonlocality (mixed, content, positional) of a T-CNN on test images."""
-    model = tio.load(model_file).to(ctx.device)
+    model = loading.load(model_file).to(ctx.device)
     cfg = data_config(model)
     paths = _test_images(ctx, ctx.plan.nonlocality_images)
     batches = (load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))

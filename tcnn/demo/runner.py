@@ -19,7 +19,7 @@ import torch
 from ..atomic import atomic_write_text
 from ..convert.transform import reparameterize
 from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
-from ..files import tcnn_file as tio
+from ..files import loading, tcnn_file as tio
 from ..paths import check_output_dir
 from ..train import run_folder
 from . import synthetic
@@ -51,7 +51,7 @@ def _train_argv(ctx: Context, name: str, seed: int, epochs: int, lr: float, extr
 def _export(ctx: Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
     path = ctx.model_file(name)
-    tio.save(tio.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
+    tio.save(loading.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
     return path
 
 
@@ -60,7 +60,7 @@ def _verify_conversion(ctx: Context, seed: int) -> Dict[str, Any]:
     computes the CNN (the error is measured), and its deviation at the fine-tuning init (alpha = lambda = 1). The
     T-CNN is kept as ``models/seedS-init-t-cnn.pt``: the reference the fine-tuned T-CNNs are compared with (its
     query/key init drawn from the seed)."""
-    cnn = tio.load(ctx.model_file(run_name(seed, CNN)))
+    cnn = loading.load(ctx.model_file(run_name(seed, CNN)))
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         t_cnn = reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))

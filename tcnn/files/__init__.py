@@ -1,1 +1,3 @@
-"""What tcnn reads and writes: the T-CNN file format, source weights and CNNs, Hub folders, and their checksums."""
+"""What tcnn reads and writes: the T-CNN file format (``tcnn_file``), weight files and source CNNs (``weights``), Hub
+folders (``hub_folder``) and their model cards (``model_card``), ``tcnn.load`` for all of them (``loading``), and the
+checksums of stored tensors (``integrity``)."""

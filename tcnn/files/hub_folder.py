@@ -1,59 +1,268 @@
-"""T-CNNs as Hugging Face Hub folders: what ``tcnn publish`` writes and ``--push`` uploads.
+"""Hugging Face Hub folders: what ``tcnn publish`` writes and ``--push`` uploads, and how tcnn reads such a folder back.
 
 A Hub folder is what timm's ``save_for_hf`` writes, ``config.json`` (the ``t_*`` architecture, its ``model_args``
-with every conversion setting, the data config) and ``model.safetensors``, plus a model card ``README.md`` made by
-timm's own ``generate_readme`` (the card ``push_to_hf_hub`` uploads) from what tcnn knows of the model: the source CNN
-and where its weights came from, the conversion's verified error, the settings, the recipe and metrics of the
-``tcnn train`` run it comes from, and the gates and spans of every GPSA layer (T-CNN, arXiv:2106.05795, Fig. 4).
-config.json also holds these facts under the key ``'tcnn'`` (timm ignores keys it does not know).
+with every conversion setting, the data config) and ``model.safetensors`` (with the weights' checksums in its
+metadata, which every load checks), plus a model card ``README.md`` (``tcnn.files.model_card``). config.json also
+holds tcnn's facts under the key ``'tcnn'`` (timm ignores keys it does not know).
 
 ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` (with ``import tcnn``) and
-``tcnn.load(DIR)`` rebuild the T-CNN from such a folder (``tcnn.models``).
+``tcnn.load(DIR)`` rebuild the T-CNN from such a folder through its ``t_*`` entrypoint (``tcnn.models``), which loads
+the folder's own weights and checks that they fit (``check_folder_weights``).
 """
-import math
+import difflib
+import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import timm
 import torch
 import torch.nn as nn
-from timm.models import push_to_hf_hub
-from timm.models._hub import save_config_for_hf
+from safetensors import safe_open
+from safetensors.torch import save_file
+from timm.models import load_model_config_from_hf, push_to_hf_hub
 from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (not exported by timm.models)
+from timm.models._hub import load_model_config_from_path  # what 'local-dir:' names read (not in timm.models)
+from timm.models._hub import save_config_for_hf
 
-from .. import data
-from . import tcnn_file as io
-from ..convert.transform import ConversionSettings, gpsa_summary
-from ..errors import TcnnError
-from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
-from .weights import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name
+from ..atomic import atomic_write
+from ..convert.transform import CONVERSION_KEYS, ConversionSettings, gpsa_layers
+from ..errors import InvalidArgumentError, TcnnError
 from ..paths import check_replaceable_dir
 from ..train import run_folder
-from ..train.recipe import dump_recipe
-from ..evaluation.tables import format_markdown
 from ..version import __version__
+from .integrity import safetensors_damage, tensor_checksums, verify_checksums
+from .tcnn_file import model_from_dict, read, safetensors_error, safetensors_tensors, unwrap_model
+from .weights import (check_map_location, error_reason, gpsa_layer_names, hub_unreachable, source_model_name,
+                      split_model_name, state_dict_misfit, transformed_model_name)
 
-__all__ = ['CONFIG_KEY', 'read_published', 'hub_config', 'model_card', 'write_folder', 'push', 'PAPER_BIBTEX']
+__all__ = ['HUB_PREFIXES', 'HUB_CONFIG', 'HUB_WEIGHTS', 'HUB_CHECKSUMS_KEY', 'CONFIG_KEY', 'check_architecture',
+           'load_folder', 'verify_hub_weights', 'timm_location', 'folder_config', 'check_folder_weights',
+           'read_published', 'write_hub_weights', 'write_folder', 'push']
 
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')
+HUB_CONFIG = 'config.json'
+HUB_WEIGHTS = 'model.safetensors'
+HUB_CHECKSUMS_KEY = 'tcnn_checksums'  # the weights' checksums (tcnn.files.integrity) in model.safetensors' metadata
 CONFIG_KEY = 'tcnn'  # tcnn's facts in config.json (timm ignores this key)
-CARD_TAGS = ['image-classification', 'timm', 'tcnn', 'transformed-cnn']
-PAPER_URL = 'https://arxiv.org/abs/2106.05795'
-PAPER_BIBTEX = """@article{dascoli2021transformed,
-  title={Transformed CNNs: recasting pre-trained convolutional layers with self-attention},
-  author={d'Ascoli, St{\\'e}phane and Sagun, Levent and Biroli, Giulio and Morcos, Ari},
-  journal={arXiv preprint arXiv:2106.05795},
-  year={2021}
-}"""
-# recipe keys that hold paths of the machine the run was on: the card shows their last component only
-_PATH_KEYS = ('data', 'output', 'weights')
-# metrics of a tcnn train epoch shown in the card, with their labels
-_METRICS = (('val_top1', 'top-1 %'), ('val_top5', 'top-5 %'), ('val_loss', 'val loss'), ('train_loss', 'train loss'),
-            ('ema_val_top1', 'EMA top-1 %'))
 
 
-# ---------------------------------------------------------------------------------------------- input
+# ---------------------------------------------------------------------------------------------- reading a folder
+
+
+def check_architecture(architecture: Any, config_path: str) -> None:
+    """A config.json's architecture must be a model that timm's registry (with tcnn's ``t_*`` models) holds."""
+    if not isinstance(architecture, str) or not architecture:
+        raise TcnnError(f'{config_path} names no architecture (its "architecture" is {architecture!r}): it is not a '
+                        'timm model config; give a folder written by tcnn publish or timm.models.save_for_hf')
+    if not timm.is_model(architecture):
+        close = difflib.get_close_matches(architecture, timm.list_models(), n=3, cutoff=0.75)
+        hint = f' (did you mean: {", ".join(close)}?)' if close else ''
+        raise TcnnError(f'{config_path} names architecture {architecture!r} that neither timm {timm.__version__} nor '
+                        f'tcnn {__version__} knows{hint}: a newer timm or tcnn may, or the config.json is wrong')
+
+
+def _check_local_folder(folder: str) -> None:
+    """One-line errors for a local folder that is not a Hub folder, or whose config.json names a plain CNN while its
+    weights hold GPSA layers (a T-CNN from ``tcnn.reparameterize`` saved under its CNN's timm name)."""
+    if not os.path.isdir(folder):
+        raise TcnnError(f'Hub folder not found: {folder}' if not os.path.exists(folder) else
+                        f'{folder} is a file, not a Hub folder: load a T-CNN file with tcnn.load(PATH)')
+    config_path = os.path.join(folder, HUB_CONFIG)
+    if not os.path.isfile(config_path):
+        runs = [f for f in (run_folder.BEST_CHECKPOINT, run_folder.LAST_CHECKPOINT)  # a run folder for a Hub folder
+                if os.path.isfile(os.path.join(folder, f))]
+        hint = (f'it is a tcnn train run folder: load {os.path.join(folder, runs[0])}' if runs else
+                'give a T-CNN file, or a folder written by tcnn publish or timm.models.save_for_hf')
+        raise TcnnError(f'{folder} is a folder without {HUB_CONFIG}: {hint}')
+    try:
+        with open(config_path, encoding='utf-8') as f:
+            architecture = json.load(f).get('architecture')
+    except (OSError, ValueError, AttributeError) as e:
+        raise TcnnError(f'{config_path} is not a timm model config ({error_reason(e)})') from e
+    check_architecture(architecture, config_path)
+    weights = os.path.join(folder, HUB_WEIGHTS)
+    if not os.path.isfile(weights):
+        return  # another weights file (pytorch_model.bin, ...) or none: timm's loader reports
+    try:
+        with safe_open(weights, framework='pt', device='cpu') as f:
+            gpsa = bool(gpsa_layer_names(f.keys()))
+        damage = safetensors_damage(weights)  # safe_open reads the header only
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError / ValueError
+        raise TcnnError(safetensors_error(weights, e)) from e
+    if damage:
+        raise TcnnError(f'{weights} is {damage}: re-download or re-save it')
+    if gpsa and source_model_name(architecture) is None:
+        raise TcnnError(f'{folder}: config.json names the CNN {architecture} but the weights hold GPSA layers (a '
+                        'T-CNN saved under its CNN\'s name): save T-CNNs as t_* models, e.g. tcnn publish FILE '
+                        'of a tcnn.save file, or timm.models.save_for_hf(tcnn.load(FILE), DIR)')
+
+
+def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
+    """``timm.create_model(name, pretrained=True)`` of a Hub folder, with one-line errors; the model in eval mode.
+
+    Args:
+        name: A folder path, ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'``.
+        map_location: Device of the model (None: where timm builds it, the CPU).
+    """
+    if map_location is not None and not isinstance(map_location, (str, torch.device)):
+        raise InvalidArgumentError(f'map_location of a Hub folder must be a device, got {type(map_location).__name__}')
+    check_map_location(map_location)
+    if not name.startswith(HUB_PREFIXES):
+        name = f'local-dir:{name}'
+    if name.startswith('local-dir:'):
+        _check_local_folder(name[len('local-dir:'):])
+    try:
+        model = timm.create_model(name, pretrained=True)
+    except TcnnError:
+        raise
+    except Exception as e:  # noqa: BLE001 - timm, huggingface_hub and torch report missing files, an offline Hub
+        # without a cached copy and weights that do not fit a plain CNN's architecture in their own exception types
+        raise TcnnError(f'cannot load {name}: {error_reason(e)}') from e
+    if map_location is not None:
+        model = model.to(map_location)
+    return model.eval()
+
+
+def _hub_weights_file(location: str) -> Optional[str]:
+    """The local ``model.safetensors`` that timm reads for ``'local-dir:PATH'`` or (from the local Hugging Face
+    cache) ``'hf-hub:ORG/NAME'``, or None."""
+    if location.startswith('local-dir:'):
+        path = os.path.join(location[len('local-dir:'):], HUB_WEIGHTS)
+        return path if os.path.isfile(path) else None
+    if location.startswith('hf-hub:'):
+        repo, _, revision = location[len('hf-hub:'):].partition('@')
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            path = try_to_load_from_cache(repo, HUB_WEIGHTS, revision=revision or None)
+        except (ImportError, ValueError):
+            return None
+        return path if isinstance(path, str) else None
+    return None
+
+
+def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> None:
+    """Check the weights that timm read from a Hub folder against the checksums in its ``model.safetensors``
+    metadata (``write_hub_weights``); folders without them (timm's ``save_for_hf``, tcnn 0.3.x) are not checked.
+
+    Raises:
+        CorruptFileError: A tensor that does not match its checksum, named with the file.
+    """
+    path = _hub_weights_file(location)
+    if path is None:
+        return
+    try:
+        with safe_open(path, framework='pt', device='cpu') as f:
+            raw = (f.metadata() or {}).get(HUB_CHECKSUMS_KEY)
+    except Exception:  # noqa: BLE001 - timm has just read the file: a race with its replacement, nothing to check
+        return
+    if raw is not None:
+        try:
+            checksums = json.loads(raw)
+        except ValueError:
+            checksums = {'algorithm': None}
+        verify_checksums(state_dict, checksums, path)
+
+
+# ---------------------------------------------------------------------------------------------- t_* models' weights
+# ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` reads DIR/config.json, passes its
+# ``model_args`` (the conversion settings among them, see ``tcnn.models._model_args``) to the entrypoint named by its
+# ``architecture`` and its ``pretrained_cfg`` with the weights' location ('source': 'local-dir' or 'hf-hub'). Those
+# weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``check_folder_weights`` makes sure they
+# are exactly this T-CNN's (never a CNN's converted on the fly, never a partial load).
+
+def timm_location(cfg: Dict[str, Any]) -> Optional[str]:
+    """Where timm's ``load_pretrained`` finds the T-CNN weights of a resolved pretrained config (``'local-dir:PATH'``,
+    ``'hf-hub:ORG/NAME'``, a URL), or None when tcnn supplies them (a file, a state dict, the source's weights).
+    The ``t_*`` registry's own configs hold no location (``tcnn.models``): one here came from a Hub folder or from the
+    caller."""
+    if cfg.get('source') == 'local-dir':
+        return f'local-dir:{cfg.get("file")}'
+    if cfg.get('source') == 'hf-hub' or (cfg.get('hf_hub_id') and not cfg.get('file')):
+        return f'hf-hub:{cfg.get("hf_hub_id")}'
+    if cfg.get('url') and not cfg.get('file'):
+        return str(cfg['url'])
+    return None
+
+
+def folder_config(
+        variant: str,
+        location: Dict[str, str],
+        conversion: Dict[str, Any],
+        kwargs: Dict[str, Any],
+) -> Dict[str, Any]:
+    """``pretrained_cfg_overlay=dict(file=FOLDER)`` or ``dict(hf_hub_id=ORG/NAME)``: read the folder's config.json as
+    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does (its ``model_args`` become defaults of the
+    keyword arguments, its pretrained config describes the weights) and return that pretrained config."""
+    folder, hub_id = location.get('file'), location.get('hf_hub_id')
+    where = f'hf-hub:{hub_id}' if hub_id else folder
+    try:
+        if hub_id:
+            cfg, architecture, model_args = load_model_config_from_hf(hub_id)
+        else:
+            cfg, architecture, model_args = load_model_config_from_path(folder)
+    except FileNotFoundError:
+        raise TcnnError(f'{folder} is a folder without config.json: give a T-CNN file, or a folder written by tcnn '
+                        'publish or timm.models.save_for_hf') from None
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's (offline, not found) and JSON errors
+        raise TcnnError(f'cannot read the config.json of {where} ({error_reason(e)})') from e
+    check_architecture(architecture, f'the config.json of {where}')
+    if architecture != variant:
+        what = 'a T-CNN of another CNN' if source_model_name(architecture) else 'a plain CNN, not a T-CNN'
+        name = where if hub_id else f'local-dir:{folder}'
+        raise TcnnError(f'{where} holds {architecture} ({what}): load it with '
+                        f'timm.create_model("{name}", pretrained=True) or tcnn.load')
+    for key, value in model_args.items():
+        (conversion if key in CONVERSION_KEYS else kwargs).setdefault(key, value)
+    return cfg
+
+
+def check_folder_weights(
+        state_dict: Dict[str, torch.Tensor],
+        model: nn.Module,
+        where: str,
+        features: bool,
+) -> Dict[str, torch.Tensor]:
+    """timm ``pretrained_filter_fn`` for T-CNN weights that timm fetched (``timm_location``): they must fit the
+    model that the folder's config built, key for key and shape for shape, or a one-line ``TcnnError`` says why.
+
+    The classifier may differ when the caller asked for another class count or ``features_only`` (timm then drops
+    it), and the first conv's input channels when ``in_chans`` differs (timm adapts it after this filter).
+    """
+    verify_hub_weights(state_dict, where)  # the tensors as tcnn publish wrote them: a corrupt one is named
+    cfg = model.pretrained_cfg
+    arch = cfg.get('architecture')
+    expected = model.state_dict()
+    layers = [name for name, _ in gpsa_layers(model)]
+    held = gpsa_layer_names(state_dict)
+    if not held:
+        raise TcnnError(f'{where} holds the weights of a plain CNN (no GPSA layers), not of the T-CNN {arch} that its '
+                        'config names: convert the CNN first (tcnn convert), then tcnn publish')
+    if set(held) != set(layers):  # a safetensors file lists its keys sorted, not in module order
+        raise TcnnError(f'{where}: {arch} as built from its config.json (and the arguments given) has GPSA layers '
+                        f'{_layer_range(sorted(layers))} (stages {model.tcnn_config["stages"]}), the weights have GPSA '
+                        f'layers {_layer_range(held)}')
+    check = dict(state_dict)
+    first = cfg.get('first_conv')
+    for conv in ([first] if isinstance(first, str) else list(first or ())):
+        key = f'{conv}.weight'
+        if key in check and key in expected and check[key].shape[0] == expected[key].shape[0]:
+            check[key] = expected[key]  # another in_chans: timm adapts the input conv after this filter
+    classifier = cfg.get('classifier')
+    head = features or getattr(model, 'num_classes', None) != cfg.get('num_classes')
+    misfit = state_dict_misfit(model, check, optional=f'{classifier}.' if head and classifier else '')
+    if misfit:
+        raise TcnnError(f'{where}: the weights do not fit {arch} as built from its config.json (and the arguments '
+                        f'given): {misfit}')
+    return state_dict
+
+
+def _layer_range(layers: List[str]) -> str:
+    return f'{layers[0]}..{layers[-1]} ({len(layers)})' if len(layers) > 1 else str(layers)
+
+
+# ---------------------------------------------------------------------------------------------- publishing
 
 
 def _run_checkpoint(folder: str) -> str:
@@ -62,8 +271,8 @@ def _run_checkpoint(folder: str) -> str:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             return path
-    raise TcnnError(f'{folder} is a folder without {run_folder.BEST_CHECKPOINT} or {run_folder.LAST_CHECKPOINT}: give a T-CNN file, '
-                    'a training checkpoint or a tcnn train run folder')
+    raise TcnnError(f'{folder} is a folder without {run_folder.BEST_CHECKPOINT} or {run_folder.LAST_CHECKPOINT}: give '
+                    'a T-CNN file, a training checkpoint or a tcnn train run folder')
 
 
 def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str, Any]]]:
@@ -84,7 +293,7 @@ def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str,
     """
     if os.path.isdir(path):
         path = _run_checkpoint(path)
-    d = io.read(path)
+    d = read(path)
     where = str(path)
     if not d['conversion']:
         raise TcnnError(f'{where} holds a plain CNN ({d["source"]["model"]}), not a T-CNN: tcnn publish shares '
@@ -95,212 +304,19 @@ def read_published(path: str) -> Tuple[nn.Module, Dict[str, Any], List[Dict[str,
         raise TcnnError(f'{where} is a T-CNN of {d["source"]["model"]}, which has no timm architecture ({t_name} is '
                         'not registered): Hub folders are loaded by timm.create_model, so only T-CNNs of timm CNNs '
                         'can be published')
-    model = io.model_from_dict(d, where=where)
+    model = model_from_dict(d, where=where)
     metrics_path = os.path.join(os.path.dirname(os.path.abspath(path)), run_folder.METRICS_FILE)
-    metrics = run_folder.read_metrics(metrics_path) if d.get('training') is not None and os.path.isfile(metrics_path) else []
+    has_metrics = d.get('training') is not None and os.path.isfile(metrics_path)
+    metrics = run_folder.read_metrics(metrics_path) if has_metrics else []
     return model, {k: v for k, v in d.items() if k != 'state_dict'}, metrics
 
 
-# ---------------------------------------------------------------------------------------------- config and card
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities as None: config.json is strict JSON."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def hub_config(model: nn.Module, d: Dict[str, Any]) -> Dict[str, Any]:
-    """tcnn's facts for config.json (under ``CONFIG_KEY``): versions, source CNN and its weights, conversion
-    settings, verified report, training progress (``epochs_completed``, counted from 1 as the card and the console
-    count: the checkpoint's 0-based ``epoch`` + 1) and best top-1."""
-    training = dict(d.get('training') or {})
-    epoch = training.pop('epoch', None)
-    training = {**({'epochs_completed': epoch + 1} if isinstance(epoch, int) else {}),
-                **{k: _finite(v) for k, v in training.items()}}
-    return {
-        'tcnn_version': __version__,
-        'source': d['source'],
-        'conversion': dict(model.tcnn_config),
-        'report': io.report_to_dict(getattr(model, 'tcnn_report', None)),
-        'parameters': d.get('parameters'),
-        'training': training or None,
-    }
-
-
-def _source_weights(source: Dict[str, Any]) -> str:
-    """Where the source CNN's weights came from, in words (with the Hub link of timm's pretrained weights)."""
-    origin, name = source.get('weights'), source['model']
-    if origin == 'pretrained':
-        cfg = timm.models.get_pretrained_cfg(name)
-        hub_id = getattr(cfg, 'hf_hub_id', None)
-        link = f' ([{hub_id}](https://huggingface.co/{hub_id}))' if hub_id else ''
-        return f"timm's pretrained weights of `{name}`{link}"
-    if origin == 'random':
-        return 'random initialisation (no pretrained weights)'
-    if isinstance(origin, str) and origin.startswith('file:'):
-        return f'a local checkpoint, `{origin[len("file:"):]}`'
-    return 'not recorded (a file written by tcnn 0.3 or earlier)'
-
-
-def _range(values: Sequence[float]) -> str:
-    return f'{sum(values) / len(values):.3f} [{min(values):.3f}, {max(values):.3f}]'
-
-
-def _report_text(model: nn.Module) -> str:
-    """The conversion's verified error, in words."""
-    report = getattr(model, 'tcnn_report', None)
-    if report is None:
-        return ('The conversion was not verified, or its report was not recorded (converted with `--no-verify`, by '
-                '`timm.create_model` directly, or by tcnn 0.3 or earlier).')
-    shape = 'x'.join(map(str, (report.batch_size, *report.input_size)))
-    text = (f'Verified at conversion: with every GPSA layer in the exact configuration (alpha = {EXACT_LOCALITY:g}, '
-            f'lambda = {EXACT_GATING:g}, as `tcnn.exact_configuration` sets it) the T-CNN computed the CNN\'s logits '
-            f'to a max relative error of {report.max_rel_err:.2g} (max absolute {report.max_abs_err:.2g}) on {shape} '
-            f'random {report.dtype} inputs.')
-    if report.float64_max_rel_err is not None:
-        text += (f' In float64 the error is {report.float64_max_rel_err:.2g}: the float32 figure is the network\'s '
-                 'rounding, not the conversion.')
-    if report.vacuous:
-        text += (' The converted layers hardly changed those logits (e.g. zero-initialised residual branches), so '
-                 'the check could not catch a wrong conversion.')
-    else:
-        text += (f' At the fine-tuning init the T-CNN departed from the CNN by {report.init_max_rel_err:.2g} '
-                 '(relative), by design: the heads start "on the verge of locality" (T-CNN section 2).')
-    return text
-
-
-def _conversion_section(model: nn.Module, d: Dict[str, Any]) -> str:
-    cfg = model.tcnn_config
-    layers = cfg['layers']
-    params = d.get('parameters') or {}
-    rows = [('stages', ', '.join(map(str, cfg['stages']))),
-            ('GPSA layers', f'{len(layers)}: ' + ', '.join(f'`{n}`' for n in layers)),
-            ('initial locality strength alpha', f'{cfg["locality_strength"]:g}'),
-            ('initial gate lambda', f'{cfg["gating_init"]:g}'),
-            ('qk_dim', str(cfg['qk_dim']) if cfg['qk_dim'] else 'default (min(C_in // heads, C_in // groups))')]
-    if params.get('total') and params.get('cnn'):
-        extra = params['total'] - params['cnn']
-        rows.append(('parameters', f'{params["total"] / 1e6:.2f}M (CNN {params["cnn"] / 1e6:.2f}M, '
-                                   f'{extra / 1e6:+.2f}M for self-attention)'))
-    return '\n'.join(['## Conversion', '', format_markdown(['setting', 'value'], rows), _report_text(model), ''])
-
-
-def _metrics_rows(record: Dict[str, Any]) -> List[Tuple[str, str]]:
-    return [(label, f'{record[key]:.4g}') for key, label in _METRICS if isinstance(record.get(key), (int, float))]
-
-
-def _training_section(d: Dict[str, Any], metrics: List[Dict[str, Any]]) -> str:
-    """The recipe and final metrics of the ``tcnn train`` run the model comes from ('' when it does not)."""
-    training, recipe = d.get('training'), d.get('recipe')
-    if training is None:
-        return ''
-    epoch = training.get('epoch')
-    lines = ['## Fine-tuning', '']
-    kind = 'no-SA baseline' if (recipe or {}).get('no_sa') else 'T-CNN'
-    if recipe:
-        lines.append(f'Fine-tuned with `tcnn train` ({kind}, the recipe of T-CNN section 3 with the values below): '
-                     f'{recipe.get("epochs")} epochs planned, batch {recipe.get("batch_size")} per process, '
-                     f'lr {recipe.get("lr"):g}, gating lr {recipe.get("gating_lr"):g}, {recipe.get("img_size")} px.')
-    if isinstance(epoch, int):
-        lines.append(f'This checkpoint: after epoch {epoch + 1}.')
-    best = _finite(training.get('best_top1'))
-    if best is not None:
-        lines.append(f'Best validation top-1 of the run: {best:.2f}%.')
-    by_epoch = {r.get('epoch'): r for r in metrics}
-    shown = [('this checkpoint', by_epoch.get(epoch))]
-    if metrics and metrics[-1] is not by_epoch.get(epoch):
-        shown.append((f'last epoch ({metrics[-1]["epoch"] + 1})', metrics[-1]))
-    shown = [(label, record) for label, record in shown if record and _metrics_rows(record)]
-    if shown:
-        names = [label for label, _ in _metrics_rows(shown[0][1])]
-        table = [[name] + [dict(_metrics_rows(r)).get(name, '-') for _, r in shown] for name in names]
-        lines += ['', format_markdown(['metric'] + [label for label, _ in shown], table)]
-    if recipe:
-        shown_recipe = {k: (os.path.basename(str(v).rstrip('/')) if k in _PATH_KEYS and v else v)
-                        for k, v in recipe.items()}
-        lines += ['<details><summary>recipe (paths shortened to their last component)</summary>', '', '```yaml',
-                  dump_recipe(shown_recipe).rstrip(), '```', '', '</details>', '']
-    return '\n'.join(lines) + '\n'
-
-
-def _gates_section(model: nn.Module) -> str:
-    rows = [(f'`{name}`', str(len(layer['gate'])), _range(layer['gate']), _range(layer['span']))
-            for name, layer in gpsa_summary(model).items()]
-    return '\n'.join([
-        '## Gates and spans per layer', '',
-        'Per GPSA layer, over its heads: mean [min, max] of the gate sigmoid(lambda) (1: positional attention, the '
-        'convolution\'s; 0: content attention) and of the attention span 1/alpha (T-CNN Fig. 4).', '',
-        format_markdown(['layer', 'heads', 'gate', 'span'], rows)])
-
-
-def _usage(location: str) -> str:
-    return '\n'.join([
-        '```python', 'import timm', 'import tcnn  # registers the t_* architectures with timm (pip install tcnn)', '',
-        f"model = timm.create_model('{location}', pretrained=True).eval()",
-        'transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))',
-        f"# or: model = tcnn.load('{location}')", '```', ''])
-
-
-def model_card(
-        model: nn.Module,
-        d: Dict[str, Any],
-        metrics: Sequence[Dict[str, Any]] = (),
-        *,
-        location: str,
-) -> Dict[str, Any]:
-    """The model card as timm's ``generate_readme`` / ``push_to_hf_hub`` take it (``description``, ``citation``,
-    ``tags``, ``license``).
-
-    Args:
-        model: The T-CNN (``read_published``).
-        d: Its T-CNN dict (``read_published``).
-        metrics: The ``metrics.jsonl`` records of its training run.
-        location: The name that loads it (``'hf-hub:ORG/NAME'`` or ``'local-dir:PATH'``), for the usage example.
-    """
-    cfg, source = model.pretrained_cfg, d['source']
-    architecture = cfg.get('architecture')
-    # a tag names timm's published weights: not these when they came from a user's file or a random init
-    source_name = source['model'] if source.get('weights') in ('pretrained', None) else source['model'].split('.')[0]
-    stages = ', '.join(f'`{s}`' for s in model.tcnn_config['stages'])
-    intro = (f'A Transformed CNN (T-CNN, [arXiv:2106.05795]({PAPER_URL})) made with tcnn from timm\'s '
-             f'`{source_name}`: the k x k convolutions of {stages} are Gated Positional Self-Attention layers '
-             '(ConViT, arXiv:2103.10697) that started out as those convolutions (their filters are the output '
-             'projections) and were then free to learn content attention.')
-    license_ = cfg.get('license') or 'unknown'
-    details = [f'- **Architecture:** `{architecture}` (timm; `import tcnn` registers it)',
-               f'- **Source CNN:** `{source_name}`' + (f' with `{source["kwargs"]}`' if source['kwargs'] else ''),
-               f'- **Source weights:** {_source_weights(source)}',
-               f'- **Classes:** {_classes_text(d)}',
-               f'- **Image size:** {_size_text(model)}',
-               f'- **Made with:** tcnn {__version__}, timm {timm.__version__}, torch {torch.__version__.split("+")[0]}']
-    if license_ == 'unknown':
-        details.insert(3, '- **License:** unknown: the weights did not come from a published checkpoint whose '
-                          'license tcnn knows; the publisher states it')
-    description = '\n'.join([
-        intro, '', '## Model Details', '', *details, '', '## Usage', '', _usage(location),
-        _conversion_section(model, d), _training_section(d, list(metrics)), _gates_section(model)])
-    return {'description': description, 'citation': PAPER_BIBTEX, 'tags': list(CARD_TAGS), 'license': license_}
-
-
-def _classes_text(d: Dict[str, Any], shown: int = 10) -> str:
-    """The class count and the first ``shown`` class names (config.json's ``label_names`` holds them all)."""
-    names = d.get('label_names') or []
-    if not names:
-        return str(d.get('num_classes'))
-    more = f', ... ({len(names) - shown} more, in config.json\'s `label_names`)' if len(names) > shown else ''
-    return f'{d.get("num_classes")}: ' + ', '.join(f'`{n}`' for n in names[:shown]) + more
-
-
-def _size_text(model: nn.Module) -> str:
-    """The model's input size and crop, and its test size and crop where they differ (timm's validate.py and
-    ``tcnn eval`` use those)."""
-    def text(cfg: Dict[str, Any]) -> str:
-        return f'{"x".join(map(str, cfg["input_size"][1:]))} (crop {cfg["crop_pct"]:g}, {cfg["interpolation"]})'
-    cfg, test = data.data_config(model), data.data_config(model, use_test_size=True)
-    return text(cfg) + ('' if text(test) == text(cfg) else f', tested at {text(test)}')
-
-
-# ---------------------------------------------------------------------------------------------- output
+def write_hub_weights(model: nn.Module, path: str) -> None:
+    """Write ``model``'s weights as a Hub folder's ``model.safetensors`` (what timm's ``save_for_hf`` writes), with
+    their checksums in the metadata entry ``'tcnn_checksums'``, which every load of the folder checks."""
+    tensors = safetensors_tensors(unwrap_model(model).state_dict())
+    checksums = json.dumps(tensor_checksums(tensors))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={'format': 'pt', HUB_CHECKSUMS_KEY: checksums}))
 
 
 def _model_args(model: nn.Module) -> Dict[str, Any]:
@@ -324,15 +340,15 @@ def write_folder(model: nn.Module, out: str, card: Dict[str, Any], config: Dict[
     Returns:
         The absolute path of the folder.
     """
-    out = check_replaceable_dir(out, io.HUB_CONFIG)
+    out = check_replaceable_dir(out, HUB_CONFIG)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', suffix='.tmp', dir=parent)
     old = None
     try:
         # what timm's save_for_hf writes, with the weights' checksums in model.safetensors (written once, by tcnn)
-        io.write_hub_weights(model, os.path.join(tmp, io.HUB_WEIGHTS))
-        save_config_for_hf(model, os.path.join(tmp, io.HUB_CONFIG), model_config=_model_config(model, config),
+        write_hub_weights(model, os.path.join(tmp, HUB_WEIGHTS))
+        save_config_for_hf(model, os.path.join(tmp, HUB_CONFIG), model_config=_model_config(model, config),
                            model_args=_model_args(model))
         name = os.path.basename(out)
         with open(os.path.join(tmp, 'README.md'), 'w', encoding='utf-8') as f:

@@ -1,11 +1,11 @@
-"""tcnn's files: the T-CNN file format (save a converted or plain CNN with what it takes to rebuild it offline, and
-load it), and plain weight files.
+"""The T-CNN file format: save a converted or plain CNN with what it takes to rebuild it offline, read the file back
+as a validated dict, and rebuild the model from that dict.
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
     {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.4.0',  # version 3 when it holds grouped GPSA layers
      'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.files.weights.create_cnn arguments
-                'weights': 'pretrained'},                # or 'random', 'file:NAME', None (tcnn.files.weights.record_source)
+                'weights': 'pretrained'},                # or 'random', 'file:NAME', None (weights.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode',
                      'test_input_size', 'test_crop_pct'},  # test size: timm's use_test_size (validate.py)
@@ -16,11 +16,11 @@ load it), and plain weight files.
      'state_dict': {name: tensor}}
 
 ``FILE.safetensors`` holds the state dict as its tensors and everything else as JSON in the metadata entry
-``'tcnn'``. Only tensors and plain Python values are stored, never pickled code. ``load`` also reads training
-checkpoints (a dict whose ``'model_file'`` entry is such a dict).
+``'tcnn'``. Only tensors and plain Python values are stored, never pickled code. ``read`` also reads training
+checkpoints (a dict whose ``'model_file'`` entry is such a dict). ``tcnn.load`` (``tcnn.files.loading``) rebuilds
+the model of such a file, and of the other files tcnn reads (Hub folders, checkpoints of timm's train.py).
 """
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -36,31 +36,28 @@ from timm.models._features_fx import FeatureGraphNet
 
 from .. import data
 from ..atomic import atomic_write
-from ..convert.transform import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
-from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from ..convert.fusion import FusedBranches
+from ..convert.transform import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
-from .integrity import safetensors_damage, tensor_checksums, verify_checksums
-from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, checkpoint_num_classes,
-                  classifier_layer, classifier_names, clean_state_dict, create_cnn, error_reason,
-                  file_head, load_torch_file, record_source, source_model_name, state_dict_misfit, split_model_name,
-                  transformed_model_name)
 from ..paths import check_output_file
 from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
+from .integrity import safetensors_damage, tensor_checksums, verify_checksums
+from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn,
+                      error_reason, file_head, gpsa_layer_names, load_torch_file, record_source, source_model_name,
+                      split_model_name, state_dict_misfit, transformed_model_name)
 
-__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'load',
-           'read', 'model_to_dict', 'model_from_dict', 'check_extension',
-           'HUB_PREFIXES', 'load_folder', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY',
-           'EMA_CHECKSUMS_KEY', 'HUB_CHECKSUMS_KEY', 'write_hub_weights', 'verify_hub_weights', 'check_architecture',
-           'safetensors_error']
+__all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
+           'read_raw', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of', 'check_extension',
+           'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY', 'unwrap_model',
+           'safetensors_tensors', 'safetensors_error']
 
 _METADATA_KEY = 'tcnn'
 # The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
-# training checkpoint's model_file), 'ema_checksums' in a training checkpoint, and a metadata entry of a Hub folder's
-# model.safetensors. Files without them (tcnn 0.3.x) load unchecked.
+# training checkpoint's model_file) and 'ema_checksums' in a training checkpoint (a Hub folder's model.safetensors has
+# its own, tcnn.files.hub_folder.HUB_CHECKSUMS_KEY). Files without them (tcnn 0.3.x) load unchecked.
 CHECKSUMS_KEY = 'checksums'
 EMA_CHECKSUMS_KEY = 'ema_checksums'
-HUB_CHECKSUMS_KEY = 'tcnn_checksums'
 
 
 class NotTcnnFileError(TcnnError):
@@ -70,7 +67,7 @@ class NotTcnnFileError(TcnnError):
 # ---------------------------------------------------------------------------------------------- model -> dict
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
     """The raw model inside DDP / DataParallel / torch.compile wrappers."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
@@ -103,8 +100,8 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     arch = cfg.get('architecture')
     if not arch:
         raise TcnnError(f'cannot tell which architecture this {type(model).__name__} is: create it with '
-                        'tcnn.files.weights.create_cnn (or timm.create_model), or set model.tcnn_source = {"model": NAME, '
-                        '"kwargs": {...}}')
+                        'tcnn.files.weights.create_cnn (or timm.create_model), or set model.tcnn_source = '
+                        '{"model": NAME, "kwargs": {...}}')
     if source_model_name(arch) is not None:
         raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
     name = f'{arch}.{cfg["tag"]}' if cfg.get('tag') else arch
@@ -204,7 +201,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         label_names: Class names by output index (default: the model's ``pretrained_cfg['label_names']`` when they
             fit its head, else none).
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     if isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet)):
         raise TcnnError('cannot save a features_only model: save the classification model it was made from')
     layers = [name for name, _ in gpsa_layers(model)]
@@ -421,7 +418,7 @@ def check_extension(path: str) -> str:
     return ext
 
 
-def _safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The tensors of a state dict as safetensors stores them: on the CPU, contiguous, no storage shared."""
     tensors, seen = {}, set()
     for k, v in state_dict.items():
@@ -437,7 +434,7 @@ def _save_safetensors(d: Dict[str, Any], path: str) -> None:
     settings = {k: v for k, v in d.items() if k != 'state_dict'}
     # 'format': 'pt' is the safetensors convention for torch tensors; our settings go under 'tcnn'.
     metadata = {'format': 'pt', _METADATA_KEY: json.dumps(settings)}
-    save_file(_safetensors_tensors(d['state_dict']), path, metadata=metadata)
+    save_file(safetensors_tensors(d['state_dict']), path, metadata=metadata)
 
 
 def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] = None,
@@ -510,7 +507,9 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
     return dict(settings, state_dict=tensors)
 
 
-def _read_any(path: str, map_location: Union[str, torch.device, None]) -> Any:
+def read_raw(path: str, map_location: Union[str, torch.device, None]) -> Any:
+    """What the file ``path`` holds, not yet validated: a T-CNN dict, a training checkpoint, a checkpoint of timm's
+    train.py or a state dict (``read`` validates it; ``tcnn.files.loading.load`` also takes the last two)."""
     path = check_path(path, 'path')
     check_map_location(map_location)
     head = file_head(path, 'T-CNN file')
@@ -536,10 +535,10 @@ def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
         CorruptFileError: Tensors that do not match the checksums stored with them (``tcnn.files.integrity``).
         TcnnError: Missing, junk or truncated file; unknown format version; ``ema`` and no EMA weights.
     """
-    return _validated(_read_any(path, map_location), str(path), ema)
+    return validated(read_raw(path, map_location), str(path), ema)
 
 
-def _validated(d: Any, where: str, ema: bool) -> Dict[str, Any]:
+def validated(d: Any, where: str, ema: bool) -> Dict[str, Any]:
     """``read``'s checks of what a file held: the T-CNN dict (EMA weights with ``ema``), its checksums verified."""
     d = _check_dict(_with_ema(d, where) if ema else d, where)
     verify_checksums(d['state_dict'], d.get(CHECKSUMS_KEY), f'{where} (its EMA weights)' if ema else where)
@@ -559,271 +558,3 @@ def _with_ema(d: Any, where: str) -> Dict[str, Any]:
                         '--use-ema')
     return dict(d, model_file=dict(d['model_file'], state_dict=ema, **{CHECKSUMS_KEY: d.get(EMA_CHECKSUMS_KEY)}),
                 ema_weights=True)
-
-
-def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema: bool = False) -> nn.Module:
-    """Rebuild the model stored in a T-CNN file (or training checkpoint) or a Hub folder without network, load its
-    weights strictly and return it in eval mode.
-
-    Args:
-        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``save`` (or ``OUTPUT/last.pt``/``best.pt``), or a
-            Hub folder (``config.json`` + weights, from ``tcnn publish`` or ``timm.models.save_for_hf``): its path,
-            ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'`` (read from the local Hugging Face cache when offline).
-        map_location: Where the weights go (as in ``torch.load``; a device for a Hub folder).
-        ema: Load the EMA weights of a training checkpoint (``tcnn train --model-ema``) instead of the raw ones.
-
-    Raises:
-        TcnnError: Missing, junk, truncated or non-T-CNN file; unknown format version; weights that do not fit;
-            ``ema`` and a file without EMA weights.
-    """
-    if isinstance(path, str) and path.startswith(HUB_PREFIXES) or os.path.isdir(check_path(path, 'path')):
-        if ema:
-            raise TcnnError(f'{path} is a Hub folder, which holds one set of weights (no EMA): load it without ema / '
-                            '--use-ema')
-        return load_folder(os.fspath(path), map_location)
-    d = _read_any(path, map_location)
-    arch = timm_checkpoint_arch(d)
-    if arch is not None:  # a checkpoint of timm's train.py: its arch (and model_kwargs) rebuild the model
-        args = d.get('args')
-        model = model_from_state_dict(arch, clean_state_dict(d, use_ema=ema), where=str(path),
-                                      kwargs=dict(getattr(args, 'model_kwargs', None) or {}))
-        return model.to(map_location) if isinstance(map_location, (str, torch.device)) else model
-    return model_from_dict(_validated(d, str(path), ema), map_location=None, where=str(path))
-
-
-# ---------------------------------------------------------------------------------------------- state dicts
-# What users hold besides T-CNN files: the checkpoints of timm's train.py (a dict of 'state_dict', 'args' (an
-# argparse.Namespace, read with weights-only loading that allows it: tcnn.files.weights.load_torch_file), 'arch', 'epoch',
-# 'optimizer', 'version', maybe 'state_dict_ema', 'metric', 'amp_scaler', 'saver') and plain state dicts
-# (torch.save(model.state_dict()), timm's clean_checkpoint.py). Neither records the architecture's settings; a
-# T-CNN's conversion settings (stages, qk_dim) show in its keys and shapes.
-
-_GPSA_KEY = '.pos_centers'  # one per GPSA layer
-
-
-def timm_checkpoint_arch(d: Any) -> Optional[str]:
-    """The architecture of a checkpoint of timm's train.py (``args.model``, else its ``'arch'``), or None for
-    anything else."""
-    if not (isinstance(d, dict) and isinstance(d.get('state_dict'), dict) and 'arch' in d and 'format' not in d):
-        return None
-    arch = getattr(d.get('args'), 'model', None) or d.get('arch')
-    return arch if isinstance(arch, str) and arch else None
-
-
-def gpsa_layer_names(state_dict: Dict[str, Any]) -> List[str]:
-    """The GPSA layers whose weights a state dict holds, sorted."""
-    return sorted(k[:-len(_GPSA_KEY)] for k in state_dict if k.endswith(_GPSA_KEY))
-
-
-def _stages_of(name: str, layers: List[str], kwargs: Dict[str, Any]) -> List[str]:
-    """The stages of the CNN under a T-CNN ``name`` that hold ``layers`` (e.g. ``['layer4']``)."""
-    with torch.device('meta'):
-        cnn = create_cnn(source_model_name(name), pretrained=False, **kwargs)
-    names = [n for n, _ in stage_candidates(cnn)]
-    stages = [n for n in names if any(layer.startswith(n + '.') for layer in layers)]
-    return stages or list(layers)
-
-
-def tcnn_state_dict_settings(name: str, state_dict: Dict[str, torch.Tensor], where: str, num_classes: Optional[int],
-                             kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """``stages`` and ``qk_dim`` of the T-CNN ``name`` whose state dict this is: the model's defaults where they
-    build the state dict's GPSA layers and shapes, else those the state dict shows."""
-    layers = gpsa_layer_names(state_dict)
-    if not layers:
-        source = source_model_name(name)
-        raise TcnnError(f'{where} holds the weights of a CNN (no GPSA layers), not of the T-CNN {name}: convert them '
-                        f'with `tcnn convert {source} --weights {where} --out FILE`')
-    settings = {k: kwargs.pop(k) for k in ('stages', 'qk_dim') if k in kwargs}
-
-    def built() -> nn.Module:
-        with torch.device('meta'):
-            return timm.create_model(name, pretrained=False, num_classes=num_classes, **settings, **kwargs)
-    model = built()
-    if 'stages' not in settings and sorted(n for n, _ in gpsa_layers(model)) != layers:
-        settings['stages'] = _stages_of(name, layers, kwargs)
-        model = built()
-    dims = {state_dict[f'{n}.q_weight'].shape[0] // state_dict[f'{n}{_GPSA_KEY}'].shape[0]
-            for n in layers if f'{n}.q_weight' in state_dict}
-    expected = model.state_dict()
-    differs = any(expected[k].shape != state_dict[k].shape for n in layers for k in (f'{n}.q_weight',)
-                  if k in expected and k in state_dict)
-    if 'qk_dim' not in settings and differs and len(dims) == 1:
-        settings['qk_dim'] = dims.pop()
-    return settings
-
-
-def model_from_state_dict(
-        name: str,
-        state_dict: Dict[str, torch.Tensor],
-        *,
-        where: str = 'the state dict',
-        num_classes: Optional[int] = None,
-        kwargs: Optional[Dict[str, Any]] = None,
-) -> nn.Module:
-    """Build the timm model ``name`` (a ``t_*`` T-CNN or a CNN) for a state dict (a plain one, or a checkpoint of
-    timm's train.py cleaned by ``tcnn.files.weights.clean_state_dict``) and load it strictly; the model in eval mode.
-
-    A T-CNN's conversion settings come from the state dict: its GPSA layers give the stages, their query weights the
-    ``qk_dim``; the GPSA parameters (positions, locality strengths, gates) are the state dict's own.
-
-    Args:
-        name: A timm model name: the architecture the state dict was saved from.
-        state_dict: The weights.
-        where: Their origin in messages (a file).
-        num_classes: Classifier size (default the state dict's head).
-        kwargs: Further ``timm.create_model`` arguments (e.g. the ``model_kwargs`` of timm's train.py).
-    """
-    kwargs = dict(kwargs or {})
-    source = source_model_name(name)
-    classifiers = classifier_names(source or name)
-    num_classes = checkpoint_num_classes(state_dict, classifiers, num_classes, where=where)
-    if source is None:
-        if gpsa_layer_names(state_dict):
-            t_name = transformed_model_name(name)
-            raise TcnnError(f'{where} holds the weights of a T-CNN (GPSA layers), not of the CNN {name}: load them as '
-                            f'{t_name}, `tcnn convert {t_name} --weights {where} --out FILE`')
-        model = create_cnn(name, pretrained=False, num_classes=num_classes, **kwargs)
-    else:
-        kwargs.update(tcnn_state_dict_settings(name, state_dict, where, num_classes, kwargs))
-        model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
-    misfit = state_dict_misfit(model, state_dict)
-    if misfit:
-        raise TcnnError(f'{where} does not fit {name} (built with {kwargs or "its defaults"}): {misfit}')
-    model.load_state_dict(state_dict, strict=True)
-    source_name = getattr(model, 'tcnn_source', {}).get('model', name)
-    record_source(model, source_name, num_classes, {k: v for k, v in kwargs.items()
-                                                    if k not in ('stages', 'qk_dim')}, None)
-    return model.eval()
-
-
-# ---------------------------------------------------------------------------------------------- Hub folders
-# A folder as timm's Hugging Face Hub conventions lay it out (timm.models.save_for_hf, tcnn publish): config.json
-# (architecture, model_args, pretrained_cfg) and model.safetensors. timm.create_model('local-dir:PATH' or
-# 'hf-hub:ORG/NAME', pretrained=True) rebuilds a T-CNN from it through its t_* entrypoint (tcnn.models), which loads
-# the folder's own weights and checks that they fit.
-
-HUB_PREFIXES = ('local-dir:', 'hf-hub:')
-HUB_CONFIG = 'config.json'
-HUB_WEIGHTS = 'model.safetensors'
-
-
-def check_architecture(architecture: Any, config_path: str) -> None:
-    """A config.json's architecture must be a model that timm's registry (with tcnn's ``t_*`` models) holds."""
-    if not isinstance(architecture, str) or not architecture:
-        raise TcnnError(f'{config_path} names no architecture (its "architecture" is {architecture!r}): it is not a '
-                        'timm model config; give a folder written by tcnn publish or timm.models.save_for_hf')
-    if not timm.is_model(architecture):
-        close = difflib.get_close_matches(architecture, timm.list_models(), n=3, cutoff=0.75)
-        hint = f' (did you mean: {", ".join(close)}?)' if close else ''
-        raise TcnnError(f'{config_path} names architecture {architecture!r} that neither timm {timm.__version__} nor '
-                        f'tcnn {__version__} knows{hint}: a newer timm or tcnn may, or the config.json is wrong')
-
-
-def _check_local_folder(folder: str) -> None:
-    """One-line errors for a local folder that is not a Hub folder, or whose config.json names a plain CNN while its
-    weights hold GPSA layers (a T-CNN from ``tcnn.reparameterize`` saved under its CNN's timm name)."""
-    if not os.path.isdir(folder):
-        raise TcnnError(f'Hub folder not found: {folder}' if not os.path.exists(folder) else
-                        f'{folder} is a file, not a Hub folder: load a T-CNN file with tcnn.load(PATH)')
-    config_path = os.path.join(folder, HUB_CONFIG)
-    if not os.path.isfile(config_path):
-        from ..train.run_folder import BEST_CHECKPOINT, LAST_CHECKPOINT  # a run folder given for a Hub folder
-        runs = [f for f in (BEST_CHECKPOINT, LAST_CHECKPOINT) if os.path.isfile(os.path.join(folder, f))]
-        hint = (f'it is a tcnn train run folder: load {os.path.join(folder, runs[0])}' if runs else
-                'give a T-CNN file, or a folder written by tcnn publish or timm.models.save_for_hf')
-        raise TcnnError(f'{folder} is a folder without {HUB_CONFIG}: {hint}')
-    try:
-        with open(config_path, encoding='utf-8') as f:
-            architecture = json.load(f).get('architecture')
-    except (OSError, ValueError, AttributeError) as e:
-        raise TcnnError(f'{config_path} is not a timm model config ({error_reason(e)})') from e
-    check_architecture(architecture, config_path)
-    weights = os.path.join(folder, HUB_WEIGHTS)
-    if not os.path.isfile(weights):
-        return  # another weights file (pytorch_model.bin, ...) or none: timm's loader reports
-    try:
-        with safe_open(weights, framework='pt', device='cpu') as f:
-            gpsa = any(k.endswith('.pos_centers') for k in f.keys())
-        damage = safetensors_damage(weights)  # safe_open reads the header only
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OSError / ValueError
-        raise TcnnError(safetensors_error(weights, e)) from e
-    if damage:
-        raise TcnnError(f'{weights} is {damage}: re-download or re-save it')
-    if gpsa and source_model_name(architecture) is None:
-        raise TcnnError(f'{folder}: config.json names the CNN {architecture} but the weights hold GPSA layers (a '
-                        'T-CNN saved under its CNN\'s name): save T-CNNs as t_* models, e.g. tcnn publish FILE '
-                        'of a tcnn.save file, or timm.models.save_for_hf(tcnn.load(FILE), DIR)')
-
-
-def load_folder(name: str, map_location: Union[str, torch.device, None] = 'cpu') -> nn.Module:
-    """``timm.create_model(name, pretrained=True)`` of a Hub folder, with one-line errors; the model in eval mode.
-
-    Args:
-        name: A folder path, ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'``.
-        map_location: Device of the model (None: where timm builds it, the CPU).
-    """
-    if map_location is not None and not isinstance(map_location, (str, torch.device)):
-        raise InvalidArgumentError(f'map_location of a Hub folder must be a device, got {type(map_location).__name__}')
-    check_map_location(map_location)
-    if not name.startswith(HUB_PREFIXES):
-        name = f'local-dir:{name}'
-    if name.startswith('local-dir:'):
-        _check_local_folder(name[len('local-dir:'):])
-    try:
-        model = timm.create_model(name, pretrained=True)
-    except TcnnError:
-        raise
-    except Exception as e:  # noqa: BLE001 - timm, huggingface_hub and torch report missing files, an offline Hub
-        # without a cached copy and weights that do not fit a plain CNN's architecture in their own exception types
-        raise TcnnError(f'cannot load {name}: {error_reason(e)}') from e
-    if map_location is not None:
-        model = model.to(map_location)
-    return model.eval()
-
-
-def write_hub_weights(model: nn.Module, path: str) -> None:
-    """Write ``model``'s weights as a Hub folder's ``model.safetensors`` (what timm's ``save_for_hf`` writes), with
-    their checksums in the metadata entry ``'tcnn_checksums'``, which every load of the folder checks."""
-    tensors = _safetensors_tensors(_unwrap(model).state_dict())
-    checksums = json.dumps(tensor_checksums(tensors))
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={'format': 'pt', HUB_CHECKSUMS_KEY: checksums}))
-
-
-def _hub_weights_file(location: str) -> Optional[str]:
-    """The local ``model.safetensors`` that timm reads for ``'local-dir:PATH'`` or (from the local Hugging Face
-    cache) ``'hf-hub:ORG/NAME'``, or None."""
-    if location.startswith('local-dir:'):
-        path = os.path.join(location[len('local-dir:'):], HUB_WEIGHTS)
-        return path if os.path.isfile(path) else None
-    if location.startswith('hf-hub:'):
-        repo, _, revision = location[len('hf-hub:'):].partition('@')
-        try:
-            from huggingface_hub import try_to_load_from_cache
-            path = try_to_load_from_cache(repo, HUB_WEIGHTS, revision=revision or None)
-        except (ImportError, ValueError):
-            return None
-        return path if isinstance(path, str) else None
-    return None
-
-
-def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> None:
-    """Check the weights that timm read from a Hub folder against the checksums in its ``model.safetensors``
-    metadata (``write_hub_weights``); folders without them (timm's ``save_for_hf``, tcnn 0.3.x) are not checked.
-
-    Raises:
-        CorruptFileError: A tensor that does not match its checksum, named with the file.
-    """
-    path = _hub_weights_file(location)
-    if path is None:
-        return
-    try:
-        with safe_open(path, framework='pt', device='cpu') as f:
-            raw = (f.metadata() or {}).get(HUB_CHECKSUMS_KEY)
-    except Exception:  # noqa: BLE001 - timm has just read the file: a race with its replacement, nothing to check
-        return
-    if raw is not None:
-        try:
-            checksums = json.loads(raw)
-        except ValueError:
-            checksums = {'algorithm': None}
-        verify_checksums(state_dict, checksums, path)

@@ -1,4 +1,6 @@
-"""Create source CNNs by name (timm or torchvision) with pretrained, local or random weights.
+"""Weight files and source CNNs: read weight files (torch and safetensors, checkpoints of timm's train.py, the GPSA
+layers and classifier head a state dict holds), create source CNNs by name (timm or torchvision) with pretrained,
+local or random weights, and the names of T-CNNs (``t_NAME``).
 
 Offline behaviour matters here: timm alone retries a download for about 50 s before failing. We look in the local
 caches first, then probe the weight host with a short timeout, and fail within seconds with a
@@ -6,10 +8,11 @@ caches first, then probe the weight host with a short timeout, and fail within s
 ``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
 (``--weights``/``--no-pretrained``) through ``WeightsUnavailableError.with_hint``.
 
-Weight files are read here, for every file tcnn reads (``tcnn.files.tcnn_file``'s formats included): ``load_torch_file`` is the one
-``torch.load``, always with ``weights_only=True``. timm and torchvision are imported inside the functions that use
-them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models`` imports this module, which must
-therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's argument checks should not pay).
+Weight files are read here, for every file tcnn reads (``tcnn.files.tcnn_file``'s formats included):
+``load_torch_file`` is the one ``torch.load``, always with ``weights_only=True``. timm and torchvision are imported
+inside the functions that use them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models``
+imports this module, which must therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's
+argument checks should not pay).
 """
 import argparse
 import difflib
@@ -18,7 +21,7 @@ import pickle
 import socket
 import urllib.parse
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -28,17 +31,18 @@ from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_de
 from ..paths import check_input_file
 
 __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_model_name', 'source_model_name',
-           'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'load_state_dict_file',
-           'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes', 'file_weights_origin',
-           'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT', 'OFFLINE_HINT']
+           'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'GPSA_KEY', 'gpsa_layer_names',
+           'load_state_dict_file', 'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes',
+           'file_weights_origin', 'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT',
+           'OFFLINE_HINT']
 
 TORCHVISION_PREFIX = 'torchvision:'
 T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
 # What to do without the pretrained weights, in the caller's terms: Python arguments, or the flags of tcnn
 # convert/train (which translate the error, see WeightsUnavailableError.with_hint).
 PYTHON_HINT = ('pass pretrained=False (random init) or local weights: timm.create_model(..., '
-               'pretrained_cfg_overlay=dict(file=PATH)), tcnn.files.weights.create_cnn(..., weights=PATH), or tcnn.load(PATH) '
-               'for a saved T-CNN')
+               'pretrained_cfg_overlay=dict(file=PATH)), tcnn.files.weights.create_cnn(..., weights=PATH), or '
+               'tcnn.load(PATH) for a saved T-CNN')
 CLI_HINT = 'pass --weights PATH (a local checkpoint) or --no-pretrained (random init)'
 OFFLINE_HINT = CLI_HINT  # the name of CLI_HINT before it had a Python counterpart; kept for existing callers
 PROBE_TIMEOUT_S = 3.0
@@ -351,6 +355,14 @@ def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                      (('missing', missing), ('unexpected', unexpected), ('shape mismatch', mismatched)) if keys)
 
 
+GPSA_KEY = '.pos_centers'  # one per GPSA layer: a T-CNN's state dict shows its GPSA layers by these keys
+
+
+def gpsa_layer_names(state_dict: Union[Dict[str, Any], Iterable[str]]) -> List[str]:
+    """The GPSA layers whose weights a state dict (or its keys) holds, sorted."""
+    return sorted(k[:-len(GPSA_KEY)] for k in state_dict if k.endswith(GPSA_KEY))
+
+
 def classifier_names(name: str) -> Tuple[str, ...]:
     """Module names of a model's classifier head, from its name alone (no weights, nothing downloaded): timm's
     ``pretrained_cfg['classifier']`` (``fc``, ``head.fc``, ``classifier``; distilled models have two), a torchvision
@@ -422,7 +434,7 @@ def checkpoint_num_classes(
 def _load_weights(model: nn.Module, sd: Dict[str, torch.Tensor], path: str, name: str,
                   classifiers: Sequence[str]) -> None:
     misfit = state_dict_misfit(model, sd, optional=tuple(f'{c}.' for c in classifiers))
-    if misfit and any(k.endswith('.pos_centers') for k in sd) and split_model_name(name)[0] == 'timm':
+    if misfit and gpsa_layer_names(sd) and split_model_name(name)[0] == 'timm':
         t_name = transformed_model_name(name.split('.')[0])
         raise TcnnError(f'{path} holds the weights of a T-CNN (GPSA layers), not of the CNN {name}: make a T-CNN file '
                         f'of them with `tcnn convert {t_name} --weights {path} --out FILE`')
