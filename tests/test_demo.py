@@ -15,7 +15,7 @@ import torch
 import tcnn
 from tcnn.demo import runner as demo
 from tcnn.evaluation import robustness
-from tcnn.convert.transform import gpsa_layers
+from tcnn.convert.settings import gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import load_recipe
 

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation import analysis
     from .. import data
     from ..files import tcnn_file as tio
-    from ..convert.transform import gpsa_layers
+    from ..convert.settings import gpsa_layers
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from ..atomic import atomic_write_text
 from ..train.compiling import CompiledForward, compile_mode
-from ..convert.transform import eval_mode
+from ..convert.verify import eval_mode
 from ..data import IMAGE_EXTENSIONS, check_image_options, data_config
 from ..train.distributed import resolve_device
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number

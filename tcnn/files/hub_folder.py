@@ -25,7 +25,7 @@ from timm.models._hub import generate_readme  # the card push_to_hf_hub writes (
 
 from .. import data
 from . import tcnn_file as io
-from ..convert.transform import ConversionSettings, gpsa_summary
+from ..convert.settings import ConversionSettings, gpsa_summary
 from ..errors import TcnnError
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
 from .weights import error_reason, hub_unreachable, source_model_name, split_model_name, transformed_model_name

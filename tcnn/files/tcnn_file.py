@@ -36,7 +36,10 @@ from timm.models._features_fx import FeatureGraphNet
 
 from .. import data
 from ..atomic import atomic_write
-from ..convert.transform import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize, stage_candidates
+from ..convert.settings import ConversionSettings, gpsa_layers
+from ..convert.stages import stage_candidates
+from ..convert.transform import reparameterize
+from ..convert.verify import EquivalenceReport
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from ..convert.fusion import FusedBranches
 from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
