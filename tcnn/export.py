@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from . import data
 from .atomic import atomic_open
-from .convert.transform import _errors, eval_mode
+from .convert.verify import eval_mode, output_errors
 from .errors import (InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number, check_size,
                      first_line)
 from .files.integrity import check_finite_outputs
@@ -551,7 +551,7 @@ def _check(model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], size: 
         if out.shape != reference.shape:
             raise ExportMismatchError(f'the exported model gives logits of shape {tuple(out.shape)} for a '
                                       f'{b}x{c}x{h}x{w} input, PyTorch {tuple(reference.shape)}; nothing written')
-        max_abs, max_rel, _ = _errors(reference, out)
+        max_abs, max_rel, _ = output_errors(reference, out)
         checks.append(ExportCheck(b, h, w, max_abs, max_rel))
     return checks
 

@@ -36,7 +36,9 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pr
 from timm.models.resnet import BasicBlock, ResNet
 
 from .files import weights as hub, tcnn_file as io
-from .convert.transform import CONVERSION_KEYS, ConversionSettings, gpsa_layers, reparameterize_, resolve_stages
+from .convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
+from .convert.stages import resolve_stages
+from .convert.transform import reparameterize_
 from .errors import TcnnError
 from .layers.gpsa import GPSA, match_grouped_storage
 from .files.weights import T_PREFIX, record_source, source_model_name, transformed_model_name
@@ -100,7 +102,7 @@ class TransformedResNet(TransformedModel, ResNet):
 
     Args:
         *args: ``ResNet`` arguments.
-        stages: Which stages to convert (``tcnn.convert.transform.resolve_stages``); default the last one.
+        stages: Which stages to convert (``tcnn.convert.stages.resolve_stages``); default the last one.
         locality_strength: Initial alpha of every head (1.0: the paper's fine-tuning init).
         gating_init: Initial lambda of every head (1.0: the paper's fine-tuning init).
         qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group

@@ -150,7 +150,7 @@ def tcnn_param_groups(factory: Callable[..., Any], gating_ratio: float = GATING_
     """Wrap timm's ``create_optimizer_v2`` so that a model with GPSA layers gets ``tcnn.param_groups`` (with
     ``lr_scale=True``, for timm's schedulers) made from the call's own ``lr`` and ``weight_decay``; any other call,
     or one with a ``param_group_fn`` of its own, goes through unchanged."""
-    from .convert.transform import gpsa_layers
+    from .convert.settings import gpsa_layers
 
     signature = inspect.signature(factory)
 

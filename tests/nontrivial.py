@@ -27,7 +27,7 @@ def nontrivial(model: nn.Module, seed: int = 0) -> nn.Module:
 def varied_heads(model: nn.Module, seed: int = 1) -> nn.Module:
     """Distinct per-head gates, locality strengths and centres in every GPSA layer of ``model`` (away from the
     paper's uniform init, so per-head outputs can be told apart)."""
-    from tcnn.convert.transform import gpsa_layers
+    from tcnn.convert.settings import gpsa_layers
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, layer in gpsa_layers(model):

@@ -12,7 +12,7 @@ import timm
 import torch
 
 import tcnn
-from tcnn.convert.transform import gpsa_layers
+from tcnn.convert.settings import gpsa_layers
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'tcnn-0.3.1')
 EXPECTED = torch.load(os.path.join(FIXTURES, 'expected.pt'), weights_only=True)

@@ -10,7 +10,7 @@ from timm.layers import StdConv2d
 from timm.models.resnet import Bottleneck, ResNet
 
 import tcnn
-from tcnn.convert.transform import ConversionError, find_convertible_convs
+from tcnn.convert.stages import ConversionError, find_convertible_convs
 
 from nontrivial import nontrivial as _nontrivial_batchnorm
 

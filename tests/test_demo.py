@@ -21,7 +21,7 @@ from tcnn.demo.report import _readme_reference, render_readme, verdict
 from tcnn.demo.results import summarize_runs
 from tcnn.demo.runner import run_demo
 from tcnn.evaluation import scoring
-from tcnn.convert.transform import gpsa_layers
+from tcnn.convert.settings import gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import load_recipe
 

@@ -166,7 +166,7 @@ def test_grouped_and_depthwise_models_are_exact(name):
     torch.manual_seed(0)
     build, stages = MODELS[name]
     cnn = _nontrivial_norms(build())
-    convs = dict(tcnn.convert.transform.find_convertible_convs(cnn, stages))
+    convs = dict(tcnn.convert.stages.find_convertible_convs(cnn, stages))
     t_cnn = tcnn.reparameterize(cnn, stages=stages, input_size=(3, 64, 64))  # verify=True: raises above 1e-4
     report = t_cnn.tcnn_report
     assert report.max_rel_err <= 1e-5 and report.sensitivity > 1e-3, report

@@ -12,7 +12,7 @@ import torchvision
 import tcnn
 from nontrivial import nontrivial
 from tcnn.cli import main
-from tcnn.convert.transform import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
+from tcnn.convert.stages import ConversionError, default_stage, find_convertible_convs, list_stages, resolve_stages
 
 
 def _timm(name: str) -> nn.Module:

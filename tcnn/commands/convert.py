@@ -5,7 +5,6 @@ holding their filters, checks in the exact configuration that the T-CNN computes
 init (default: the paper's alpha = lambda = 1) and reports how far that init departs from the CNN.
 """
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -14,13 +13,14 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 from ..errors import TcnnError, check_conversion_settings, check_number
 from ..paths import check_output_file
 from ..version import EXTENSIONS
+from .arguments import file_size_text, in_chans, parse_img_size
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
 
-    from ..convert.transform import StageRow
+    from ..convert.stages import StageRow
 
-__all__ = ['add_arguments', 'run', 'parse_stages', 'parse_img_size', 'FLAG_NAMES']
+__all__ = ['add_arguments', 'run', 'parse_stages', 'FLAG_NAMES']
 
 # the conversion settings under their command-line names, for error messages
 FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gating-init', 'qk_dim': '--qk-dim',
@@ -85,32 +85,12 @@ def parse_stages(values: Optional[Sequence[str]]) -> Optional[List[Union[int, st
     return stages or None
 
 
-def parse_img_size(text: Optional[str], in_chans: int) -> Optional[Tuple[int, int, int]]:
-    """``'224'`` -> ``(C, 224, 224)``, ``'160x192'`` -> ``(C, 160, 192)``."""
-    if text is None:
-        return None
-    parts = text.lower().replace(',', 'x').split('x')
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        sizes = []
-    if len(sizes) not in (1, 2) or min(sizes) < 1:
-        raise TcnnError(f'--img-size takes N or HxW (e.g. 224 or 160x192), got {text!r}')
-    height, width = sizes if len(sizes) == 2 else sizes * 2
-    return in_chans, height, width
-
-
 def _count(model: 'nn.Module') -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 def _millions(n: int) -> str:
     return f'{n / 1e6:.2f}M'
-
-
-def _size(path: str) -> str:
-    size = os.path.getsize(path)
-    return f'{size / 2 ** 20:.1f} MiB' if size >= 2 ** 20 else f'{size / 2 ** 10:.1f} KiB'
 
 
 def _weights_text(args: argparse.Namespace) -> str:
@@ -120,7 +100,7 @@ def _weights_text(args: argparse.Namespace) -> str:
 
 
 def _layer_lines(t_model: 'nn.Module') -> List[str]:
-    from ..convert.transform import gpsa_layers
+    from ..convert.settings import gpsa_layers
     lines = []
     for name, layer in gpsa_layers(t_model):
         kh, kw = layer.kernel_size
@@ -138,12 +118,6 @@ def _num_classes(model: 'nn.Module') -> Optional[int]:
         return model.num_classes
     _, head = classifier_layer(model)  # torchvision: its last nn.Linear
     return head.out_features if head is not None else None
-
-
-def _in_chans(model: 'nn.Module') -> int:
-    import torch.nn as nn
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else 3
 
 
 def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Module', path: str,
@@ -178,7 +152,7 @@ def _print_summary(args: argparse.Namespace, cnn: 'nn.Module', t_model: 'nn.Modu
                     else 'this init departs from the CNN by design, T-CNN paper section 2')
             out.append(f'  at init     {init}: max rel err {report.init_max_rel_err:.2g} ({note})')
     out.append(f'  init        {init}, qk_dim {config["qk_dim"] or "min(C_in // heads, C_in // groups)"}')
-    out.append(f'  saved       {path} ({_size(path)}) in {seconds:.1f} s')
+    out.append(f'  saved       {path} ({file_size_text(path)}) in {seconds:.1f} s')
     print('\n'.join(out))
 
 
@@ -194,17 +168,17 @@ def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
 
 def list_stages(args: argparse.Namespace) -> int:
     """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
-    from ..convert.transform import list_stages as stage_rows
+    from ..convert.stages import default_input_size, list_stages as stage_rows
     from ..files.weights import create_cnn
     from ..models import source_model_name
 
     source = source_model_name(args.model)
     cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes)
-    rows = stage_rows(cnn, parse_img_size(args.img_size, _in_chans(cnn)))
+    rows = stage_rows(cnn, parse_img_size(args.img_size, in_chans(cnn)))
     if not rows:
         raise TcnnError(f'{args.model} has no known stages (no ResNet layer1-4, timm feature_info or '
                         'features/stages/blocks container): name modules or patterns with --stages')
-    size = parse_img_size(args.img_size, _in_chans(cnn)) or _input_size(cnn)
+    size = parse_img_size(args.img_size, in_chans(cnn)) or default_input_size(cnn)
     header = ('stage', 'level', 'channels', 'grid', 'tokens', 'k x k convs', 'exact')
     notes: Dict[str, List[str]] = {}  # reason -> the convs it applies to (one note per reason)
     table = []
@@ -227,11 +201,6 @@ def list_stages(args: argparse.Namespace) -> int:
             '  --stages takes stage names, levels, module paths (layer4.2) or patterns (\'stages.3.blocks.*.conv_dw\')']
     print('\n'.join(out))
     return 0
-
-
-def _input_size(model: 'nn.Module') -> Tuple[int, ...]:
-    cfg = getattr(model, 'pretrained_cfg', None) or {}
-    return tuple(cfg.get('input_size', (3, 224, 224)))
 
 
 def state_dict_file(args: argparse.Namespace, start: float) -> int:
@@ -260,7 +229,7 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
                      f'  loaded      {len(lines)} GPSA layers in {", ".join(config["stages"])} (strict: every tensor '
                      'of the state dict, nothing converted or verified):'] +
                     [f'                {line}' for line in lines] +
-                    [f'  saved       {args.out} ({_size(args.out)}) in {time.perf_counter() - start:.1f} s']))
+                    [f'  saved       {args.out} ({file_size_text(args.out)}) in {time.perf_counter() - start:.1f} s']))
     return 0
 
 
@@ -307,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
             raise e.with_hint(CLI_HINT) from None
         bar.update()
         bar.set_description(steps[1])
-        input_size = parse_img_size(args.img_size, _in_chans(cnn))
+        input_size = parse_img_size(args.img_size, in_chans(cnn))
         with warnings.catch_warnings():  # a vacuous check is reported in the summary below
             warnings.filterwarnings('ignore', message='the replaced layers do not influence')
             t_model = reparameterize(cnn, stages=stages, locality_strength=args.locality_strength,

@@ -8,9 +8,9 @@ import warnings
 from ..errors import TcnnError, check_number
 from ..paths import check_input_file, check_output_file
 from ..version import EXPORT_EXTENSIONS
+from .arguments import in_chans, parse_img_size, size_text
 
 HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.hub_folder.HUB_PREFIXES, without importing torch
-from .convert import _in_chans, parse_img_size
 
 __all__ = ['add_arguments', 'run']
 
@@ -41,10 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='largest accepted logit error relative to the largest logit (default 1e-4)')
 
 
-def _size(n: int) -> str:
-    return f'{n / 2 ** 20:.1f} MiB' if n >= 2 ** 20 else f'{n / 2 ** 10:.1f} KiB'
-
-
 def _shape(shape) -> str:
     return '(' + ', '.join(map(str, shape)) + ')'
 
@@ -62,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import export as tex
     from ..files import loading
-    from ..convert.transform import gpsa_layers
+    from ..convert.settings import gpsa_layers
 
     exporter = args.exporter or 'dynamo'
     fmt = tex.check_export_options(path, exporter, args.opset, args.aoti, args.dynamic_size)
@@ -74,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if not gpsa_layers(model):
         raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
                         '`tcnn convert MODEL --weights WEIGHTS --out FILE`')
-    size = parse_img_size(args.img_size, _in_chans(model))
+    size = parse_img_size(args.img_size, in_chans(model))
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', module=r'torch\.(onnx|export|_export|fx)')  # exporters' progress notes
         report = tex.export(model, path, input_size=size, exporter=exporter, opset=args.opset,
@@ -82,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     how = f'ONNX opset {report.opset}, {report.exporter} exporter' if fmt == 'onnx' else report.exporter
     checks = ', '.join(f'batch {c.batch} {c.height}x{c.width} {c.max_rel_err:.2g}' for c in report.checks)
     print('\n'.join([
-        f'{args.file} -> {report.path} ({how}, {_size(report.size_bytes)}) in {report.seconds:.1f} s',
+        f'{args.file} -> {report.path} ({how}, {size_text(report.size_bytes)}) in {report.seconds:.1f} s',
         f'  input       {tex.INPUT_NAME} {_shape(report.input_shape)} float32',
         f'  output      {tex.OUTPUT_NAME} {_shape(report.output_shape)}',
         f'  checked     {report.runtime} against PyTorch, max rel err of the logits: {checks} '

@@ -7,6 +7,8 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from .arguments import size_text
+
 if TYPE_CHECKING:  # torch loads only once a file is to be read
     import torch.nn as nn
 
@@ -82,7 +84,7 @@ def _info(path: str, d: Dict[str, Any], parameters: Dict[str, int], layers: Dict
 def _collect_by_rebuilding(path: str, ema: bool = False) -> Dict[str, Any]:
     """``collect`` for files without stored counts: rebuild the T-CNN (and the CNN, on the meta device)."""
     from ..files import tcnn_file as tio
-    from ..convert.transform import gpsa_summary
+    from ..convert.settings import gpsa_summary
 
     d = tio.read(path, ema=ema)
     model = tio.model_from_dict(d, map_location=None, where=path)
@@ -105,8 +107,8 @@ def _softplus(x: float, beta: float) -> float:
 
 
 def _layers_from_values(d: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``tcnn.convert.transform.gpsa_summary`` computed from the stored GPSA parameters (``d['head_values']``), or None when
-    they do not fit the file's conversion settings."""
+    """``tcnn.convert.settings.gpsa_summary`` computed from the stored GPSA parameters (``d['head_values']``), or
+    None when they do not fit the file's conversion settings."""
     conversion, values = d.get('conversion'), d.get('head_values') or {}
     summary: Dict[str, Any] = {}
     for name in (conversion or {}).get('layers', []):
@@ -172,10 +174,6 @@ def _range(values: List[float]) -> str:
     return f'{sum(values) / len(values):.3f} [{min(values):.3f}-{max(values):.3f}]'
 
 
-def _size(n: int) -> str:
-    return f'{n / 2 ** 20:.1f} MiB' if n >= 2 ** 20 else f'{n / 2 ** 10:.1f} KiB'
-
-
 def _data_text(config: Dict[str, Any]) -> str:
     if not config:
         return 'unknown'
@@ -209,7 +207,7 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
     source, conversion, params = info['source'], info['conversion'], info['parameters']
     kwargs = f', kwargs {source["kwargs"]}' if source.get('kwargs') else ''
     lines = [f'{info["file"]}: T-CNN file (format {info["format"]} v{info["version"]}, written by tcnn '
-             f'{info["tcnn_version"]}), {_size(info["file_size"])}',
+             f'{info["tcnn_version"]}), {size_text(info["file_size"])}',
              f'  source      {source["model"]}, {info["num_classes"]} classes{kwargs}']
     classes = _classes_text(info.get('label_names'))
     if classes:

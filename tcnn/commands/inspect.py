@@ -69,7 +69,7 @@ def _figure_names(paths: List[str]) -> List[str]:
 def run(args: argparse.Namespace) -> int:
     from .. import data
     from ..files import loading
-    from ..convert.transform import gpsa_layers
+    from ..convert.settings import gpsa_layers
     from ..evaluation import analysis
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)

@@ -10,7 +10,7 @@ import os
 import re
 
 from ..errors import TcnnError
-from .convert import _size  # a file's size in words, as tcnn convert prints it
+from .arguments import file_size_text
 
 __all__ = ['add_arguments', 'run', 'REPO_ID']
 
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f'  training    epoch {training.get("epoch", -1) + 1}'
                      + (f', best top-1 {best:.2f}%' if isinstance(best, float) else '')
                      + (f', {len(metrics)} epochs in metrics.jsonl' if metrics else ''))
-    lines += [f'  wrote       config.json, model.safetensors ({_size(os.path.join(out, "model.safetensors"))}), '
-              'README.md',
+    weights = file_size_text(os.path.join(out, 'model.safetensors'))
+    lines += [f'  wrote       config.json, model.safetensors ({weights}), README.md',
               f"  load with   import tcnn; timm.create_model('local-dir:{out}', pretrained=True)"]
     print('\n'.join(lines), flush=True)
     if args.push:

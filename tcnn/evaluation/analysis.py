@@ -32,7 +32,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 import torch
 import torch.nn as nn
 
-from ..convert.transform import eval_mode, gpsa_layers, gpsa_summary
+from ..convert.settings import gpsa_layers, gpsa_summary
+from ..convert.verify import eval_mode
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 from ..layers.gpsa import GPSA
 

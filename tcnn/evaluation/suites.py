@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..convert.transform import eval_mode
+from ..convert.verify import eval_mode
 from ..data import IMAGE_EXTENSIONS, check_image_options, data_config
 from ..errors import InvalidArgumentError, TcnnError, check_module, check_number
 

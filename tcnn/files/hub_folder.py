@@ -27,7 +27,7 @@ from timm.models._hub import load_model_config_from_path  # what 'local-dir:' na
 from timm.models._hub import save_config_for_hf
 
 from ..atomic import atomic_write
-from ..convert.transform import CONVERSION_KEYS, ConversionSettings, gpsa_layers
+from ..convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
 from ..errors import InvalidArgumentError, TcnnError
 from ..paths import check_replaceable_dir
 from ..train import run_folder

@@ -17,7 +17,9 @@ import timm
 import torch
 import torch.nn as nn
 
-from ..convert.transform import gpsa_layers, stage_candidates
+from ..convert.settings import gpsa_layers
+
+from ..convert.stages import stage_candidates
 from ..errors import TcnnError
 from .hub_folder import HUB_PREFIXES, load_folder
 from .tcnn_file import model_from_dict, read_raw, validated

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from .. import data
-from ..convert.transform import gpsa_summary
+from ..convert.settings import gpsa_summary
 from ..evaluation.tables import format_markdown
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
 from ..train.recipe import dump_recipe

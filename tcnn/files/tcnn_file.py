@@ -37,7 +37,9 @@ from timm.models._features_fx import FeatureGraphNet
 from .. import data
 from ..atomic import atomic_write
 from ..convert.fusion import FusedBranches
-from ..convert.transform import ConversionSettings, EquivalenceReport, gpsa_layers, reparameterize
+from ..convert.settings import ConversionSettings, gpsa_layers
+from ..convert.transform import reparameterize
+from ..convert.verify import EquivalenceReport
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
 from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
 from ..paths import check_output_file

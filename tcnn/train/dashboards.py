@@ -38,7 +38,7 @@ import torch.nn as nn
 import yaml
 
 from ..evaluation.analysis import attention_maps, nonlocality
-from ..convert.transform import gpsa_layers
+from ..convert.settings import gpsa_layers
 from ..data import denormalize
 from ..errors import TcnnError, first_line
 from ..evaluation.plots import attention_figure, figure_pixels

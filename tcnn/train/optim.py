@@ -39,7 +39,7 @@ import torch.nn as nn
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
-from ..convert.transform import gpsa_layers
+from ..convert.settings import gpsa_layers
 from ..errors import check_module, check_number
 from ..layers.gpsa import GPSA
 

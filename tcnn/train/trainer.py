@@ -34,8 +34,10 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from ..atomic import atomic_copy, atomic_write_text
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from ..data import TrainingData, build_transforms, class_names, num_images, open_training_data, recipe_data_config
-from ..convert.transform import (ConversionSettings, find_convertible_convs, full_precision_matmul, gpsa_layers, gpsa_summary,
-                      reparameterize_)
+from ..convert.settings import ConversionSettings, gpsa_layers, gpsa_summary
+from ..convert.stages import find_convertible_convs
+from ..convert.transform import reparameterize_
+from ..convert.verify import full_precision_matmul
 from .dashboards import Dashboards, check_backends
 from .distributed import (EXIT_INTERRUPTED, EXIT_PREEMPTED, DistContext, StopRequest, all_reduce_sum,
                           cleanup_distributed, gather, ignore_stop_signals, rng_state, seed_all, set_deterministic,
