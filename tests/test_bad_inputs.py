@@ -413,7 +413,7 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
 
 def test_train_help_and_argument_errors_do_not_import_torch():
     """``tcnn train`` takes its arguments from the torch-free ``tcnn.train.args`` and checks a fresh run's recipe
-    before importing ``tcnn.train.trainer``: --help, argparse errors and recipe mistakes answer without importing torch/timm
+    before importing ``tcnn.train.launch``: --help, argparse errors and recipe mistakes answer without importing torch/timm
     (about 0.05 s instead of 1.5-2 s)."""
     out = _fresh_python(
         'import contextlib, io, sys, time\n'
@@ -438,7 +438,7 @@ def test_train_help_and_argument_errors_do_not_import_torch():
 def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
     """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
     named recipe flag among them."""
-    import tcnn.train.trainer as tcnn_train
+    import tcnn.train.launch as tcnn_train
     from tcnn.train.args import FLAGS
     monkeypatch.setenv('COLUMNS', '120')
     with pytest.raises(SystemExit):

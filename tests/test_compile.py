@@ -14,11 +14,12 @@ from torch._dynamo.utils import counters
 import tcnn
 import tcnn.train.compiling as compiling
 import tcnn.evaluation.scoring
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import default_recipe, resolve_recipe
 from tcnn.train.args import add_arguments
+from tcnn.train.resume import resumed_recipe
 
 from imagegen import make_image_folder
 from test_train import (assert_same_weights, common, evaluate_checkpoint, interrupt_in_epoch, load, metrics,  # noqa
@@ -70,7 +71,7 @@ def test_compile_setting_reads_true_as_default_and_names_the_modes():
     add_arguments(parser)
     assert parser.parse_args(['--compile']).compile == 'default'  # the bare flag, as before modes existed
     old = {'config': dict(default_recipe(), compile=True, num_classes=3)}
-    assert tcnn_train._resumed_recipe(parser.parse_args([]), old, '/runs/x/last.pt')['compile'] == 'default'
+    assert resumed_recipe(parser.parse_args([]), old, '/runs/x/last.pt')['compile'] == 'default'
 
 
 @pytest.mark.parametrize('command', [['train', '--data', 'nowhere'],

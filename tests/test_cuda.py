@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import tcnn
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.cli import main
 from tcnn.layers.gpsa import GPSA
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 
 from imagegen import make_image_folder

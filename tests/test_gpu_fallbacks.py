@@ -11,7 +11,7 @@ import yaml
 
 import tcnn
 import tcnn.train.distributed as tcnn_distributed
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.convert.verify import full_precision_matmul
 from tcnn.errors import TcnnError
 

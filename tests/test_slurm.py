@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 
 from imagegen import make_image_folder
 from test_train import _free_port, assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401

@@ -17,12 +17,14 @@ import yaml
 from torch.utils.data import DataLoader
 
 import tcnn
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
+import tcnn.train.trainer as trainer
 from tcnn.data import build_transforms, open_training_data, recipe_data_config
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict
 from tcnn.train.run_folder import read_checkpoint
+from tcnn.train.setup import create_model
 from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
 from tcnn.train.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
     scaled_lrs
@@ -89,14 +91,14 @@ class _InterruptingLoader:
 
 
 def interrupt_in_epoch(monkeypatch, epoch, after=2):
-    original = tcnn_train.train_one_epoch
+    original = trainer.train_one_epoch
 
     def patched(model, loader, *args, **kwargs):
         if kwargs['plan'].epoch == epoch:
             loader = _InterruptingLoader(loader, after)
         return original(model, loader, *args, **kwargs)
 
-    monkeypatch.setattr(tcnn_train, 'train_one_epoch', patched)
+    monkeypatch.setattr(trainer, 'train_one_epoch', patched)
 
 
 def assert_same_weights(ckpt_a, ckpt_b):
@@ -402,7 +404,7 @@ def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
                      inputs[0].is_contiguous(memory_format=torch.channels_last)))
 
     for name in ('train_one_epoch', 'validate'):
-        original = getattr(tcnn_train, name)
+        original = getattr(trainer, name)
 
         def observed(model, *args, original=original, **kwargs):
             if not any(m._forward_hooks for m in model.modules()):
@@ -411,7 +413,7 @@ def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
                 assert model.conv1[0].weight.is_contiguous(memory_format=torch.channels_last)
             return original(model, *args, **kwargs)
 
-        monkeypatch.setattr(tcnn_train, name, observed)
+        monkeypatch.setattr(trainer, name, observed)
     run = tmp_path / 'bf16'
     assert tcnn_train.main(common(data_dir, run, epochs=1, device='cpu') +
                            ['--amp', 'bf16', '--set', 'channels_last=true']) == 0
@@ -426,7 +428,7 @@ def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
     run = tmp_path / 'nan'
-    original = tcnn_train.train_one_epoch
+    original = trainer.train_one_epoch
 
     def poisoned(model, *args, **kwargs):
         if kwargs['plan'].epoch == 1:
@@ -434,7 +436,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, mon
                 model.get_submodule('layer4.1.bn2').weight.fill_(float('nan'))
         return original(model, *args, **kwargs)
 
-    monkeypatch.setattr(tcnn_train, 'train_one_epoch', poisoned)
+    monkeypatch.setattr(trainer, 'train_one_epoch', poisoned)
     assert tcnn_train.main(common(data_dir, run, epochs=2)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'non-finite training loss (nan) in epoch 2, update 1' in err[0]
@@ -453,7 +455,7 @@ def _free_port():
 
 
 def _torchrun(args, processes=2):
-    """``tcnn.train.trainer`` under torchrun (gloo, CPU) through tests/torchrun_ranks.py: every rank also writes its final
+    """``tcnn.train`` under torchrun (gloo, CPU) through tests/torchrun_ranks.py: every rank also writes its final
     model to OUTPUT/rank{R}.pt."""
     env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={processes}', '--master_addr=127.0.0.1',
@@ -607,7 +609,7 @@ def test_a_dropped_head_is_named_with_the_data_class_count(data_dir, tmp_path):
     torch.save(timm.create_model('resnet18d', num_classes=1000).state_dict(), weights)
     recipe = resolve_recipe(None, {'data': data_dir, 'model': 'resnet18d', 'weights': str(weights)}, [])
     with pytest.warns(UserWarning) as caught:
-        model = tcnn_train._create_model(recipe, open_training_data(recipe).num_classes)
+        model = create_model(recipe, open_training_data(recipe).num_classes)
     (message,) = [str(w.message) for w in caught if 'dropped' in str(w.message)]
     assert message == (f"{weights}: its head 'fc' (1000 classes) is dropped for a new, randomly initialised one for "
                        "the data's 3 classes")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tcnn
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.cli import main as tcnn_main
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from tcnn.train.recipe import resolve_recipe

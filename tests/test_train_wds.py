@@ -9,7 +9,7 @@ import tarfile
 import numpy as np
 import pytest
 
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 from tcnn.cli import main
 from tcnn.train.distributed import EXIT_PREEMPTED
 

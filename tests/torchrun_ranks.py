@@ -1,4 +1,4 @@
-"""``tcnn.train.trainer`` for torchrun tests that also writes every rank's final model and EMA to OUTPUT/rank{RANK}.pt.
+"""``tcnn.train`` for torchrun tests that also writes every rank's final model and EMA to OUTPUT/rank{RANK}.pt.
 
 The checkpoints hold rank 0's state only; these files let a test compare the processes with each other (after
 training they must hold the same model, batch-norm statistics included).
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-import tcnn.train.trainer as tcnn_train
+import tcnn.train.launch as tcnn_train
 
 _fit = tcnn_train.Trainer.fit
 

@@ -9,7 +9,10 @@ from typing import Any
 __all__ = ['main', 'run', 'Trainer']
 
 
+_HOMES = {'main': 'launch', 'run': 'launch', 'Trainer': 'trainer'}
+
+
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(f'{__name__}.trainer'), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f'{__name__}.{_HOMES[name]}'), name)
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

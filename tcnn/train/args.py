@@ -1,7 +1,7 @@
 """The arguments of ``tcnn train``, ``python -m tcnn.train`` and ``torchrun -m tcnn.train`` (one definition for all).
 
 Torch-free on purpose: ``tcnn train --help`` and argument errors answer without the seconds that importing torch and
-timm takes; ``tcnn.train.trainer`` (the run itself) imports this module for its own parser.
+timm takes; ``tcnn.train.launch`` (the run itself) imports this module for its own parser.
 """
 import argparse
 import difflib

@@ -12,8 +12,9 @@ What a run logs (the step is the global optimiser-update count):
   ``train/epoch_step_img_per_s`` and ``train/epoch_data_wait`` (``metrics.jsonl``'s loop numbers); per GPSA layer
   the mean and per-head gate sigmoid(lambda_h) (T-CNN, arXiv:2106.05795, eq. 7) and span 1/alpha_h (Fig. 4):
   ``gate/LAYER/mean``, ``gate/LAYER/head_H``, ``span/LAYER/...``; the nonlocality (ConViT, arXiv:2103.10697, eq. 8)
-  of a fixed batch of validation images, ``nonlocality/LAYER`` and ``nonlocality/mean``; and ``attention``, the Fig. 5 figure (every
-  head's gated attention of the centre pixel, the gates in red; ``tcnn inspect``'s first row) of the first of them;
+  of a fixed batch of validation images, ``nonlocality/LAYER`` and ``nonlocality/mean``; and ``attention``, the
+  Fig. 5 figure (every head's gated attention of the centre pixel, the gates in red; ``tcnn inspect``'s first row) of
+  the first of them;
 * once, at the start: the recipe as hyperparameters (TensorBoard's HPARAMS tab and a ``recipe`` text; the W&B
   run's config).
 

@@ -4,16 +4,21 @@
 ``RUN/best.pt`` (training checkpoints: a T-CNN dict under ``'model_file'`` plus the optimiser, scheduler, scaler,
 EMA, RNG and position state, all tensors and plain values), ``RUN/status.json`` (where the run stands, for cluster
 scripts). Every file is written atomically (temp + rename), so a crash leaves the previous version whole.
+
+``RunFolder`` is the one writer of a running ``tcnn train`` (rank 0): the trainer, the run's status and its config go
+through it, and a failed write (full disk, read-only folder, quota) becomes one ``CheckpointWriteError`` that names
+the path and the fix. The module-level functions read and write single files for other tools (plots, Hub folders,
+the demo, benchmarks).
 """
 import datetime
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch.nn as nn
 
-from ..atomic import atomic_torch_save, atomic_write_text
-from ..errors import TcnnError
+from ..atomic import atomic_copy, atomic_torch_save, atomic_write_text
+from ..errors import TcnnError, first_line
 from ..files.integrity import tensor_checksums, verify_checksums
 from ..files.tcnn_file import CHECKSUMS_KEY, EMA_CHECKSUMS_KEY, _check_dict, model_to_dict
 from ..files.weights import load_torch_file
@@ -119,3 +124,62 @@ def read_status(path: str) -> Optional[Dict[str, Any]]:
         return None
     with open(path, encoding='utf-8') as f:
         return json.load(f)
+
+
+class CheckpointWriteError(TcnnError):
+    """A checkpoint or the metrics file could not be written; the previous files are intact."""
+
+
+class RunFolder:
+    """The files of one run's output folder (``output``) and their writes, on rank 0.
+
+    Every write is atomic and guarded (``guarded``): it either replaces the file whole or raises
+    ``CheckpointWriteError`` with the previous file in place.
+    """
+
+    def __init__(self, output: str):
+        self.output = output
+        self.config = os.path.join(output, CONFIG_FILE)
+        self.metrics = os.path.join(output, METRICS_FILE)
+        self.last = os.path.join(output, LAST_CHECKPOINT)
+        self.best = os.path.join(output, BEST_CHECKPOINT)
+        self.status = os.path.join(output, STATUS_FILE)
+
+    def guarded(self, path: str, write: Callable[[], Any]) -> None:
+        """Run one atomic write; a failure (full disk, read-only folder, quota) becomes one line naming the path.
+        The atomic write leaves the previous file in place."""
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError, not OSError
+            reason = first_line(e)
+            kept = (f'the previous {os.path.basename(self.last)} is intact' if os.path.isfile(self.last)
+                    else 'no checkpoint was written yet')
+            raise CheckpointWriteError(f'cannot write {path} ({type(e).__name__}: {reason}); {kept}; free disk space '
+                                       f'or fix the permissions of {self.output}, then --resume {self.output}') from e
+
+    def write_config(self, text: str) -> None:
+        """``config.yaml``: the resolved recipe (``tcnn.train.recipe.dump_recipe``)."""
+        self.guarded(self.config, lambda: atomic_write_text(self.config, text))
+
+    def read_metrics(self) -> List[Dict[str, Any]]:
+        """The epochs ``metrics.jsonl`` holds (none before the first)."""
+        return read_metrics(self.metrics) if os.path.isfile(self.metrics) else []
+
+    def write_metrics(self, rows: Sequence[Dict[str, Any]]) -> None:
+        self.guarded(self.metrics, lambda: write_metrics(self.metrics, rows))
+
+    def append_metrics(self, row: Dict[str, Any]) -> None:
+        """One epoch's row after the others (the file is rewritten whole, atomically)."""
+        self.write_metrics(self.read_metrics() + [row])
+
+    def write_checkpoint(self, checkpoint: Dict[str, Any], is_best: bool) -> None:
+        """``last.pt``, and ``best.pt`` first when ``is_best`` (``last.pt`` is then its copy)."""
+        if is_best:
+            self.guarded(self.best, lambda: write_checkpoint(checkpoint, self.best))
+            self.guarded(self.last, lambda: atomic_copy(self.best, self.last))
+        else:
+            self.guarded(self.last, lambda: write_checkpoint(checkpoint, self.last))
+
+    def write_status(self, state: str, **info: Any) -> None:
+        """``status.json`` (``write_status``)."""
+        self.guarded(self.status, lambda: write_status(self.status, state, **info))
