@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tcnn.layers.gpsa import GPSA
+from tcnn.layers.projections import grouped_values, output_projection, pad
 
 __all__ = ['SdpaGPSA', 'to_sdpa']
 
@@ -24,7 +25,7 @@ class SdpaGPSA(GPSA):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c = x.shape[0], x.shape[1]
         h_out, w_out = self.output_size(x.shape[-2], x.shape[-1])
-        x_pad = self._pad(x)
+        x_pad = pad(x, self.padding, self.padding_mode)
         ay, ax = self.anchor
         sy, sx = self.stride
         x_q = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].reshape(b, c, h_out * w_out)
@@ -34,7 +35,7 @@ class SdpaGPSA(GPSA):
         if self.groups == 1:
             v = torch.matmul(self.v_weight, tokens).transpose(1, 2)  # (B, N_k, C_in), shared by the heads
         else:
-            v = self._grouped_values(tokens.transpose(1, 2))
+            v = grouped_values(tokens.transpose(1, 2), self.v_weight, self.in_chs, self.groups)
         v_heads = v[:, None].expand(b, self.num_heads, v.shape[1], c)
         content = F.scaled_dot_product_attention(q, k, v_heads, scale=self.scale)  # (B, N_h, N_q, C_in)
         pos = self.positional_attention(x.shape[-2], x.shape[-1], x.device).to(v.dtype)
@@ -43,7 +44,8 @@ class SdpaGPSA(GPSA):
         heads = torch.lerp(content, positional, gate)
         # Per query the N_h head outputs one after the other, [q][h][c] as in GPSA.forward, and its projection.
         heads = heads.transpose(1, 2).reshape(b, h_out * w_out * self.num_heads, c)
-        out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
+        out = output_projection(heads, self.proj_weight, self.proj_bias, self.num_heads, self.in_chs, self.out_chs,
+                                self.groups, b, h_out * w_out)  # (B, N_q, C_out)
         return out.transpose(1, 2).reshape(b, self.out_chs, h_out, w_out)
 
 

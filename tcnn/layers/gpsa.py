@@ -61,25 +61,10 @@ Precision: every attention computation (content scores, both softmaxes, gates, g
 ``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
 layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
 
-Grouped and depthwise convs (``groups = g``): every head's tap is block-diagonal (diagonal for depthwise), so only
-the blocks are stored, ``proj_weight`` ``(C_out, N_h, C_in // g)`` like the conv's own filter, and applied per
-head as one batched GEMM over the groups (``B * N_q`` rows each); the attention stays one ``N_h x N_q x N_k``
-matrix shared by all channels. A depthwise layer folds its per-channel taps into the values instead and computes
-attention, values and filter as one GEMM per image over all heads and keys, in cache-sized chunks, wherever that
-beats attending first, which writes and re-reads ``N_h`` value vectors per query (``tcnn.layers.depthwise``). The
-dense block-diagonal filter (tcnn 0.2.0 and earlier) is exact too but multiplies the filter's parameters and FLOPs
-by ``g``.
-
-Why ``W_val`` is grouped like the conv (``(C_in, C_in // g)``, per-channel for depthwise): a dense ``C_in x C_in``
-one alone would grow a grouped model more than the whole T-CNN growth of a dense ResNet, and the grouped one keeps
-the exact configuration a grouped conv (per-channel rather than identity-only for depthwise: learnable, and the
-same code as the other groups).
-
-Why the default ``qk_dim`` of a grouped layer is its group width ``C_in // g`` (capped at the dense default
-``C_in // N_h``): with the dense default the content queries and keys (``2 C_in^2`` parameters) dominate wide
-grouped stages; with the group width a grouped model grows about as much as a dense ResNet does. ``qk_dim = 1``
-(depthwise) still gives every head a global softmax over one learned key feature whose sign and sharpness the
-query sets; pass ``qk_dim`` for more.
+Grouped and depthwise convs keep their groups in ``W_val``, the filter and the default ``qk_dim`` (the reasons and
+their measurements: ``docs/benchmarks.md``, "Design choices of the GPSA layer"); the computation is split into
+``tcnn.layers.projections`` (Q, K, V and the output projection), ``tcnn.layers.content`` (the content softmax),
+``tcnn.layers.positional`` and ``tcnn.layers.depthwise``.
 
 TorchScript: ``forward`` has one switch, ``torch.jit.is_scripting()``, between the eager terms (values kept from
 call to call, exporters detected) and the plain ones; everything after it is the same code in both.
@@ -91,9 +76,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .content import (at_least_float32, content_attention, content_scores, padded_keys_logit,
+                      real_key_content_attention)
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
 from .kept_values import caching_allowed, forget, is_exporting, keep
 from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
+from .projections import add_bias, output_projection, project, queries_are_tokens
 from ..errors import InvalidArgumentError, InvalidTypeError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
@@ -118,6 +106,17 @@ def _pair(v: _PairInt, name: str = 'size', ge: int = 0) -> Tuple[int, int]:
         raise InvalidTypeError(f'{name} must be an int or a pair of ints, got {v!r}')
     v = int(check_number(v, name, ge=ge, integer=True))
     return v, v
+
+
+def _check_per_head(value: Union[float, torch.Tensor], name: str, num_heads: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != num_heads:
+            raise InvalidArgumentError(f'{name} must be a number or {num_heads} values (one per head), got '
+                                       f'a tensor of shape {tuple(value.shape)}')
+        if not bool(torch.isfinite(value).all()):
+            raise InvalidArgumentError(f'{name} must be finite, got {value.tolist()}')
+    else:
+        check_number(value, name)
 
 
 def locality_to_raw(alpha: float) -> float:
@@ -258,20 +257,10 @@ class GPSA(nn.Module):
         """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
         return kernel_centers(self.kernel_size, self.dilation, self.anchor)
 
-    def _check_per_head(self, value: Union[float, torch.Tensor], name: str) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.numel() != self.num_heads:
-                raise InvalidArgumentError(f'{name} must be a number or {self.num_heads} values (one per head), got '
-                                           f'a tensor of shape {tuple(value.shape)}')
-            if not bool(torch.isfinite(value).all()):
-                raise InvalidArgumentError(f'{name} must be finite, got {value.tolist()}')
-        else:
-            check_number(value, name)
-
     @torch.no_grad()
     def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
         """Set alpha (> 0) of every head (a float, or a ``(N_h,)`` tensor)."""
-        self._check_per_head(alpha, 'locality_strength')
+        _check_per_head(alpha, 'locality_strength', self.num_heads)
         if isinstance(alpha, torch.Tensor):
             raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
             self.pos_locality.copy_(raw.to(self.pos_locality))
@@ -281,7 +270,7 @@ class GPSA(nn.Module):
     @torch.no_grad()
     def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
         """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
-        self._check_per_head(gating, 'gating')
+        _check_per_head(gating, 'gating', self.num_heads)
         if isinstance(gating, torch.Tensor):
             self.gating.copy_(gating.to(self.gating).reshape(self.gating.shape))
         else:
@@ -351,7 +340,7 @@ class GPSA(nn.Module):
 
     def gate(self) -> torch.Tensor:
         """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""
-        return torch.sigmoid(_at_least_float32(self.gating))
+        return torch.sigmoid(at_least_float32(self.gating))
 
     def conv_filter(self) -> torch.Tensor:
         """The output projection as a conv filter ``(C_out, C_in // groups, kh, kw)`` (``nn.Conv2d``'s layout for
@@ -362,7 +351,7 @@ class GPSA(nn.Module):
     def locality_strength(self) -> torch.Tensor:
         """Per-head locality strength alpha, ``(N_h,)``."""
         # SOFTPLUS_BETA (literal for TorchScript)
-        return F.softplus(_at_least_float32(self.pos_locality), beta=5.0)
+        return F.softplus(at_least_float32(self.pos_locality), beta=5.0)
 
     def span(self) -> torch.Tensor:
         """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""
@@ -403,7 +392,7 @@ class GPSA(nn.Module):
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
         offsets = self._kept_offsets(height, width, device)
-        py, px = positional_factors(self.locality_strength(), _at_least_float32(self.pos_centers).t(), offsets,
+        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
                                     height, width, self.padding, real_keys=False)
         return outer(py, px).flatten(-2)
 
@@ -429,22 +418,12 @@ class GPSA(nn.Module):
         """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (real keys only with zero padding),
         and the gate ``(N_h, 1, 1)``, both in ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
         alpha = self.locality_strength()
-        centers = _at_least_float32(self.pos_centers).t()  # (2, N_h)
+        centers = at_least_float32(self.pos_centers).t()  # (2, N_h)
         # zero padding: padded tokens have zero values, only the real keys contribute
         py, px = positional_factors(alpha, centers, offsets, height, width, self.padding,
                                     real_keys=self.padding_mode == 'zeros')
         pos = outer(py, px).to(dtype).transpose(0, 1)
         return pos, self.gate().to(dtype)[:, None, None]
-
-    def _log_pad(self, height: int, width: int, device: torch.device, dtype: torch.dtype) -> Optional[torch.Tensor]:
-        """The logit ``log(n_pad)`` ``(1, 1, 1, 1)`` of the one key that stands for the ``n_pad`` zero-padded keys
-        of the content softmax (``_real_key_content_attention``); None without zero padding (decided from
-        attributes only, for FX)."""
-        ph, pw = self.padding
-        if self.padding_mode != 'zeros' or (ph == 0 and pw == 0):
-            return None
-        n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
-        return _log_count(n_pad, device, dtype)
 
     def _terms(self, height: int, width: int, device: torch.device,
                dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
@@ -452,7 +431,7 @@ class GPSA(nn.Module):
         ``_mixing_terms``, computed (TorchScript computes them on every call)."""
         offsets = self._axis_offsets(height, width, device)
         pos, gate = self._mixing_terms(height, width, dtype, offsets)
-        return self._log_pad(height, width, device, dtype), pos, gate
+        return padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype), pos, gate
 
     @torch.jit.unused
     def _kept_terms(self, height: int, width: int, device: torch.device,
@@ -468,7 +447,7 @@ class GPSA(nn.Module):
             return self._terms(height, width, device, dtype)
         offsets = self._kept_offsets(height, width, device)
         log_pad = keep(self, ('log_pad', height, width, device, dtype), (),
-                       lambda: self._log_pad(height, width, device, dtype))
+                       lambda: padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype))
         params = (self.pos_locality, self.pos_centers, self.gating)
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             pos, gate = self._mixing_terms(height, width, dtype, offsets)
@@ -476,97 +455,6 @@ class GPSA(nn.Module):
             pos, gate = keep(self, ('mixing', height, width, device, dtype), params,
                              lambda: self._mixing_terms(height, width, dtype, offsets))
         return log_pad, pos, gate
-
-    def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        ph, pw = self.padding
-        if ph == 0 and pw == 0:
-            return x
-        mode = 'constant' if self.padding_mode == 'zeros' else self.padding_mode
-        return F.pad(x, (pw, pw, ph, ph), mode=mode)
-
-    def _query_tokens(self, x: torch.Tensor, tokens: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
-        """Input tokens at the queries (the conv's output positions): ``(B, H_out * W_out, C_in)``.
-
-        Decided from the layer's geometry alone (no data-dependent branch, so FX can trace it): when the padding
-        does not exceed the anchor, every query lies on a real pixel, the first at ``anchor - padding``.
-        """
-        b, c, height, width = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
-        (sy, sx), (ay, ax), (ph, pw) = self.stride, self.anchor, self.padding
-        if ay < ph or ax < pw:  # queries on the border, in the padding: take them from the padded input
-            x_q = self._pad(x)[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out]
-            return x_q.flatten(2).transpose(1, 2)
-        if self._queries_are_tokens():
-            return tokens
-        grid = tokens.view(b, height, width, c)[:, ay - ph::sy, ax - pw::sx][:, :h_out, :w_out]
-        return grid.reshape(b, h_out * w_out, c)
-
-    def _queries_are_tokens(self) -> bool:
-        """Stride 1 and 'same' padding: every input pixel is a query (decided from the layer's geometry alone)."""
-        (sy, sx), (ay, ax), (ph, pw) = self.stride, self.anchor, self.padding
-        (kh, kw), (dy, dx) = self.kernel_size, self.dilation
-        return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)
-
-    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries ``(B, N_h, N_q, d)``, keys ``(B, N_h, d, N_k)`` and values ``(B, N_k, C_in)``.
-
-        Keys and values are projected on the unpadded input (one GEMM for both). With zero padding they stay on the
-        ``H x W`` real pixels (the padded ones are zero); otherwise they are padded to the full grid here, which is
-        exact because a 1x1 projection without bias commutes with reflect/replicate/circular padding.
-        """
-        b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
-        nh, d = self.num_heads, self.qk_dim
-        h_out, w_out = self.output_size(height, width)
-        # Token-major (B, H * W, C_in): a free view of a channels_last input, one copy of an NCHW one.
-        tokens = x.flatten(2).transpose(1, 2).contiguous()
-        if self.groups == 1 and self._queries_are_tokens():
-            # every pixel is a query: Q, K and V in one GEMM (one launch, and one cast of the tokens under autocast)
-            qkv = F.linear(tokens, torch.cat([self.q_weight, self.k_weight, self.v_weight]))
-            q, kv = qkv.split([nh * d, nh * d + self.in_chs], dim=-1)
-        else:
-            q = F.linear(self._query_tokens(x, tokens, h_out, w_out), self.q_weight)  # (B, N_q, N_h * d)
-            if self.groups == 1:
-                kv = F.linear(tokens, torch.cat([self.k_weight, self.v_weight]))  # (B, H * W, N_h * d + C_in)
-            else:
-                kv = torch.cat([F.linear(tokens, self.k_weight), self._grouped_values(tokens)], dim=-1)
-        if self.padding_mode != 'zeros':
-            kv = self._pad(kv.transpose(1, 2).view(b, kv.shape[-1], height, width)).flatten(2).transpose(1, 2)
-        # explicit sizes rather than -1 here and below: an empty batch has no size to infer
-        q = q.view(b, h_out * w_out, nh, d).transpose(1, 2)
-        # split, not slices: its backward writes the two gradients into one tensor (a slice's backward zero-fills a
-        # tensor of the whole width for each)
-        k, v = kv.split([nh * d, self.in_chs], dim=-1)
-        return q, k.reshape(b, kv.shape[1], nh, d).permute(0, 2, 3, 1), v
-
-    def _grouped_values(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``X W_val`` for a block-diagonal ``W_val`` (groups > 1): ``(B, N, C_in)`` from ``(B, N, C_in)`` tokens."""
-        b, n, c = tokens.shape[0], tokens.shape[1], self.in_chs
-        if self.groups == c:  # depthwise: W_val is per-channel (decided from attributes only, for FX)
-            return tokens * self.v_weight.view(1, 1, c)
-        cg = c // self.groups
-        # one GEMM per group: (g, B * N, C_in / g) x (g, C_in / g, C_in / g)
-        v = torch.bmm(tokens.reshape(b * n, self.groups, cg).transpose(0, 1),
-                      self.v_weight.view(self.groups, cg, cg).transpose(1, 2))
-        return v.transpose(0, 1).reshape(b, n, c)
-
-    def _output_projection(self, heads: torch.Tensor, b: int, n_q: int) -> torch.Tensor:
-        """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``;
-        dense and grouped layers (depthwise ones: ``_depthwise_product``)."""
-        if self.groups == 1:
-            # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
-            return F.linear(heads.view(b, n_q, self.num_heads * self.in_chs), self.proj_weight.view(self.out_chs, -1),
-                            self.proj_bias)
-        nh, g, c = self.num_heads, self.groups, self.in_chs
-        # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
-        # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
-        # GEMM over (h, c) needs a group-major copy of the whole heads tensor first: measured against it (CPU,
-        # 1 thread, 7x7 and 14x14 grids, 768-1024 channels in 32-48 groups, batch 8-32) this is 1.1-2.3x faster
-        # forward and 0.9-1.4x forward+backward.
-        parts = heads.view(b * n_q, nh, g, c // g).unbind(1)
-        taps = self.proj_weight.view(g, self.out_chs // g, nh, c // g).unbind(2)
-        out = torch.bmm(parts[0].transpose(0, 1), taps[0].transpose(1, 2))  # (g, B * N_q, C_out / g)
-        for h in range(1, nh):
-            out = torch.baddbmm(out, parts[h].transpose(0, 1), taps[h].transpose(1, 2))
-        return self._add_bias(out.transpose(0, 1).reshape(b, n_q, self.out_chs))
 
     def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor, product: str) -> torch.Tensor:
         """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
@@ -582,63 +470,19 @@ class GPSA(nn.Module):
             out = attend_traceable(attn, v, taps)
         else:
             out = attend_heads_first(attn, v, taps)
-        return self._add_bias(out)
+        return add_bias(out, self.proj_bias)
 
     @torch.jit.unused
     def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
         return attend_depthwise(attn, v, taps)  # an autograd function: eager mode only
 
-    def _add_bias(self, out: torch.Tensor) -> torch.Tensor:
-        bias = self.proj_bias  # a local, so that TorchScript refines the Optional
-        if bias is not None:
-            out = out + bias.to(out.dtype)
-        return out
-
-    def _content_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """``Q_h K_h^T / sqrt(d_qk)`` (T-CNN eq. 1, ConViT eq. 1): ``(B, N_h, N_q, N_k)`` in the GEMM's dtype.
-
-        The scale is the GEMM's ``alpha`` (``baddbmm`` with ``beta = 0``, which ignores its input): no kernel of its
-        own, and under autocast it is applied before the bf16 rounding of the scores, not to bf16 queries.
-        """
-        b, nh, n_q, d, n_k = q.shape[0], q.shape[1], q.shape[2], q.shape[3], k.shape[3]
-        q3 = q.reshape(b * nh, n_q, d)
-        out = torch.baddbmm(q3.new_empty([1, 1, 1]), q3, k.reshape(b * nh, d, n_k), beta=0.0, alpha=self.scale)
-        return out.view(b, nh, n_q, n_k)
-
-    def _content_attention(self, scores: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """Content attention ``(B, N_h, N_q, H_pad, W_pad)`` from ``_content_scores``, softmax over the padded grid.
-
-        With zero padding ``k`` holds the real pixels only: a zero key scores exactly 0, so the scores of the
-        padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
-        """
-        ph, pw = self.padding
-        scores = _at_least_float32(scores)  # (B, N_h, N_q, N_k)
-        if self.padding_mode == 'zeros':
-            scores = scores.view(scores.shape[0], self.num_heads, scores.shape[2], height, width)
-            if ph > 0 or pw > 0:
-                scores = F.pad(scores, (pw, pw, ph, ph))
-        scores = scores.reshape(scores.shape[0], self.num_heads, scores.shape[2], (height + 2 * ph) * (width + 2 * pw))
-        return scores.softmax(dim=-1).view(scores.shape[0], self.num_heads, scores.shape[2], height + 2 * ph,
-                                           width + 2 * pw)
-
-    def _real_key_content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
-                                    width: int) -> torch.Tensor:
-        """Zero padding: the content attention on the real keys, query-major ``(B, N_q, N_h, H, W)``, still
-        normalised over the padded grid (``log_pad``: ``_log_pad``). The ``n_pad`` padded keys all score exactly 0,
-        so together they weigh ``n_pad * exp(0)``: one extra key of score ``log(n_pad)`` normalises the same. The
-        softmax then runs over ``H * W + 1`` keys instead of the padded grid (49 + 1 instead of 169 for a 7x7 conv on
-        a 7x7 grid), with no padded copy; the concatenation that appends the extra key also writes the scores
-        query-major, the order in which the value product reads the attention, so the mixed attention needs no
-        reordering copy."""
-        scores = scores.transpose(1, 2)  # (B, N_q, N_h, H * W), in the GEMM's dtype
-        if log_pad is not None:  # padding > 0, decided from attributes only (_log_pad), for FX
-            # log(n_pad) is at least float32 (not rounded to bf16 under autocast), and the concatenation promotes the
-            # scores to its dtype: the cast costs no kernel of its own
-            padded = log_pad.expand(scores.shape[0], scores.shape[1], scores.shape[2], 1)
-            content = torch.cat([scores, padded], dim=-1).softmax(dim=-1)[..., :-1]
-        else:
-            content = _at_least_float32(scores).contiguous().softmax(dim=-1)
-        return content.unflatten(-1, (height, width))
+    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, N_h, N_q, d)``, keys ``(B, N_h, d, N_k)`` and values ``(B, N_k, C_in)`` of input ``x``
+        (``tcnn.layers.projections.project``)."""
+        ks, st, pad, dil, anchor = self.kernel_size, self.stride, self.padding, self.dilation, self.anchor
+        return project(x, self.q_weight, self.k_weight, self.v_weight, self.num_heads, self.qk_dim, self.in_chs,
+                       self.groups, self.output_size(x.shape[-2], x.shape[-1]), st, anchor, pad, self.padding_mode,
+                       queries_are_tokens(ks, st, pad, dil, anchor))
 
     def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
@@ -649,7 +493,8 @@ class GPSA(nn.Module):
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, _ = self._project(x)
-        content = self._content_attention(self._content_scores(q, k), height, width).flatten(-2)
+        content = content_attention(content_scores(q, k, self.scale), self.num_heads, height, width, self.padding,
+                                    self.padding_mode).flatten(-2)
         pos = self.positional_attention(height, width, x.device)
         mixed = torch.lerp(content, pos, self.gate()[:, None, None])
         key_size = [height + 2 * self.padding[0], width + 2 * self.padding[1]]
@@ -662,7 +507,7 @@ class GPSA(nn.Module):
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, v = self._project(x)
-        scores = self._content_scores(q, k)  # (B, N_h, N_q, N_k), in the GEMM's dtype
+        scores = content_scores(q, k, self.scale)  # (B, N_h, N_q, N_k), in the GEMM's dtype
         dtype = torch.promote_types(scores.dtype, torch.float32)  # the attention's dtype (_at_least_float32)
         # The one TorchScript switch. Eager mode keeps terms from call to call (kept_values) and gives exporters and
         # tracers the plain-op forms; TorchScript computes every term on every call and attends first.
@@ -675,9 +520,10 @@ class GPSA(nn.Module):
         if self.padding_mode == 'zeros':
             # Padded tokens have zero values: only the attention on real keys contributes. Both attentions are still
             # normalised over the padded grid (content in its extra key, positional in its separable factors).
-            content = self._real_key_content_attention(scores, log_pad, height, width)  # (B, N_q, N_h, H, W)
+            content = real_key_content_attention(scores, log_pad, height, width)  # (B, N_q, N_h, H, W)
         else:
-            content = self._content_attention(scores, height, width).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
+            content = content_attention(scores, self.num_heads, height, width, self.padding,
+                                        self.padding_mode).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
         # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
         attn = _lerp(content, pos, gate, product == 'traced')
         n_k = attn.shape[-2] * attn.shape[-1]
@@ -686,7 +532,8 @@ class GPSA(nn.Module):
         else:
             attn = attn.reshape(b, h_out * w_out * self.num_heads, n_k)
             heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in): per query, the N_h attended value vectors
-            out = self._output_projection(heads, b, h_out * w_out)  # (B, N_q, C_out)
+            out = output_projection(heads, self.proj_weight, self.proj_bias, self.num_heads, self.in_chs,
+                                    self.out_chs, self.groups, b, h_out * w_out)  # (B, N_q, C_out)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
         return _like_input_format(out, x)
 
@@ -728,14 +575,6 @@ def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor])
     return rebuilt
 
 
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in ``promote_types(t.dtype, float32)``: the dtype of every attention computation (scores, softmaxes,
-    gates, geometry). float16 and bfloat16 (autocast outputs, half-precision layers) are computed in float32, where
-    a softmax over a few hundred keys keeps its precision; float32 and float64 layers compute in their own dtype, so
-    that a float64 layer is float64 throughout (``torch.autograd.gradcheck``, float64 verification)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
 def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, exporting: bool) -> torch.Tensor:
     """``torch.lerp``; while an exporter records the forward (``exporting``), its formula
     ``start + weight * (end - start)`` in plain ops instead: the core-ATen decomposition of ``lerp`` writes its result
@@ -756,13 +595,8 @@ def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 torch.fx.wrap('_like_input_format')  # a leaf for FX: the branch depends on the input tensor
-torch.fx.wrap('_at_least_float32')  # a leaf for FX: the dtype is known at run time only
+torch.fx.wrap('at_least_float32')  # a leaf for FX: the dtype is known at run time only (tcnn.layers.content)
 torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
-
-
-def _log_count(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``log(n)`` as a ``(1, 1, 1, 1)`` tensor: the logit of one key that stands for ``n`` keys of score 0."""
-    return torch.full([1, 1, 1, 1], n, dtype=dtype, device=device).log()
 
 
 def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:
