@@ -26,7 +26,7 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 import timm  # noqa: E402
 import torch  # noqa: E402
 
-import tcnn.models  # noqa: E402,F401  (registers demo_resnet10)
+import tcnn.demo.cnn  # noqa: E402,F401  (registers demo_resnet10)
 from tcnn.convert.transform import reparameterize  # noqa: E402
 
 from benchmarks.report import machine_info, write_json  # noqa: E402

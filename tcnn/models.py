@@ -7,323 +7,38 @@ timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, Mobil
 copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's
 data config), minus the weight locations: there are no converted weights to download. Instead
 
-* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which fails
-  within seconds offline);
+* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which
+  fails within seconds offline);
 * ``pretrained_cfg_overlay=dict(file=PATH)`` loads a T-CNN file (``tcnn.save``), a training checkpoint, or a plain
   checkpoint of the source CNN (converted on the fly); ``checkpoint_path=PATH`` loads a T-CNN file with timm's own
   loader;
 * a Hub folder (``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)``, or
   ``pretrained_cfg_overlay=dict(file=DIR)`` / ``dict(hf_hub_id=ORG/NAME)``) rebuilds the T-CNN its config.json
   describes and loads the folder's own weights with timm's ``load_pretrained``, checked to fit exactly (see "Hub
-  folders" below). The models carry their conversion settings as timm's ``_model_args``, so ``save_for_hf`` writes
-  such a folder.
+  folders" in ``tcnn.convert.timm_models``). The models carry their conversion settings as timm's ``_model_args``,
+  so ``save_for_hf`` writes such a folder.
 
-The models are built by timm's ``build_model_with_cfg`` (so ``features_only``, ``out_indices``, ``in_chans``,
-``num_classes`` adaptation of pretrained weights etc. are timm's own code) from the source's own entrypoint, and
-stay instances of the source's class: a thin subclass per class (``TransformedResNet``, ``TransformedConvNeXt``, ...,
-see ``transformed_class``) only adds ``no_weight_decay()``. Extra keyword arguments: ``stages``,
-``locality_strength``, ``gating_init``, ``qk_dim`` (as in ``tcnn.reparameterize``).
+The models are built from the source's own entrypoint by timm's ``build_model_with_cfg`` and stay instances of the
+source's class (``tcnn.convert.timm_models``, which each entrypoint imports when called). Extra keyword arguments:
+``stages``, ``locality_strength``, ``gating_init``, ``qk_dim`` (as in ``tcnn.reparameterize``).
+
+This module is the registry only, and light on purpose: it is imported while timm itself is being imported
+(``tcnn._registration``), possibly from inside a tcnn module that is half-imported at that moment, so at module level
+it imports timm and ``tcnn.files.weights`` (the ``t_`` names; no tcnn module that imports timm) and nothing else of
+tcnn.
 """
 import dataclasses
-import functools
-import os
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
+from typing import Any, Callable, Dict, List, Tuple
 
-import torch
 import torch.nn as nn
-from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, get_pretrained_cfg, \
-    is_model, list_models, model_entrypoint, register_model, resolve_pretrained_cfg
-from timm.models.resnet import BasicBlock, ResNet
+from timm.models import generate_default_cfgs, get_arch_pretrained_cfgs, is_model, list_models, register_model
 
-from .files import weights as hub, tcnn_file as io
-from .convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
-from .convert.stages import resolve_stages
-from .convert.transform import reparameterize_
-from .errors import TcnnError
-from .layers.gpsa import GPSA, match_grouped_storage
-from .files.weights import T_PREFIX, record_source, source_model_name, transformed_model_name
-# tcnn.files.hub_folder and tcnn.files.loading are imported where they are used: they import names from
-# tcnn.files.tcnn_file, which may be half-initialised when this module is imported (tcnn_file imports timm, whose
-# import hook imports this module); the module aliases above are safe.
+from .files.weights import T_PREFIX, transformed_model_name
 
-__all__ = ['TransformedModel', 'TransformedResNet', 'Family', 'FAMILIES', 'SOURCE_MODELS', 'T_PREFIX',
-           'no_weight_decay_names', 'source_model_name', 'transformed_model_name', 'transformed_class']
+__all__ = ['Family', 'FAMILIES', 'SOURCE_MODELS']
 
 PAPER_NAME = 'Transformed CNNs: recasting pre-trained convolutional layers with self-attention'
 PAPER_ID = 'arXiv:2106.05795'
-# Factory kwargs that describe the wrapper or placement, not the architecture (not stored in tcnn_source).
-_NON_ARCH_KWARGS = ('features_only', 'out_indices', 'feature_cls', 'feature_cfg', 'flatten_sequential', 'device',
-                    'dtype', 'num_classes', 'cache_dir', 'pretrained_model_args')
-# timm's load_pretrained takes its weights from pretrained_cfg; we hand it this placeholder and supply the weights
-# in the filter fn, so that a state dict never enters pretrained_cfg (timm deep-copies that dict, tensors included).
-_WEIGHTS_PLACEHOLDER = {'tcnn': 'weights supplied by tcnn.models'}
-
-
-def no_weight_decay_names(model: nn.Module) -> Set[str]:
-    """Names of the GPSA parameters of ``model`` that take no weight decay (timm's ``no_weight_decay()`` contract):
-    positional and gating parameters, biases, per-channel value gains (``GPSA.no_weight_decay``)."""
-    return {f'{name}.{p}' for name, layer in gpsa_layers(model) for p in layer.no_weight_decay()}
-
-
-class TransformedModel:
-    """Mixin of the ``t_*`` classes: a timm model whose k x k convs in ``stages`` are GPSA layers (arXiv:2106.05795).
-
-    Everything else is the source class's (forward_features, forward_head, forward_intermediates, feature_info, grad
-    checkpointing, TorchScript); the mixin only adds ``no_weight_decay()`` for timm's optimizer factory and
-    ``from_model``, which converts a freshly built source model in place and re-classes it.
-    """
-    source_class: Type[nn.Module] = nn.Module
-
-    @classmethod
-    def from_model(cls, model: nn.Module, settings: ConversionSettings = ConversionSettings()) -> nn.Module:
-        """Convert a freshly built source model in place and return it as an instance of ``cls``.
-
-        timm's entrypoints keep each variant's arguments inside the entrypoint, so the registry builds the source
-        with its own entrypoint and then re-classes it (the subclass adds no state, only methods: the same technique
-        as ``torch.nn.utils.parametrize``).
-        """
-        if type(model) is not cls.source_class:
-            raise TcnnError(f'expected a timm {cls.source_class.__name__}, got {type(model).__name__}')
-        reparameterize_(model, settings, verify=False)
-        model.__class__ = cls
-        return model
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> Set[str]:
-        """GPSA centres, locality strengths, gates, biases and per-channel value gains (and the source's own
-        exemptions): exempt from weight decay, so that timm's ``create_optimizer_v2`` decays what ``tcnn.param_groups``
-        decays. The gates' own learning rate needs ``param_group_fn=tcnn.param_groups`` (docs/train.md)."""
-        own = getattr(super(), 'no_weight_decay', None)
-        return no_weight_decay_names(self) | (set(own()) if own is not None else set())
-
-
-class TransformedResNet(TransformedModel, ResNet):
-    """A timm ``ResNet`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN (arXiv:2106.05795).
-
-    Args:
-        *args: ``ResNet`` arguments.
-        stages: Which stages to convert (``tcnn.convert.stages.resolve_stages``); default the last one.
-        locality_strength: Initial alpha of every head (1.0: the paper's fine-tuning init).
-        gating_init: Initial lambda of every head (1.0: the paper's fine-tuning init).
-        qk_dim: Per-head width of content queries/keys (default ``C_in // heads``, or a grouped conv's group
-            width ``C_in // groups`` if smaller).
-        **kwargs: ``ResNet`` keyword arguments.
-    """
-    source_class = ResNet
-
-    def __init__(self, *args, **kwargs):
-        settings = ConversionSettings.of({k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs})
-        super().__init__(*args, **kwargs)
-        reparameterize_(self, settings, verify=False)
-
-    @classmethod
-    def from_resnet(cls, model: ResNet, settings: ConversionSettings = ConversionSettings()) -> 'TransformedResNet':
-        """``from_model`` under its original name."""
-        return cls.from_model(model, settings)
-
-
-_CLASSES: Dict[type, type] = {ResNet: TransformedResNet}
-
-
-def transformed_class(source_class: Type[nn.Module]) -> type:
-    """The ``t_*`` class of a timm model class: ``Transformed<Name>(TransformedModel, <Name>)``, made once.
-
-    The class is a module attribute of ``tcnn.models`` (pickling finds it by name).
-    """
-    cls = _CLASSES.get(source_class)
-    if cls is None:
-        name = f'Transformed{source_class.__name__}'
-        cls = type(name, (TransformedModel, source_class), {
-            '__module__': __name__, '__qualname__': name, 'source_class': source_class,
-            '__doc__': f'A timm ``{source_class.__name__}`` whose k x k convs in ``stages`` are GPSA layers: a T-CNN '
-                       '(arXiv:2106.05795); see ``TransformedModel``.'})
-        _CLASSES[source_class] = globals()[name] = cls
-    return cls
-
-
-# ---------------------------------------------------------------------------------------------- weights
-
-
-def _load_filter(
-        state_dict: Dict[str, Any],
-        model: nn.Module,
-        weights: Optional[Dict[str, torch.Tensor]] = None,
-) -> Dict[str, torch.Tensor]:
-    """timm ``pretrained_filter_fn``: turn CNN weights into T-CNN weights for ``model``.
-
-    The filter of every replaced conv becomes the output projection of its GPSA layer (T-CNN eq. 6) with values
-    = identity and the positional init of the model's ``tcnn_config``; state dicts that already hold GPSA
-    parameters pass through unchanged (a grouped layer whose filter is stored dense, as tcnn 0.2.0 wrote it, is
-    rebuilt dense in ``model`` to load it: ``match_grouped_storage``).
-    """
-    out = dict(weights if weights is not None else state_dict)
-    match_grouped_storage(model, out)
-    cfg = model.tcnn_config
-    for name, layer in gpsa_layers(model):
-        weight = out.pop(f'{name}.weight', None)
-        if weight is None:
-            continue  # a T-CNN state dict
-        bias = out.pop(f'{name}.bias', None)
-        if weight.ndim != 4 or layer.in_chs % weight.shape[1]:
-            raise TcnnError(f'{name}.weight of shape {tuple(weight.shape)} does not fit {layer}')
-        conv = nn.Conv2d(
-            layer.in_chs, layer.out_chs, layer.kernel_size, stride=layer.stride, padding=layer.padding,
-            dilation=layer.dilation, groups=layer.in_chs // weight.shape[1], bias=bias is not None,
-            padding_mode=layer.padding_mode, device='meta')
-        conv.weight = nn.Parameter(weight, requires_grad=False)
-        if bias is not None:
-            conv.bias = nn.Parameter(bias, requires_grad=False)
-        gpsa = GPSA.from_conv(conv, cfg['locality_strength'], cfg['gating_init'], qk_dim=layer.qk_dim)
-        out.update({f'{name}.{k}': v for k, v in gpsa.state_dict().items()})
-    return out
-
-
-def _file_weights(
-        path: str,
-        source: str,
-        conversion: Dict[str, Any],
-        overlay: Dict[str, Any],
-        num_classes: Optional[int] = None,
-) -> Tuple[Dict[str, torch.Tensor], Optional[str], Optional[Dict[str, Any]]]:
-    """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint (its conversion settings,
-    class count and data config are adopted) or a plain checkpoint of the source CNN (converted by the filter).
-    Returns them with the origin of the source CNN's weights (``tcnn_source['weights']``) and the T-CNN file's dict
-    (None for a plain checkpoint), whose records the model's ``pretrained_cfg`` takes (``io.pretrained_cfg_of``).
-
-    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.files.weights.create_cnn`` (the same
-    helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
-    differs from the count recorded in the pretrained config."""
-    from .files import loading  # not at the top: see the imports
-    try:
-        d = io.read(path)
-        state_dict = d['state_dict']
-    except io.NotTcnnFileError:
-        d, state_dict = None, hub.load_state_dict_file(path)
-    classifiers = hub.classifier_names(source)
-    hub.checkpoint_num_classes(state_dict, classifiers, num_classes, where=path)
-    head = hub.checkpoint_head(state_dict, classifiers)
-    if d is None:
-        if head is not None:
-            overlay.setdefault('num_classes', head[1])
-        if hub.gpsa_layer_names(state_dict):  # a T-CNN's state dict: the conversion settings its GPSA layers show
-            given = {k: conversion[k] for k in ('stages', 'qk_dim') if conversion.get(k) is not None}
-            found = loading.tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
-                                                     head[1] if head is not None else num_classes, dict(given))
-            conversion.update({k: v for k, v in found.items() if k not in given})
-            return state_dict, None, None  # the source CNN's weights are not recorded in a state dict
-        return state_dict, hub.file_weights_origin(path), None
-    file_source = d['source']['model']
-    if file_source.split('.')[0] != source:
-        raise TcnnError(f'{path} holds a model of {file_source}, not {source}: create '
-                        f'{T_PREFIX}{file_source.split(".")[0]} instead (or use tcnn.load)')
-    file_conversion = d['conversion'] or {}
-    if not file_conversion:
-        raise TcnnError(f'{path} holds a plain CNN (no GPSA layers); load it with tcnn.load or timm.create_model'
-                        f'({source!r}, checkpoint_path=...)')
-    if conversion.get('qk_dim') is not None and conversion['qk_dim'] != file_conversion['qk_dim']:
-        raise TcnnError(f'qk_dim={conversion["qk_dim"]!r} conflicts with {path} (qk_dim={file_conversion["qk_dim"]!r})')
-    conversion['qk_dim'] = file_conversion['qk_dim']
-    if conversion.get('stages') is None:
-        conversion['stages'] = file_conversion['stages']
-    else:  # stages=4 and ['layer4'] are the same: compared on the built model (_build)
-        conversion['file_stages'] = (path, file_conversion['stages'])
-    overlay.setdefault('num_classes', head[1] if head is not None else d['num_classes'])
-    for key, value in (d.get('data_config') or {}).items():
-        overlay.setdefault(key, tuple(value) if isinstance(value, list) else value)
-    return state_dict, d['source'].get('weights'), d
-
-
-def _pretrained_weights(
-        source: str,
-        tag: Optional[str],
-        file: Optional[str],
-        conversion: Dict[str, Any],
-        overlay: Dict[str, Any],
-        num_classes: Optional[int] = None,
-) -> Tuple[Dict[str, torch.Tensor], Optional[str], Optional[Dict[str, Any]]]:
-    """The weights that ``pretrained=True`` loads when tcnn supplies them (see the module docstring), with the origin
-    of the source CNN's weights and the T-CNN file's dict they came from (if any); may update conversion/overlay."""
-    if overlay.get('state_dict') is not None:
-        return overlay.pop('state_dict'), None, None
-    if file:
-        return _file_weights(file, source, conversion, overlay, num_classes)
-    name = f'{source}.{tag}' if tag else source
-    return hub.create_cnn(name, pretrained=True).state_dict(), 'pretrained', None  # fails fast offline, naming the fix
-
-
-def _model_args(model: nn.Module, arch_kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """What timm's ``save_for_hf`` writes as config.json's ``model_args``, and ``create_model('local-dir:...')``
-    passes back to the entrypoint: the source's keyword arguments and every conversion setting (the stages as
-    resolved module names), so that the folder rebuilds this architecture with no other input. (``timm.create_model``
-    then lays the caller's own arguments over these, e.g. ``stages='layer3'`` as given: the same stages.)"""
-    return dict(arch_kwargs, **ConversionSettings.of(model.tcnn_config).kwargs())
-
-
-# ---------------------------------------------------------------------------------------------- registry
-
-
-def _build(source: str, conversion: Dict[str, Any], **kwargs) -> nn.Module:
-    """``model_cls`` for ``build_model_with_cfg``: the source's own entrypoint (random init), converted."""
-    cnn = model_entrypoint(source)(pretrained=False, **kwargs)
-    conversion = dict(conversion)
-    path, file_stages = conversion.pop('file_stages', (None, None))
-    if file_stages is not None:
-        if resolve_stages(cnn, conversion['stages']) != resolve_stages(cnn, file_stages):
-            raise TcnnError(f'stages={conversion["stages"]!r} conflicts with {path} (stages={file_stages!r})')
-        conversion['stages'] = file_stages
-    return transformed_class(type(cnn)).from_model(cnn, ConversionSettings.of(conversion))
-
-
-def _resolve_tag(variant: str, pretrained_cfg: Any) -> Optional[str]:
-    if isinstance(pretrained_cfg, str):
-        return pretrained_cfg
-    if isinstance(pretrained_cfg, dict):
-        return pretrained_cfg.get('tag')
-    if pretrained_cfg is not None:
-        return getattr(pretrained_cfg, 'tag', None)
-    default = get_pretrained_cfg(variant)
-    return default.tag if default is not None else None
-
-
-def _create_transformed(variant: str, source: str, pretrained: bool = False, **kwargs) -> nn.Module:
-    from .files import hub_folder  # not at the top: see the imports
-    conversion = {k: kwargs.pop(k) for k in CONVERSION_KEYS if k in kwargs}
-    overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
-    pretrained_cfg = kwargs.pop('pretrained_cfg', None)
-    if pretrained and overlay.get('file') and os.path.isdir(overlay['file']):  # a Hub folder: as 'local-dir:'
-        pretrained_cfg = hub_folder.folder_config(variant, {'file': overlay.pop('file')}, conversion, kwargs)
-    elif pretrained and overlay.get('hf_hub_id') and overlay.get('source') != 'hf-hub':  # a Hub repo: as 'hf-hub:'
-        pretrained_cfg = hub_folder.folder_config(variant, {'hf_hub_id': overlay.pop('hf_hub_id')}, conversion, kwargs)
-    tag = _resolve_tag(variant, pretrained_cfg)
-    arch_kwargs = {k: v for k, v in kwargs.items() if k not in _NON_ARCH_KWARGS}
-    features = bool(kwargs.get('features_only'))
-    filter_fn, weights_origin, file_dict = _load_filter, 'random', None
-    if pretrained:
-        cfg = resolve_pretrained_cfg(variant, pretrained_cfg, overlay).to_dict()
-        location = None if overlay.get('state_dict') is not None else hub_folder.timm_location(cfg)
-        if location is not None:  # timm's load_pretrained fetches the T-CNN's own weights; we check them
-            filter_fn = functools.partial(hub_folder.check_folder_weights, where=location, features=features)
-            weights_origin = None  # the source CNN's weights are not recorded in the folder's config
-        else:
-            weights, weights_origin, file_dict = _pretrained_weights(source, tag, cfg.get('file'), conversion,
-                                                                     overlay, kwargs.get('num_classes'))
-            overlay['state_dict'] = _WEIGHTS_PLACEHOLDER
-            filter_fn = functools.partial(_load_filter, weights=weights)
-    if features:  # the family's feature wrapper settings (what its own entrypoint passes)
-        kwargs['feature_cfg'] = {**_FEATURE_CFGS.get(source, {}), **(kwargs.get('feature_cfg') or {})}
-    model = build_model_with_cfg(
-        functools.partial(_build, source, conversion), variant, pretrained,
-        pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay, pretrained_filter_fn=filter_fn, **kwargs)
-    model.pretrained_cfg.pop('state_dict', None)
-    if file_dict is not None:  # a T-CNN file's records (test size, class names, weights' origin), as tcnn.load reads
-        if kwargs.get('num_classes') not in (None, file_dict['num_classes']):  # a new head: the file's names go
-            file_dict = dict(file_dict, num_classes=kwargs['num_classes'], label_names=None)
-        model.pretrained_cfg = model.default_cfg = io.pretrained_cfg_of(model.pretrained_cfg, file_dict,
-                                                                        cfg['file'])
-    if not features:
-        record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs, weights_origin)
-        model._model_args = _model_args(model, arch_kwargs)
-    return model
 
 
 def _t_cfg(source_cfg: Any) -> Dict[str, Any]:
@@ -366,14 +81,14 @@ FAMILIES: Tuple[Family, ...] = (
     Family('efficientnet', dict(flatten_sequential=True)),  # EfficientNet(V2), MixNet, MNASNet, ...: depthwise
     Family('mobilenetv3', dict(flatten_sequential=True)),  # MobileNetV3/V4, LCNet, FBNetV3: depthwise
 )
-_FEATURE_CFGS: Dict[str, Dict[str, Any]] = {}
 
 
-def _make_entrypoint(source: str) -> Callable[..., nn.Module]:
+def _make_entrypoint(source: str, family: Family) -> Callable[..., nn.Module]:
     variant = transformed_model_name(source)
 
     def entrypoint(pretrained: bool = False, **kwargs) -> nn.Module:
-        return _create_transformed(variant, source, pretrained, **kwargs)
+        from .convert.timm_models import create_transformed  # at call time: see the module docstring
+        return create_transformed(variant, source, family.feature_cfg, pretrained, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = variant
     entrypoint.__module__ = __name__
@@ -382,57 +97,24 @@ def _make_entrypoint(source: str) -> Callable[..., nn.Module]:
     return entrypoint
 
 
+
 def _register_all() -> Tuple[str, ...]:
     sources = []
     for family in FAMILIES:
         for source in family.sources():
             if is_model(T_PREFIX + source):  # e.g. a timm model named t_* (none today): timm's name wins
                 continue
-            sources.append(source)
-            _FEATURE_CFGS[source] = family.feature_cfg
+            sources.append((source, family))
     cfgs = {}
-    for source in sources:
+    for source, _ in sources:
         for name, cfg in get_arch_pretrained_cfgs(source).items():  # default tag first
             cfgs[transformed_model_name(name)] = _t_cfg(cfg)
     globals()['default_cfgs'] = generate_default_cfgs(cfgs)  # register_model reads the module's default_cfgs
-    for source in sources:
-        fn = _make_entrypoint(source)
+    for source, family in sources:
+        fn = _make_entrypoint(source, family)
         globals()[fn.__name__] = fn
         register_model(fn)
-    return tuple(sources)
+    return tuple(source for source, _ in sources)
 
 
 SOURCE_MODELS: Tuple[str, ...] = _register_all()
-
-
-# ---------------------------------------------------------------------------------------------- the demo's CNN
-
-DEMO_MODEL = 'demo_resnet10'
-
-
-@register_model
-def demo_resnet10(pretrained: bool = False, **kwargs) -> ResNet:
-    """The small CNN of ``tcnn demo`` (no pretrained weights: the demo trains it from scratch).
-
-    timm's ``ResNet`` with one ``BasicBlock`` per stage, widths 16-32-64-128 (1/4 of ResNet-18's) and output stride
-    16: ``layer4`` keeps ``layer3``'s resolution and dilates its 3x3 convs by 2 (timm's ``output_stride``), so at the
-    demo's 96 px the last stage sees a 6x6 token grid (stride 32 would leave 3x3, too few for attention to show
-    anything). Every argument of ``ResNet`` can be overridden (e.g. ``channels=(32, 64, 128, 256)``); ``tcnn.load``
-    rebuilds such a model from the recorded arguments.
-    """
-    if pretrained:
-        raise TcnnError(f'{DEMO_MODEL} has no pretrained weights: tcnn demo trains it from scratch (pass '
-                        'pretrained=False, or --weights PATH / --no-pretrained to tcnn train)')
-    args = dict(block=BasicBlock, layers=(1, 1, 1, 1), channels=(16, 32, 64, 128), stem_width=16, output_stride=16,
-                num_classes=2)
-    args.update(kwargs)
-    args.pop('pretrained_cfg', None)
-    args.pop('pretrained_cfg_overlay', None)
-    args.pop('cache_dir', None)
-    model = ResNet(**args)
-    # what timm's resolve_data_config and tcnn.files.tcnn_file read: the demo's images are 96 px, evaluated whole (no crop)
-    model.pretrained_cfg = model.default_cfg = {
-        'architecture': DEMO_MODEL, 'input_size': (3, 96, 96), 'crop_pct': 1.0, 'interpolation': 'bicubic',
-        'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225), 'num_classes': model.num_classes,
-        'first_conv': 'conv1', 'classifier': 'fc', 'pool_size': (6, 6)}
-    return model

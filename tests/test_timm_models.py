@@ -22,11 +22,13 @@ from timm.models.regnet import RegNet
 from timm.optim import create_optimizer_v2
 
 import tcnn
+import tcnn.convert.timm_models
 import tcnn.files.weights
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
-from tcnn.models import FAMILIES, SOURCE_MODELS, TransformedModel, TransformedResNet, transformed_class
+from tcnn.convert.timm_models import TransformedModel, TransformedResNet, transformed_class
+from tcnn.models import FAMILIES, SOURCE_MODELS
 
 REQUIRED = ['t_resnet18d', 't_resnet26d', 't_resnet50d', 't_resnet101d', 't_resnet152d', 't_resnet200d',
             't_resnetrs50', 't_resnetrs101', 't_resnetrs152', 't_resnetrs200', 't_resnetrs270', 't_resnetrs350',
@@ -431,7 +433,7 @@ def test_families_registered_with_their_own_classes():
         cls = type(model)
         assert cls.__name__ == f'Transformed{source_class.__name__}' and cls.__mro__[1:3] == (TransformedModel,
                                                                                            source_class)
-        assert transformed_class(source_class) is cls is getattr(tcnn.models, cls.__name__)  # pickles by name
+        assert transformed_class(source_class) is cls is getattr(tcnn.convert.timm_models, cls.__name__)  # pickles by name
     assert transformed_class(timm.models.resnet.ResNet) is TransformedResNet
     cfg = timm.models.get_pretrained_cfg('t_convnext_atto')
     source_cfg = timm.models.get_pretrained_cfg('convnext_atto')

@@ -169,8 +169,7 @@ def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
 def list_stages(args: argparse.Namespace) -> int:
     """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
     from ..convert.stages import default_input_size, list_stages as stage_rows
-    from ..files.weights import create_cnn
-    from ..models import source_model_name
+    from ..files.weights import create_cnn, source_model_name
 
     source = source_model_name(args.model)
     cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes)

@@ -12,8 +12,6 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import timm  # noqa: F401  (first: tcnn's import hook registers demo_resnet10 and the t_* models as timm loads, which
-# fails when timm is first imported by a half-initialised tcnn module such as tcnn.convert.transform)
 import torch
 
 from ..atomic import atomic_write_text
