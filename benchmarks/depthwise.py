@@ -6,8 +6,8 @@
 
 Times ``out[b, q, c] = sum_h w[c, h] sum_k A[b, q, h, k] V[b, k, c]``, forward and forward + backward, on the shapes
 of depthwise last stages at 224 px (ConvNeXt 7x7, MobileNetV3 5x5, EfficientNet 3x3; and ConvNeXt's 14x14 stage),
-evaluated by ``tcnn.layers.depthwise.attend_heads_first`` (``A V`` in one batched GEMM, then the per-channel sum over the
-heads: what tcnn 0.3.0 did, and what TorchScript does) and ``attend_folded``, on a CPU at several chunk budgets
+evaluated by ``tcnn.layers.depthwise.attend_heads_first`` (``A V`` in one batched GEMM, then the per-channel sum over
+the heads: what tcnn 0.3.0 did, and what TorchScript does) and ``attend_folded``, on a CPU at several chunk budgets
 (``CPU_CHUNK_ELEMENTS``), and prints which order ``attend_depthwise`` picks for the shape (``folding_pays``).
 Medians of interleaved repeats; prints a table, ``--out`` writes JSON. Random inputs.
 """

@@ -85,7 +85,7 @@ def check_device(value: Any, name: str) -> Any:
 def check_conversion_settings(locality_strength: float, gating_init: float, qk_dim: Optional[int], tol: float,
                               names: Optional[Dict[str, str]] = None) -> None:
     """Refuse conversion settings that would build a broken model silently (a NaN alpha gives NaN logits, an
-    infinite lambda a gate stuck at 1, ``qk_dim=0`` no content attention). Here rather than in ``tcnn.convert.transform`` so
+    infinite lambda a gate stuck at 1, ``qk_dim=0`` no content attention). Here rather than in ``tcnn.convert`` so
     that ``tcnn convert`` checks its flags before importing torch. ``names`` renames the arguments in messages (the
     CLI's flags)."""
     names = names or {}

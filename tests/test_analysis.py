@@ -1,4 +1,5 @@
-"""tcnn.evaluation.analysis / tcnn.evaluation.plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps, nonlocality, figures."""
+"""tcnn.evaluation.analysis / .plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps, nonlocality,
+figures."""
 import itertools
 import json
 import math
@@ -222,7 +223,7 @@ def test_sigma_is_the_width_of_the_positional_gaussian():
 
 
 def test_inspect_images_dir_takes_a_seeded_sample_across_class_folders(t_cnn, tmp_path, capsys):
-    path = tcnn.files.tcnn_file.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 32, 32), 'crop_pct': 1.0})
+    path = tcnn.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 32, 32), 'crop_pct': 1.0})
     rng = np.random.default_rng(0)
     for c in range(12):  # an ImageNet val layout in miniature: class folders in sorted order, 5 images each
         os.makedirs(tmp_path / 'val' / f'n{c:08d}')
@@ -326,7 +327,7 @@ def test_plot_command_draws_training_curves(tmp_path, capsys):
 
 
 def test_inspect_command(t_cnn, tmp_path, capsys):
-    path = tcnn.files.tcnn_file.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
+    path = tcnn.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
     images = []
     rng = np.random.default_rng(0)
     for k in range(3):
@@ -350,7 +351,7 @@ def test_inspect_command(t_cnn, tmp_path, capsys):
     assert not (out / 'attention_img0.png').exists()  # --images-dir images count for the nonlocality only
     assert 'layer4.1.conv2' in capsys.readouterr().out
     # a plain CNN has nothing to inspect; a bad query is a one-line error
-    plain = tcnn.files.tcnn_file.save(timm.create_model('resnet18d', num_classes=3), str(tmp_path / 'cnn.pt'))
+    plain = tcnn.save(timm.create_model('resnet18d', num_classes=3), str(tmp_path / 'cnn.pt'))
     assert main(['inspect', plain, '--out', str(out)]) == 2
     assert 'no GPSA layer' in capsys.readouterr().err
     assert main(['inspect', path, '--image', images[0], '--query', '999,1', '--out', str(out)]) == 2

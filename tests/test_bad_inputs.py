@@ -413,8 +413,8 @@ def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
 
 def test_train_help_and_argument_errors_do_not_import_torch():
     """``tcnn train`` takes its arguments from the torch-free ``tcnn.train.args`` and checks a fresh run's recipe
-    before importing ``tcnn.train.launch``: --help, argparse errors and recipe mistakes answer without importing torch/timm
-    (about 0.05 s instead of 1.5-2 s)."""
+    before importing ``tcnn.train.launch``: --help, argparse errors and recipe mistakes answer without importing
+    torch/timm (about 0.05 s instead of 1.5-2 s)."""
     out = _fresh_python(
         'import contextlib, io, sys, time\n'
         'start = time.perf_counter()\n'

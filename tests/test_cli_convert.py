@@ -113,7 +113,8 @@ def test_info(cnn_checkpoint, tmp_path, capsys):
     assert out.count('head 8:') == 4
     # a training checkpoint holding the model
     ckpt_path = tmp_path / 'last.pt'
-    torch.save({'model_file': tcnn.files.tcnn_file.model_to_dict(tcnn.load(out_path)), 'epoch': 4, 'best_top1': 12.5}, ckpt_path)
+    model_file = tcnn.files.tcnn_file.model_to_dict(tcnn.load(out_path))
+    torch.save({'model_file': model_file, 'epoch': 4, 'best_top1': 12.5}, ckpt_path)
     rc, out, _ = _run(['info', str(ckpt_path)], capsys)
     assert rc == 0 and 'training    after epoch 5, best_top1 12.5' in out  # counted from 1, as the console
 

@@ -294,7 +294,7 @@ def test_eval_command_on_cuda(tmp_path, capsys):
     # 4 classes with 1, 2, 3, 4 images: a model always answering class k scores (k + 1) / 10 (as in test_eval)
     plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)
-    paths = [tcnn.files.tcnn_file.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')) for k in (0, 2)]
+    paths = [tcnn.save(_rigged_tcnn(k), str(tmp_path / f'model{k}.pt')) for k in (0, 2)]
     for i, flags in enumerate(([], ['--amp'], ['--amp', '--compile', 'reduce-overhead'])):
         out = tmp_path / f'res{i}' / 'results.json'
         rc = main(['eval', *paths, '--suite', 'imagenet', '--data', str(tmp_path / 'val'), '--img-size', '32',
@@ -308,7 +308,7 @@ def test_eval_command_on_cuda(tmp_path, capsys):
 def test_inspect_command_on_cuda_matches_cpu(tmp_path, capsys):
     torch.manual_seed(0)
     model = varied_heads(tcnn.reparameterize(timm.create_model('resnet18d', num_classes=5), verify=False).eval())
-    path = tcnn.files.tcnn_file.save(model, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
+    path = tcnn.save(model, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
     rng = np.random.default_rng(0)
     images = []
     for k in range(3):

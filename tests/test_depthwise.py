@@ -161,7 +161,7 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
         return [p.grad.clone() for p in layer.parameters()]
 
     folded_grads = penalty_gradients()
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, differentiated by autograd
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, autograd
     plain_grads = penalty_gradients()
     for (name, _), a, b in zip(layer.named_parameters(), folded_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)

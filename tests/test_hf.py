@@ -426,8 +426,8 @@ def test_publish_bad_input(converted_file, tmp_path, capsys):
     plain = tmp_path / 'cnn.safetensors'
     tcnn.save(timm.create_model('resnet10t'), str(plain))
     tv = tmp_path / 'tv.pt'
-    tcnn.save(tcnn.reparameterize(tcnn.files.weights.create_cnn('torchvision:resnet18', pretrained=False), verify=False),
-              str(tv))
+    tv_cnn = tcnn.files.weights.create_cnn('torchvision:resnet18', pretrained=False)
+    tcnn.save(tcnn.reparameterize(tv_cnn, verify=False), str(tv))
     busy = tmp_path / 'busy'
     busy.mkdir()
     (busy / 'notes.txt').write_text('mine')

@@ -119,7 +119,7 @@ def test_eval_offline_names_its_own_fix(monkeypatch):
     monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)
     with pytest.raises(WeightsUnavailableError) as info:
         load_model('resnet18d')  # offline: must fail fast
-    assert str(info.value).endswith(': give a model file instead (a CNN saved with tcnn.files.tcnn_file.save, a tcnn convert '
+    assert str(info.value).endswith(': give a model file instead (a CNN saved with tcnn.save, a tcnn convert '
                                     'file or a checkpoint)')
     assert '--weights' not in str(info.value) and 'pretrained=False' not in str(info.value)
 

@@ -148,7 +148,7 @@ def test_a_flipped_byte_in_a_published_folder_is_named(t_model, published, tmp_p
     message = f'{weights}: the tensor {TENSOR} does not match its checksum: the file is corrupt'
     with pytest.raises(TcnnError, match=message):
         tcnn.load(out)
-    with pytest.raises(CorruptFileError, match=message):  # timm's own loader goes through tcnn.models
+    with pytest.raises(CorruptFileError, match=message):  # timm's own loader goes through tcnn.convert.timm_models
         timm.create_model(f'local-dir:{out}', pretrained=True)
 
 

@@ -291,7 +291,8 @@ def test_training_checkpoint_ema_weights(t_model, tmp_path):
         for p in ema.parameters():
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / 'last.pt')
-    run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0), path)
+    checkpoint = run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0)
+    run_folder.write_checkpoint(checkpoint, path)
     with torch.no_grad():
         assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
         assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))

@@ -23,7 +23,7 @@ def _timm(name: str) -> nn.Module:
 def _tv(name: str) -> nn.Module:
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None)
-    model.tcnn_source = {'model': f'torchvision:{name}'}  # the name in messages, as tcnn.files.weights.create_cnn sets it
+    model.tcnn_source = {'model': f'torchvision:{name}'}  # the name in messages, as create_cnn sets it
     return model
 
 

@@ -433,7 +433,8 @@ def test_families_registered_with_their_own_classes():
         cls = type(model)
         assert cls.__name__ == f'Transformed{source_class.__name__}' and cls.__mro__[1:3] == (TransformedModel,
                                                                                            source_class)
-        assert transformed_class(source_class) is cls is getattr(tcnn.convert.timm_models, cls.__name__)  # pickles by name
+        # pickles by name
+        assert transformed_class(source_class) is cls is getattr(tcnn.convert.timm_models, cls.__name__)
     assert transformed_class(timm.models.resnet.ResNet) is TransformedResNet
     cfg = timm.models.get_pretrained_cfg('t_convnext_atto')
     source_cfg = timm.models.get_pretrained_cfg('convnext_atto')
@@ -549,7 +550,8 @@ def test_reparameterizable_models_enumerated_from_the_registry():
 @pytest.mark.parametrize('name', REPARAMETERIZABLE)
 def test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers(name):
     """timm.utils.reparameterize_model (benchmark.py/onnx_export.py --reparam) on every t_* model that has blocks to
-    fuse: the BNs and 1x1/identity branches fuse, the GPSA layers stay GPSA layers (tcnn.convert.fusion), the logits stay.
+    fuse: the BNs and 1x1/identity branches fuse, the GPSA layers stay GPSA layers (tcnn.convert.fusion), the logits
+    stay.
 
     Random BN statistics and varied heads (so that every branch and head reaches the logits), 48 px (a 2x2 GPSA
     grid), in float64: that checks the fusion's algebra to 1e-9, apart from float32 rounding, which 50 random-BN

@@ -24,7 +24,7 @@ from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict
 from tcnn.train.run_folder import read_checkpoint
-from tcnn.train.setup import create_model
+from tcnn.train.builders import create_model
 from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
 from tcnn.train.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
     scaled_lrs

@@ -82,7 +82,7 @@ def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
     try:
         return create_cnn(spec, pretrained=True)
     except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round
-        raise e.with_hint('give a model file instead (a CNN saved with tcnn.files.tcnn_file.save, a tcnn convert file '
+        raise e.with_hint('give a model file instead (a CNN saved with tcnn.save, a tcnn convert file '
                           'or a checkpoint)') from None
 
 

@@ -1,7 +1,8 @@
 """``tcnn publish FILE --out DIR [--push ORG/NAME]``: a T-CNN as a Hugging Face Hub folder, the timm way.
 
 DIR gets timm's ``config.json`` and ``model.safetensors`` (``timm.models.save_for_hf``) and a model card
-``README.md`` (``tcnn.files.hub_folder``); ``timm.create_model('local-dir:DIR', pretrained=True)`` (with ``import tcnn``) and
+``README.md`` (``tcnn.files.hub_folder``, ``tcnn.files.model_card``); ``timm.create_model('local-dir:DIR',
+pretrained=True)`` (with ``import tcnn``) and
 ``tcnn.load(DIR)`` rebuild the T-CNN from it. ``--push`` uploads it with timm's ``push_to_hf_hub``, after DIR is
 written, so an upload that fails (offline, not logged in) leaves DIR to upload later.
 """

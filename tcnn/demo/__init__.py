@@ -2,7 +2,7 @@
 
 1. **Data**: ``tcnn.demo.synthetic`` writes an odd-colour-out task (train / val / test ImageFolders and an
    ImageNet-C-style ``test-c``) from a fixed seed.
-2. **The "pretrained" CNN**, one per seed: ``demo_resnet10`` (timm's ``ResNet`` class, see ``tcnn.models``) trained
+2. **The "pretrained" CNN**, one per seed: ``demo_resnet10`` (timm's ``ResNet`` class, see ``tcnn.demo.cnn``) trained
    from scratch on it with ``tcnn train --no-pretrained --no-sa``.
 3. **The method**, from the seed's CNN, with the same epochs and data: (a) ``no-sa``: the CNN fine-tuned
    without self-attention (T-CNN Table 1's baseline); (b) ``t-cnn``: ``tcnn.reparameterize`` (verified) and the

@@ -167,7 +167,8 @@ def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> No
 
 # ---------------------------------------------------------------------------------------------- t_* models' weights
 # ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` reads DIR/config.json, passes its
-# ``model_args`` (the conversion settings among them, see ``tcnn.models._model_args``) to the entrypoint named by its
+# ``model_args`` (the conversion settings among them, see ``_model_args`` in ``tcnn.convert.timm_models``) to the
+# entrypoint named by its
 # ``architecture`` and its ``pretrained_cfg`` with the weights' location ('source': 'local-dir' or 'hf-hub'). Those
 # weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``check_folder_weights`` makes sure they
 # are exactly this T-CNN's (never a CNN's converted on the fly, never a partial load).

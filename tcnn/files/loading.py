@@ -34,9 +34,10 @@ def load(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
     weights strictly and return it in eval mode.
 
     Args:
-        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``tcnn.save`` (or ``OUTPUT/last.pt``/``best.pt``), or a
-            Hub folder (``config.json`` + weights, from ``tcnn publish`` or ``timm.models.save_for_hf``): its path,
-            ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'`` (read from the local Hugging Face cache when offline).
+        path: A ``.pt``/``.pth``/``.safetensors`` file written by ``tcnn.save`` (or ``OUTPUT/last.pt``/
+            ``best.pt``), or a Hub folder (``config.json`` + weights, from ``tcnn publish`` or
+            ``timm.models.save_for_hf``): its path, ``'local-dir:PATH'`` or ``'hf-hub:ORG/NAME'`` (read from the local
+            Hugging Face cache when offline).
         map_location: Where the weights go (as in ``torch.load``; a device for a Hub folder).
         ema: Load the EMA weights of a training checkpoint (``tcnn train --model-ema``) instead of the raw ones.
 

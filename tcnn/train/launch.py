@@ -6,7 +6,7 @@ A run, in order: resolve the recipe (``tcnn.train.recipe``) and, with ``--resume
 datasets (which fixes the number of classes); build the ``Trainer`` (``tcnn.train.trainer``): create the CNN
 (``tcnn.files.weights.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the exact
 configuration) unless ``no_sa``, or later for ``reparam_epoch``, build the loaders with the model's preprocessing
-(``tcnn.train.setup``); then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes, through
+(``tcnn.train.builders``); then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes, through
 ``tcnn.train.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),
 ``OUTPUT/status.json`` and the checkpoints ``OUTPUT/last.pt`` / ``OUTPUT/best.pt`` (atomic,
 ``torch.load(weights_only=True)``-loadable; ``tcnn.load`` reads the model out of them).

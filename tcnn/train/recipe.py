@@ -183,7 +183,7 @@ BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recipes'
 
 
 def bundled_recipes() -> List[str]:
-    """Names of the recipes shipped with the package (``tcnn/recipes/*.yaml``, also ``recipes/`` in the repo)."""
+    """Names of the recipes shipped with the package (``tcnn/train/recipes/*.yaml``, also ``recipes/`` in the repo)."""
     return sorted(f[:-5] for f in os.listdir(BUNDLED_DIR) if f.endswith('.yaml') and f != 'base.yaml')
 
 

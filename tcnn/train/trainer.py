@@ -2,7 +2,7 @@
 loop (T-CNN, arXiv:2106.05795, section 3; late reparameterisation: Table 3).
 
 ``tcnn.train.launch`` builds it and calls ``fit``; the pieces it is built from are functions of the recipe
-(``tcnn.train.setup``), the loops are ``tcnn.train.engine``'s, and rank 0 writes the run folder through
+(``tcnn.train.builders``), the loops are ``tcnn.train.engine``'s, and rank 0 writes the run folder through
 ``tcnn.train.run_folder.RunFolder``.
 """
 import math
@@ -30,7 +30,7 @@ from .recipe import scaled_lrs
 from .resume import SCHEDULE_KEYS
 from .run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from .report import epoch_summary, setup_lines
-from .setup import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
+from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 
 __all__ = ['Trainer']
 
