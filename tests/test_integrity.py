@@ -316,6 +316,19 @@ def test_a_t_cnn_state_dict_at_other_stages(tmp_path, capsys):
     assert loaded.tcnn_config['stages'] == ['layer3', 'layer4'] and torch.equal(loaded(_x()), model(_x()))
 
 
+def test_a_cnn_state_dict_for_a_t_cnn_name_gets_the_cnn_command(tmp_path, capsys):
+    """``tcnn convert t_MODEL --weights SD`` with a CNN's state dict (no GPSA layers): one line naming the command
+    that converts it."""
+    sd = str(tmp_path / 'cnn.pth')
+    torch.save(timm.create_model('resnet18d', num_classes=3).state_dict(), sd)
+    out = str(tmp_path / 't.pt')
+    assert main(['convert', 't_resnet18d', '--weights', sd, '--out', out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'holds the weights of a CNN (no GPSA layers)' in err, err
+    assert f'`tcnn convert resnet18d --weights {sd} --out {out}`' in err, err
+    assert not os.path.exists(out)
+
+
 # ---------------------------------------------------------------------------------------------- messages
 
 
