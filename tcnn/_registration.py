@@ -8,7 +8,7 @@ comes from (``import timm`` in the user's code, in a timm script, or in a tcnn m
 Why a hook rather than importing timm in ``import tcnn`` (wall medians of 10 runs, torch 2.15 CPU, timm 1.0.31, a
 quiet moment of a shared 2-core machine): ``python -c pass`` 0.025 s, ``import tcnn`` 0.031 s, ``tcnn --help``
 0.043 s; ``import timm`` 4.8 s (``-X importtime``: torch 1.4 s, torchvision 1.3 s of it), ``import tcnn; import timm``
-5.2 s, the registry itself 54 ms (``import tcnn`` after timm; 94 ms in 0.3.x, whose registry imported the
+5.2 s, the registry itself 54 ms (``import tcnn`` after timm; 94 ms in 0.4.0, whose registry imported the
 conversion and file code). Registering eagerly would make ``import tcnn``, and every ``tcnn`` command's argument
 check, cost those ~5 s instead of 0.03 s; the hook costs 1 ms and ~60 lines. timm has no plug-in entry points for
 models to register through instead.

@@ -14,9 +14,9 @@ data config), minus the weight locations: there are no converted weights to down
   loader;
 * a Hub folder (``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)``, or
   ``pretrained_cfg_overlay=dict(file=DIR)`` / ``dict(hf_hub_id=ORG/NAME)``) rebuilds the T-CNN its config.json
-  describes and loads the folder's own weights with timm's ``load_pretrained``, checked to fit exactly (see "Hub
-  folders" in ``tcnn.convert.timm_models``). The models carry their conversion settings as timm's ``_model_args``,
-  so ``save_for_hf`` writes such a folder.
+  describes and loads the folder's own weights with timm's ``load_pretrained``, checked to fit exactly
+  (``tcnn.files.hub_folder.check_folder_weights``). The models carry their conversion settings as timm's
+  ``_model_args``, so ``save_for_hf`` writes such a folder.
 
 The models are built from the source's own entrypoint by timm's ``build_model_with_cfg`` and stay instances of the
 source's class (``tcnn.convert.timm_models``, which each entrypoint imports when called). Extra keyword arguments:

@@ -1,11 +1,11 @@
 """Files written by earlier releases load in this one and compute the same logits.
 
-``tests/fixtures/tcnn-RELEASE/`` holds files that tcnn RELEASE wrote (``make.py`` there says how): T-CNN files in
-``.pt`` and ``.safetensors`` (dense GPSA layers, format version 2; depthwise ones, version 3), a training checkpoint
-with optimiser state and EMA weights, and a Hub folder written by ``tcnn publish``; ``expected.pt`` holds the logits
-that release computed from each on a fixed input. 0.3.1 files have no checksums, no class names and no stored test
-size; 0.4.0 files have all three, and were written by the last release before the package's modules moved into
-subpackages (0.5.0).
+``tests/fixtures/tcnn-RELEASE/`` holds files that tcnn RELEASE wrote (``tests/fixtures/make_release_files.py`` says
+how): T-CNN files in ``.pt`` and ``.safetensors`` (dense GPSA layers, format version 2; depthwise ones, version 3), a
+training checkpoint with optimiser state and EMA weights, and a Hub folder written by ``tcnn publish``; ``expected.pt``
+holds the logits that release computed from each on a fixed input. 0.3.1 files have no checksums, no class names and
+no stored test size; 0.4.0 files have all three, and were written by the last release before the package's modules
+moved into subpackages (0.5.0).
 """
 import os
 
