@@ -1,6 +1,7 @@
 """``tcnn demo`` end to end on its tiny plan: the files and keys of the report, its numbers against ``tcnn eval`` on
 the saved model files, one CNN per seed, reproducibility, stopping and continuing a demo, the comparison with the
 documented distribution, and the command's argument errors."""
+import argparse
 import copy
 import json
 import os
@@ -13,14 +14,16 @@ import pytest
 import torch
 
 import tcnn
-from tcnn.demo.plan import DEMO_VERSION, PLANS
-from tcnn.demo.pool import parallel_layout
+from tcnn.commands import demo as demo_command
+from tcnn.demo.plan import DEMO_VERSION, PAPER_PRETRAIN_EPOCHS, PLANS, recipe_changes, warmup_epochs
+from tcnn.demo.pool import loader_workers, parallel_layout
 from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
                                  load_reference, reference_lines)
 from tcnn.demo.report import _readme_reference, render_readme, verdict
 from tcnn.demo.results import summarize_runs
 from tcnn.demo.runner import run_demo
 from tcnn.evaluation import scoring
+from tcnn.evaluation.plots import load_metrics
 from tcnn.convert.settings import gpsa_layers
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import load_recipe
@@ -77,6 +80,28 @@ def test_report_files_and_keys(tiny):
     assert set(results['figures']['curves']) == {'cnn', 'no-sa', 't-cnn', 't-cnn-late'}
     env = results['environment']
     assert env['jobs'] == 2 and env['threads'] == 1 and env['torch'] == torch.__version__ and env['pillow']
+
+
+def test_the_training_section_reads_the_runs_own_metrics(tiny):
+    out, results, _ = tiny
+    tr = results['training']
+    assert tr['warmup_epochs'] == 1 and tr['cnns'] == 2
+    assert tr['cnn'] == {'0': None, '1': None}  # 1 CNN epoch: too short to tell a plateau
+    for seed in (0, 1):
+        cnn_last = load_metrics(str(out / 'runs' / f'seed{seed}-cnn'))[-1]['val_top1']
+        rows = load_metrics(str(out / 'runs' / f'seed{seed}-t-cnn'))
+        run = tr['runs'][f'seed{seed}-t-cnn']
+        assert run['dip']['start'] == cnn_last and run['dip']['final'] == rows[-1]['val_top1']
+        assert run['dip']['warmup_min'] == rows[0]['val_top1']
+        for layer, gpsa in rows[-1]['gpsa'].items():
+            assert run['layers'][layer]['gate']['final'] == pytest.approx(sum(gpsa['gate']) / len(gpsa['gate']))
+            assert run['layers'][layer]['span']['final'] == pytest.approx(sum(gpsa['span']) / len(gpsa['span']))
+        assert tr['runs'][f'seed{seed}-no-sa']['layers'] == {}
+        late = tr['runs'][f'seed{seed}-t-cnn-late']['layers']
+        assert late and all(e['warmup_epoch'] == PLANS['tiny'].late_epoch for e in late.values())
+    readme = (out / 'README.md').read_text()
+    assert "### Over training (the paper's Fig. 4 in numbers)" in readme
+    assert '| T-CNN, late reparam. | layer4.0.conv2 |' in readme and 'Fig. 4A, T-CNN:' in readme
 
 
 def test_numbers_are_what_tcnn_eval_measures_on_the_model_files(tiny):
@@ -176,6 +201,66 @@ def test_a_stopped_demo_continues_to_the_same_numbers(tiny, tmp_path):
         a, b = torch.load(run['model_file'], weights_only=True), torch.load(first[run['name']]['model_file'],
                                                                               weights_only=True)
         assert all(torch.equal(a['state_dict'][k], b['state_dict'][k]) for k in a['state_dict'])
+
+
+PAPER_DEMO_SCRIPT = os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'gpu', '6_paper_demo.sh')
+
+
+def _timeout_process_of(out_dir):
+    """The pid of the ``timeout`` process that runs ``tcnn demo --out out_dir`` (Linux: from /proc)."""
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                argv = f.read().decode(errors='replace').split('\0')
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == 'timeout' and str(out_dir) in argv:
+            return int(pid)
+    raise AssertionError(f'no timeout process runs tcnn demo --out {out_dir}')
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the GPU kit runs on Linux (/proc, bash)')
+def test_the_paper_demo_script_continues_on_a_fresh_machine_to_the_same_numbers(tiny, tmp_path):
+    """benchmarks/gpu/6_paper_demo.sh in SMOKE mode (the tiny plan on the CPU): stopped by its time limit once the
+    CNNs are trained, it packs the demo's state into $OUT; a second call on a "fresh machine" (another demo folder,
+    no data) continues from those parts, carried, without training the finished runs again, to the numbers of an
+    uninterrupted demo."""
+    out, results, _ = tiny
+    env = dict(os.environ, SMOKE='1', PYTHON=sys.executable, HF_HUB_OFFLINE='1')
+    first = tmp_path / 'machine1'
+    proc = subprocess.Popen(['bash', PAPER_DEMO_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(env, OUT=str(tmp_path / 'out1'), PAPER_DEMO_DIR=str(first)))
+    for line in proc.stdout:
+        if line.startswith('== seed0-t-cnn:'):  # both CNNs trained (one per process), the arms starting
+            time.sleep(0.5)
+            os.kill(_timeout_process_of(first), signal.SIGTERM)  # what the time limit does
+            break
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    assert 'the demo did not finish' in log
+    parts = sorted((tmp_path / 'out1').glob('paper-demo-state.tar.part-*'))
+    assert parts and all(p.stat().st_size <= 15 * 2 ** 20 for p in parts)
+    assert not list((tmp_path / 'out1').glob('*.json'))
+
+    state = tmp_path / 'carried'
+    state.mkdir()
+    for p in parts:
+        (state / p.name).write_bytes(p.read_bytes())
+    second = tmp_path / 'machine2'
+    log = subprocess.run(['bash', PAPER_DEMO_SCRIPT], capture_output=True, text=True, timeout=600,
+                         env=dict(env, OUT=str(tmp_path / 'out2'), PAPER_DEMO_DIR=str(second),
+                                  PAPER_DEMO_STATE=str(state))).stdout
+    assert 'continuing from the carried state' in log and 'the demo finished' in log, log
+    # the CNNs were complete in the state: exported again, not trained again
+    for seed in (0, 1):
+        assert (second / 'runs' / f'seed{seed}-cnn' / 'log.txt').read_text().count('== tcnn train') == 1
+    (result_file,) = (tmp_path / 'out2').glob('cpu-smoke-paper-demo-*.json')
+    continued = json.loads(result_file.read_text())
+    assert (tmp_path / 'out2' / 'paper-demo-figures.tar.gz').stat().st_size > 0
+    uninterrupted = {r['name']: r for r in results['runs']}
+    for run in continued['runs']:
+        assert run['clean_top1'] == uninterrupted[run['name']]['clean_top1']
+        assert run['corrupted_top1'] == uninterrupted[run['name']]['corrupted_top1']
 
 
 ALL_ARMS = ['cnn', 'no-sa', 't-cnn', 't-cnn-late']
@@ -323,10 +408,40 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     ('cpu', 6, None, 2, (2, 1)),
     ('cpu', 2, None, 16, (2, 8)),
     ('cpu', 6, 6, 2, (6, 1)),
-    ('cuda', 6, None, 16, (1, None)),
+    ('cuda', 6, None, 16, (1, None)),  # one process on the GPU, torch's threads and tcnn train's loader workers
+    ('cuda', 3, 4, 16, (4, 4)),  # processes sharing a GPU share the cores too
 ])
 def test_parallel_layout(device, seeds, jobs, cpus, expected):
     assert parallel_layout(device, seeds, jobs, cpus) == expected
+
+
+@pytest.mark.parametrize('device, threads, expected', [
+    ('cpu', 1, 0),  # a one-thread process loads its own images
+    ('cpu', 2, None),  # tcnn train's own choice
+    ('cuda', None, None),
+    ('cuda', 4, 3),  # a GPU process with 4 cores: 3 workers feed it, its own thread drives the GPU
+    ('cuda', 1, 1),
+])
+def test_loader_workers(device, threads, expected):
+    assert loader_workers(device, threads) == expected
+
+
+def test_the_paper_plan_is_the_papers_schedule_on_the_default_data():
+    """--plan paper: the default plan's data, each CNN to its plateau (PAPER_PRETRAIN_EPOCHS, measured), 50 fine-tuning
+    epochs with 5 of warm-up (T-CNN section 3), the late arm half-way, 3 seeds; its report says so."""
+    paper, default = PLANS['paper'], PLANS['default']
+    assert (paper.train, paper.val, paper.test, paper.corrupt) == (default.train, default.val, default.test,
+                                                                   default.corrupt)
+    schedule = (paper.finetune_epochs, warmup_epochs(paper.finetune_epochs), paper.late_epoch, paper.seeds)
+    assert schedule == (50, 5, 25, 3)
+    assert paper.pretrain_epochs == PAPER_PRETRAIN_EPOCHS > default.pretrain_epochs
+    changes = recipe_changes(paper)
+    assert changes[0].startswith('epochs: 50 with 5 of warm-up, as the paper\'s')
+    assert f'for {PAPER_PRETRAIN_EPOCHS} epochs first, to its plateau' in changes[0]
+    assert recipe_changes(default)[0].startswith('epochs: 4 instead of 50')
+    parser = argparse.ArgumentParser()
+    demo_command.add_arguments(parser)
+    assert parser.parse_args(['--plan', 'paper']).plan == 'paper'
 
 
 def test_another_plan_in_the_same_folder_is_refused(tiny):

@@ -1,6 +1,7 @@
 """``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
 import argparse
 
+from ..demo.plan import PLANS
 from ..errors import InvalidArgumentError, check_device, check_number
 
 
@@ -10,9 +11,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'interrupted demo')
     parser.add_argument('--quick', action='store_true',
                         help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): --plan quick')
-    parser.add_argument('--plan', choices=['default', 'quick', 'tiny'],
+    parser.add_argument('--plan', choices=list(PLANS),
                         help='sizes and schedules: default (the result, about 15 minutes on 2 CPU cores), quick (a '
-                             'smoke run) or tiny (a check of the pipeline in about a minute, no result)')
+                             'smoke run), paper (the paper\'s schedule: each CNN to its plateau, 50 fine-tuning '
+                             'epochs, 3 seeds; a GPU\'s job, hours on a CPU) or tiny (a check of the pipeline in about '
+                             'a minute, no result)')
     parser.add_argument('--seeds', type=int, metavar='N',
                         help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default 2; 1 '
                              'with --quick); --seeds 6 measures the distribution that docs/demo.md documents')

@@ -16,7 +16,7 @@ from ..train import run_folder
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from .plan import Plan
 
-__all__ = ['Context', 'Run', 'DemoStopped', 'parallel_layout', 'available_cpus', 'train_all']
+__all__ = ['Context', 'Run', 'DemoStopped', 'parallel_layout', 'loader_workers', 'available_cpus', 'train_all']
 
 
 @dataclasses.dataclass
@@ -57,12 +57,25 @@ def parallel_layout(device: str, seeds: int, jobs: Optional[int] = None,
     On a CPU, one process per core up to the number of seeds, each with ``cpus // jobs`` threads: the demo's small
     model keeps one thread busy, while two threads of one process wait for each other at every layer (measured in
     docs/demo.md), and a process that loads its own images needs no loader workers. On a GPU, one process at a time
-    with torch's default threads.
+    with torch's default threads unless ``jobs`` asks for more: then each process gets its share of the cores (its
+    threads, and its loader workers, ``loader_workers``), so that processes sharing the GPU do not oversubscribe the
+    CPUs that feed it.
     """
     cpus = cpus or available_cpus()
     if jobs is None:
         jobs = 1 if device != 'cpu' else max(1, min(seeds, cpus))
-    return jobs, (max(1, cpus // jobs) if device == 'cpu' else None)
+    return jobs, (max(1, cpus // jobs) if device == 'cpu' or jobs > 1 else None)
+
+
+def loader_workers(device: str, threads: Optional[int]) -> Optional[int]:
+    """Loader workers per training process where the demo was not given ``--workers``: none for a one-thread CPU
+    process (it loads its own images on its own core), one less than its share of the cores for a process that shares
+    a GPU with others (the training process keeps a core), and ``tcnn train``'s own choice (None) otherwise."""
+    if threads is None:
+        return None
+    if device == 'cpu':
+        return 0 if threads == 1 else None
+    return max(1, threads - 1)
 
 
 class DemoStopped(Exception):

@@ -1,15 +1,16 @@
 """The demo's report: what the numbers say in plain words (``verdict``), the result table of its log
 (``summary_lines``) and its ``README.md`` (``render_readme``: the table, what it means, the comparison with the
-documented distribution, the details, the figures, how it was made).
+documented distribution, the details, the runs over their epochs (the paper's Fig. 4 in numbers), the figures, how
+it was made).
 """
 import os
-from typing import Any, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
 from ..evaluation.tables import format_markdown, format_table
 from .plan import ARM_TITLES, IMG_SIZE
 from .reference import BAND_TEXT, HEADLINE_TITLES, reference_lines, where_it_lies
 
-__all__ = ['verdict', 'summary_lines', 'render_readme']
+__all__ = ['verdict', 'training_verdict', 'summary_lines', 'render_readme']
 
 
 def _pm(stats: Mapping[str, Any], signed: bool = False) -> str:
@@ -63,7 +64,76 @@ def verdict(results: Mapping[str, Any]) -> List[str]:
         if nl and init.get('nonlocality_mean') is not None:
             line += f'; mean nonlocality {init["nonlocality_mean"]:.2f} -> {sum(nl) / len(nl):.2f} tokens'
         lines.append(line + '.')
+    return lines + training_verdict(results)
+
+
+def _seed_mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def training_verdict(results: Mapping[str, Any]) -> List[str]:
+    """What the runs did over their epochs, in plain words: the CNNs' plateau and the paper's Fig. 4 (A the warm-up
+    dip, B spans and C gates per GPSA layer)."""
+    tr = results.get('training')
+    if not tr:
+        return []
+    lines = []
+    told = [p for p in tr['cnn'].values() if p is not None]
+    if told:
+        gains = ', '.join(f'{p["gain"]:+.1f}' for p in told)
+        window = told[0]['window']
+        state = (f'all {len(told)} at their plateau' if tr['cnns_at_plateau'] == len(told) else
+                 f'{tr["cnns_at_plateau"]} of {len(told)} at their plateau')
+        lines.append(f'Were the CNNs converged before fine-tuning? Their mean val top-1 over the last {window} epochs '
+                     f'moved {gains} points against the {window} before: {state} (at most '
+                     f'{tr["plateau_points"]:g} point).'
+                     + ('' if tr['cnns_at_plateau'] == len(told) else ' A CNN still rising gains from any further '
+                        'training, with or without attention: the comparison is then with the no-SA arm only.'))
+    for arm in ('t-cnn', 'no-sa'):
+        dips = [r['dip'] for r in tr['runs'].values() if r['arm'] == arm and r['dip']]
+        if dips:
+            dip = _seed_mean([d['dip'] for d in dips])
+            fell = (f'fell {dip:.1f} points below the CNN it started from' if dip >= 0.05 else
+                    'did not fall below the CNN it started from')
+            lines.append(f'Fig. 4A, {ARM_TITLES[arm]}: during the {tr["warmup_epochs"]} warm-up epoch(s) val top-1 '
+                         f'{fell} (mean over seeds), and ended '
+                         f'{_seed_mean([d["final"] - d["start"] for d in dips]):+.1f} points from it. The paper: a dip '
+                         'during the warm-up, then a rise above the CNN as the learning rate decays.')
+    layers = _mean_layers(tr, 't-cnn')
+    if layers:
+        gates = '; '.join(f'{name} {e["gate_init"]:.2f} -> {e["gate_final"]:.2f} ({e["content_heads"]:.1f} of '
+                          f'{e["heads"]} heads below {tr["content_gate"]:g})' for name, e in layers.items())
+        spans = '; '.join(f'{name} {e["span_init"]:.2f} -> {e["span_final"]:.2f}' for name, e in layers.items())
+        lines.append(f'Fig. 4C, T-CNN gates sigma(lambda) per GPSA layer, init -> end (mean over heads and seeds): '
+                     f'{gates}. The paper: the first GPSA layer stays convolutional (gates near 1), the later ones '
+                     'escape locality, most heads attending by content.')
+        lines.append(f'Fig. 4B, T-CNN spans 1/alpha per GPSA layer, init -> end: {spans}. The paper: the span widens '
+                     'on average, some heads contracting.')
     return lines
+
+
+def _mean_layers(training: Mapping[str, Any], arm: str) -> Dict[str, Dict[str, Any]]:
+    """Per GPSA layer, the layer trajectories of an arm's runs averaged over seeds."""
+    per_layer: Dict[str, List[Mapping[str, Any]]] = {}
+    for run in training['runs'].values():
+        if run['arm'] != arm:
+            continue
+        for name, e in run['layers'].items():
+            per_layer.setdefault(name, []).append(e)
+    out = {}
+    for name, es in per_layer.items():
+        warm_gates = [e['gate']['warmup'] for e in es if e['gate']['warmup'] is not None]
+        warm_spans = [e['span']['warmup'] for e in es if e['span']['warmup'] is not None]
+        out[name] = {'heads': es[0]['heads'], 'seeds': len(es), 'gate_init': es[0]['gate']['init'],
+                     'gate_warmup': _seed_mean(warm_gates) if warm_gates else None,
+                     'gate_final': _seed_mean([e['gate']['final'] for e in es]),
+                     'content_heads': _seed_mean([e['content_heads'] for e in es]),
+                     'span_init': es[0]['span']['init'],
+                     'span_warmup': _seed_mean(warm_spans) if warm_spans else None,
+                     'span_final': _seed_mean([e['span']['final'] for e in es]),
+                     'wider': _seed_mean([e['span']['wider'] for e in es]),
+                     'narrower': _seed_mean([e['span']['narrower'] for e in es])}
+    return out
 
 
 def _result_rows(results: Mapping[str, Any]) -> List[List[str]]:
@@ -188,6 +258,59 @@ Averaged over {analysed.get('num_images', 0)} test images.
 """
 
 
+def _fmt(value: Any, fmt: str) -> str:
+    return '' if value is None else format(value, fmt)
+
+
+def _readme_training(results: Mapping[str, Any]) -> str:
+    """Over the epochs: every CNN's plateau, every fine-tuning run's warm-up dip, every T-CNN arm's gates and spans
+    per GPSA layer (the paper's Fig. 4 in numbers; the curves are in the figures)."""
+    tr = results.get('training')
+    if not tr:
+        return ''
+    cnn_rows = [[seed, str(p['epochs']), f'{p["final"]:.1f}', f'{p["best"]:.1f}', f'{p["before_mean"]:.1f}',
+                 f'{p["last_mean"]:.1f}', f'{p["gain"]:+.1f}', 'yes' if p['at_plateau'] else 'no']
+                for seed, p in tr['cnn'].items() if p is not None]
+    dip_rows = [[str(r['seed']), ARM_TITLES[r['arm']], f'{r["dip"]["start"]:.1f}', f'{r["dip"]["warmup_min"]:.1f}',
+                 f'{r["dip"]["dip"]:.1f}', f'{r["dip"]["final"]:.1f}']
+                for r in tr['runs'].values() if r['dip']]
+    layer_rows = []
+    for arm in ('t-cnn', 't-cnn-late'):
+        for name, e in _mean_layers(tr, arm).items():
+            layer_rows.append([ARM_TITLES[arm], name, f'{e["gate_init"]:.3f}', _fmt(e['gate_warmup'], '.3f'),
+                               f'{e["gate_final"]:.3f}', f'{e["content_heads"]:.1f} of {e["heads"]}',
+                               f'{e["span_init"]:.2f}', _fmt(e['span_warmup'], '.2f'), f'{e["span_final"]:.2f}',
+                               f'{e["wider"]:.1f} / {e["narrower"]:.1f}'])
+    parts = ['\n### Over training (the paper\'s Fig. 4 in numbers)\n']
+    if cnn_rows:
+        window = next(p['window'] for p in tr['cnn'].values() if p is not None)
+        parts.append(f"""
+The CNNs before fine-tuning, val top-1 %: at their plateau when the mean over the last {window} epochs is at most
+{tr['plateau_points']:g} point above the mean over the {window} before.
+
+{_md_table(['seed', 'epochs', 'last epoch', 'best epoch', f'mean, {window} epochs before', f'mean, last {window}',
+            'gain', 'at plateau'], cnn_rows)}
+""")
+    if dip_rows:
+        parts.append(f"""
+Fine-tuning from the CNN, val top-1 % (Fig. 4A): the CNN's last epoch, the lowest during the {tr['warmup_epochs']}
+warm-up epoch(s), how far below the CNN that is, and the last epoch.
+
+{_md_table(['seed', 'run', 'CNN', 'warm-up low', 'dip (points)', 'last epoch'], dip_rows)}
+""")
+    if layer_rows:
+        parts.append(f"""
+Gates sigma(lambda) and spans 1/alpha per GPSA layer (Fig. 4B and C), means over heads and seeds: at the fine-tuning
+init (sigmoid(1) and 1 for every head), at the end of the warm-up (a late run: its first epoch with attention) and at
+the end; heads with a final gate below {tr['content_gate']:g} attend by content almost only; heads whose span ended
+over 5% wider / narrower than 1.
+
+{_md_table(['run', 'layer', 'gate init', 'gate warm-up', 'gate end', 'content heads', 'span init', 'span warm-up',
+            'span end', 'heads wider / narrower'], layer_rows)}
+""")
+    return ''.join(parts)
+
+
 def _readme_figures(results: Mapping[str, Any]) -> str:
     figs = results.get('figures', {})
     rel = lambda p: os.path.relpath(p, os.path.dirname(results['eval_file']))  # noqa: E731
@@ -204,6 +327,7 @@ def _readme_figures(results: Mapping[str, Any]) -> str:
 def _readme_method(results: Mapping[str, Any]) -> str:
     """The task, how the experiment was made, the files and the environment."""
     plan, ds, env = results['plan'], results['dataset'], results['environment']
+    device = env['device'] + (f' ({env["gpu"]})' if env.get('gpu') else '')
     late = (f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
    reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '')
     return f"""
@@ -243,12 +367,12 @@ The settings (epochs, learning rates) were chosen on the validation split; the t
 
 Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (every training run's time in the
 per-seed table above; {env['jobs']} training process(es) at a time) on {env['cpus']} CPUs ({env['threads']} torch
-threads per process, device {env['device']}); torch {env['torch']}, torchvision {env['torchvision']}, timm
+threads per process, device {device}); torch {env['torch']}, torchvision {env['torchvision']}, timm
 {env['timm']}, Pillow {env['pillow']}, numpy {env['numpy']}, tcnn {env['tcnn']}.
 """
 
 
 def render_readme(results: Mapping[str, Any]) -> str:
     """The demo's ``README.md``: the table, what it means, the details, the figures, how it was made."""
-    return ''.join(f(results) for f in (_readme_result, _readme_reference, _readme_details, _readme_figures,
-                                         _readme_method))
+    return ''.join(f(results) for f in (_readme_result, _readme_reference, _readme_details, _readme_training,
+                                         _readme_figures, _readme_method))

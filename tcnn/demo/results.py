@@ -20,7 +20,8 @@ from ..evaluation.plots import load_metrics
 from ..files import loading
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from ..version import __version__
-from .plan import ARM_TITLES, CNN, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, recipe_changes, run_name
+from .dynamics import summarize_training
+from .plan import ARM_TITLES, CNN, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, recipe_changes, run_name, warmup_epochs
 from .pool import Context, DemoStopped, available_cpus
 from .synthetic import CORRUPTED_SPLIT, hue_class
 
@@ -185,6 +186,8 @@ def collect_results(ctx: Context, report: Mapping[str, Any], runs: List[Dict[str
         'init': _analyse_init(ctx),
         'runs': runs,
         'summary': summarize_runs(runs, [CNN, *ctx.plan.arms]),
+        'training': summarize_training(runs, {r['name']: load_metrics(r['run_dir']) for r in runs},
+                                       warmup_epochs(ctx.plan.finetune_epochs), cnn_arm=CNN),
         'recipe_changes': recipe_changes(ctx.plan),
         'eval_file': os.path.join(ctx.out, 'eval.json'),
         'environment': environment(ctx.device, ctx.jobs, ctx.threads),
@@ -196,7 +199,9 @@ def environment(device: str = 'cpu', jobs: int = 1, threads: Optional[int] = Non
     import numpy
     import PIL
     import torchvision
-    return {'device': device, 'jobs': jobs, 'threads': threads if threads is not None else torch.get_num_threads(),
+    gpu = torch.cuda.get_device_name(torch.device(device)) if device.startswith('cuda') else None
+    return {'device': device, 'gpu': gpu, 'jobs': jobs,
+            'threads': threads if threads is not None else torch.get_num_threads(),
             'cpus': available_cpus(), 'python': platform.python_version(), 'torch': torch.__version__,
             'torchvision': torchvision.__version__, 'timm': timm.__version__, 'pillow': PIL.__version__,
             'numpy': numpy.__version__, 'tcnn': __version__, 'machine': platform.machine()}

@@ -22,7 +22,7 @@ from ..paths import check_output_dir
 from ..train import run_folder
 from . import synthetic
 from .plan import CNN, DATA_SEED, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, PLANS, run_name, warmup_epochs
-from .pool import Context, Run, parallel_layout, train_all
+from .pool import Context, Run, loader_workers, parallel_layout, train_all
 from .reference import compare_with_reference, reference_lines
 from .report import render_readme, summary_lines
 from .results import collect_results, draw_figures, evaluate
@@ -40,7 +40,7 @@ def _train_argv(ctx: Context, name: str, seed: int, epochs: int, lr: float, extr
             '--set', f'warmup_epochs={warmup_epochs(epochs)}',
             # channels-last pays on CPU too for this model (oneDNN's convolutions; measured in docs/demo.md)
             '--set', 'channels_last=true', '--no-progress']
-    workers = ctx.workers if ctx.workers is not None else 0 if ctx.threads == 1 else None
+    workers = ctx.workers if ctx.workers is not None else loader_workers(ctx.device, ctx.threads)
     if workers is not None:
         argv += ['--workers', str(workers)]
     return argv + list(extra)
