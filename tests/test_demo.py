@@ -80,6 +80,8 @@ def test_report_files_and_keys(tiny):
     assert set(results['figures']['curves']) == {'cnn', 'no-sa', 't-cnn', 't-cnn-late'}
     env = results['environment']
     assert env['jobs'] == 2 and env['threads'] == 1 and env['torch'] == torch.__version__ and env['pillow']
+    assert env['cpu'] and env['cpu_capability'] == torch.backends.cpu.get_cpu_capability() and env['gpu'] is None
+    assert f'{env["cpu"]}, torch\'s {env["cpu_capability"]} kernels' in (out / 'README.md').read_text()
 
 
 def test_the_training_section_reads_the_runs_own_metrics(tiny):

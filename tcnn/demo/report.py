@@ -328,6 +328,7 @@ def _readme_method(results: Mapping[str, Any]) -> str:
     """The task, how the experiment was made, the files and the environment."""
     plan, ds, env = results['plan'], results['dataset'], results['environment']
     device = env['device'] + (f' ({env["gpu"]})' if env.get('gpu') else '')
+    cpu = f", {env['cpu']}, torch's {env['cpu_capability']} kernels" if env.get('cpu') else ''
     late = (f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
    reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '')
     return f"""
@@ -367,7 +368,7 @@ The settings (epochs, learning rates) were chosen on the validation split; the t
 
 Wall time of the last `tcnn demo` call {results.get('wall_s', 0) / 60:.1f} min (every training run's time in the
 per-seed table above; {env['jobs']} training process(es) at a time) on {env['cpus']} CPUs ({env['threads']} torch
-threads per process, device {device}); torch {env['torch']}, torchvision {env['torchvision']}, timm
+threads per process{cpu}, device {device}); torch {env['torch']}, torchvision {env['torchvision']}, timm
 {env['timm']}, Pillow {env['pillow']}, numpy {env['numpy']}, tcnn {env['tcnn']}.
 """
 

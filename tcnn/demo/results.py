@@ -200,11 +200,25 @@ def environment(device: str = 'cpu', jobs: int = 1, threads: Optional[int] = Non
     import PIL
     import torchvision
     gpu = torch.cuda.get_device_name(torch.device(device)) if device.startswith('cuda') else None
-    return {'device': device, 'gpu': gpu, 'jobs': jobs,
+    # the CPU and the kernels torch picks for it: two CPUs of one name can round differently (docs/demo.md)
+    return {'device': device, 'gpu': gpu, 'cpu': _cpu_model(),
+            'cpu_capability': torch.backends.cpu.get_cpu_capability(), 'jobs': jobs,
             'threads': threads if threads is not None else torch.get_num_threads(),
             'cpus': available_cpus(), 'python': platform.python_version(), 'torch': torch.__version__,
             'torchvision': torchvision.__version__, 'timm': timm.__version__, 'pillow': PIL.__version__,
             'numpy': numpy.__version__, 'tcnn': __version__, 'machine': platform.machine()}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _train_time(run_dir: str) -> float:
