@@ -10,22 +10,12 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from tcnn.atomic import atomic_write_text
+from tcnn.demo.pool import cpu_model
 
 __all__ = ['machine_info', 'config_tag', 'result_name', 'load_average', 'write_json', 'render_result', 'write_readme']
 
 SCHEMA = 'tcnn-benchmark/1'
 MIB = 2 ** 20
-
-
-def _cpu_model() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _memory_gib() -> Optional[float]:
@@ -63,7 +53,7 @@ def machine_info(device: torch.device) -> Dict[str, Any]:
     import timm
     import tcnn
     info = {
-        'cpu': _cpu_model(),
+        'cpu': cpu_model(),
         'logical_cpus': os.cpu_count(),
         'usable_cpus': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(),
         'torch_threads': torch.get_num_threads(),

@@ -4,6 +4,7 @@ arXiv:2106.05795, section 4): A the dip of accuracy during the learning-rate war
 1/alpha_h and C the gate sigmoid(lambda_h) of every GPSA layer, from the fine-tuning init to the end.
 """
 import math
+from statistics import fmean
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ['PLATEAU_POINTS', 'CONTENT_GATE', 'INIT_GATE', 'plateau', 'warmup_dip', 'layer_trajectories',
@@ -17,10 +18,6 @@ PLATEAU_POINTS = 1.0
 CONTENT_GATE = 0.1
 # The gate of every head at the fine-tuning init: sigmoid(lambda = 1) (T-CNN section 2).
 INIT_GATE = 1.0 / (1.0 + math.exp(-1.0))
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
 
 
 def plateau(records: Sequence[Mapping[str, Any]], key: str = 'val_top1') -> Optional[Dict[str, Any]]:
@@ -37,8 +34,8 @@ def plateau(records: Sequence[Mapping[str, Any]], key: str = 'val_top1') -> Opti
     window = max(2, round(len(values) / 5))
     window = min(window, len(values) // 2)
     last, before = values[-window:], values[-2 * window:-window]
-    gain = _mean(last) - _mean(before)
-    return {'epochs': len(values), 'window': window, 'last_mean': _mean(last), 'before_mean': _mean(before),
+    gain = fmean(last) - fmean(before)
+    return {'epochs': len(values), 'window': window, 'last_mean': fmean(last), 'before_mean': fmean(before),
             'gain': gain, 'final': values[-1], 'best': max(values), 'at_plateau': gain <= PLATEAU_POINTS}
 
 
@@ -87,9 +84,9 @@ def layer_trajectories(records: Sequence[Mapping[str, Any]], warmup: int) -> Dic
             continue
         out[layer] = {
             'heads': len(gates),
-            'gate': {'init': INIT_GATE, 'warmup': _mean(warm_gates) if warm_gates else None, 'final': _mean(gates),
+            'gate': {'init': INIT_GATE, 'warmup': fmean(warm_gates) if warm_gates else None, 'final': fmean(gates),
                      'heads_final': gates},
-            'span': {'init': 1.0, 'warmup': _mean(warm_spans) if warm_spans else None, 'final': _mean(spans),
+            'span': {'init': 1.0, 'warmup': fmean(warm_spans) if warm_spans else None, 'final': fmean(spans),
                      'heads_final': spans, 'wider': sum(s > 1.05 for s in spans),
                      'narrower': sum(s < 1 / 1.05 for s in spans)},
             'content_heads': sum(g < CONTENT_GATE for g in gates),

@@ -5,6 +5,7 @@ each run in its own process with its output in ``runs/NAME/log.txt``, in the ord
 import contextlib
 import dataclasses
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from ..train import run_folder
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from .plan import Plan
 
-__all__ = ['Context', 'Run', 'DemoStopped', 'parallel_layout', 'loader_workers', 'available_cpus', 'train_all']
+__all__ = ['Context', 'Run', 'DemoStopped', 'parallel_layout', 'loader_workers', 'available_cpus', 'cpu_model',
+           'train_all']
 
 
 @dataclasses.dataclass
@@ -48,6 +50,18 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def parallel_layout(device: str, seeds: int, jobs: Optional[int] = None,

@@ -4,6 +4,7 @@ documented distribution, the details, the runs over their epochs (the paper's Fi
 it was made).
 """
 import os
+from statistics import fmean
 from typing import Any, Dict, List, Mapping, Sequence
 
 from ..evaluation.tables import format_markdown, format_table
@@ -67,10 +68,6 @@ def verdict(results: Mapping[str, Any]) -> List[str]:
     return lines + training_verdict(results)
 
 
-def _seed_mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
 def training_verdict(results: Mapping[str, Any]) -> List[str]:
     """What the runs did over their epochs, in plain words: the CNNs' plateau and the paper's Fig. 4 (A the warm-up
     dip, B spans and C gates per GPSA layer)."""
@@ -92,12 +89,12 @@ def training_verdict(results: Mapping[str, Any]) -> List[str]:
     for arm in ('t-cnn', 'no-sa'):
         dips = [r['dip'] for r in tr['runs'].values() if r['arm'] == arm and r['dip']]
         if dips:
-            dip = _seed_mean([d['dip'] for d in dips])
+            dip = fmean([d['dip'] for d in dips])
             fell = (f'fell {dip:.1f} points below the CNN it started from' if dip >= 0.05 else
                     'did not fall below the CNN it started from')
             lines.append(f'Fig. 4A, {ARM_TITLES[arm]}: during the {tr["warmup_epochs"]} warm-up epoch(s) val top-1 '
                          f'{fell} (mean over seeds), and ended '
-                         f'{_seed_mean([d["final"] - d["start"] for d in dips]):+.1f} points from it. The paper: a dip '
+                         f'{fmean([d["final"] - d["start"] for d in dips]):+.1f} points from it. The paper: a dip '
                          'during the warm-up, then a rise above the CNN as the learning rate decays.')
     layers = _mean_layers(tr, 't-cnn')
     if layers:
@@ -125,14 +122,14 @@ def _mean_layers(training: Mapping[str, Any], arm: str) -> Dict[str, Dict[str, A
         warm_gates = [e['gate']['warmup'] for e in es if e['gate']['warmup'] is not None]
         warm_spans = [e['span']['warmup'] for e in es if e['span']['warmup'] is not None]
         out[name] = {'heads': es[0]['heads'], 'seeds': len(es), 'gate_init': es[0]['gate']['init'],
-                     'gate_warmup': _seed_mean(warm_gates) if warm_gates else None,
-                     'gate_final': _seed_mean([e['gate']['final'] for e in es]),
-                     'content_heads': _seed_mean([e['content_heads'] for e in es]),
+                     'gate_warmup': fmean(warm_gates) if warm_gates else None,
+                     'gate_final': fmean([e['gate']['final'] for e in es]),
+                     'content_heads': fmean([e['content_heads'] for e in es]),
                      'span_init': es[0]['span']['init'],
-                     'span_warmup': _seed_mean(warm_spans) if warm_spans else None,
-                     'span_final': _seed_mean([e['span']['final'] for e in es]),
-                     'wider': _seed_mean([e['span']['wider'] for e in es]),
-                     'narrower': _seed_mean([e['span']['narrower'] for e in es])}
+                     'span_warmup': fmean(warm_spans) if warm_spans else None,
+                     'span_final': fmean([e['span']['final'] for e in es]),
+                     'wider': fmean([e['span']['wider'] for e in es]),
+                     'narrower': fmean([e['span']['narrower'] for e in es])}
     return out
 
 

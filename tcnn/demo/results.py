@@ -22,7 +22,7 @@ from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from ..version import __version__
 from .dynamics import summarize_training
 from .plan import ARM_TITLES, CNN, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, recipe_changes, run_name, warmup_epochs
-from .pool import Context, DemoStopped, available_cpus
+from .pool import Context, DemoStopped, available_cpus, cpu_model
 from .synthetic import CORRUPTED_SPLIT, hue_class
 
 __all__ = ['ANALYSIS_MEANS', 'evaluate', 'collect_results', 'draw_figures', 'summarize_runs', 'seed_stats',
@@ -201,24 +201,12 @@ def environment(device: str = 'cpu', jobs: int = 1, threads: Optional[int] = Non
     import torchvision
     gpu = torch.cuda.get_device_name(torch.device(device)) if device.startswith('cuda') else None
     # the CPU and the kernels torch picks for it: two CPUs of one name can round differently (docs/demo.md)
-    return {'device': device, 'gpu': gpu, 'cpu': _cpu_model(),
+    return {'device': device, 'gpu': gpu, 'cpu': cpu_model(),
             'cpu_capability': torch.backends.cpu.get_cpu_capability(), 'jobs': jobs,
             'threads': threads if threads is not None else torch.get_num_threads(),
             'cpus': available_cpus(), 'python': platform.python_version(), 'torch': torch.__version__,
             'torchvision': torchvision.__version__, 'timm': timm.__version__, 'pillow': PIL.__version__,
             'numpy': numpy.__version__, 'tcnn': __version__, 'machine': platform.machine()}
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo; elsewhere what ``platform`` knows)."""
-    try:
-        with open('/proc/cpuinfo', encoding='utf-8') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _train_time(run_dir: str) -> float:
