@@ -45,6 +45,7 @@ def interleaved_times(
         repeats: int = 5,
         iters: int = 1,
         timer: str = 'wall',
+        first_calls: Optional[Dict[str, float]] = None,
 ) -> Dict[str, List[float]]:
     """Seconds per call of each function, one value per repeat, measured interleaved.
 
@@ -57,12 +58,21 @@ def interleaved_times(
         timer: ``'wall'`` (``time.perf_counter``), ``'cpu'`` (``time.thread_time``: CPU time of the calling
             thread; only meaningful with one torch thread on the CPU) or ``'process'`` (``time.process_time``: CPU
             time of all the process's threads, for work that runs on threads of its own, e.g. onnxruntime's).
+        first_calls: If given, filled with the wall seconds of each function's first warm-up call (synchronised):
+            under ``torch.compile`` that call traces and compiles, so it is the compilation time a user waits for.
     """
     clock = _clock(timer, device)
     names = list(fns)
-    for _ in range(warmup):
+    for i in range(warmup):
         for name in names:
-            fns[name]()
+            if i == 0 and first_calls is not None:
+                synchronize(device)
+                start = time.perf_counter()
+                fns[name]()
+                synchronize(device)
+                first_calls[name] = time.perf_counter() - start
+            else:
+                fns[name]()
     synchronize(device)
     times = {name: [] for name in names}
     for r in range(repeats):

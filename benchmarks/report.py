@@ -276,6 +276,9 @@ def render_result(res: Dict[str, Any]) -> str:
     """Markdown section of one results file."""
     title = f'## {res["name"]}'
     lines = [title, '', f'`{res["command"]}`', ''] + _describe(res)
+    if res.get('partial'):
+        lines += ['**Partial**: the run was stopped (a time limit) before it finished; the rows below are the ones it '
+                  'had measured.', '']
     for part in (_goals, _models, _layers, _conversion, _paper, _profiles):
         lines += part(res)
     return '\n'.join(lines)

@@ -156,8 +156,18 @@ def run(settings: suites.Settings, out_dir: str, command: str, profile: bool = T
     }
     log(f'{name}: {results["machine"]["cpu"]}, {results["machine"]["torch_threads"]} threads, torch '
         f'{torch.__version__}, load {results["machine"]["loadavg_start"]}')
+    path = os.path.join(out_dir, name + '.json')
+
+    def write_partial(rows: List[Dict[str, Any]]) -> None:
+        # A run stopped by a time limit (a rented GPU's minutes) keeps the rows it measured: the file is rewritten
+        # after each row, marked partial until the run completes and writes it whole below.
+        partial = dict(results, models=rows, partial=True, wall_time_s=time.perf_counter() - start,
+                       loadavg_end=report.load_average())
+        partial['goals'] = suites.evaluate_goals(partial, settings)
+        report.write_json(partial, path)
+
     if 'models' in settings.sections:
-        results['models'] = suites.bench_models(settings, log)
+        results['models'] = suites.bench_models(settings, log, on_row=write_partial)
     if 'layers' in settings.sections:
         results['layers'] = suites.bench_layers(settings, log)
     if 'conversion' in settings.sections:
@@ -169,7 +179,6 @@ def run(settings: suites.Settings, out_dir: str, command: str, profile: bool = T
         results['profiles'] = _profile_misses(results, settings, log)
     results['loadavg_end'] = report.load_average()
     results['wall_time_s'] = time.perf_counter() - start
-    path = os.path.join(out_dir, name + '.json')
     report.write_json(results, path)
     readme = report.write_readme(out_dir)
     for g in results['goals']:

@@ -24,7 +24,8 @@ from .paper import paper_figures
 from .reference_gpsa import ReferenceGPSA, to_reference
 from .sdpa_gpsa import SdpaGPSA, to_sdpa
 
-__all__ = ['Settings', 'bench_models', 'bench_layers', 'bench_conversion', 'evaluate_goals', 'profile_gap']
+__all__ = ['Settings', 'Runner', 'model_variants', 'bench_models', 'bench_layers', 'bench_conversion', 'evaluate_goals',
+           'profile_gap']
 
 Log = Callable[[str], None]
 
@@ -112,7 +113,7 @@ def _num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class _Runner:
+class Runner:
     """One model variant: its compiled (or eager) callable, its AdamW optimizer, and the units of work."""
 
     def __init__(self, model: nn.Module, settings: Settings):
@@ -147,7 +148,8 @@ class _Runner:
         return [*self.model.parameters(), *self.model.buffers(), *grads, *state, *inputs]
 
 
-def _model_variants(name: str, settings: Settings) -> Dict[str, nn.Module]:
+def model_variants(name: str, settings: Settings) -> Dict[str, nn.Module]:
+    """The random CNN ``name`` (``cnn``), its T-CNN (``tcnn``) and the other designs the settings ask for."""
     cnn = _create_cnn(name, settings.seed)
     t_cnn = tcnn.reparameterize(cnn, stages=settings.stages.get(name), verify=False)
     variants = {'cnn': cnn, 'tcnn': t_cnn}
@@ -178,7 +180,7 @@ def _memory_eager(settings: Settings) -> bool:
     return bool(settings.compile) and (settings.torch_device.type != 'cuda' or uses_cuda_graphs(settings.compile))
 
 
-def _bench_case(runners: Dict[str, _Runner], size: int, batch: int, settings: Settings, log: Log) -> Dict[str, Any]:
+def _bench_case(runners: Dict[str, Runner], size: int, batch: int, settings: Settings, log: Log) -> Dict[str, Any]:
     device = settings.torch_device
     torch.manual_seed(settings.seed)
     x = settings.tensor(batch, 3, size, size)
@@ -186,13 +188,17 @@ def _bench_case(runners: Dict[str, _Runner], size: int, batch: int, settings: Se
     row: Dict[str, Any] = {'size': size, 'batch_size': batch}
     for mode, make in (('inference', lambda r: lambda: r.infer(x)),
                        ('train', lambda r: lambda: r.train_step(x, y))):
+        first: Dict[str, float] = {}
         times = interleaved_times({k: make(r) for k, r in runners.items()}, device, settings.warmup,
-                                  settings.repeats, settings.iters, settings.timer)
+                                  settings.repeats, settings.iters, settings.timer, first_calls=first)
         row[mode] = {k: timing_summary(t, batch) for k, t in times.items()}
+        # the first call of each: with --compile, the compilation (and CUDA-graph recording) a user waits for
+        row[mode + '_first_call_s'] = first
         row[mode + '_ratio'] = {k: paired_ratio(times['cnn'], t) for k, t in times.items() if k != 'cnn'}
         log(f'  {size}px b{batch} {mode:9s} ' + '  '.join(
             f'{k} {v["img_s"]:.1f} img/s' for k, v in row[mode].items()) + '  ratio ' + ' '.join(
-            f'{k} {v:.3f}' for k, v in row[mode + '_ratio'].items()))
+            f'{k} {v:.3f}' for k, v in row[mode + '_ratio'].items()) + '  first call ' + ' '.join(
+            f'{k} {v:.1f} s' for k, v in first.items()))
     eager = _memory_eager(settings)
     memory = {}
     for k, r in runners.items():
@@ -214,12 +220,17 @@ def _free(settings: Settings) -> None:
         torch.cuda.empty_cache()
 
 
-def bench_models(settings: Settings, log: Log) -> List[Dict[str, Any]]:
-    """Whole models, every T-CNN design beside its CNN: img/s (inference, training step), peak memory, FLOPs."""
+def bench_models(settings: Settings, log: Log,
+                 on_row: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
+    """Whole models, every T-CNN design beside its CNN: img/s (inference, training step), peak memory, FLOPs.
+
+    ``on_row(rows)`` is called with the rows so far after each one (``run.py`` writes them, so that a run stopped by
+    a time limit keeps what it measured).
+    """
     rows = []
     for name in settings.models:
         log(f'model {name}')
-        full = _model_variants(name, settings)
+        full = model_variants(name, settings)
         params = {k: _num_params(m) for k, m in full.items()}
         at_paper_res = _flops_at_paper_resolutions(name, full, settings)
         for size in settings.sizes:
@@ -230,7 +241,7 @@ def bench_models(settings: Settings, log: Log) -> List[Dict[str, Any]]:
                 m.eval()
                 flops[k] = count_flops(m.to(settings.torch_device), torch.randn(1, 3, size, size,
                                                                                    device=settings.torch_device))
-            runners = {k: _Runner(settings.prepare(m), settings) for k, m in variants.items()}
+            runners = {k: Runner(settings.prepare(m), settings) for k, m in variants.items()}
             for batch in settings.batch_sizes:
                 row = {'model': name, 'params': params, 'gflops': {k: v / 1e9 for k, v in flops.items()},
                        'flops_ratio': {k: v / flops['cnn'] for k, v in flops.items() if k != 'cnn'}}
@@ -249,6 +260,8 @@ def bench_models(settings: Settings, log: Log) -> List[Dict[str, Any]]:
                     row['out_of_memory'] = dropped
                     row.update(_bench_case({k: runners[k] for k in ('cnn', 'tcnn')}, size, batch, settings, log))
                 rows.append(row)
+                if on_row is not None:
+                    on_row(rows)
             del runners
             gc.collect()
         del full
@@ -396,8 +409,8 @@ def profile_gap(model: str, size: int, batch: int, mode: str, settings: Settings
     """
     cnn = _create_cnn(model, settings.seed)
     eager = dataclasses.replace(settings, compile=None)
-    runners = {'cnn': _Runner(settings.prepare(cnn), eager),
-               'tcnn': _Runner(settings.prepare(tcnn.reparameterize(cnn, stages=settings.stages.get(model),
+    runners = {'cnn': Runner(settings.prepare(cnn), eager),
+               'tcnn': Runner(settings.prepare(tcnn.reparameterize(cnn, stages=settings.stages.get(model),
                                                                    verify=False)), eager)}
     torch.manual_seed(settings.seed)
     x = settings.tensor(batch, 3, size, size)

@@ -281,7 +281,7 @@ def test_cuda_graph_modes_start_a_step_before_each_compiled_call(monkeypatch):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 36, 3))
     x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 2])
     for mode, expected in (('default', 0), ('reduce-overhead', 2)):
-        runner = suites._Runner(model, suites.Settings(compile=mode))
+        runner = suites.Runner(model, suites.Settings(compile=mode))
         runner.infer(x)
         runner.train_step(x, y)
         runner.train_step(x, y, eager=True)  # the memory measurement of a compiled CPU or CUDA-graph run
@@ -291,7 +291,7 @@ def test_cuda_graph_modes_start_a_step_before_each_compiled_call(monkeypatch):
 def test_flops_at_the_papers_resolutions():
     from benchmarks import suites
     settings = suites.Settings(models=['resnetrs50'])
-    models = suites._model_variants('resnetrs50', settings)
+    models = suites.model_variants('resnetrs50', settings)
     got = suites._flops_at_paper_resolutions('resnetrs50', models, settings)
     assert abs(got['cnn'] - 4.6) / 4.6 < 0.02  # Table 2: ResNet50-RS, 4.6 GFLOPs at 160 px
     assert 9.0 < got['tcnn'] < 10.0  # ours at the paper's 224 px (the paper's T-ResNet50-RS: 17.6)
