@@ -30,15 +30,20 @@ def _memory_gib() -> Optional[float]:
 
 
 def _git_commit() -> Optional[str]:
-    """The checkout's commit; ``$TCNN_GIT_COMMIT`` where the tree is a copy without ``.git`` (a rented GPU
-    machine gets the files only: benchmarks/gpu/README.md)."""
+    """``$TCNN_GIT_COMMIT`` if set, else the checkout's commit.
+
+    The variable comes first: a rented GPU machine gets a copy of the working tree whose ``.git``, where it has
+    one, may name an older commit than the files (seen on 2026-11-26: the base commit of the session, not the
+    commit that was run), so the caller names the commit (benchmarks/gpu/README.md)."""
+    if os.environ.get('TCNN_GIT_COMMIT'):
+        return os.environ['TCNN_GIT_COMMIT']
     try:
         out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True, timeout=5,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
         commit = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ''
-    return commit or os.environ.get('TCNN_GIT_COMMIT') or None
+    return commit or None
 
 
 def load_average() -> Optional[List[float]]:

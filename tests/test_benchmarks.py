@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -347,3 +348,103 @@ def test_loop_benchmark_smoke_run(tmp_path):
     (ratio,) = res['ratios']
     assert ratio['workers'] == 2 and all(math.isfinite(ratio[k]) and ratio[k] > 0 for k in ('loop', 'step'))
     assert 'T-CNN / CNN with 2 workers' in proc.stdout
+
+
+def test_first_calls_are_recorded_apart_from_the_timed_repeats():
+    """``first_calls``: the wall time of each function's first warm-up call (with --compile, the compilation), which
+    the timed repeats never include."""
+    slow_first = {'a': True, 'b': True}
+
+    def make(name):
+        def fn():
+            if slow_first[name]:
+                slow_first[name] = False
+                time.sleep(0.2)
+        return fn
+    first = {}
+    times = interleaved_times({'a': make('a'), 'b': make('b')}, torch.device('cpu'), warmup=2, repeats=3,
+                              first_calls=first)
+    assert set(first) == {'a', 'b'} and all(v >= 0.2 for v in first.values())
+    assert all(t < 0.1 for ts in times.values() for t in ts)
+    none = {}
+    interleaved_times({'a': lambda: None}, torch.device('cpu'), warmup=0, first_calls=none)
+    assert none == {}  # no warm-up call, no first call to report
+
+
+def test_a_stopped_run_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """run.py rewrites its JSON after each row (marked partial), so that a run stopped by a time limit (a rented
+    GPU's minutes) keeps what it measured; a finished run's file is whole."""
+    from benchmarks import report, run, suites
+    parser = run.build_parser()
+    settings = run.make_settings(parser.parse_args(['--smoke', '--batch-size', '1', '2', '--sections', 'models',
+                                                    '--variants', '--no-profile']), parser)
+    real, calls = suites._bench_case, []
+
+    def stop_at_the_second_row(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a SIGINT or a time limit does to the run
+        return real(*args, **kwargs)
+    monkeypatch.setattr(suites, '_bench_case', stop_at_the_second_row)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run(settings, str(tmp_path), 'python benchmarks/run.py --smoke --batch-size 1 2', profile=False)
+        saved = json.loads((tmp_path / (report.result_name(settings) + '.json')).read_text())
+        assert saved['partial'] is True and [r['batch_size'] for r in saved['models']] == [1]
+        assert saved['goals'] and all('batch 2' not in g['subject'] for g in saved['goals'])
+        assert 'PARTIAL' in report.render_result(saved).upper()
+        monkeypatch.setattr(suites, '_bench_case', real)
+        run.run(settings, str(tmp_path), 'python benchmarks/run.py --smoke --batch-size 1 2', profile=False)
+    finally:
+        torch.set_num_threads(threads)
+    whole = json.loads((tmp_path / (report.result_name(settings) + '.json')).read_text())
+    assert 'partial' not in whole and [r['batch_size'] for r in whole['models']] == [1, 2]
+
+
+def test_the_commit_named_by_the_caller_comes_first(monkeypatch):
+    """A rented GPU's copy of the tree may carry a .git naming an older commit: TCNN_GIT_COMMIT wins."""
+    from benchmarks import report
+    monkeypatch.setenv('TCNN_GIT_COMMIT', 'abc1234')
+    assert report.machine_info(torch.device('cpu'))['git_commit'] == 'abc1234'
+    monkeypatch.delenv('TCNN_GIT_COMMIT')
+    commit = report.machine_info(torch.device('cpu'))['git_commit']
+    if (ROOT / '.git').exists():
+        head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True)
+        assert commit == head.stdout.strip()
+
+
+def test_warm_compile_takes_run_options_and_one_function(tmp_path, capsys):
+    from benchmarks import warm_compile
+    for bad in (['--smoke', '--compile', '--only', 'cnn'], ['--smoke', '--compile', '--only', 'tcnn:backward'],
+                ['--smoke', '--only', 'tcnn:train']):
+        with pytest.raises(SystemExit):
+            warm_compile.main(bad)
+    assert 'expected cnn or tcnn' in capsys.readouterr().err
+
+
+def test_paper_demo_estimate_from_epoch_times():
+    """Phase 1: the seeds' CNNs at once for 80 epochs; phase 2: 9 arms over the jobs (no-SA at the CNN's cost, the
+    late arm half at each), each run's start-up added."""
+    from benchmarks.demo_epoch import estimate_paper_demo
+    est = estimate_paper_demo(cnn_epoch_s=2.0, t_cnn_epoch_s=3.0, startup_s=10.0, jobs=4)
+    assert est['phase1_cnns_s'] == 80 * 2.0 + 10.0
+    assert est['phase2_arms_s'] == (3 * (50 + 25) * 2.0 + 3 * (50 + 25) * 3.0 + 9 * 10.0) / 4
+    assert est['total_s'] == est['phase1_cnns_s'] + est['phase2_arms_s']
+
+
+def test_demo_epoch_smoke_run(tmp_path):
+    """benchmarks/demo_epoch.py end to end on the tiny plan: the demo's own CNN and T-CNN runs, their epoch times, the
+    estimate (the code path of first.sh's last step)."""
+    out = tmp_path / 'demo-epoch.json'
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'demo_epoch.py'), '--smoke', '--jobs', '2',
+                           '--seeds', '2', '--out', str(tmp_path / 'work'), '--json', str(out)],
+                          cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE='1'), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [r['run'] for r in res['runs']] == ['seed0-cnn', 'seed1-cnn', 'seed0-t-cnn', 'seed1-t-cnn']
+    assert all(r['epochs'] == 1 and r['epoch_time_s'][0] > 0 for r in res['runs'])
+    assert res['steady_epoch_s']['cnn'] > 0 and res['paper_demo_estimate']['total_s'] > 0
+    assert (tmp_path / 'work' / 'models' / 'seed0-cnn.pt').is_file()  # the CNNs were exported for their arms
