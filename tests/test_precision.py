@@ -222,6 +222,20 @@ def test_inference_keeps_float32_positional_terms(name, amp_dtype):
     _check_float32(rec, softmaxes=1, backward=False)
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('name', ['dense-s2-reflect', 'grouped', 'depthwise-k7'])
+def test_half_precision_layer_computes_attention_in_float32(name, dtype):
+    """A layer converted to bf16 or float16 (``model.half()``, no autocast): the same float32 attention, forward and
+    backward."""
+    layer, x = _layer(name, 'random')
+    layer = layer.to(dtype).train()
+    with PrecisionRecorder() as rec:
+        out = layer(x.to(dtype).requires_grad_())
+        out.float().square().mean().backward()
+    assert out.dtype == dtype
+    _check_float32(rec, softmaxes=2, backward=True)
+
+
 def test_recorder_sees_a_round_trip_and_a_low_precision_softmax():
     """The recorder itself, on the faults it is there to see: a float32 result rounded to bf16 and back (moves in
     between), a softmax computed in bf16; and not on a GEMM's bf16 output computed on in float32."""
