@@ -175,34 +175,75 @@ def test_continuing_a_finished_demo_trains_nothing(tiny):
     assert set(again['timings_s']) == {'data', 'evaluation', 'analysis', 'figures'}
 
 
+def _status(run_dir) -> dict:
+    """A run's ``status.json`` (``tcnn train``), {} before it is written."""
+    try:
+        return json.loads((run_dir / 'status.json').read_text())
+    except (OSError, ValueError):  # not written yet (it is written atomically: never half)
+        return {}
+
+
+def _launches(run_dir) -> int:
+    """How many ``tcnn train`` processes the demo started for a run: each appends its command to the run's log."""
+    log = run_dir / 'log.txt'
+    return log.read_text().count('== tcnn train') if log.is_file() else 0
+
+
 def test_a_stopped_demo_continues_to_the_same_numbers(tiny, tmp_path):
     """Ctrl-C during the fine-tuning: the demo passes it to its training processes (each saves its checkpoint or
-    had not started), exits 130 with one line; the same command continues it, to the numbers of an uninterrupted
-    demo (same data, same seeds, one thread per process)."""
+    had not started), exits 130 with one line; the same command continues it, keeping the finished runs (not
+    started again, their files untouched), resuming the interrupted arm from its checkpoint, to the numbers of an
+    uninterrupted demo (same data, same seeds, one thread per process).
+
+    The stop is placed by state, not time: once the T-CNN arm's ``tcnn train`` has written ``status.json``
+    ``running`` (its model built, its signal handlers on), i.e. with the seed's CNN finished and the arm at its first
+    update; its 2 epochs take seconds, the demo forwards the signal within its 0.5 s poll."""
     out, results, _ = tiny
     fresh = tmp_path / 'fresh'
+    runs = fresh / 'runs'
     argv = ['demo', '--plan', 'tiny', '--seeds', '1', '--jobs', '2', '--workers', '0', '--out', str(fresh),
             '--no-progress']
-    proc = subprocess.Popen([sys.executable, '-m', 'tcnn', *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, '-m', 'tcnn', *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, HF_HUB_OFFLINE='1'))
-    for line in proc.stdout:
-        if line.startswith('== seed0-t-cnn:'):  # the CNN is trained; the fine-tuning arms are starting
-            time.sleep(0.5)
-            proc.send_signal(signal.SIGINT)
-            break
-    rest, err = proc.communicate(timeout=600)
+    try:
+        while _status(runs / 'seed0-t-cnn').get('state') != 'running':
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, err
     assert 'run the same tcnn demo command again' in err and 'Traceback' not in err
     assert not (fresh / 'results.json').exists()
+    cnn, arm = runs / 'seed0-cnn', runs / 'seed0-t-cnn'
+    assert _status(cnn)['state'] == 'finished' and _launches(cnn) == 1
+    stopped = _status(arm)
+    assert stopped['state'] == 'interrupted' and stopped['completed_epochs'] < 2 and (arm / 'last.pt').is_file()
+    # what the continuation must keep: every run finished at the stop, file for file
+    at_stop = {d.name: _status(d) for d in runs.iterdir()}
+    finished = {d.name: {f.name: f.stat().st_mtime_ns for f in d.iterdir()} for d in runs.iterdir()
+                if at_stop[d.name].get('state') == 'finished'}
+    kept_rows = (arm / 'metrics.jsonl').read_text() if (arm / 'metrics.jsonl').is_file() else ''
+    lines = []
     fresh_results = run_demo(str(fresh), plan='tiny', seeds=1, device='cpu', workers=0, jobs=2,
-                                  progress=False, log=lambda s: None)
+                             progress=False, log=lines.append)
+    for name, files in finished.items():
+        assert not any(line.startswith(f'== {name}:') for line in lines), f'{name} was trained again'
+        assert _launches(runs / name) == 1
+        assert {f: (runs / name / f).stat().st_mtime_ns for f in files} == files, name
+    assert any(line.startswith('== seed0-t-cnn:') for line in lines) and _launches(arm) == 2
+    log = (arm / 'log.txt').read_text()
+    assert 'resuming' in log.split('== tcnn train')[2]  # from its checkpoint, not from the CNN again
+    assert (arm / 'metrics.jsonl').read_text().startswith(kept_rows)
     first = {r['name']: r for r in results['runs']}
     for run in fresh_results['runs']:
         assert run['clean_top1'] == first[run['name']]['clean_top1']
         assert run['corrupted_top1'] == first[run['name']]['corrupted_top1']
         a, b = torch.load(run['model_file'], weights_only=True), torch.load(first[run['name']]['model_file'],
                                                                               weights_only=True)
-        assert all(torch.equal(a['state_dict'][k], b['state_dict'][k]) for k in a['state_dict'])
+        differ = [k for k in a['state_dict'] if not torch.equal(a['state_dict'][k], b['state_dict'][k])]
+        assert not differ, (run['name'], differ[:5], at_stop)
 
 
 PAPER_DEMO_SCRIPT = os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'gpu', '6_paper_demo.sh')

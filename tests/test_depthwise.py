@@ -83,7 +83,9 @@ def test_autocast_computes_in_the_autocast_dtype(folded):
         out = dw.attend_depthwise(attn, values, taps)
     assert out.dtype == torch.bfloat16
     ref = _definition(attn, values, taps)
-    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 3e-2
+    # max error relative to the largest output, these shapes at seeds 0-19: 2.5e-3 to 7.6e-3 folded (attending
+    # first: 3.2e-3 to 1.01e-2; 2026-11-26); tolerance 1.5x
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1.15e-2
     out.float().square().sum().backward()
     assert attn.grad.dtype == values.grad.dtype == taps.grad.dtype == torch.float32  # back in the inputs' dtype
 

@@ -244,13 +244,17 @@ def test_dtype_change_after_first_forward():
 
 
 def test_autocast_bf16_keeps_positional_softmax_in_float32():
+    # The exact configuration under bf16 autocast is the conv up to bf16 rounding; its positional attention is
+    # one-hot, so this says nothing of the softmax's precision: tests/test_precision.py observes where it computes.
+    torch.manual_seed(0)
     conv = nn.Conv2d(16, 16, 3, padding=1)
     gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
     x = torch.randn(2, 16, 7, 7)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = gpsa(x)
     assert out.dtype == torch.bfloat16
-    assert _rel_err(conv(x), out.float()) < 3e-2
+    # max error relative to the largest output, seeds 0-19: 2.6e-3 to 3.96e-3 (2026-11-26); tolerance 1.5x
+    assert _rel_err(conv(x), out.float()) < 6e-3
     assert gpsa.bfloat16().positional_attention(7, 7, torch.device('cpu')).dtype == torch.float32
 
 
@@ -351,7 +355,11 @@ def test_half_precision_layers_compute_attention_in_float32():
         assert layer.positional_attention(7, 7, torch.device('cpu')).dtype == torch.float32
         assert layer.gate().dtype == torch.float32
         out = layer(x.to(dtype))
-        assert out.dtype == dtype and _rel_err(ref(x), out.float()) < (5e-3 if dtype == torch.float16 else 3e-2)
+        # relative RMS error, seeds 0-19: float16 4.2e-4 to 1.08e-3, bf16 3.5e-3 to 1.01e-2 (2026-11-26; the largest
+        # error relative to the largest output ranges over 10x, one near-tie of a sharp content softmax sets it);
+        # tolerance 1.5x. Where each step computes: tests/test_precision.py.
+        err = ((out.float() - ref(x)).norm() / ref(x).norm()).item()
+        assert out.dtype == dtype and err < (1.6e-3 if dtype == torch.float16 else 1.5e-2)
 
 
 # ---------------------------------------------------------------- values kept from call to call (eager inference)

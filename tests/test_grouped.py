@@ -91,7 +91,12 @@ def test_grouped_layer_is_its_dense_block_diagonal_layer_at_any_parameters(cin, 
     torch.testing.assert_close(torch.fx.symbolic_trace(grouped)(x), out)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         low = grouped(x)
-    assert low.dtype == torch.bfloat16 and _rel_err(out, low.float()) < 3e-2
+    # relative RMS error under bf16 autocast, over seeds 0-19 of these five layers: 2.8e-3 to 1.23e-2 (3.2x bf16's
+    # unit roundoff 3.9e-3; seed 0: 4.0e-3 to 1.05e-2; 2026-11-26); tolerance 1.5x the largest. The largest error
+    # relative to the largest output is no measure to bound: one near-tie in a sharp content softmax sets it (up to
+    # 3.65e-2 over the same draws).
+    # The precision of each step: tests/test_precision.py.
+    assert low.dtype == torch.bfloat16 and ((low.float() - out).norm() / out.norm()).item() < 1.85e-2
 
 
 @pytest.mark.parametrize('cin,cout,groups', [(16, 32, 4), (16, 16, 16), (8, 24, 8)])

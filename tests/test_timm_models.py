@@ -82,8 +82,21 @@ def test_pretrained_cfg_inherits_source(name):
         sorted('t_' + n for n in timm.list_models(source, include_tags=True))
 
 
-def test_no_class_named_tresnet():
-    assert TransformedResNet.__name__ != 'TResNet'
+def test_t_resnets_leave_timms_tresnet_alone():
+    """timm has an unrelated TResNet (``tresnet_m``...): with tcnn's models registered, its ``tresnet*`` names still
+    build timm's class, none of tcnn's names is one of them, and no class of tcnn's model modules is named
+    ``TResNet`` (a T-ResNet is a ``TransformedResNet``, a timm ``ResNet``)."""
+    from timm.models import model_entrypoint
+    ours = [n for n in timm.list_models() if model_entrypoint(n).__module__.startswith('tcnn.')]
+    tresnets = timm.list_models('tresnet*')
+    assert 't_resnet50d' in ours and tresnets and not set(ours) & set(tresnets)
+    assert {model_entrypoint(n).__module__ for n in tresnets} == {'timm.models.tresnet'}
+    with torch.device('meta'):
+        model = timm.create_model('tresnet_m')
+    assert type(model) is timm.models.tresnet.TResNet and not isinstance(model, TransformedModel)
+    classes = {v.__name__ for module in (tcnn.convert.timm_models, tcnn.models) for v in vars(module).values()
+               if isinstance(v, type) and v.__module__.startswith('tcnn.')}
+    assert 'TransformedResNet' in classes and 'TResNet' not in classes
     assert issubclass(TransformedResNet, timm.models.resnet.ResNet)
 
 

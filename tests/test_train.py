@@ -395,13 +395,16 @@ def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeyp
 
 def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
     """--amp bf16 and channels_last reach the model's forward in training and validation: the stem conv and a GPSA
-    layer run under CPU autocast in bfloat16 on channels-last inputs and weights."""
+    layer run under CPU autocast in bfloat16 on channels-last inputs and weights, and both give bfloat16
+    channels-last outputs (the GPSA layer too: no conversion around it)."""
     seen = []
+
+    def channels_last(t):  # and not merely contiguous both ways (a 1x1 grid or one channel would be)
+        return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
 
     def hook(module, inputs, output):
         seen.append((module.training, type(module).__name__, torch.is_autocast_enabled('cpu'),
-                     torch.get_autocast_dtype('cpu'), output.dtype,
-                     inputs[0].is_contiguous(memory_format=torch.channels_last)))
+                     torch.get_autocast_dtype('cpu'), output.dtype, channels_last(inputs[0]), channels_last(output)))
 
     for name in ('train_one_epoch', 'validate'):
         original = getattr(trainer, name)
@@ -421,9 +424,8 @@ def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
     assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
     assert {(training, layer) for training, layer, *_ in seen} == {
         (True, 'Conv2d'), (True, 'GPSA'), (False, 'Conv2d'), (False, 'GPSA')}
-    assert all(on and dtype == torch.bfloat16 for _, _, on, dtype, _, _ in seen), seen
-    assert all(out == torch.bfloat16 for _, layer, _, _, out, _ in seen if layer == 'Conv2d')
-    assert all(channels_last for _, layer, *_, channels_last in seen if layer == 'Conv2d')
+    assert all(on and dtype == torch.bfloat16 and out == torch.bfloat16 for _, _, on, dtype, out, _, _ in seen), seen
+    assert all(into and out for *_, into, out in seen), seen
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, monkeypatch, capsys):

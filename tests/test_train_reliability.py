@@ -2,6 +2,7 @@
 checkpoints and exact resume, ``--resume auto``/``RUN_DIR``, failed checkpoint writes, short-run adjustments, the
 data-throughput line and bad numbers. Random-init resnet18d on generated 64 px shapes, on the CPU, or with
 ``TCNN_TEST_DEVICE=cuda`` the one-process runs on the GPU (``tests/devices.py``: NCCL under torchrun)."""
+import functools
 import json
 import os
 import signal
@@ -190,10 +191,14 @@ def test_torchrun_one_process_preempted_resumes_exactly_and_loads_on_the_cpu(dat
                       '--img-size', '64', '--device', 'cpu', '--workers', '0', '--no-progress', '--out', str(out)]) == 0
     capsys.readouterr()
     (result,) = json.loads(out.read_text())['suites']['imagenet']['results'].values()
-    assert 0 <= result['top1'] <= 100
-    # the run's own validation, redone on the CPU from the file: equal, or to bf16 rounding after a GPU run
-    logged, again = metrics(run)[-1]['val_loss'], evaluate_checkpoint(run / 'last.pt')['val_loss']
-    assert again == pytest.approx(logged, rel=1e-5 if DEVICE == 'cpu' else 2e-2)
+    # the run's own validation, redone on the CPU from the file: equal, or to bf16 rounding after a GPU run; and
+    # tcnn eval, at the size and crop the run validated at, counts the same images right
+    logged, again = metrics(run)[-1], evaluate_checkpoint(run / 'last.pt')
+    assert again['val_loss'] == pytest.approx(logged['val_loss'], rel=1e-5 if DEVICE == 'cpu' else 2e-2)
+    assert result['num_images'] == again['val_images'] == logged['val_images']
+    assert result['top1'] == pytest.approx(again['val_top1'], abs=1e-9)
+    if DEVICE == 'cpu':
+        assert result['top1'] == pytest.approx(logged['val_top1'], abs=1e-9)
 
 
 def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_path):
@@ -382,50 +387,69 @@ def test_bad_images_stop_the_run_or_are_skipped_and_logged(tmp_path, capsys):
     assert row['bad_images'] == [str(bad)]
 
 
-class _SlowImages(torch.utils.data.Dataset):
-    """Tiny random images whose every read sleeps ``delay`` seconds: a loader far slower than the step."""
+class _VirtualClock:
+    """``time`` for ``tcnn.train.engine``: a ``perf_counter`` that only ``advance`` moves, so that the loop's times
+    are known exactly (nothing else the loop does takes time on it)."""
 
-    def __init__(self, n: int, delay: float):
-        self.n, self.delay = n, delay
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _SlowImages(torch.utils.data.Dataset):
+    """Tiny random images whose every read takes ``delay`` seconds of ``clock``: a loader far slower than the step."""
+
+    def __init__(self, n: int, delay: float, clock: _VirtualClock):
+        self.n, self.delay, self.clock = n, delay, clock
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
-        time.sleep(self.delay)
+        self.clock.advance(self.delay)
         return torch.full((3, 16, 16), float(i) / self.n), i % 2
 
 
-def test_loop_numbers_of_a_data_bound_epoch():
-    """A loader that sleeps 40 ms per image (160 ms a batch) before a step of a few ms: the loop's img/s is the images
-    over the whole time (waiting included), the step's over the compute alone, data_wait the waiting share, in [0, 1]
-    and well above a half, and the times add up to the call's wall time (a report every update agrees)."""
+def test_loop_numbers_of_a_data_bound_epoch(monkeypatch):
+    """A loader that takes 40 ms per image (160 ms a batch) before a step of 5 ms, on a virtual clock (every time is
+    then known exactly; the real clock's epoch time: the next test): the loop's img/s is the images over the whole
+    time (waiting included), the step's over the compute alone, data_wait the waiting share, and the times add up to
+    the call's whole time (a report every update agrees)."""
+    from tcnn.train import engine
     from tcnn.train.engine import EpochPlan, ForwardPass, UpdateStep, train_one_epoch
+    clock = _VirtualClock()
+    monkeypatch.setattr(engine, 'time', clock)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2))
-    batches, delay = 5, 0.04
-    loader = torch.utils.data.DataLoader(_SlowImages(4 * batches, delay), batch_size=4)
+    batches, batch, delay, step = 5, 4, 0.04, 0.005
+    model.register_forward_pre_hook(lambda module, args: clock.advance(step))
+    loader = torch.utils.data.DataLoader(_SlowImages(batch * batches, delay, clock), batch_size=batch)
     reports = []
     plan = EpochPlan(0, batches, on_update=reports.append, log_every=1)
     update = UpdateStep(torch.optim.SGD(model.parameters(), lr=0.1))
-    start = time.perf_counter()
+    start = clock.perf_counter()
     position, stats = train_one_epoch(model, loader, torch.nn.functional.cross_entropy, update, plan,
                                       ForwardPass(torch.device('cpu')))
-    wall = time.perf_counter() - start
-    images = 4 * batches
-    slept = images * delay
+    wall = clock.perf_counter() - start
+    images = batch * batches
+    waited, computed = images * delay, batches * step
     assert stats['train_images'] == images
-    loop, waited = stats['train_time_s'], position.data_time_s
-    assert slept <= waited <= loop <= wall
-    assert loop == pytest.approx(wall, rel=0.1)  # the loop's whole time, not its compute
-    assert 0.5 < stats['data_wait'] <= 1 and stats['data_wait'] == pytest.approx(waited / loop)
-    assert stats['img_per_s'] == pytest.approx(images / wall, rel=0.1)
-    assert stats['img_per_s'] == pytest.approx(images / loop)
-    assert stats['step_img_per_s'] == pytest.approx(images / (loop - waited))
-    assert stats['step_img_per_s'] == pytest.approx(stats['img_per_s'] / (1 - stats['data_wait']))  # benchmarks/loop
-    assert stats['step_img_per_s'] > 3 * stats['img_per_s']
+    exact = functools.partial(pytest.approx, rel=1e-12)  # sums of the same floats in another order
+    assert position.data_time_s == exact(waited) and position.compute_time_s == exact(computed)
+    assert stats['train_time_s'] == exact(wall) == exact(waited + computed)  # the loop's whole time
+    assert stats['data_wait'] == exact(waited / wall) and stats['data_wait'] > 0.5
+    assert stats['img_per_s'] == exact(images / wall)
+    assert stats['step_img_per_s'] == exact(images / computed)
+    assert stats['step_img_per_s'] == exact(stats['img_per_s'] / (1 - stats['data_wait']))  # benchmarks/loop
     assert [r['step'] for r in reports] == list(range(1, batches + 1))
-    assert all(0.5 < r['data_wait'] <= 1 and r['img_per_s'] < 4 / delay / 4 * 1.01 for r in reports), reports
+    for r in reports:  # each update alone: one batch's reads and one step
+        assert r['img_per_s'] == exact(batch / (batch * delay + step))
+        assert r['data_wait'] == exact(batch * delay / (batch * delay + step))
 
 
 def test_epoch_time_is_the_wall_time_of_a_data_bound_epoch(data_dir, tmp_path, monkeypatch, capsys):

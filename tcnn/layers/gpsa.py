@@ -442,7 +442,7 @@ class GPSA(nn.Module):
         parameters only. A kept value is used only while the three parameters are the same tensors at the same
         version and address (any in-place change, an optimizer step, ``load_state_dict``, ``set_gating`` included,
         bumps the version), and ``train()`` / ``eval()`` drop it; with gradients (training) they are recomputed,
-        which autograd needs anyway."""
+        which autograd needs anyway, and the kept ones dropped (a fused optimizer's step bumps no version)."""
         if not caching_allowed(height):
             return self._terms(height, width, device, dtype)
         offsets = self._kept_offsets(height, width, device)
@@ -450,6 +450,8 @@ class GPSA(nn.Module):
                        lambda: padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype))
         params = (self.pos_locality, self.pos_centers, self.gating)
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            # a step may follow that bumps no version (a fused optimizer): what was kept is no longer trusted
+            forget(self, 'mixing')
             pos, gate = self._mixing_terms(height, width, dtype, offsets)
         else:
             pos, gate = keep(self, ('mixing', height, width, device, dtype), params,

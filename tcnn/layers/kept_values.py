@@ -5,12 +5,14 @@ size only (the key-query offsets, ``log(n_pad)``) is made once per size, device 
 to the positional and gating parameters (inference), the positional attention and the gates are kept from call to
 call in eval mode, for as long as those parameters are the same tensors at the same version and address (PyTorch
 bumps a tensor's version on every in-place change: optimizer steps, ``load_state_dict``, the setters;
-``param.data = t`` moves the address), and ``train()``/``eval()`` drop them (``forget``). Only an in-place write
-through ``param.data`` in eval mode, which bypasses version counting, would go unseen: switch modes (or write without
-``.data``) after such an edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
+``param.data = t`` moves the address), and ``train()``/``eval()`` drop them (``forget``), as does every forward with
+gradients (``GPSA``): fused optimizers (``torch.optim.AdamW(fused=True)``) write the parameters without a version bump,
+and a training step needs such a forward first. Only an in-place write through ``param.data`` in eval mode, which
+bypasses version counting, or a fused step on gradients set by hand, would go unseen: switch modes after such an
+edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
 transforms (``caching_allowed``).
 """
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -62,6 +64,13 @@ def keep(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: C
     return value
 
 
-def forget(layer: nn.Module) -> None:
-    """Drop every value ``layer`` keeps (``GPSA.train``: a mode switch is where training ends)."""
-    layer.__dict__.pop('_tcnn_memo', None)
+def forget(layer: nn.Module, kind: Optional[str] = None) -> None:
+    """Drop every value ``layer`` keeps (``GPSA.train``: a mode switch is where training ends), or those whose key
+    starts with ``kind``."""
+    if kind is None:
+        layer.__dict__.pop('_tcnn_memo', None)
+        return
+    memo = layer.__dict__.get('_tcnn_memo')
+    if memo:
+        for key in [k for k in memo if k[0] == kind]:
+            del memo[key]
