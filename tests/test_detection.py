@@ -45,6 +45,7 @@ def _convert(cnn):
 @pytest.mark.parametrize('name, kwargs, ext', [
     # frozen_batchnorm=0.0: the backbone as torchvision's COCO weights leave it (FrozenBatchNorm2d, eps 0)
     ('fasterrcnn_resnet50_fpn', dict(SMALL, frozen_batchnorm=0.0), '.pt'),
+    ('fasterrcnn_resnet50_fpn', SMALL, '.safetensors'),
     ('retinanet_resnet50_fpn', dict(SMALL, score_thresh=0.2), '.safetensors'),
     ('fcn_resnet50', {'aux_loss': True}, '.pt'),
     ('deeplabv3_resnet50', {}, '.safetensors'),
@@ -71,21 +72,34 @@ def test_round_trip(name, kwargs, ext, tmp_path):
         got = loaded(images if 'rcnn' in name or 'retina' in name else torch.stack([images[0], images[0]]))
     _assert_same_outputs(expected, got)
     if name == 'fasterrcnn_resnet50_fpn':
-        frozen = torchvision.ops.misc.FrozenBatchNorm2d
-        assert isinstance(loaded.backbone.body.bn1, frozen) and loaded.backbone.body.bn1.eps == 0.0
+        frozen = 'frozen_batchnorm' in kwargs
+        bn = loaded.backbone.body.layer4[0].bn2
+        assert type(bn) is (torchvision.ops.misc.FrozenBatchNorm2d if frozen else torch.nn.BatchNorm2d)
+        assert bn.eps == (0.0 if frozen else 1e-5)
+        assert loaded.backbone.body.conv1.weight.requires_grad is not frozen  # torchvision trains 3 layers then
         assert len(expected[0]['boxes']) > 0  # something to compare
     if name == 'fcn_resnet50':
         assert loaded.aux_classifier is not None and expected['out'].shape[1] == 7
 
 
+def _pretrained_style_detector(num_classes: int):
+    """What fasterrcnn_resnet50_fpn(weights=COCO_V1, ...) builds, without the download: a ResNet with frozen batch
+    norms (eps 0), 3 trainable layers."""
+    from torchvision.models.detection._utils import overwrite_eps
+    from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+    resnet = torchvision.models.resnet50(norm_layer=torchvision.ops.misc.FrozenBatchNorm2d)
+    model = torchvision.models.detection.FasterRCNN(_resnet_fpn_extractor(resnet, 3), num_classes=num_classes, **SMALL)
+    overwrite_eps(model, 0.0)
+    return model
+
+
 def test_save_records_how_to_rebuild():
-    """A detector the user built himself: tcnn.save asks for its builder, refuses one that would rebuild another
-    model (other weights, other settings such as min_size), and takes the right one; tcnn.load refuses weights that
-    do not fit instead of building another model."""
+    """A detector the user built himself (as torchvision's weights leave it): tcnn.save asks for its builder,
+    refuses one that would rebuild another model (other weights, other settings such as max_size), and takes the
+    right one, adding the frozen batch norms; tcnn.load refuses weights that do not fit instead of building another
+    model."""
     torch.manual_seed(0)
-    cnn = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=4,
-                                                               **SMALL)
-    t_model = _convert(cnn)
+    t_model = _convert(_pretrained_style_detector(4))
     with pytest.raises(tcnn.TcnnError, match=r"cannot tell which torchvision builder made this FasterRCNN: .*"
                                              r"model.tcnn_source = \{'model': 'torchvision:NAME'"):
         tio.model_to_dict(t_model)
@@ -101,6 +115,7 @@ def test_save_records_how_to_rebuild():
     t_model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': dict(SMALL)}
     d = tio.model_to_dict(t_model)
     assert d['num_classes'] == 4 and d['data_config'] == {}  # the detector resizes and normalises itself
+    assert d['source']['kwargs'] == dict(SMALL, frozen_batchnorm=0.0)
     images = _images(1)
     with torch.no_grad():
         _assert_same_outputs(t_model(images), tio.model_from_dict(d)(images))

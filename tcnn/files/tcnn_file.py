@@ -393,14 +393,6 @@ def _build(d: Dict[str, Any]) -> nn.Module:
         raise TcnnError(f'cannot rebuild {name} with {kwargs}: {type(e).__name__}: {e}') from e
 
 
-def _meta_attributes(model: nn.Module) -> bool:
-    """Whether a module built on the meta device holds meta tensors outside its state dict (torchvision's anchor
-    generators keep their anchors in a plain list)."""
-    def meta(v: Any) -> bool:
-        return v.is_meta if isinstance(v, torch.Tensor) else isinstance(v, (list, tuple)) and any(meta(x) for x in v)
-    return any(meta(v) for m in model.modules() for k, v in vars(m).items() if k not in _MODULE_ATTRIBUTES)
-
-
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:
     match_grouped_storage(model, state_dict)  # files of tcnn 0.2.0 and earlier: grouped filters dense
     expected = model.state_dict()
@@ -438,8 +430,7 @@ def model_from_dict(
     # real if some tensor is not in the state dict (non-persistent buffers) and would stay on meta.
     with torch.device('meta'):
         model = _build(d)
-    assign = not any(b.is_meta for n, b in model.named_buffers() if n not in state_dict) and \
-        not _meta_attributes(model)
+    assign = not any(b.is_meta for n, b in model.named_buffers() if n not in state_dict)
     if not assign:
         model = _build(d).to(next(iter(state_dict.values())).device)
     layers = [name for name, _ in gpsa_layers(model)]
