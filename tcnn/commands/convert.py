@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='MODEL',
                         help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, convnext_tiny, regnety_040, '
                              'efficientnet_b0, ...) or torchvision:NAME (classifiers, and detection and segmentation '
-                             'models: torchvision:fasterrcnn_resnet50_fpn, torchvision:fcn_resnet50, ...); a T-CNN name '
-                             '(t_resnet50d) with --weights holding that T-CNN\'s state dict makes a T-CNN file of it')
+                             'models: torchvision:fasterrcnn_resnet50_fpn, torchvision:fcn_resnet50, ...); a T-CNN '
+                             'name (t_resnet50d) with --weights holding that T-CNN\'s state dict makes a T-CNN file of '
+                             'it')
     parser.add_argument('--out', '-o', metavar='FILE',
                         help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
                              '(required unless --list-stages)')
