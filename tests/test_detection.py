@@ -127,6 +127,9 @@ def test_cli_convert_info_export(tmp_path, capsys):
     """tcnn convert torchvision:fasterrcnn_resnet50_fpn with builder arguments, tcnn info, and tcnn export: the model
     itself is one line saying why not, its backbone exports."""
     out = str(tmp_path / 't_frcnn.pt')
+    assert main(['convert', 'torchvision:fasterrcnn_resnet50_fpn', '--out', out, '--model-kwargs', 'weights=DEFAULT',
+                 'min_size=96']) == 2
+    assert 'weights=...: this command sets weights itself; give it with --weights PATH' in capsys.readouterr().err
     rc = main(['convert', 'torchvision:fasterrcnn_resnet50_fpn', '--no-pretrained', '--num-classes', '3',
                '--model-kwargs', 'min_size=96', 'max_size=128', '--img-size', '96', '--out', out])
     text = capsys.readouterr().out

@@ -259,6 +259,11 @@ def run(args: argparse.Namespace) -> int:
         raise TcnnError('--use-ema reads the EMA weights of a checkpoint: give it with --weights PATH')
     parse_img_size(args.img_size, 3)
     model_kwargs = parse_model_kwargs(args.model_kwargs)
+    flags = {'pretrained': '--no-pretrained', 'weights': '--weights PATH', 'weights_backbone': '--weights PATH',
+             'num_classes': '--num-classes N', 'use_ema': '--use-ema'}
+    for key in sorted(set(model_kwargs) & set(flags)):
+        raise TcnnError(f'--model-kwargs {key}=...: this command sets {key} itself; give it with {flags[key]} (or '
+                        'leave it out for the pretrained weights)')
 
     from tqdm import tqdm
 
