@@ -138,6 +138,7 @@ def test_cli_convert_info_export(tmp_path, capsys):
                  'backbone.body.layer4.0.conv2: 512->512, 3x3, stride 2 -> 9 heads', 'verified    exact'):
         assert line in text, (line, text)
     model = tcnn.load(out)
+    assert model.tcnn_report.verdict in ('equivalent', 'rounding')  # reparameterize's check, stored in the file
     assert model.transform.min_size == (96,) and model.transform.max_size == 128
     assert model.roi_heads.box_predictor.cls_score.out_features == 3
     assert main(['info', out]) == 0
