@@ -33,7 +33,7 @@ __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset',
            'recipe_data_config', 'class_names', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images',
            'sample_images', 'load_images', 'denormalize', 'build_transforms', 'posterize', 'SKIP_HINT', 'READERS',
            'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset',
-           'TrainingData', 'num_images', 'open_training_data']
+           'TrainingData', 'num_images', 'open_training_data', 'dense_data_config']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
@@ -219,16 +219,38 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
 
 
 def _torchvision_data_config(arch: str) -> Optional[Dict[str, Any]]:
-    """The eval transform of torchvision's default weights for ``arch`` (resize, crop, mean/std), timm-style."""
+    """The eval transform of torchvision's default weights for ``arch`` (resize, crop, mean/std), timm-style; None
+    without one (no weights, or a detection or segmentation transform: ``dense_data_config``)."""
     import torchvision  # only for torchvision models: importing it costs ~0.5 s
     try:
         transform = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
     except (ValueError, AttributeError, KeyError):
         return None
+    if not hasattr(transform, 'crop_size'):
+        return None
     crop, resize = transform.crop_size[0], transform.resize_size[0]
     return {'input_size': (3, crop, crop), 'interpolation': transform.interpolation.value,
             'mean': tuple(transform.mean), 'std': tuple(transform.std), 'crop_pct': crop / resize,
             'crop_mode': 'center'}
+
+
+def dense_data_config(name: str) -> Dict[str, Any]:
+    """What applies of a data config to the torchvision detection or segmentation model ``'torchvision:NAME'``.
+
+    A detection model takes images in [0, 1] of any size and resizes and normalises them itself (its ``transform``,
+    set by the builder's ``min_size``, ``max_size``, ``image_mean``, ``image_std``): nothing applies, ``{}``. A
+    segmentation model's weights normalise beforehand (``mean``, ``std``, ``interpolation`` of the resize); any size
+    goes in, so there is no ``input_size`` or crop.
+    """
+    import torchvision
+    try:
+        transform = torchvision.models.get_model_weights(name.split(':', 1)[-1]).DEFAULT.transforms()
+    except (ValueError, AttributeError, KeyError):
+        return {}
+    if not hasattr(transform, 'mean'):  # ObjectDetection: only converts to float in [0, 1]
+        return {}
+    return {'interpolation': transform.interpolation.value, 'mean': tuple(transform.mean),
+            'std': tuple(transform.std)}
 
 
 def recipe_data_config(recipe: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:

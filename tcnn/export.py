@@ -21,6 +21,7 @@ traces it (``tcnn.layers.depthwise.attend_traceable``): the eager product picks 
 size, which ``torch.export`` turns into guards that fix the batch, and its small-shape order uses ``linalg.vecdot``,
 which has no ONNX form in the TorchScript exporter.
 """
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -49,7 +50,7 @@ from .version import EXPORT_EXTENSIONS, __version__
 
 __all__ = ['export', 'ExportReport', 'ExportCheck', 'ExportMismatchError', 'EXPORTERS', 'OPSETS', 'DEFAULT_OPSETS',
            'ONNX_EXTRA', 'EXECUTORCH_EXTRA', 'AOTI_CHECK_ENV', 'check_export_options', 'require_onnx',
-           'require_executorch', 'onnx_session', 'load_aoti']
+           'require_executorch', 'onnx_session', 'load_aoti', 'backbone_trunk']
 
 EXPORTERS = ('dynamo', 'torchscript')
 # The opsets each ONNX exporter writes for a T-CNN (inclusive): the dynamo exporter's translations start at opset 18
@@ -554,6 +555,23 @@ def _check(model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], size: 
         max_abs, max_rel, _ = output_errors(reference, out)
         checks.append(ExportCheck(b, h, w, max_abs, max_rel))
     return checks
+
+
+def backbone_trunk(model: nn.Module) -> nn.Module:
+    """The ResNet of a torchvision detection or segmentation model as one image -> features module: the children of
+    its ``IntermediateLayerGetter`` (``backbone.body``, ``backbone``) in order, up to the last stage it returns, whose
+    features it outputs; the same parameters (no copy), and the model's ``tcnn_*`` records and data config."""
+    from torchvision.models._utils import IntermediateLayerGetter
+    backbone = getattr(model, 'backbone', None)
+    body = getattr(backbone, 'body', backbone)
+    if not isinstance(body, IntermediateLayerGetter):
+        raise TcnnError(f'{type(model).__name__} has no torchvision backbone (backbone.body or backbone, an '
+                        'IntermediateLayerGetter) to export')
+    trunk = nn.Sequential(collections.OrderedDict(body.named_children()))
+    for key in ('tcnn_source', 'tcnn_config', 'pretrained_cfg'):
+        if getattr(model, key, None) is not None:
+            setattr(trunk, key, getattr(model, key))
+    return trunk.train(model.training)
 
 
 def _check_model(model: nn.Module) -> None:

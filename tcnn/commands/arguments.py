@@ -1,14 +1,15 @@
 """What several commands share: parsing ``--img-size`` (with the model's input channels) and the file sizes their
 summaries print. Light at import, like every command module: torch loads only where a model is at hand."""
+import ast
 import os
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from ..errors import TcnnError
 
 if TYPE_CHECKING:
     import torch.nn as nn
 
-__all__ = ['parse_img_size', 'in_chans', 'size_text', 'file_size_text']
+__all__ = ['parse_img_size', 'parse_model_kwargs', 'in_chans', 'size_text', 'file_size_text']
 
 
 def parse_img_size(text: Optional[str], in_chans: int) -> Optional[Tuple[int, int, int]]:
@@ -24,6 +25,21 @@ def parse_img_size(text: Optional[str], in_chans: int) -> Optional[Tuple[int, in
         raise TcnnError(f'--img-size takes N or HxW (e.g. 224 or 160x192), got {text!r}')
     height, width = sizes if len(sizes) == 2 else sizes * 2
     return in_chans, height, width
+
+
+def parse_model_kwargs(values: Optional[Sequence[str]], flag: str = '--model-kwargs') -> Dict[str, Any]:
+    """``['min_size=512', 'aux_loss=True', 'act=relu']`` -> ``{'min_size': 512, 'aux_loss': True, 'act': 'relu'}``:
+    values are Python literals, else strings (as timm's train.py reads its ``--model-kwargs``)."""
+    kwargs: Dict[str, Any] = {}
+    for item in values or ():
+        key, sep, value = item.partition('=')
+        if not sep or not key.isidentifier():
+            raise TcnnError(f'{flag} takes KEY=VALUE pairs (e.g. min_size=512 aux_loss=True), got {item!r}')
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
 
 
 def in_chans(model: 'nn.Module') -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 from ..errors import TcnnError, check_conversion_settings, check_number
 from ..paths import check_output_file
 from ..version import EXTENSIONS
-from .arguments import file_size_text, in_chans, parse_img_size
+from .arguments import file_size_text, in_chans, parse_img_size, parse_model_kwargs
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
@@ -30,8 +30,10 @@ FLAG_NAMES = {'locality_strength': '--locality-strength', 'gating_init': '--gati
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('model', metavar='MODEL',
                         help='timm model name (resnet50d, resnetrs50, resnet50d.a1_in1k, convnext_tiny, regnety_040, '
-                             'efficientnet_b0, ...) or torchvision:NAME; a T-CNN name (t_resnet50d) with --weights '
-                             'holding that T-CNN\'s state dict makes a T-CNN file of it')
+                             'efficientnet_b0, ...) or torchvision:NAME (classifiers, and detection and segmentation '
+                             'models: torchvision:fasterrcnn_resnet50_fpn, torchvision:fcn_resnet50, ...); a T-CNN '
+                             'name (t_resnet50d) with --weights holding that T-CNN\'s state dict makes a T-CNN file of '
+                             'it')
     parser.add_argument('--out', '-o', metavar='FILE',
                         help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
                              '(required unless --list-stages)')
@@ -51,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--num-classes', type=int, metavar='N',
                         help='classifier size (default: the head of --weights, else the model\'s); a checkpoint head '
                              'of another size is dropped for a new random one, with a warning')
+    parser.add_argument('--model-kwargs', nargs='+', metavar='KEY=VALUE',
+                        help='further arguments of the model: timm.create_model\'s (drop_path_rate=0.1) or a '
+                             'torchvision detection or segmentation builder\'s (min_size=512 max_size=683, '
+                             'aux_loss=True); values are Python literals, else strings; the file records them')
     parser.add_argument('--stages', nargs='+', metavar='STAGE',
                         help='what becomes GPSA: stage names (layer4, stages.3, s4, blocks.5, features.7, '
                              'trunk_output.block4), module paths (layer4.2), fnmatch patterns of module names '
@@ -113,7 +119,9 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
 
 
 def _num_classes(model: 'nn.Module') -> Optional[int]:
-    from ..files.weights import classifier_layer
+    from ..files.weights import classifier_layer, dense_num_classes, model_task
+    if model_task(model):
+        return dense_num_classes(model)  # box predictors and per-pixel convs: not the last nn.Linear
     if isinstance(getattr(model, 'num_classes', None), int):
         return model.num_classes
     _, head = classifier_layer(model)  # torchvision: its last nn.Linear
@@ -172,7 +180,8 @@ def list_stages(args: argparse.Namespace) -> int:
     from ..files.weights import create_cnn, source_model_name
 
     source = source_model_name(args.model)
-    cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes)
+    cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes,
+                     **parse_model_kwargs(args.model_kwargs))
     rows = stage_rows(cnn, parse_img_size(args.img_size, in_chans(cnn)))
     if not rows:
         raise TcnnError(f'{args.model} has no known stages (no ResNet layer1-4, timm feature_info or '
@@ -212,6 +221,7 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
 
     stages = parse_stages(args.stages)
     kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
+    kwargs.update(parse_model_kwargs(args.model_kwargs))
     state_dict = load_state_dict_file(args.weights, use_ema=args.use_ema)
     if not gpsa_layer_names(state_dict):
         raise TcnnError(f'{args.weights} holds the weights of a CNN (no GPSA layers), not of the T-CNN {args.model}: '
@@ -248,6 +258,12 @@ def run(args: argparse.Namespace) -> int:
     if args.use_ema and not args.weights:
         raise TcnnError('--use-ema reads the EMA weights of a checkpoint: give it with --weights PATH')
     parse_img_size(args.img_size, 3)
+    model_kwargs = parse_model_kwargs(args.model_kwargs)
+    flags = {'pretrained': '--no-pretrained', 'weights': '--weights PATH', 'weights_backbone': '--weights PATH',
+             'num_classes': '--num-classes N', 'use_ema': '--use-ema'}
+    for key in sorted(set(model_kwargs) & set(flags)):
+        raise TcnnError(f'--model-kwargs {key}=...: this command sets {key} itself; give it with {flags[key]} (or '
+                        'leave it out for the pretrained weights)')
 
     from tqdm import tqdm
 
@@ -270,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_description(steps[0])
         try:
             cnn = create_cnn(args.model, pretrained=not args.no_pretrained, weights=args.weights,
-                             num_classes=args.num_classes, use_ema=args.use_ema)
+                             num_classes=args.num_classes, use_ema=args.use_ema, **model_kwargs)
         except WeightsUnavailableError as e:  # the fix in this command's terms: its flags, not Python arguments
             raise e.with_hint(CLI_HINT) from None
         bar.update()

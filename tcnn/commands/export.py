@@ -4,6 +4,7 @@ AOTInductor, ExecuTorch), checked against PyTorch in the runtime that reads it b
 import argparse
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 from ..errors import TcnnError, check_number
 from ..paths import check_input_file, check_output_file
@@ -11,6 +12,9 @@ from ..version import EXPORT_EXTENSIONS
 from .arguments import in_chans, parse_img_size, size_text
 
 HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.hub_folder.HUB_PREFIXES, without importing torch
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 __all__ = ['add_arguments', 'run']
 
@@ -37,12 +41,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '(legacy tracing exporter, opsets 13-20)')
     parser.add_argument('--opset', type=int, metavar='N',
                         help='ONNX opset (default 18 with the dynamo exporter, 17 with the torchscript one)')
+    parser.add_argument('--backbone', action='store_true',
+                        help='of a torchvision detection or segmentation model: export its backbone\'s ResNet (image '
+                             '-> its last stage\'s features, where the GPSA layers are), the part that exports')
     parser.add_argument('--tol', type=float, default=1e-4,
                         help='largest accepted logit error relative to the largest logit (default 1e-4)')
 
 
 def _shape(shape) -> str:
     return '(' + ', '.join(map(str, shape)) + ')'
+
+
+def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
+    """The model to export: the file's, or with ``--backbone`` the ResNet of a torchvision detection or segmentation
+    model (``tcnn.export.backbone_trunk``); a detection or segmentation model itself is one line naming why not."""
+    from .. import export as tex
+    from ..files.weights import model_task
+    task = model_task(model)
+    name = (getattr(model, 'tcnn_source', None) or {}).get('model', type(model).__name__)
+    if args.backbone:
+        if task is None:
+            raise TcnnError(f'--backbone exports the backbone of a torchvision detection or segmentation model; '
+                            f'{args.file} holds {name}: export it without --backbone')
+        return tex.backbone_trunk(model)
+    if task == 'detection':
+        raise TcnnError(f'{args.file} holds {name}, a detection model: its resizing, anchors and NMS (a varying '
+                        'number of boxes per image) do not export as one checked tensor; export its backbone (the '
+                        'GPSA layers\' part) with --backbone')
+    if task == 'segmentation':
+        raise TcnnError(f'{args.file} holds {name}, a segmentation model: it returns a dict of masks, not one '
+                        'tensor; export its backbone (the GPSA layers\' part) with --backbone')
+    return model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == 'pte':
         tex.require_executorch()
     model = loading.load(args.file)
+    model = _exportable(model, args)
     if not gpsa_layers(model):
         raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
                         '`tcnn convert MODEL --weights WEIGHTS --out FILE`')

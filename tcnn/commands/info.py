@@ -174,9 +174,15 @@ def _range(values: List[float]) -> str:
     return f'{sum(values) / len(values):.3f} [{min(values):.3f}-{max(values):.3f}]'
 
 
-def _data_text(config: Dict[str, Any]) -> str:
+def _data_text(config: Dict[str, Any], source: str = '') -> str:
+    if not config and source.startswith('torchvision:'):  # tcnn.data.dense_data_config: nothing applies
+        return 'none: a torchvision detection model resizes and normalises its images (in [0, 1]) itself'
     if not config:
         return 'unknown'
+    if 'input_size' not in config:  # a torchvision segmentation model: any size
+        mean = ','.join(f'{v:.3f}' for v in config.get('mean', []))
+        std = ','.join(f'{v:.3f}' for v in config.get('std', []))
+        return f'any size, {config.get("interpolation")}, mean {mean}, std {std}'
     size = 'x'.join(map(str, config.get('input_size', [])))
     mean = ','.join(f'{v:.3f}' for v in config.get('mean', []))
     std = ','.join(f'{v:.3f}' for v in config.get('std', []))
@@ -221,7 +227,7 @@ def format_info(info: Dict[str, Any], heads: bool = False) -> str:
     else:
         lines.append('  conversion  none: a plain CNN (e.g. the no-SA baseline)')
         lines.append(f'  parameters  {_m(params["total"])}')
-    lines.append(f'  data        {_data_text(info["data_config"])}')
+    lines.append(f'  data        {_data_text(info["data_config"], source["model"])}')
     if info.get('training'):
         lines.append('  training    ' + _training_text(info['training']))
     if info['layers']:

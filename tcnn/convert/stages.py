@@ -1,7 +1,8 @@
 """Stage discovery: which k x k convs of a CNN a conversion replaces, and which of them it can reproduce exactly.
 
 A "stage" is a submodule whose k x k convs become GPSA layers. Candidates come from the model's own layout: ResNet
-``layer1``-``layer4``; else timm's ``feature_info`` (its modules, and every child of an indexed container one of
+``layer1``-``layer4`` (of a torchvision detection or segmentation model's ResNet too: ``backbone.body.layer4``,
+``backbone.layer4``); else timm's ``feature_info`` (its modules, and every child of an indexed container one of
 them lives in, e.g. all of ``blocks.*`` when feature_info names ``blocks.4`` and ``blocks.6``); else the children
 of a known container (torchvision ``features``, ``trunk_output``). An int ``i`` names a resolution level: the
 stages whose output is at 1/2**(i+1) of the input, which is ResNet's ``layer{i}`` (level 0 is a stride-2 stem).
@@ -63,8 +64,22 @@ def _level(reduction: float) -> int:
     return round(math.log2(max(reduction, 1))) - 1
 
 
+# where torchvision's detection (backbone.body) and segmentation (backbone) models keep their ResNet's layers
+TRUNKS = ('', 'backbone.body.', 'backbone.')
+
+
+def _resnet_prefix(model: nn.Module) -> str:
+    """The module path of the ResNet inside ``model`` (``''``, ``'backbone.body.'``, ``'backbone.'``), ``''`` if
+    none."""
+    modules = dict(model.named_modules())
+    return next((p for p in TRUNKS if isinstance(modules.get(p + STAGE_NAMES[-1]), nn.Module)), '')
+
+
 def _resnet_stages(model: nn.Module) -> List[str]:
-    return [n for n in STAGE_NAMES if isinstance(getattr(model, n, None), nn.Module)]
+    """``layer1``-``layer4`` of a ResNet, or of the ResNet of a torchvision detection or segmentation model
+    (``backbone.body.layer4``, ``backbone.layer4``)."""
+    modules, prefix = dict(model.named_modules()), _resnet_prefix(model)
+    return [prefix + n for n in STAGE_NAMES if isinstance(modules.get(prefix + n), nn.Module)]
 
 
 def _feature_info_stages(model: nn.Module, modules: Dict[str, nn.Module]) -> List[Tuple[str, Optional[int]]]:
@@ -103,7 +118,7 @@ def stage_candidates(model: nn.Module) -> List[Tuple[str, Optional[int]]]:
     """
     resnet = _resnet_stages(model)
     if resnet:
-        return [(n, int(n[len('layer'):])) for n in resnet]
+        return [(n, int(n[-1])) for n in resnet]
     modules = dict(model.named_modules())
     return _feature_info_stages(model, modules) or [(n, None) for n in _container_stages(modules)]
 
@@ -208,7 +223,7 @@ def _candidates_text(model: nn.Module) -> str:
 def _resolve_one(model: nn.Module, stage: Union[int, str], modules: Dict[str, nn.Module]) -> List[str]:
     if isinstance(stage, int):
         if _resnet_stages(model):
-            name = f'layer{stage}'
+            name = f'{_resnet_prefix(model)}layer{stage}'
             if name not in modules:
                 raise ConversionError(f'{model_name(model)} has no submodule {name!r} (stage given as {stage!r}); '
                                       f'{_candidates_text(model)}')

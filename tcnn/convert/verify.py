@@ -48,6 +48,12 @@ class EquivalenceReport:
     differs in kind (a detection kept in one model and not the other) counts as an infinite error.
     ``example_inputs`` describes the inputs when the caller gave them (``input_size`` is then ``()`` and
     ``batch_size`` 0).
+
+    ``verdict`` tells rounding from a wrong conversion (``check_equivalence`` and ``reparameterize`` set it; None in
+    reports of older files): ``'equivalent'`` (``max_rel_err`` within the tolerance), ``'rounding'`` (missed in the
+    models' dtype, within it in float64: the network amplifies rounding, e.g. a detector's NMS and top-k picks swap
+    on near-equal scores), ``'wrong conversion'`` (missed in float64 too, or the models are float64), or
+    ``'unconfirmed'`` (missed, and mixed dtypes leave no lossless float64 copy to measure).
     """
     max_abs_err: float
     max_rel_err: float
@@ -61,6 +67,7 @@ class EquivalenceReport:
     float64_max_rel_err: Optional[float] = None
     output: str = ''
     example_inputs: Optional[str] = None
+    verdict: Optional[str] = None
 
     @property
     def vacuous(self) -> bool:
@@ -76,7 +83,7 @@ class EquivalenceReport:
                 f'at init: max abs err {self.init_max_abs_err:.3g}, max rel err {self.init_max_rel_err:.3g} '
                 f'({self.num_gpsa} GPSA layers, input {inputs}, {self.dtype})' +
                 (f'; float64: max rel err {self.float64_max_rel_err:.3g}' if self.float64_max_rel_err is not None
-                 else '') +
+                 else '') + (f'; verdict: {self.verdict}' if self.verdict else '') +
                 (' [vacuous: the replaced layers do not change the logits]' if self.vacuous else ''))
 
 
@@ -282,6 +289,7 @@ def check_equivalence(
         device: Optional[Union[str, torch.device]] = None,
         dtype: Optional[torch.dtype] = None,
         example_inputs: Any = None,
+        tol: float = DEFAULT_TOLERANCE,
 ) -> EquivalenceReport:
     """Compare the outputs of a CNN and its T-CNN in eval mode on the same input.
 
@@ -301,6 +309,10 @@ def check_equivalence(
         dtype: Dtype of the input's floating tensors; defaults to the dtype of the T-CNN's parameters.
         example_inputs: Inputs to use instead of random images: a tuple is the positional arguments of one forward
             call, anything else the single argument (e.g. a list of image tensors for a torchvision detection model).
+        tol: The relative error within which the models are equivalent. Float32, float16 or bfloat16 models that
+            miss it are measured again on float64 copies (``float64_max_rel_err``), where a right conversion agrees
+            to ~1e-14 however much the network amplifies rounding: ``verdict`` says which it is
+            (``EquivalenceReport``).
 
     Raises:
         TcnnError: A bad argument (named in the message), a model that does not run on the input (one line naming
@@ -317,7 +329,42 @@ def check_equivalence(
     check_device(device, 'device')
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise InvalidTypeError(f'dtype must be a floating-point torch.dtype (e.g. torch.float64), got {dtype!r}')
-    return _measure(lambda: contextlib.nullcontext(cnn), t_cnn, input_size, batch_size, seed, device, dtype, args)
+    check_number(tol, 'tol', gt=0)
+
+    def measure(in_dtype: Optional[torch.dtype]) -> EquivalenceReport:
+        return _measure(lambda: contextlib.nullcontext(cnn), t_cnn, input_size, batch_size, seed, device, in_dtype,
+                        args)
+    report = measure(dtype)
+    dtypes = [_uniform_dtype(cnn, ()), _uniform_dtype(t_cnn, ())]
+    if report.max_rel_err <= tol or None in dtypes or report.dtype == 'float64':
+        return _with_verdict(report, tol)
+    return _with_verdict(report, tol, float64=_in_float64([cnn, t_cnn], dtypes, lambda: measure(torch.float64)))
+
+
+def _with_verdict(report: EquivalenceReport, tol: float, float64: Optional[float] = None) -> EquivalenceReport:
+    """``report`` with its float64 error (None: not measured) and ``verdict`` (``EquivalenceReport``)."""
+    if report.max_rel_err <= tol:
+        verdict = 'equivalent'
+    elif float64 is not None:
+        verdict = 'rounding' if float64 <= tol else 'wrong conversion'
+    else:
+        verdict = 'wrong conversion' if report.dtype == 'float64' else 'unconfirmed'
+    return dataclasses.replace(report, float64_max_rel_err=float64, verdict=verdict)
+
+
+def _in_float64(modules: Sequence[nn.Module], dtypes: Sequence[torch.dtype],
+                measure: Callable[[], EquivalenceReport]) -> float:
+    """``measure()``'s relative error with ``modules`` converted to float64 and back to ``dtypes`` (lossless from
+    ``RECHECK_DTYPES``; the parameters stay the same objects)."""
+    try:
+        for m in modules:
+            m.double()
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # the first measurement already warned if vacuous
+            return measure().max_rel_err
+    finally:
+        for m, dtype in zip(modules, dtypes):
+            m.to(dtype)
 
 
 def check_inputs(input_size: Optional[Sequence[int]], example_inputs: Any) -> Optional[Tuple[Any, ...]]:
@@ -346,8 +393,9 @@ def verify_conversion(model: nn.Module, convs: Dict[str, nn.Module], size: Tuple
         report = _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, None, example_inputs)
     dtype = _uniform_dtype(model, convs.values())
     if not report.passed(tol) and dtype is not None:
-        report = dataclasses.replace(report, float64_max_rel_err=_float64_error(model, convs, size, dtype,
-                                                                                example_inputs))
+        modules = [model, *convs.values()]
+        report = _with_verdict(report, tol, _in_float64(modules, [dtype] * len(modules), lambda: _measure(
+            lambda: _convs_restored(model, convs), model, size, 2, 0, None, torch.float64, example_inputs)))
         if report.passed(tol):
             warnings.warn(f'{source_name}: {report.dtype} outputs differ by {report.max_rel_err:.3g} (> {tol:g}) but '
                           f'float64 ones by {report.float64_max_rel_err:.3g}: the network amplifies {report.dtype} '
@@ -358,7 +406,7 @@ def verify_conversion(model: nn.Module, convs: Dict[str, nn.Module], size: Tuple
         raise ConversionError(
             f'{source_name}: the T-CNN does not reproduce the CNN (max relative error {report.max_rel_err:.3g}{where} '
             f'> {tol:g} in the exact configuration{in_float64})')
-    return report
+    return report if report.verdict else _with_verdict(report, tol)
 
 
 # dtypes whose verification is repeated in float64 when it misses: the conversion there and back is lossless
@@ -370,20 +418,3 @@ def _uniform_dtype(model: nn.Module, convs) -> Optional[torch.dtype]:
     ``RECHECK_DTYPES``, else None (mixed dtypes, or float64 already)."""
     dtypes = {t.dtype for m in (model, *convs) for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()}
     return next(iter(dtypes)) if len(dtypes) == 1 and next(iter(dtypes)) in RECHECK_DTYPES else None
-
-
-def _float64_error(model: nn.Module, convs: Dict[str, nn.Module], size: Sequence[int], dtype: torch.dtype,
-                   example_inputs: Optional[Tuple[Any, ...]] = None) -> float:
-    """Relative error of the exact configuration measured in float64 (models converted there and back to ``dtype``:
-    float32/float16/bfloat16 -> float64 -> the same is lossless, and the parameters stay the same objects)."""
-    modules = [model, *convs.values()]
-    try:
-        for m in modules:
-            m.double()
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')  # the first check already warned if vacuous
-            return _measure(lambda: _convs_restored(model, convs), model, size, 2, 0, None, torch.float64,
-                            example_inputs).max_rel_err
-    finally:
-        for m in modules:
-            m.to(dtype)

@@ -46,8 +46,9 @@ from ..paths import check_output_file
 from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
 from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn,
-                      error_reason, file_head, gpsa_layer_names, load_torch_file, record_source, source_model_name,
-                      split_model_name, state_dict_misfit, transformed_model_name)
+                      dense_num_classes, dense_source_kwargs, error_reason, file_head, gpsa_layer_names,
+                      load_torch_file, model_task, record_source, source_model_name, split_model_name,
+                      state_dict_misfit, torchvision_task, transformed_model_name)
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
            'read_raw', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of', 'check_extension',
@@ -96,8 +97,16 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.files.weights.create_cnn`` and the ``t_*``
     registry), else the timm architecture name and factory kwargs that timm records."""
     source = getattr(model, 'tcnn_source', None)
+    task = model_task(model)
+    if source and task:
+        return _dense_source(model, source, task)
     if source:
         return {'model': source['model'], 'kwargs': dict(source.get('kwargs') or {}), 'weights': source.get('weights')}
+    if task:
+        raise TcnnError(f'cannot tell which torchvision builder made this {type(model).__name__}: create it with '
+                        f"tcnn.files.weights.create_cnn('torchvision:NAME', pretrained=False, num_classes=N, **kwargs) "
+                        f"or set model.tcnn_source = {{'model': 'torchvision:NAME', 'kwargs': {{...}}}} (the builder's "
+                        f'arguments, e.g. min_size; NAME e.g. {_builder_example(model)})')
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     arch = cfg.get('architecture')
     if not arch:
@@ -113,7 +122,83 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     return {'model': name, 'kwargs': kwargs, 'weights': None}  # timm does not record where its weights came from
 
 
+def _builder_example(model: nn.Module) -> str:
+    names = {'FasterRCNN': 'fasterrcnn_resnet50_fpn', 'MaskRCNN': 'maskrcnn_resnet50_fpn', 'FCN': 'fcn_resnet50',
+             'RetinaNet': 'retinanet_resnet50_fpn', 'DeepLabV3': 'deeplabv3_resnet50', 'FCOS': 'fcos_resnet50_fpn',
+             'KeypointRCNN': 'keypointrcnn_resnet50_fpn', 'SSD': 'ssd300_vgg16', 'LRASPP': 'lraspp_mobilenet_v3_large'}
+    return names.get(type(model).__name__, 'fasterrcnn_resnet50_fpn')
+
+
+def _dense_source(model: nn.Module, source: Dict[str, Any], task: str) -> Dict[str, Any]:
+    """The source of a torchvision detection or segmentation model: its ``tcnn_source`` with what its modules
+    show (``tcnn.files.weights.dense_source_kwargs``)."""
+    name = source.get('model')
+    if torchvision_task(name) != task:
+        found = torchvision_task(name)
+        raise TcnnError(f'this {type(model).__name__} is a torchvision {task} model, but its tcnn_source names '
+                        f'{name!r} ({found + " model" if found else "not a torchvision builder"}): set '
+                        f"model.tcnn_source = {{'model': 'torchvision:NAME', 'kwargs': {{...}}}}, NAME e.g. "
+                        f'{_builder_example(model)}')
+    kwargs = dense_source_kwargs(model, {k: v for k, v in (source.get('kwargs') or {}).items() if k != 'num_classes'})
+    return {'model': name, 'kwargs': kwargs, 'weights': source.get('weights')}
+
+
+# nn.Module's own attributes (training flag, hooks, parameter dicts): not the architecture's settings
+_MODULE_ATTRIBUTES = frozenset(vars(nn.Module()))
+
+
+def _settings(module: nn.Module) -> Dict[str, Any]:
+    """A module's plain-valued attributes (numbers, strings, tuples, dicts of them: torchvision's ``min_size``,
+    ``score_thresh``, ``_pre_nms_top_n``, a batch norm's ``eps``), what a builder's arguments set besides shapes."""
+    def plain(v: Any) -> bool:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return True
+        if isinstance(v, (list, tuple)):
+            return all(plain(x) for x in v)
+        return isinstance(v, dict) and all(isinstance(k, str) and plain(x) for k, x in v.items())
+    return {k: v for k, v in vars(module).items()
+            if k not in _MODULE_ATTRIBUTES and not k.startswith('tcnn_') and plain(v)}
+
+
+def _check_rebuilds(model: nn.Module, d: Dict[str, Any]) -> None:
+    """Raise unless the source recorded in the T-CNN dict ``d`` rebuilds ``model``'s architecture: the same
+    modules, state dict shapes and settings (a torchvision detection or segmentation model's builder arguments do
+    not all show in its state dict: ``min_size``, score thresholds, ``frozen_batchnorm``)."""
+    with torch.device('meta'):
+        rebuilt = _build(d)
+    source = d['source']
+    arguments = ', '.join(f'{k}={v!r}' for k, v in dict(num_classes=d['num_classes'], **source['kwargs']).items())
+    built = f'{source["model"]}({arguments})'
+    fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}} to the builder and arguments that "
+           'made it (or build it with tcnn.files.weights.create_cnn)')
+    misfit = state_dict_misfit(rebuilt, model.state_dict())
+    if misfit:
+        raise TcnnError(f'cannot save this {type(model).__name__}: {built} would rebuild other weights ({misfit}); '
+                        f'{fix}')
+    modules = dict(model.named_modules())
+    for name, module in rebuilt.named_modules():
+        mine = modules.get(name)
+        where = name or 'the model'
+        if type(mine) is not type(module):
+            found = type(mine).__name__ if mine is not None else 'nothing'
+            raise TcnnError(f'cannot save this {type(model).__name__}: {built} would rebuild {where} as '
+                            f'{type(module).__name__}, it is {found}; {fix}')
+        expected, actual = _settings(module), _settings(mine)
+        # None at construction: what a forward caches (MultiScaleRoIAlign's scales), not a setting
+        differs = sorted(k for k in expected if k in actual and expected[k] is not None and expected[k] != actual[k])
+        if differs:
+            k = differs[0]
+            raise TcnnError(f'cannot save this {type(model).__name__}: {built} would rebuild {where}.{k} = '
+                            f'{expected[k]!r}, it is {actual[k]!r}; {fix}')
+
+
 def _num_classes(model: nn.Module) -> int:
+    if model_task(model):
+        classes = dense_num_classes(model)
+        if classes is None:
+            raise TcnnError(f'cannot tell the class count of this {type(model).__name__}: its head is not one of '
+                            'torchvision\'s (box_predictor.cls_score, classification_head, classifier)')
+        return classes
     if isinstance(getattr(model, 'num_classes', None), int):
         return model.num_classes
     fc = getattr(model, 'fc', None)
@@ -160,6 +245,10 @@ def _stored_data_config(model: nn.Module, overrides: Optional[Dict[str, Any]]) -
     unless the overrides give those too: a fine-tuned model is evaluated as it was validated, not at its source
     CNN's test size. Always storing both tells ``model_from_dict`` that the file's config is complete.
     """
+    if model_task(model):
+        config = _plain(data.dense_data_config(_source_of(model)['model']), 'data_config')
+        config.update(_plain(dict(overrides or {}), 'data_config'))
+        return config
     config = _plain(data.data_config(model), 'data_config')
     test = data.data_config(model, use_test_size=True)
     config.update(test_input_size=list(test['input_size']), test_crop_pct=test['crop_pct'])
@@ -220,7 +309,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
     grouped = any(layer.groups > 1 for _, layer in gpsa_layers(model))
     num_classes = _num_classes(model)
     names = _label_names(model, label_names, num_classes)
-    return {
+    d = {
         'format': FORMAT_NAME,
         'version': FORMAT_VERSION if grouped else PLAIN_FORMAT_VERSION,  # older tcnn reads what it can
         'tcnn_version': __version__,
@@ -233,6 +322,9 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
         'report': report_to_dict(getattr(model, 'tcnn_report', None)),
         'state_dict': {k: v.detach() for k, v in model.state_dict().items()},
     }
+    if model_task(model):
+        _check_rebuilds(model, d)
+    return d
 
 
 # ---------------------------------------------------------------------------------------------- dict -> model

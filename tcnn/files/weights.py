@@ -16,6 +16,7 @@ argument checks should not pay).
 """
 import argparse
 import difflib
+import functools
 import os
 import pickle
 import socket
@@ -34,9 +35,12 @@ __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_mo
            'create_cnn', 'record_source', 'load_torch_file', 'state_dict_misfit', 'GPSA_KEY', 'gpsa_layer_names',
            'load_state_dict_file', 'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes',
            'file_weights_origin', 'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT',
-           'OFFLINE_HINT']
+           'OFFLINE_HINT', 'DENSE_TASKS', 'FROZEN_BN_KEY', 'torchvision_task', 'model_task', 'dense_num_classes',
+           'dense_source_kwargs', 'freeze_batchnorm']
 
 TORCHVISION_PREFIX = 'torchvision:'
+# torchvision's model modules besides classification whose builders tcnn creates by name (torchvision:NAME)
+DENSE_TASKS = ('detection', 'segmentation')
 T_PREFIX = 't_'  # the T-CNN of timm's NAME is registered as t_NAME (tcnn.models)
 # What to do without the pretrained weights, in the caller's terms: Python arguments, or the flags of tcnn
 # convert/train (which translate the error, see WeightsUnavailableError.with_hint).
@@ -105,10 +109,36 @@ def _close_matches(name: str, candidates: List[str]) -> str:
     return f' (did you mean: {", ".join(matches)}?)' if matches else ''
 
 
+@functools.lru_cache(maxsize=None)
+def _torchvision_names() -> Dict[str, str]:
+    """The builders tcnn creates by ``torchvision:NAME``, by name: their task (``'classification'``,
+    ``'detection'``, ``'segmentation'``)."""
+    import torchvision
+    names = {n: 'classification' for n in torchvision.models.list_models(module=torchvision.models)}
+    for task in DENSE_TASKS:
+        names.update((n, task) for n in torchvision.models.list_models(module=getattr(torchvision.models, task)))
+    return names
+
+
+def torchvision_task(name: str) -> Optional[str]:
+    """The task of the torchvision builder ``'torchvision:NAME'`` (``'classification'``, ``'detection'``,
+    ``'segmentation'``), None for anything else (a timm name, an unknown builder)."""
+    if not isinstance(name, str):
+        return None
+    source, arch = split_model_name(name)
+    return _torchvision_names().get(arch) if source == 'torchvision' else None
+
+
+def model_task(model: nn.Module) -> Optional[str]:
+    """``'detection'`` or ``'segmentation'`` for a torchvision detection or segmentation model (by its class, so
+    that one the user built counts too), None for anything else."""
+    module = type(model).__module__
+    return next((task for task in DENSE_TASKS if module.startswith(f'torchvision.models.{task}')), None)
+
+
 def _check_known(source: str, arch: str) -> None:
     if source == 'torchvision':
-        import torchvision
-        names = torchvision.models.list_models(module=torchvision.models)
+        names = list(_torchvision_names())
         if arch not in names:
             raise TcnnError(f'unknown torchvision model {arch!r}{_close_matches(arch, names)}')
         return
@@ -195,25 +225,126 @@ def classifier_layer(model: nn.Module) -> Tuple[str, Optional[nn.Linear]]:
     return next(((n, m) for n, m in reversed(list(model.named_modules())) if isinstance(m, nn.Linear)), ('', None))
 
 
-def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] = None) -> nn.Module:
+def _torchvision_pretrained(arch: str, **kwargs) -> nn.Module:
+    """torchvision's model ``arch`` with its default weights, from torch hub's cache or downloaded."""
     import torchvision
-    if not pretrained:
-        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes or 1000)
     weights = torchvision.models.get_model_weights(arch).DEFAULT
     cached = os.path.join(torch.hub.get_dir(), 'checkpoints', os.path.basename(weights.url))
     if not os.path.isfile(cached) and not _host_reachable(weights.url):
         raise WeightsUnavailableError(f'cannot download pretrained weights for torchvision:{arch} (offline, not in '
                                       'the local cache)')
     try:
-        model = torchvision.models.get_model(arch, weights=weights)
+        return torchvision.models.get_model(arch, weights=weights, **kwargs)
+    except (TypeError, ValueError):
+        raise  # the caller's arguments, not the download
     except Exception as e:
         reason = ' '.join(str(e).split())[:200] or type(e).__name__
         raise WeightsUnavailableError(f'downloading pretrained weights for torchvision:{arch} failed '
                                       f'({type(e).__name__}: {reason})') from e
+
+
+def _create_torchvision(arch: str, pretrained: bool, num_classes: Optional[int] = None,
+                        kwargs: Optional[Dict[str, Any]] = None) -> nn.Module:
+    import torchvision
+    if torchvision_task(TORCHVISION_PREFIX + arch) in DENSE_TASKS:
+        return _create_dense(arch, pretrained, num_classes, kwargs if kwargs is not None else {})
+    if not pretrained:
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes or 1000)
+    model = _torchvision_pretrained(arch)
     name, head = classifier_layer(model)
     if num_classes is not None and head is not None and num_classes != head.out_features:
         model.set_submodule(name, nn.Linear(head.in_features, num_classes, bias=head.bias is not None))
     return model
+
+
+# The option tcnn adds to torchvision's detection builders: a builder given weights freezes its backbone's batch
+# norms (FrozenBatchNorm2d, eps 0 for some weights), and tcnn rebuilds such a model without them (its file holds
+# the weights) from this option: the frozen batch norms' eps
+FROZEN_BN_KEY = 'frozen_batchnorm'
+_CHOSEN_BY_TCNN = ('weights', 'weights_backbone', 'progress')
+
+
+def _create_dense(arch: str, pretrained: bool, num_classes: Optional[int], kwargs: Dict[str, Any]) -> nn.Module:
+    """A torchvision detection or segmentation model; ``kwargs`` (the builder's arguments, updated in place) gain
+    what torchvision's weights imply (``frozen_batchnorm``, ``aux_loss``): they rebuild the model without them."""
+    import torchvision
+    name = TORCHVISION_PREFIX + arch
+    chosen = sorted(k for k in _CHOSEN_BY_TCNN if k in kwargs)
+    if chosen:
+        raise InvalidArgumentError(f'{", ".join(chosen)} of {name} are tcnn\'s to choose: pass pretrained=True '
+                                   "(torchvision's weights), pretrained=False (random init) or weights=PATH")
+    frozen_eps = kwargs.get(FROZEN_BN_KEY)
+    if frozen_eps is not None and (isinstance(frozen_eps, bool) or not isinstance(frozen_eps, (int, float))):
+        raise InvalidTypeError(f'{FROZEN_BN_KEY} of {name} is the eps of its frozen batch norms (a number), got '
+                               f'{frozen_eps!r}')
+    build = {k: v for k, v in kwargs.items() if k != FROZEN_BN_KEY}
+    trainable = build.pop('trainable_backbone_layers', None) if frozen_eps is not None else None
+    if num_classes is not None:
+        build['num_classes'] = num_classes
+    try:
+        if pretrained:
+            model = _torchvision_pretrained(arch, **build)
+        else:
+            model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, **build)
+    except (TypeError, ValueError) as e:  # an argument the builder does not take, a class count its weights fix
+        fix = ('pass pretrained=False (--no-pretrained) for another class count' if 'num_classes' in str(e) else
+               f'see the arguments of torchvision.models.{torchvision_task(name)}.{arch}')
+        raise TcnnError(f'{name} with {build}: {" ".join(str(e).split())[:200]}; {fix}') from e
+    if frozen_eps is not None:
+        freeze_batchnorm(model, float(frozen_eps), trainable)
+    kwargs.update(dense_source_kwargs(model, kwargs))
+    return model
+
+
+def freeze_batchnorm(model: nn.Module, eps: float, trainable_layers: Optional[int] = None) -> None:
+    """What torchvision's detection builders do to a backbone given weights: every batch norm of ``model.backbone``
+    frozen (``FrozenBatchNorm2d`` with ``eps``) and, in a ResNet, the parameters of all but the last
+    ``trainable_layers`` layers (default 3, as torchvision's) frozen."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+    backbone = model.backbone
+    for name, module in list(backbone.named_modules()):
+        if isinstance(module, nn.BatchNorm2d):
+            backbone.set_submodule(name, FrozenBatchNorm2d(module.num_features, eps=eps))
+        elif isinstance(module, FrozenBatchNorm2d):
+            module.eps = eps
+    body = getattr(backbone, 'body', None)
+    if body is not None and hasattr(body, 'layer4'):  # torchvision's _resnet_fpn_extractor
+        trainable = 3 if trainable_layers is None else int(trainable_layers)
+        layers = ['layer4', 'layer3', 'layer2', 'layer1', 'conv1'][:trainable] + (['bn1'] if trainable == 5 else [])
+        for name, parameter in body.named_parameters():
+            if not name.startswith(tuple(layers)):
+                parameter.requires_grad_(False)
+
+
+def dense_source_kwargs(model: nn.Module, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` (the builder arguments of a torchvision detection or segmentation model) with what its state dict
+    and modules show torchvision's weights implied: ``frozen_batchnorm`` (the eps of its backbone's
+    ``FrozenBatchNorm2d``) and, for segmentation, ``aux_loss``; the arguments given win."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+    found: Dict[str, Any] = {}
+    backbone = getattr(model, 'backbone', None)
+    frozen = [m for m in backbone.modules() if isinstance(m, FrozenBatchNorm2d)] if backbone is not None else []
+    if frozen:
+        found[FROZEN_BN_KEY] = float(frozen[0].eps)
+    if model_task(model) == 'segmentation' and hasattr(model, 'aux_classifier'):
+        found['aux_loss'] = model.aux_classifier is not None
+    return dict(found, **kwargs)
+
+
+def dense_num_classes(model: nn.Module) -> Optional[int]:
+    """The class count of a torchvision detection or segmentation model (background included), from its head;
+    None if the head is not one of torchvision's."""
+    predictor = getattr(getattr(model, 'roi_heads', None), 'box_predictor', None)
+    if isinstance(getattr(predictor, 'cls_score', None), nn.Linear):  # Faster/Mask/Keypoint R-CNN
+        return predictor.cls_score.out_features
+    classes = getattr(getattr(getattr(model, 'head', None), 'classification_head', None), 'num_classes', None)
+    if isinstance(classes, int):  # RetinaNet, FCOS, SSD
+        return classes
+    classifier = getattr(model, 'classifier', None)
+    if isinstance(classifier, nn.Module) and model_task(model) == 'segmentation':
+        convs = [m for m in classifier.modules() if isinstance(m, nn.Conv2d)]  # FCN, DeepLabV3, LRASPP: the last
+        return convs[-1].out_channels if convs else None
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- weight files
@@ -371,6 +502,8 @@ def classifier_names(name: str) -> Tuple[str, ...]:
     try:
         if source == 'torchvision':
             import torchvision
+            if torchvision_task(name) in DENSE_TASKS:
+                return ()  # no classifier layer: box predictors, per-anchor or per-pixel convs
             with torch.device('meta'):
                 head, layer = classifier_layer(torchvision.models.get_model(arch, weights=None))
             return (head,) if layer is not None else ()
@@ -470,7 +603,9 @@ def create_cnn(
             ``state_dict``; an error if it has none.
         classes_of: Whose class count ``num_classes`` is, for the warning about a dropped head (``"the data's"``);
             default: the caller's ``num_classes``.
-        **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``).
+        **kwargs: Passed to ``timm.create_model`` (e.g. ``drop_path_rate``, ``in_chans``) or to a torchvision
+            detection or segmentation builder (e.g. ``min_size``, ``aux_loss``; ``frozen_batchnorm=EPS``: the
+            backbone's batch norms frozen as torchvision's weights freeze them).
 
     Raises:
         WeightsUnavailableError: ``pretrained`` weights cannot be had (offline and not cached, none published, a
@@ -495,9 +630,10 @@ def create_cnn(
     elif use_ema:
         raise InvalidArgumentError('use_ema=True needs weights=PATH (a checkpoint holding EMA weights)')
     if source == 'torchvision':
-        if kwargs:
-            raise TcnnError(f'options {sorted(kwargs)} are timm-only; not supported for {name}')
-        model = _create_torchvision(arch, pretrained and weights is None, num_classes)
+        if kwargs and torchvision_task(name) not in DENSE_TASKS:
+            raise TcnnError(f'options {sorted(kwargs)} are for timm models and torchvision\'s detection and '
+                            f'segmentation builders; not supported for {name}')
+        model = _create_torchvision(arch, pretrained and weights is None, num_classes, kwargs)
     else:
         if num_classes is not None:
             kwargs['num_classes'] = num_classes
