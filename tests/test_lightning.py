@@ -44,7 +44,8 @@ class Classifier(L.LightningModule):
 
 def _data():
     gen = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(8, 3, 64, 64, generator=gen), torch.tensor([0, 1, 2] * 2 + [0, 1]))
+    labels = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3, 64, 64, generator=gen), labels)
     return torch.utils.data.DataLoader(data, batch_size=2)
 
 
