@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .errors import InvalidArgumentError
 from .layers.gpsa import GPSA
 
 __all__ = ['gpsa_macs', 'thop_ops', 'ptflops_hooks', 'fvcore_handles', 'torchinfo_summary']
@@ -66,7 +67,7 @@ def ptflops_hooks(backend: str = 'pytorch') -> Dict[Any, Callable]:
     if backend == 'aten':
         return {torch.ops.aten.baddbmm: _aten_baddbmm}
     if backend != 'pytorch':
-        raise ValueError(f"backend must be 'pytorch' or 'aten' (ptflops' backends), got {backend!r}")
+        raise InvalidArgumentError(f"backend must be 'pytorch' or 'aten' (ptflops' backends), got {backend!r}")
 
     def count_gpsa(layer: GPSA, inputs: Sequence[torch.Tensor], output: torch.Tensor) -> None:
         # The patched functions counted the ops inside the layer already (partly, elementwise ones too): measure

@@ -110,3 +110,14 @@ def test_resnet50d_at_224_px_the_ratio_papers_quote():
         t_macs, _ = count(t_cnn, x, handlers=True)
         assert t_macs - cnn_macs == t_base - base, name
         assert abs(t_macs / cnn_macs - t_base / base) < 1e-3, name
+
+
+def test_importing_tcnn_flops_imports_no_counter_and_bad_backend():
+    import subprocess
+    import sys
+    code = ('import sys, tcnn, tcnn.flops; '
+            "print(sorted(m for m in ('thop', 'ptflops', 'fvcore', 'torchinfo') if m in sys.modules))")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == '[]'
+    with pytest.raises(tcnn.errors.InvalidArgumentError, match="backend must be 'pytorch' or 'aten'"):
+        tflops.ptflops_hooks('fvcore')
