@@ -8,7 +8,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
 
 from benchmarks.measure import OperatorCount
 from nontrivial import away_from_exact
@@ -278,6 +278,35 @@ def test_init_setters_and_introspection():
     assert abs(locality_to_raw(1.0) - 0.99865) < 1e-4
     with pytest.raises(ValueError):
         locality_to_raw(0.0)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_locality_strength_is_softplus_beta_5_written_without_beta(dtype):
+    """alpha = softplus(raw, beta=5) (T-CNN footnote 1). What exporters and tracers record is written without
+    softplus's beta, which OpenVINO's TorchScript front end drops: its outputs are torch's bitwise, its gradients within
+    3 ulp (measured: float32 2.8e-7, float64 5.0e-16 relative, over 400k values of raw in [-30, 60] and around the
+    threshold 5 * raw = 20; 2026-11-26). Eager mode keeps F.softplus itself."""
+    raw = torch.cat([torch.linspace(-30, 60, 200001, dtype=dtype), torch.randn(200000, dtype=dtype) * 3,
+                     torch.tensor([locality_to_raw(1.0), locality_to_raw(EXACT_LOCALITY), 4.0, 3.9999, 4.0001],
+                                  dtype=dtype)])
+    ours_raw, ref_raw = raw.clone().requires_grad_(), raw.clone().requires_grad_()
+    ours, ref = softplus_beta_5(ours_raw), F.softplus(ref_raw, beta=5.0)
+    assert torch.equal(ours, ref)
+    grad = torch.randn_like(ref)
+    ours.backward(grad)
+    ref.backward(grad)
+    # atol: subnormal gradients (raw < -17) round to other subnormals
+    torch.testing.assert_close(ours_raw.grad, ref_raw.grad, rtol=3 * torch.finfo(dtype).eps,
+                               atol=torch.finfo(dtype).tiny)
+    gpsa = GPSA(4, 4, 3, padding=1).to(dtype)
+    with torch.no_grad():
+        gpsa.pos_locality.copy_(raw[::50000][:9])
+    assert torch.equal(gpsa.locality_strength(), F.softplus(gpsa.pos_locality, beta=5.0))
+    # what OpenVINO (and any tool that ignores beta) reads: every softplus of the traced or scripted layer has beta 1
+    layer = GPSA(4, 4, 3, padding=1).eval()
+    for graph in (torch.jit.trace(layer, torch.randn(1, 4, 5, 5)).inlined_graph, torch.jit.script(layer).inlined_graph):
+        softplus = [n for n in graph.nodes() if n.kind() == 'aten::softplus']
+        assert softplus and all(n.inputsAt(1).toIValue() == 1 for n in softplus)
 
 
 def test_attention_maps_dict():

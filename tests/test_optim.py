@@ -3,6 +3,8 @@ timm's ``create_optimizer_v2(..., param_group_fn=...)``, with torch and timm sch
 decay (``tcnn.param_groups``, the ``t_*`` models' ``no_weight_decay()`` for timm's factory, the GPSA's roles)."""
 import functools
 import math
+import textwrap
+from pathlib import Path
 
 import pytest
 import timm
@@ -109,6 +111,85 @@ def test_torch_scheduler_keeps_the_ratio_at_every_step(t_resnet):
         assert math.isclose(lrs['lr'], LR * factor(step), rel_tol=1e-9)
         optimizer.step()
         scheduler.step()
+
+
+ABSOLUTE_LR_SCHEDULERS = ['OneCycleLR', 'CyclicLR', 'ReduceLROnPlateau', 'LambdaLR']
+
+
+def _docs_scheduler_lines():
+    """docs/train.md's one-liners for torch schedulers that take absolute lrs: the block's set-up lines and one
+    ``scheduler = ...`` line per scheduler."""
+    text = (Path(__file__).parents[1] / 'docs' / 'train.md').read_text()
+    start = text.index('```python', text.index('Give them one value per group'))
+    block = textwrap.dedent(text[start:text.index('```', start + 3)].split('\n', 1)[1])
+    lines = [line for line in block.splitlines() if line.strip()]
+    setup = [line for line in lines if not line.startswith('scheduler =')]
+    return setup, {name: line for line in lines if line.startswith('scheduler =')
+                   for name in ABSOLUTE_LR_SCHEDULERS if f'.{name}(' in line}
+
+
+def _step(scheduler, step):
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(1.0)  # a metric that never improves: a reduction every patience + 1 steps
+    else:
+        scheduler.step()
+
+
+@pytest.mark.parametrize('name', ABSOLUTE_LR_SCHEDULERS)
+def test_docs_one_liners_keep_the_ratio_under_absolute_lr_schedulers(t_resnet, name):
+    """OneCycleLR(max_lr=float) and CyclicLR put every group, the gates too, at one absolute lr (ratio 1.0 after the
+    first step). docs/train.md's one-liners give them per-group values: 1000x at every step. Fails if a one-liner is
+    dropped from the docs or loses the per-group values."""
+    setup, lines = _docs_scheduler_lines()
+    assert name in lines, f'docs/train.md lost its {name} one-liner'
+    optimizer = torch.optim.AdamW(tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD))
+    env = {'torch': torch, 'math': math, 'optimizer': optimizer, 'total_steps': 40}
+    exec('\n'.join(setup + [lines[name]]), env)
+    scheduler, seen = env['scheduler'], set()
+    for step in range(40):
+        optimizer.step()
+        _step(scheduler, step)
+        lrs = group_lrs(optimizer)
+        seen.add(round(lrs['lr'], 15))
+        assert math.isclose(lrs['gating_lr'], 1000 * lrs['lr'], rel_tol=1e-9), (step, lrs)
+    assert len(seen) > 2  # the schedule moved the lrs
+
+
+@pytest.mark.parametrize('make', [
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=40),
+    lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, base_lr=1e-5, max_lr=1e-4),
+], ids=['OneCycleLR', 'CyclicLR'])
+def test_absolute_lr_schedulers_with_one_number_lose_the_ratio(t_resnet, make):
+    """Why the one-liners: given one number, these schedulers put the gates at the base lr (torch's behaviour; if a
+    torch release changes it, docs/train.md's warning can go)."""
+    optimizer = torch.optim.AdamW(tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD))
+    scheduler = make(optimizer)
+    optimizer.step()
+    scheduler.step()
+    lrs = group_lrs(optimizer)
+    assert lrs['gating_lr'] == lrs['lr']
+
+
+def test_group_names_in_torch_and_timm_optimizers_and_their_checkpoints(t_resnet, tmp_path):
+    """Each group's ``name`` (what Lightning's LearningRateMonitor logs) is kept by torch's and timm's optimisers,
+    saved in their state dicts, read back with weights_only=True and restored by load_state_dict."""
+    names = ['decay', 'no_decay', 'gating']
+    for opt in ('adamw', 'sgd', 'lamb', 'lion'):
+        fn = functools.partial(tcnn.param_groups, lr=LR, weight_decay=WD)
+        optimizer = create_optimizer_v2(t_resnet, opt, lr=LR, weight_decay=WD, param_group_fn=fn)
+        assert [g['name'] for g in optimizer.param_groups] == names, opt
+        _one_adam_step(t_resnet, optimizer)  # steps with the extra key
+        torch.save(optimizer.state_dict(), tmp_path / 'opt.pt')
+        fresh = create_optimizer_v2(t_resnet, opt, lr=LR, weight_decay=WD, param_group_fn=fn)
+        for group in fresh.param_groups:
+            del group['name']  # a resumed run takes the names from the checkpoint
+        fresh.load_state_dict(torch.load(tmp_path / 'opt.pt', weights_only=True))
+        assert [g['name'] for g in fresh.param_groups] == names, opt
+        assert [g['lr'] for g in fresh.param_groups] == [g['lr'] for g in optimizer.param_groups]
+        _one_adam_step(t_resnet, fresh)
+    late = tcnn.param_groups(t_resnet, lr=LR, weight_decay=WD, gpsa_separate=True)
+    assert [g['name'] for g in late] == ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay', 'gating']
+    assert all(g['name'] == g['group_name'] for g in late)
 
 
 def _timm_trace(optimizer, updates):

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--weights', metavar='PATH',
                          help='local checkpoint of MODEL (.pt/.pth/.safetensors; plain state_dict or wrapped under '
-                              'state_dict/model; module. prefixes handled) instead of the pretrained weights; its '
+                              'state_dict/model, e.g. Lightning\'s; module., _orig_mod. and a wrapper\'s model. '
+                              'prefixes handled) instead of the pretrained weights; its '
                               'head sets the class count')
     weights.add_argument('--no-pretrained', action='store_true', help='random init (no weights needed)')
     parser.add_argument('--use-ema', action='store_true',

@@ -330,6 +330,9 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
 # ---------------------------------------------------------------------------------------------- dict -> model
 
 
+LIGHTNING_KEY = 'pytorch-lightning_version'  # in every checkpoint of Lightning's Trainer (lightning 1.x and 2.x)
+
+
 def _check_dict(d: Any, where: str) -> Dict[str, Any]:
     """Validate a T-CNN dict (format, version, fields); a training checkpoint yields its ``model_file`` (with
     ``'training'``: epoch and best top-1, and ``'recipe'``: the run's resolved recipe, if a dict)."""
@@ -351,6 +354,12 @@ def _check_dict(d: Any, where: str) -> Dict[str, Any]:
             raise NotTcnnFileError(f'{where} is a plain state_dict, not a T-CNN file: convert it with '
                                    f'`tcnn convert MODEL --weights {where} --out FILE`, MODEL the CNN it was saved '
                                    'from (e.g. resnet50d)')
+        if LIGHTNING_KEY in d and isinstance(d.get('state_dict'), dict):  # Lightning's Trainer.save_checkpoint
+            model = ('t_MODEL --weights {w} --out FILE`, t_MODEL the T-CNN it trained (e.g. t_resnet50d)'
+                     if gpsa_layer_names(d['state_dict']) else
+                     'MODEL --weights {w} --out FILE`, MODEL the CNN it trained (e.g. resnet50d)').format(w=where)
+            raise NotTcnnFileError(f'{where} is a Lightning checkpoint, which does not record its model\'s '
+                                   f'architecture: make a T-CNN file of its weights with `tcnn convert {model}')
         raise NotTcnnFileError(f'{where} is not a T-CNN file (format {d.get("format")!r}, expected {FORMAT_NAME!r}; '
                                f'keys: {", ".join(sorted(map(str, d))[:8])})')
     version = d.get('version')

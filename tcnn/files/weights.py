@@ -22,7 +22,7 @@ import pickle
 import socket
 import urllib.parse
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -36,7 +36,7 @@ __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_mo
            'load_state_dict_file', 'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes',
            'file_weights_origin', 'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT',
            'OFFLINE_HINT', 'DENSE_TASKS', 'FROZEN_BN_KEY', 'torchvision_task', 'model_task', 'dense_num_classes',
-           'dense_source_kwargs', 'freeze_batchnorm']
+           'dense_source_kwargs', 'freeze_batchnorm', 'shared_prefix', 'strip_wrapper_prefix']
 
 TORCHVISION_PREFIX = 'torchvision:'
 # torchvision's model modules besides classification whose builders tcnn creates by name (torchvision:NAME)
@@ -486,6 +486,37 @@ def state_dict_misfit(model: nn.Module, state_dict: Dict[str, torch.Tensor],
                      (('missing', missing), ('unexpected', unexpected), ('shape mismatch', mismatched)) if keys)
 
 
+def shared_prefix(state_dict: Dict[str, Any]) -> str:
+    """The first key component that every key of ``state_dict`` starts with (``'model.'``), else ''."""
+    first = {k.split('.', 1)[0] + '.' if '.' in k else '' for k in state_dict}
+    return first.pop() if len(first) == 1 else ''
+
+
+def strip_wrapper_prefix(state_dict: Dict[str, torch.Tensor], model_keys: Callable[[], Iterable[str]]
+                         ) -> Tuple[Dict[str, torch.Tensor], str]:
+    """``(state_dict, note)``: the keys without the prefix a wrapper module added to every one of them (a Lightning
+    module's ``self.model`` gives ``model.conv1.weight``; nested wrappers give several), removed one component at a
+    time while all keys share one and none is a key of the model (``model_keys()``, called only when every key
+    shares a prefix). The stripped keys are taken only when some are the model's keys, else the state dict is
+    returned as it is; either way the caller's strict load checks every key and shape (never a different model).
+    ``note`` is what a message about keys that do not fit adds about the prefix ('' when there is none)."""
+    removed, sd, expected = '', state_dict, None
+    while True:
+        prefix = shared_prefix(sd)
+        if not prefix:
+            break
+        expected = set(model_keys()) if expected is None else expected
+        if not expected.isdisjoint(sd):
+            break
+        sd, removed = {k[len(prefix):]: v for k, v in sd.items()}, removed + prefix
+    if not removed:
+        return state_dict, ''
+    if expected.isdisjoint(sd):
+        return state_dict, (f' (every key starts with {removed!r}; neither with nor without it are they this '
+                            'model\'s keys: the weights of another model?)')
+    return sd, f' (after removing the prefix {removed!r} that all its keys share, as a wrapper module adds)'
+
+
 GPSA_KEY = '.pos_centers'  # one per GPSA layer: a T-CNN's state dict shows its GPSA layers by these keys
 
 
@@ -565,19 +596,28 @@ def checkpoint_num_classes(
 
 
 def _load_weights(model: nn.Module, sd: Dict[str, torch.Tensor], path: str, name: str,
-                  classifiers: Sequence[str]) -> None:
+                  classifiers: Sequence[str], note: str = '') -> None:
     misfit = state_dict_misfit(model, sd, optional=tuple(f'{c}.' for c in classifiers))
     if misfit and gpsa_layer_names(sd) and split_model_name(name)[0] == 'timm':
         t_name = transformed_model_name(name.split('.')[0])
         raise TcnnError(f'{path} holds the weights of a T-CNN (GPSA layers), not of the CNN {name}: make a T-CNN file '
                         f'of them with `tcnn convert {t_name} --weights {path} --out FILE`')
     if misfit:
-        raise TcnnError(f'{path} does not fit {name}: {misfit}')
+        raise TcnnError(f'{path} does not fit {name}{note}: {misfit}')
     # a head of another class count (an explicit num_classes, warned about): keep the backbone, leave the new head at
     # its init
     expected = model.state_dict()
     model.load_state_dict({k: v for k, v in sd.items() if k in expected and expected[k].shape == v.shape},
                           strict=False)
+
+
+def _model_keys(source: str, arch: str, kwargs: Dict[str, Any]) -> List[str]:
+    """The state-dict keys of the CNN ``arch`` (built on the meta device: no weights, nothing downloaded)."""
+    with torch.device('meta'):
+        if source == 'torchvision':
+            return list(_create_torchvision(arch, False, None, kwargs).state_dict())
+        return list(_create_timm(arch, False, **{k: v for k, v in kwargs.items() if k != 'pretrained_cfg_overlay'})
+                    .state_dict())
 
 
 def create_cnn(
@@ -596,7 +636,8 @@ def create_cnn(
         name: A timm model name (``'resnet50d'``, ``'resnetrs50'``, tags allowed) or ``'torchvision:NAME'``.
         pretrained: Load the library's pretrained weights (from the local cache, else the network).
         weights: Path of a local checkpoint to load instead (``.pt``/``.pth``/``.safetensors``; plain or wrapped
-            state_dict). Takes precedence over ``pretrained``.
+            state_dict, e.g. Lightning's, whose keys' ``model.`` prefix is removed when without it they are the
+            model's: ``strip_wrapper_prefix``). Takes precedence over ``pretrained``.
         num_classes: Classifier size; default the head of ``weights`` (else the model's default). A head of
             ``weights`` with another size is dropped for a new random one, with a warning naming it.
         use_ema: Load the EMA weights of ``weights`` (``state_dict_ema``/``model_ema``) instead of its raw
@@ -622,8 +663,10 @@ def create_cnn(
     source, arch = split_model_name(name)
     _check_known(source, arch)
     sd, classifiers = None, ()
+    note = ''
     if weights is not None:  # read first: the class count of the checkpoint's head decides the model's
         sd = load_state_dict_file(os.fspath(weights), use_ema=use_ema)
+        sd, note = strip_wrapper_prefix(sd, lambda: _model_keys(source, arch, kwargs))
         classifiers = classifier_names(name)
         num_classes = checkpoint_num_classes(sd, classifiers, num_classes, where=os.fspath(weights),
                                              classes_of=classes_of)
@@ -639,7 +682,7 @@ def create_cnn(
             kwargs['num_classes'] = num_classes
         model = _create_timm(arch, pretrained and weights is None, **kwargs)
     if sd is not None:
-        _load_weights(model, sd, os.fspath(weights), name, classifiers)
+        _load_weights(model, sd, os.fspath(weights), name, classifiers, note)
     kwargs = {k: v for k, v in kwargs.items() if k not in ('num_classes', 'pretrained_cfg_overlay')}
     origin = file_weights_origin(weights) if weights is not None else 'pretrained' if pretrained else 'random'
     return record_source(model, name, num_classes, kwargs, origin)

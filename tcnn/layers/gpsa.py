@@ -125,6 +125,16 @@ def locality_to_raw(alpha: float) -> float:
     return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
 
 
+def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
+    """``softplus(raw, beta=5)`` written without softplus's ``beta``, for graphs that other tools read: OpenVINO's
+    TorchScript front end drops ``beta`` (it computed ``softplus(raw)``: every locality strength wrong). The terms of
+    torch's own kernel, ``raw`` where ``5 * raw > 20`` (its threshold) and ``log1p(exp(5 * raw)) / 5`` below: outputs
+    bitwise equal to ``F.softplus(raw, beta=5)``, gradients within 3 ulp (the 1/5 and the 5 apply in two steps).
+    Eager mode keeps ``F.softplus`` (one kernel instead of five)."""
+    scaled = raw * 5.0
+    return torch.where(scaled > 20.0, raw, F.softplus(scaled) / 5.0)
+
+
 class GPSA(nn.Module):
     """Gated positional self-attention with one head per tap of a ``kh x kw`` kernel: a drop-in for the
     ``nn.Conv2d`` it stands for (same input, output shape and memory format, any input size), which it equals in
@@ -350,8 +360,11 @@ class GPSA(nn.Module):
 
     def locality_strength(self) -> torch.Tensor:
         """Per-head locality strength alpha, ``(N_h,)``."""
-        # SOFTPLUS_BETA (literal for TorchScript)
-        return F.softplus(at_least_float32(self.pos_locality), beta=5.0)
+        raw = at_least_float32(self.pos_locality)
+        if not torch.jit.is_scripting():
+            if not is_exporting() and not torch.compiler.is_compiling():
+                return F.softplus(raw, beta=5.0)  # eager: one kernel (SOFTPLUS_BETA, a literal for TorchScript)
+        return softplus_beta_5(raw)
 
     def span(self) -> torch.Tensor:
         """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""

@@ -19,9 +19,11 @@ optimiser that honours a group's lr, which is all of them; what it needs is that
 these groups (``tcnn.param_groups``; with timm's factory ``param_group_fn``): docs/train.md says what to call.
 
 Two forms of the gating group, because timm's and torch's schedulers read a group's lr differently:
-  * default: the group's own ``lr`` is the gating lr. Right without a scheduler and under every torch scheduler
-    (``LambdaLR`` scales each group's own lr); a timm scheduler reaches the same peak but starts its warm-up and
-    ends its decay at the absolute ``warmup_lr``/``min_lr`` it applies to every group.
+  * default: the group's own ``lr`` is the gating lr. Right without a scheduler and under the torch schedulers that
+    scale each group's own lr (``LambdaLR``, ``StepLR``, ``LinearLR``, ...); those that take absolute learning rates
+    (``OneCycleLR``'s ``max_lr``, ``CyclicLR``'s, a ``CosineAnnealingLR`` ``eta_min`` above 0) need them per group,
+    e.g. ``max_lr=[g['lr'] for g in optimizer.param_groups]`` (docs/train.md); a timm scheduler reaches the same peak
+    but starts its warm-up and ends its decay at the absolute ``warmup_lr``/``min_lr`` it applies to every group.
   * ``lr_scale=True`` (what ``tcnn train`` uses): the group also holds ``lr_scale = gating_lr / lr`` and
     ``initial_lr = lr``. timm schedulers multiply their scheduled value of ``initial_lr`` by ``lr_scale``, so the
     warm-up, the cosine decay and the floor move both learning rates together and the ratio (1000 in the paper)
@@ -93,7 +95,8 @@ def param_groups(
         only_gpsa: Return only the GPSA groups (what late reparameterisation adds).
 
     Returns:
-        Dicts with ``params``, ``group_name``, ``lr``, ``weight_decay`` (and ``lr_scale``, ``initial_lr``).
+        Dicts with ``params``, ``group_name`` and ``name`` (both the group's name, e.g. ``'gating'``), ``lr``,
+        ``weight_decay`` (and ``lr_scale``, ``initial_lr``).
     """
     check_module(model, 'model')
     check_number(lr, 'lr', gt=0)
@@ -121,7 +124,8 @@ def param_groups(
         'gpsa_decay': {'lr': lr, 'weight_decay': weight_decay}, 'gpsa_no_decay': {'lr': lr, 'weight_decay': 0.0},
         'gating': gating,
     }
-    return [{'params': buckets[k], 'group_name': k, **settings[k]} for k in order if buckets[k]]
+    # 'name' too: what Lightning's LearningRateMonitor (and other loggers) label a group's lr with ('lr-AdamW/gating')
+    return [{'params': buckets[k], 'group_name': k, 'name': k, **settings[k]} for k in order if buckets[k]]
 
 
 def create_optimizer(model: nn.Module, recipe: Mapping[str, Any], lr: float, gating_lr: float,
@@ -175,6 +179,7 @@ def apply_group_settings(optimizer: torch.optim.Optimizer, lr: float, gating_lr:
     """Set every group's peak lr (``initial_lr``), weight decay and gating ``lr_scale`` from the recipe (after
     ``load_state_dict`` restored a checkpoint's, which a resumed run may override). Rebuild the scheduler after."""
     for group in optimizer.param_groups:
+        group.setdefault('name', group['group_name'])  # a checkpoint of tcnn 0.5.1 or earlier has no 'name'
         group['initial_lr'] = lr
         group['weight_decay'] = weight_decay if group['group_name'] in DECAY_GROUPS else 0.0
         if group['group_name'] == 'gating':
