@@ -11,7 +11,8 @@ tolerance. A model that computes non-finite logits is refused before exporting.
 The ONNX exporters (torch 2.15, onnxruntime 1.32; docs/export.md has the measurements):
 
 * ``'dynamo'`` (default): ``torch.export`` then the torch.export-based ONNX exporter, opsets 18 and later (it writes
-  no earlier opset: asked for one, it writes 18). Torch's default exporter since 2.9.
+  no earlier opset: asked for one, it writes 18). Torch's default exporter since 2.9; tcnn uses it from torch 2.8
+  (``tcnn.compat``; ``'torchscript'`` before).
 * ``'torchscript'``: the legacy tracing exporter, opsets 13 to 20 (13: GPSA's ``unflatten``; 20: the exporter's
   newest). Deprecated by torch, kept for runtimes that need an opset below 18.
 
@@ -611,7 +612,8 @@ def export(
         ExportMismatchError: The exported model's logits differ from PyTorch's above ``tol`` (nothing written).
         TcnnError: Unknown format, an exporter that cannot export the model (at this opset), missing onnxruntime
             (``pip install 'tcnn[onnx]'``) or executorch, a path that cannot be written, a model that computes
-            non-finite logits (named before exporting).
+            non-finite logits (named before exporting), an export that needs a later torch (``tcnn.compat``: the
+            dynamo exporter, ``dynamic_size``, ``aoti``).
     """
     start = time.perf_counter()
     check_module(model, 'model')
