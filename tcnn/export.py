@@ -11,7 +11,8 @@ tolerance. A model that computes non-finite logits is refused before exporting.
 The ONNX exporters (torch 2.15, onnxruntime 1.32; docs/export.md has the measurements):
 
 * ``'dynamo'`` (default): ``torch.export`` then the torch.export-based ONNX exporter, opsets 18 and later (it writes
-  no earlier opset: asked for one, it writes 18). Torch's default exporter since 2.9.
+  no earlier opset: asked for one, it writes 18). Torch's default exporter since 2.9; tcnn uses it from torch 2.8
+  (``tcnn.compat``; ``'torchscript'`` before).
 * ``'torchscript'``: the legacy tracing exporter, opsets 13 to 20 (13: GPSA's ``unflatten``; 20: the exporter's
   newest). Deprecated by torch, kept for runtimes that need an opset below 18.
 
@@ -39,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import data
+from . import compat, data
 from .atomic import atomic_open
 from .convert.verify import eval_mode, output_errors
 from .errors import (InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number, check_size,
@@ -134,15 +135,27 @@ def check_export_options(path: str, exporter: str = 'dynamo', opset: Optional[in
     if fmt != 'onnx':
         if opset is not None:
             raise InvalidArgumentError(f'--opset applies to .onnx files; a .{fmt} file has no opset')
-        return 'aoti' if aoti else fmt
-    if opset is not None:
+        fmt = 'aoti' if aoti else fmt
+    elif opset is not None:
         check_number(opset, '--opset', ge=1, integer=True)
         if not _writes(exporter, opset):
             other = next(e for e in EXPORTERS if e != exporter)
             hint = f'; --exporter {other} writes it' if _writes(other, opset) else ''
             raise InvalidArgumentError(f'--opset {opset}: the {exporter} exporter writes opsets '
                                        f'{_opsets_text(exporter)}{hint}')
+    _require_torch(fmt, exporter, dynamic_size)
     return fmt
+
+
+def _require_torch(fmt: str, exporter: str, dynamic_size: bool) -> None:
+    """One line naming the torch that an export needs where the installed one is older (``tcnn.compat``)."""
+    if fmt == 'onnx' and exporter == 'dynamo':
+        compat.require_torch(compat.DYNAMO_ONNX_TORCH, 'the dynamo ONNX exporter (the default)',
+                             ', or --exporter torchscript')
+    if fmt == 'aoti':
+        compat.require_torch(compat.AOTI_TORCH, '--aoti (an AOTInductor package)', ', or a .pt2 without --aoti')
+    if dynamic_size:
+        compat.require_torch(compat.DYNAMIC_SIZE_TORCH, '--dynamic-size', ', or a fixed size per export')
 
 
 def _writes(exporter: str, opset: int) -> bool:
@@ -268,8 +281,8 @@ def _onnx_dynamo(model: nn.Module, x: torch.Tensor, opset: int, dynamic_size: bo
     except Exception as e:
         raise TcnnError(f'the dynamo ONNX exporter cannot export this model at opset {opset}: {_first_line(e)}') from e
     shape = onnx_program.model.graph.inputs[0].shape  # symbolic axes as the names the TorchScript exporter gives
-    onnx_program.rename_axes({shape[axis]: name for axis, name in _dynamic_axes(dynamic_size).items()
-                              if not isinstance(shape[axis], int)})
+    compat.rename_onnx_axes(onnx_program, {shape[axis].value: name for axis, name in
+                                           _dynamic_axes(dynamic_size).items() if not isinstance(shape[axis], int)})
     return onnx_program.model_proto
 
 
@@ -617,11 +630,10 @@ def export(
         ExportMismatchError: The exported model's logits differ from PyTorch's above ``tol`` (nothing written).
         TcnnError: Unknown format, an exporter that cannot export the model (at this opset), missing onnxruntime
             (``pip install 'tcnn[onnx]'``) or executorch, a path that cannot be written, a model that computes
-            non-finite logits (named before exporting).
+            non-finite logits (named before exporting), an export that needs a later torch (``tcnn.compat``: the
+            dynamo exporter, ``dynamic_size``, ``aoti``).
     """
     start = time.perf_counter()
-    if not hasattr(torch.compiler, 'is_exporting'):  # the depthwise layers' traceable form depends on it
-        raise TcnnError(f'exporting needs torch >= 2.6 (this is {torch.__version__}): pip install -U torch')
     check_module(model, 'model')
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidTypeError(f'path must be a file path, got {type(path).__name__}')

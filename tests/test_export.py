@@ -20,6 +20,7 @@ import tcnn.export as tex
 from tcnn.train import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
+import torch_versions
 from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
@@ -100,6 +101,7 @@ def _gpsa_matters(model: nn.Module) -> None:
     assert _rel_err(exact, ref) > 1e-2
 
 
+@torch_versions.DYNAMO_ONNX
 @pytest.mark.parametrize('name', FAMILIES)
 def test_every_family_exports_to_onnx_with_a_dynamic_batch(name, family_files, tmp_path, capsys):
     path = family_files(name)
@@ -129,6 +131,8 @@ def test_torchscript_exporter(name, family_files, tmp_path, capsys):
     assert [o.version for o in onnx.load(out_path).opset_import if o.domain in ('', 'ai.onnx')] == [13]
 
 
+@torch_versions.DYNAMO_ONNX
+@torch_versions.DYNAMIC_SIZE
 def test_dynamic_size_onnx(family_files, tmp_path, capsys):
     path = family_files('convnext_atto')
     out_path = str(tmp_path / 'model.onnx')
@@ -143,7 +147,8 @@ def test_dynamic_size_onnx(family_files, tmp_path, capsys):
     assert _rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
 
 
-@pytest.mark.parametrize('dynamic_size', [False, True], ids=['batch', 'batch-and-size'])
+@pytest.mark.parametrize('dynamic_size', [False, pytest.param(True, marks=torch_versions.DYNAMIC_SIZE)],
+                         ids=['batch', 'batch-and-size'])
 def test_pt2(dynamic_size, family_files, tmp_path, capsys):
     # EfficientNet: the family whose dynamic batch torch.export refused before the traceable product
     name = 'convnext_atto' if dynamic_size else 'efficientnet_b0'
@@ -291,6 +296,7 @@ def test_bad_options(small_file, tmp_path, capsys, args, message):
     assert sorted(os.listdir(tmp_path)) == ['blocker']
 
 
+@torch_versions.DYNAMO_ONNX
 def test_plain_cnn_and_non_tcnn_files(tmp_path, capsys):
     cnn = timm.create_model('resnet10t')
     tcnn.save(cnn, str(tmp_path / 'cnn.pt'))
@@ -303,6 +309,7 @@ def test_plain_cnn_and_non_tcnn_files(tmp_path, capsys):
     assert not (tmp_path / 'm.onnx').exists()
 
 
+@torch_versions.DYNAMO_ONNX
 def test_missing_onnxruntime_names_the_extra(small_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, 'onnxruntime', None)  # import onnxruntime -> ImportError
     rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.onnx')], capsys)
@@ -313,6 +320,7 @@ def test_missing_onnxruntime_names_the_extra(small_file, tmp_path, capsys, monke
     assert os.listdir(tmp_path) == ['m.pt2']
 
 
+@torch_versions.DYNAMO_ONNX
 def test_opset_the_exporter_cannot_convert(small_file, tmp_path, capsys):
     rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.onnx'), '--img-size', '32', '--opset',
                          '30'], capsys)
@@ -335,7 +343,7 @@ def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, c
     assert out_path.read_bytes() == b'previous export' and os.listdir(tmp_path) == ['m.onnx']
 
 
-@pytest.mark.parametrize('exporter', ['dynamo', 'torchscript'])
+@pytest.mark.parametrize('exporter', [pytest.param('dynamo', marks=torch_versions.DYNAMO_ONNX), 'torchscript'])
 def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, family_files, tmp_path, capfd,
                                                                        monkeypatch):
     # tcnn 0.3.1 traced the eager product: its batch-size decisions fixed the batch under torch.export, its
@@ -359,6 +367,7 @@ def test_api_refuses_a_float64_model(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@torch_versions.DYNAMO_ONNX
 def test_onnx_benchmark_runs(tmp_path):
     import json
 

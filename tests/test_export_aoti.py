@@ -15,6 +15,7 @@ import torch.nn as nn
 
 import tcnn
 import tcnn.export as tex
+import torch_versions
 from tcnn.cli import main
 
 SIZE = 64
@@ -87,6 +88,8 @@ def test_aoti_sizes_a_ceil_mode_pooling_wrongly_and_the_floor_mode_form_rightly(
     assert shapes == {'ceil': (2, 4, 2, 2), 'floor': (2, 4, 3, 3)}, shapes  # ceil: fixed in torch? then drop the form
 
 
+@torch_versions.AOTI
+@torch_versions.DYNAMIC_SIZE
 def test_aoti_package_with_a_dynamic_size_is_exact_at_odd_sizes(resnet_d_file, tmp_path, capsys):
     out_path = str(tmp_path / 'model.pt2')
     rc, out, err = _run(['export', resnet_d_file, '--out', out_path, '--aoti', '--img-size', str(SIZE),
@@ -108,6 +111,7 @@ def test_aoti_package_with_a_dynamic_size_is_exact_at_odd_sizes(resnet_d_file, t
     assert meta['source'] == 'demo_resnet10' and meta['data_config']['input_size'] == [3, 96, 96]
 
 
+@torch_versions.AOTI
 def test_aoti_package_with_a_static_size_refuses_another_size(resnet_d_file, tmp_path):
     model = tcnn.load(resnet_d_file)
     report = tex.export(model, tmp_path / 'model.pt2', input_size=(3, SIZE, SIZE), aoti=True)

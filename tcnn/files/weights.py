@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from .. import compat  # noqa: F401  (its import refuses a torch older than tcnn supports, in one line)
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_number
 from ..paths import check_input_file
 
@@ -361,10 +362,12 @@ def error_reason(e: BaseException) -> str:
 
 
 def _read_torch(path: str, map_location: Union[str, torch.device, None], what: str = 'T-CNN file') -> Any:
+    # timm's train.py stores its argparse.Namespace of flags ('args') in every checkpoint: allowed, as timm's own
+    # loader allows it (a Namespace unpickles as a plain attribute bag, its values under weights_only's rules).
+    # Made before the try: only what torch.load raises may say that the file is corrupt.
+    allowed = torch.serialization.safe_globals([argparse.Namespace])
     try:
-        # timm's train.py stores its argparse.Namespace of flags ('args') in every checkpoint: allowed, as timm's own
-        # loader allows it (a Namespace unpickles as a plain attribute bag, its values under weights_only's rules)
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with allowed:
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         # torch's own message advises weights_only=False, i.e. running the file's code: never repeat that advice

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ['at_least_float32', 'content_scores', 'content_attention', 'real_key_content_attention', 'padded_keys_logit']
+__all__ = ['at_least_float32', 'attention_dtype', 'content_scores', 'content_attention', 'real_key_content_attention', 'padded_keys_logit']
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
@@ -20,12 +20,19 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     gates, geometry). float16 and bfloat16 (autocast outputs, half-precision layers) are computed in float32, where
     a softmax over a few hundred keys keeps its precision; float32 and float64 layers compute in their own dtype, so
     that a float64 layer is float64 throughout (``torch.autograd.gradcheck``, float64 verification)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
+    return t.to(attention_dtype(t.dtype))
 
 
-# A leaf for FX: the dtype is known at run time only. torch.fx.wrap marks the name in the calling module's
-# globals, so every module that calls it (this one, tcnn.layers.gpsa) wraps it.
+def attention_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``promote_types(dtype, float32)``: the dtype ``at_least_float32`` computes in."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# Leaves for FX: the dtype is known at run time only (before torch 2.9, FX cannot record torch functions called with
+# a traced dtype or size, e.g. promote_types, arange, full). torch.fx.wrap marks the name in the calling module's
+# globals, so every module that calls them (this one, tcnn.layers.gpsa) wraps them.
 torch.fx.wrap('at_least_float32')
+torch.fx.wrap('attention_dtype')
 
 
 def content_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -94,3 +101,6 @@ def padded_keys_logit(height: int, width: int, padding: Tuple[int, int], padding
 def _log_count(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``log(n)`` as a ``(1, 1, 1, 1)`` tensor: the logit of one key that stands for ``n`` keys of score 0."""
     return torch.full([1, 1, 1, 1], n, dtype=dtype, device=device).log()
+
+
+torch.fx.wrap('_log_count')  # a leaf for FX: n is the input's size (FX before torch 2.9 cannot record torch.full)

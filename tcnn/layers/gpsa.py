@@ -76,7 +76,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .content import (at_least_float32, content_attention, content_scores, padded_keys_logit,
+from .content import (at_least_float32, attention_dtype, content_attention, content_scores, padded_keys_logit,
                       real_key_content_attention)
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
 from .kept_values import caching_allowed, forget, is_exporting, keep
@@ -412,7 +412,7 @@ class GPSA(nn.Module):
     def _axis_offsets(self, height: int, width: int,
                       device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
         """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
-        dtype = torch.promote_types(self.pos_locality.dtype, torch.float32)
+        dtype = attention_dtype(self.pos_locality.dtype)
         return axis_offsets(height, width, self.kernel_size, self.stride, self.padding, self.dilation, self.anchor,
                             device, dtype)
 
@@ -422,7 +422,7 @@ class GPSA(nn.Module):
         """``_axis_offsets``, made once per input size, device and dtype in eager mode (they hold no parameter)."""
         if not caching_allowed(height):
             return self._axis_offsets(height, width, device)
-        dtype = torch.promote_types(self.pos_locality.dtype, torch.float32)
+        dtype = attention_dtype(self.pos_locality.dtype)
         return keep(self, ('offsets', height, width, device, dtype), (),
                     lambda: self._axis_offsets(height, width, device))
 
@@ -523,7 +523,7 @@ class GPSA(nn.Module):
         h_out, w_out = self.output_size(height, width)
         q, k, v = self._project(x)
         scores = content_scores(q, k, self.scale)  # (B, N_h, N_q, N_k), in the GEMM's dtype
-        dtype = torch.promote_types(scores.dtype, torch.float32)  # the attention's dtype (_at_least_float32)
+        dtype = attention_dtype(scores.dtype)
         # The one TorchScript switch. Eager mode keeps terms from call to call (kept_values) and gives exporters and
         # tracers the plain-op forms; TorchScript computes every term on every call and attends first.
         if torch.jit.is_scripting():
@@ -611,6 +611,7 @@ def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 torch.fx.wrap('_like_input_format')  # a leaf for FX: the branch depends on the input tensor
 torch.fx.wrap('at_least_float32')  # a leaf for FX: the dtype is known at run time only (tcnn.layers.content)
+torch.fx.wrap('attention_dtype')  # a leaf for FX, likewise
 torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
 
 

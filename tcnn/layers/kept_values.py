@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from .. import compat
+
 __all__ = ['keep', 'forget', 'caching_allowed', 'is_exporting', 'MEMO_SIZE']
 
 # the most values a layer keeps (the newest), so that a stream of new input sizes cannot grow it
@@ -27,8 +29,7 @@ def is_exporting() -> bool:
     """Whether an exporter or tracer is recording the forward: ``torch.export`` (also under the dynamo ONNX
     exporter), the TorchScript ONNX exporter or ``torch.jit.trace``. Such a graph must hold for other input sizes
     than the one traced, so the depthwise product takes its plain-op form there (``attend_traceable``)."""
-    exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.6
-    return bool(exporting is not None and exporting()) or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+    return compat.is_exporting() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
 def caching_allowed(size: int) -> bool:

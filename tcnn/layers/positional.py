@@ -44,6 +44,9 @@ def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.devi
     return key[None, :] - query[:, None]
 
 
+torch.fx.wrap('_offsets')  # a leaf for FX: the sizes are the input's (FX before torch 2.9 cannot record arange)
+
+
 def axis_offsets(height: int, width: int, kernel_size: Tuple[int, int], stride: Tuple[int, int],
                  padding: Tuple[int, int], dilation: Tuple[int, int], anchor: Tuple[int, int],
                  device: torch.device, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:

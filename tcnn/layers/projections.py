@@ -45,12 +45,14 @@ def query_tokens(x: torch.Tensor, tokens: torch.Tensor, out_size: Tuple[int, int
     b, c, height, width = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
     h_out, w_out = out_size
     (sy, sx), (ay, ax), (ph, pw) = stride, anchor, padding
+    # the spatial axes are sliced after an ellipsis, not a ':' on the batch: torch 2.5's torch.export turns that ':'
+    # into a guard on the batch size that no dynamic batch satisfies
     if ay < ph or ax < pw:  # queries on the border, in the padding: take them from the padded input
-        x_q = pad(x, padding, padding_mode)[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out]
+        x_q = pad(x, padding, padding_mode)[..., ay::sy, ax::sx][..., :h_out, :w_out]
         return x_q.flatten(2).transpose(1, 2)
     if all_tokens:
         return tokens
-    grid = tokens.view(b, height, width, c)[:, ay - ph::sy, ax - pw::sx][:, :h_out, :w_out]
+    grid = tokens.view(b, height, width, c)[..., ay - ph::sy, ax - pw::sx, :][..., :h_out, :w_out, :]
     return grid.reshape(b, h_out * w_out, c)
 
 
