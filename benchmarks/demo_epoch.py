@@ -113,9 +113,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         'wall_s': time.perf_counter() - start,
     }
     print(f'steady epoch ({jobs} process(es) at once): CNN {steady[CNN]:.1f} s, T-CNN {steady[T_CNN]:.1f} s '
-          f'({results["ratio_t_cnn_to_cnn_epoch"]:.2f}x); start-up {startup:.1f} s per run; data {timings["data"]:.0f} s')
-    print(f'the paper demo\'s training, estimated: {estimate["total_h"]:.2f} h (CNNs {estimate["phase1_cnns_s"] / 60:.0f} '
-          f'min, arms {estimate["phase2_arms_s"] / 60:.0f} min)')
+          f'({results["ratio_t_cnn_to_cnn_epoch"]:.2f}x); start-up {startup:.1f} s per run; '
+          f'data {timings["data"]:.0f} s')
+    print(f'the paper demo\'s training, estimated: {estimate["total_h"]:.2f} h '
+          f'(CNNs {estimate["phase1_cnns_s"] / 60:.0f} min, arms {estimate["phase2_arms_s"] / 60:.0f} min)')
     if args.json:
         write_json(results, args.json)
         print(f'wrote {args.json}')

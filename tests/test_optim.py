@@ -216,7 +216,8 @@ def test_timm_scheduler_peak_and_exact_ratio_with_lr_scale(t_resnet):
     assert math.isclose(_by_name(groups)['gating']['lr_scale'], 1000)
     trace = _timm_trace(torch.optim.AdamW(groups), updates=4)
     assert all(math.isclose(t['gating_lr'], 1000 * t['lr'], rel_tol=1e-9) for t in trace)
-    assert math.isclose(trace[0]['lr'], 1e-6) and math.isclose(trace[4]['lr'], LR) and math.isclose(trace[-1]['lr'], 1e-6)
+    assert math.isclose(trace[0]['lr'], 1e-6) and math.isclose(trace[4]['lr'], LR)
+    assert math.isclose(trace[-1]['lr'], 1e-6)
 
 
 def test_param_groups_of_a_plain_cnn_and_bad_arguments():

@@ -87,8 +87,8 @@ done
         tests/test_train_reliability.py --junitxml="$WORK/nccl_tests.xml" "${TRAIN_SELECT[@]}" >/dev/null
 ) &
 NCCL=$!
-step cuda_tests timeout -k 10 "$P1" "${PYTEST[@]}" "${PARALLEL[@]}" tests/test_cuda.py --junitxml="$WORK/cuda_tests.xml" \
-    "${CUDA_SELECT[@]}"
+step cuda_tests timeout -k 10 "$P1" "${PYTEST[@]}" "${PARALLEL[@]}" tests/test_cuda.py \
+    --junitxml="$WORK/cuda_tests.xml" "${CUDA_SELECT[@]}"
 WARM_FAILED=0
 for pid in "${WARM[@]}"; do wait "$pid"; done
 wait "$NCCL"

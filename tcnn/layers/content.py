@@ -12,7 +12,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ['at_least_float32', 'attention_dtype', 'content_scores', 'content_attention', 'real_key_content_attention', 'padded_keys_logit']
+__all__ = ['at_least_float32', 'attention_dtype', 'content_scores', 'content_attention', 'real_key_content_attention',
+           'padded_keys_logit']
 
 
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
