@@ -24,8 +24,8 @@ from ..errors import TcnnError
 from .hub_folder import HUB_PREFIXES, load_folder
 from .tcnn_file import model_from_dict, read_raw, validated
 from .weights import (GPSA_KEY, check_path, checkpoint_num_classes, classifier_names, clean_state_dict, create_cnn,
-                      gpsa_layer_names, record_source, source_model_name, state_dict_misfit, strip_wrapper_prefix,
-                      transformed_model_name)
+                      gpsa_layer_names, model_keys, record_source, source_model_name, state_dict_misfit,
+                      strip_wrapper_prefix, transformed_model_name)
 
 __all__ = ['load', 'timm_checkpoint_arch', 'tcnn_state_dict_settings', 'model_from_state_dict']
 
@@ -107,12 +107,6 @@ def tcnn_state_dict_settings(name: str, state_dict: Dict[str, torch.Tensor], whe
     return settings
 
 
-def _default_keys(name: str, kwargs: Dict[str, Any]) -> List[str]:
-    """The state-dict keys of the timm model ``name`` built with ``kwargs`` (on the meta device: nothing loaded)."""
-    with torch.device('meta'):
-        return list(timm.create_model(name, pretrained=False, **kwargs).state_dict())
-
-
 def model_from_state_dict(
         name: str,
         state_dict: Dict[str, torch.Tensor],
@@ -136,7 +130,7 @@ def model_from_state_dict(
         kwargs: Further ``timm.create_model`` arguments (e.g. the ``model_kwargs`` of timm's train.py).
     """
     kwargs = dict(kwargs or {})
-    state_dict, note = strip_wrapper_prefix(state_dict, lambda: _default_keys(name, kwargs))
+    state_dict, note = strip_wrapper_prefix(state_dict, lambda: model_keys(name, kwargs))
     source = source_model_name(name)
     classifiers = classifier_names(source or name)
     num_classes = checkpoint_num_classes(state_dict, classifiers, num_classes, where=where)

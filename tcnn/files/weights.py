@@ -37,7 +37,7 @@ __all__ = ['TORCHVISION_PREFIX', 'T_PREFIX', 'split_model_name', 'transformed_mo
            'load_state_dict_file', 'clean_state_dict', 'classifier_names', 'checkpoint_head', 'checkpoint_num_classes',
            'file_weights_origin', 'hub_unreachable', 'WeightsUnavailableError', 'PYTHON_HINT', 'CLI_HINT',
            'OFFLINE_HINT', 'DENSE_TASKS', 'FROZEN_BN_KEY', 'torchvision_task', 'model_task', 'dense_num_classes',
-           'dense_source_kwargs', 'freeze_batchnorm', 'shared_prefix', 'strip_wrapper_prefix']
+           'dense_source_kwargs', 'freeze_batchnorm', 'shared_prefix', 'strip_wrapper_prefix', 'model_keys']
 
 TORCHVISION_PREFIX = 'torchvision:'
 # torchvision's model modules besides classification whose builders tcnn creates by name (torchvision:NAME)
@@ -614,8 +614,10 @@ def _load_weights(model: nn.Module, sd: Dict[str, torch.Tensor], path: str, name
                           strict=False)
 
 
-def _model_keys(source: str, arch: str, kwargs: Dict[str, Any]) -> List[str]:
-    """The state-dict keys of the CNN ``arch`` (built on the meta device: no weights, nothing downloaded)."""
+def model_keys(name: str, kwargs: Dict[str, Any]) -> List[str]:
+    """The state-dict keys of the model ``name`` (``create_cnn``'s names, ``t_*`` timm models too) built with
+    ``kwargs``, on the meta device: no weights, nothing downloaded (``strip_wrapper_prefix``'s reference)."""
+    source, arch = split_model_name(name)
     with torch.device('meta'):
         if source == 'torchvision':
             return list(_create_torchvision(arch, False, None, kwargs).state_dict())
@@ -669,7 +671,7 @@ def create_cnn(
     note = ''
     if weights is not None:  # read first: the class count of the checkpoint's head decides the model's
         sd = load_state_dict_file(os.fspath(weights), use_ema=use_ema)
-        sd, note = strip_wrapper_prefix(sd, lambda: _model_keys(source, arch, kwargs))
+        sd, note = strip_wrapper_prefix(sd, lambda: model_keys(name, kwargs))
         classifiers = classifier_names(name)
         num_classes = checkpoint_num_classes(sd, classifiers, num_classes, where=os.fspath(weights),
                                              classes_of=classes_of)
