@@ -17,7 +17,7 @@ import torch.nn as nn
 import tcnn
 import tcnn.layers.depthwise as dw
 import tcnn.export as tex
-from tcnn.train import run_folder
+from tcnn.files import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
 import torch_versions

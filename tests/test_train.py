@@ -23,7 +23,7 @@ from tcnn.data import build_transforms, open_training_data, recipe_data_config
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict
-from tcnn.train.run_folder import read_checkpoint
+from tcnn.files.run_folder import read_checkpoint
 from tcnn.train.builders import create_model
 from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
 from tcnn.train.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \

@@ -38,11 +38,11 @@ import torch
 import torch.nn as nn
 import yaml
 
-from ..evaluation.analysis import attention_maps, nonlocality
+from ..analysis.figures import attention_figure, figure_pixels
+from ..analysis.heads import attention_maps, nonlocality
 from ..convert.settings import gpsa_layers
 from ..data import denormalize
 from ..errors import TcnnError, first_line
-from ..evaluation.plots import attention_figure, figure_pixels
 from .recipe import dump_recipe
 
 __all__ = ['Dashboards', 'check_backends', 'TENSORBOARD_DIR', 'PROBE_IMAGES', 'epoch_scalars']

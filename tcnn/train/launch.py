@@ -7,7 +7,7 @@ datasets (which fixes the number of classes); build the ``Trainer`` (``tcnn.trai
 (``tcnn.files.weights.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the exact
 configuration) unless ``no_sa``, or later for ``reparam_epoch``, build the loaders with the model's preprocessing
 (``tcnn.train.builders``); then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes, through
-``tcnn.train.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),
+``tcnn.files.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),
 ``OUTPUT/status.json`` and the checkpoints ``OUTPUT/last.pt`` / ``OUTPUT/best.pt`` (atomic,
 ``torch.load(weights_only=True)``-loadable; ``tcnn.load`` reads the model out of them).
 
@@ -29,7 +29,7 @@ from .dashboards import check_backends
 from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest, cleanup_distributed, setup_distributed
 from .recipe import dump_recipe
 from .resume import resolve
-from .run_folder import LAST_CHECKPOINT, RunFolder
+from ..files.run_folder import LAST_CHECKPOINT, RunFolder
 from .trainer import Trainer
 
 __all__ = ['add_arguments', 'run', 'main', 'RunStatus']

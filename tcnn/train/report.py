@@ -2,15 +2,15 @@
 layout, learning rates and how they were scaled, with the warnings that save a small run's first try) and one summary
 line per epoch.
 """
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
+import torch
+import torch.nn as nn
 
 from ..data import num_images
+from .distributed import DistContext
 from .engine import DATA_BOUND_FRACTION
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 __all__ = ['setup_lines', 'lr_rule', 'small_run_warnings', 'epoch_summary']
 
@@ -22,7 +22,27 @@ def _fmt(v: Optional[float], spec: str = '.4g') -> str:
     return 'n/a' if v is None else format(v, spec)
 
 
-def setup_lines(trainer: 'Trainer') -> List[str]:
+class RunSetup(Protocol):
+    """What ``setup_lines`` reads of a run: the attributes a ``tcnn.train.trainer.Trainer`` has once it is set up
+    (a protocol, so that this module needs nothing of the trainer and the trainer imports this one)."""
+    model: nn.Module
+    recipe: Any
+    ctx: DistContext
+    late: bool
+    device: torch.device
+    amp_dtype: Optional[torch.dtype]
+    train_set: Any
+    val_set: Any
+    workers: int
+    global_batch: int
+    updates_per_epoch: int
+    lrs: Dict[str, float]
+    compile_mode: Optional[str]
+    best_metric: str
+    output: str
+
+
+def setup_lines(trainer: RunSetup) -> List[str]:
     """What ``Trainer.describe`` logs before the first epoch: model, data, batch layout, learning rates (with
     ``small_run_warnings``), compilation, the best-checkpoint rule and the output folder."""
     t, r, ctx, lines = trainer, trainer.recipe, trainer.ctx, []

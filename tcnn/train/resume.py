@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import TcnnError
 from .args import flag_overrides
 from .recipe import apply_overrides, default_recipe, mark_absolute_lrs, parse_set, resolve_recipe, validate_recipe
-from .run_folder import LAST_CHECKPOINT, read_checkpoint
+from ..files.run_folder import LAST_CHECKPOINT, read_checkpoint
 
 __all__ = ['FROZEN_ON_RESUME', 'SCHEDULE_KEYS', 'resolve', 'resumed_recipe']
 

@@ -3,7 +3,7 @@ loop (T-CNN, arXiv:2106.05795, section 3; late reparameterisation: Table 3).
 
 ``tcnn.train.launch`` builds it and calls ``fit``; the pieces it is built from are functions of the recipe
 (``tcnn.train.builders``), the loops are ``tcnn.train.engine``'s, and rank 0 writes the run folder through
-``tcnn.train.run_folder.RunFolder``.
+``tcnn.files.run_folder.RunFolder``.
 """
 import math
 import os
@@ -28,7 +28,7 @@ from .engine import (EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, 
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
 from .recipe import scaled_lrs
 from .resume import SCHEDULE_KEYS
-from .run_folder import CheckpointWriteError, RunFolder, make_checkpoint
+from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from .report import epoch_summary, setup_lines
 from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 
