@@ -170,8 +170,44 @@ def test_the_checks_see_function_level_and_type_checking_imports(tmp_path):
     assert cycles(edges) == [['tcnn.train.report', 'tcnn.train.trainer', 'tcnn.train.report']]
 
 
-@pytest.mark.parametrize('concept', [name for name, _ in ORDER])
-def test_readme_layout_names_every_concept(concept):
+def layout_table() -> List[Tuple[str, List[str]]]:
+    """README's Layout table as (concept, the paths its module cell names), a row each; a bare name (``content.py``)
+    is in the folder of the path before it in the cell."""
     with open(os.path.join(os.path.dirname(ROOT), 'README.md'), encoding='utf-8') as f:
-        layout = f.read().split('## Layout', 1)[1].split('\n## ', 1)[0]
-    assert f'| {concept} |' in layout, f'README\'s Layout table has no row for {concept!r}'
+        section = f.read().split('\n## Layout\n', 1)[1].split('\n## ', 1)[0]
+    rows, concept = [], None
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if not line.startswith('|') or len(cells) < 3 or cells[0] == 'concept' or (cells[0] and set(cells[0]) <= {'-'}):
+            continue
+        concept = cells[0] or concept
+        paths, folder = [], ''
+        for token in cells[1].split('`')[1::2]:
+            path = token if '/' in token else folder + token
+            folder = path if path.endswith('/') else path.rsplit('/', 1)[0] + '/'
+            paths.append(path)
+        rows.append((concept, paths))
+    return rows
+
+
+def test_readme_layout_matches_the_tree():
+    repo = os.path.dirname(ROOT)
+    rows = layout_table()
+    assert [c for c, _ in rows if c in dict(ORDER)] and {c for c, _ in rows} >= {c for c, _ in ORDER}, \
+        'README\'s Layout table must have a row for every concept of ORDER'
+    named = set()
+    for concept, paths in rows:
+        for path in paths:
+            assert os.path.exists(os.path.join(repo, path)), f'README\'s Layout names {path}, which does not exist'
+            named.add(path)
+            if path.startswith('tcnn/') and path.endswith('.py'):
+                module = _module_name(os.path.join(repo, path))
+                assert concept_rank(module)[1] == concept, f'README lists {path} under {concept!r}, ORDER under ' \
+                                                          f'{concept_rank(module)[1]!r}'
+    for module, path in _modules().items():
+        rel = os.path.relpath(path, repo).replace(os.sep, '/')
+        folders = [rel.rsplit('/', k)[0] + '/' for k in range(1, rel.count('/') + 1)]
+        if os.path.basename(rel) == '__init__.py' and module != 'tcnn':
+            continue  # a package's own docstring: its folder's modules are named
+        assert rel in named or any(f in named for f in folders[:-1] if f != 'tcnn/'), \
+            f'{rel} is missing from README\'s Layout table'
