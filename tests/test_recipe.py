@@ -87,6 +87,8 @@ def test_the_schema_is_read_off_the_typed_fields():
     assert RECIPE_KEYS['log'].types == (list, str)  # a file may say `log: wandb`; the resolved recipe holds a list
     assert resolve_recipe(sets=['log=wandb']).log == ['wandb']
     assert RECIPE_KEYS['amp'].choices == ('auto', 'bf16', 'fp16', 'none')
+    coerced = Recipe.from_dict({'lr': 1, 'warmup_lr': '1e-6'})  # PyYAML reads 1e-6 as a string
+    assert (coerced.lr, coerced.warmup_lr) == (1.0, 1e-6) and isinstance(coerced.lr, float)
 
 
 def test_recipes_do_not_share_their_lists():
