@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import os
 import random
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from timm.data.readers import create_reader
 from torch.utils.data import Dataset
 
 from .errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+
+if TYPE_CHECKING:
+    from .train.recipe import Recipe
 
 __all__ = ['BadImageError', 'SampleError', 'ImageFolderDataset', 'open_dataset', 'DATA_CONFIG_KEYS', 'data_config',
            'recipe_data_config', 'class_names', 'check_image_options', 'IMAGE_EXTENSIONS', 'find_images',
@@ -253,12 +256,13 @@ def dense_data_config(name: str) -> Dict[str, Any]:
             'std': tuple(transform.std)}
 
 
-def recipe_data_config(recipe: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:
+def recipe_data_config(recipe: 'Recipe', model: nn.Module) -> Dict[str, Any]:
     """Eval preprocessing of a training run: the model's (``data_config``), overridden by the recipe."""
-    cfg = data_config(model, img_size=recipe['eval_img_size'] or recipe['img_size'])
+    cfg = data_config(model, img_size=recipe.eval_img_size or recipe.img_size)
     for key in ('interpolation', 'mean', 'std', 'crop_pct'):
-        if recipe[key] is not None:
-            cfg[key] = tuple(recipe[key]) if isinstance(recipe[key], (list, tuple)) else recipe[key]
+        value = getattr(recipe, key)
+        if value is not None:
+            cfg[key] = tuple(value) if isinstance(value, (list, tuple)) else value
     return cfg
 
 
@@ -375,12 +379,12 @@ def _safe_ops(transform: Callable) -> Callable:
     return transform
 
 
-def build_transforms(recipe: Mapping[str, Any], data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
+def build_transforms(recipe: 'Recipe', data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
     """timm's training transform with the recipe's augmentation and its evaluation transform."""
     train = create_transform(
-        recipe['img_size'], is_training=True, auto_augment=recipe['aa'], color_jitter=recipe['color_jitter'],
-        re_prob=recipe['reprob'], re_mode=recipe['remode'], re_count=recipe['recount'],
-        scale=tuple(recipe['scale']) if recipe.get('scale') else None,
+        recipe.img_size, is_training=True, auto_augment=recipe.aa, color_jitter=recipe.color_jitter,
+        re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount,
+        scale=tuple(recipe.scale) if recipe.scale else None,
         interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']))
     val = create_transform(
         data_cfg['input_size'][-1], is_training=False, interpolation=data_cfg['interpolation'],
@@ -700,7 +704,7 @@ def num_images(dataset: Dataset) -> int:
     return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
 
 
-def open_training_data(recipe: Mapping[str, Any], resumed: bool = False) -> TrainingData:
+def open_training_data(recipe: 'Recipe', resumed: bool = False) -> TrainingData:
     """Open the recipe's ``data`` (an ImageFolder root or a timm reader spec) at its train and val splits.
 
     Args:
@@ -713,20 +717,20 @@ def open_training_data(recipe: Mapping[str, Any], resumed: bool = False) -> Trai
             states (a model trained on classes 0-2 of a 1000-class head learns nothing useful).
     """
     r = recipe
-    if not r['data']:
+    if not r.data:
         raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
                         '(wds/FOLDER, hfds/NAME, ...)')
-    if is_reader_spec(r['data']):
+    if is_reader_spec(r.data):
         train, val, known = open_reader_datasets(
-            r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'], batch_size=r['batch_size'],
-            seed=r['seed'], skip_bad_images=r['skip_bad_images'])
-        where = f'the classes of {r["data"]}'
+            r.data, r.train_split, r.val_split, num_classes=r.num_classes, batch_size=r.batch_size,
+            seed=r.seed, skip_bad_images=r.skip_bad_images)
+        where = f'the classes of {r.data}'
     else:
-        train = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
-        val = open_dataset(r['data'], r['val_split'], class_map=train.class_to_idx,
-                           skip_bad_images=r['skip_bad_images'])
-        known, where = len(train.class_to_idx), f'the class folders of {os.path.join(r["data"], r["train_split"])}'
-    given = r['num_classes']
+        train = open_dataset(r.data, r.train_split, skip_bad_images=r.skip_bad_images)
+        val = open_dataset(r.data, r.val_split, class_map=train.class_to_idx,
+                           skip_bad_images=r.skip_bad_images)
+        known, where = len(train.class_to_idx), f'the class folders of {os.path.join(r.data, r.train_split)}'
+    given = r.num_classes
     if given is not None and known is not None and given != known:
         if resumed:
             raise TcnnError(f'the resumed run\'s model has {given} classes, the data {known} ({where}): resume with '
