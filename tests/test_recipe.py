@@ -16,7 +16,7 @@ from tcnn.train.args import add_arguments
 from tcnn.train.recipe import (BUNDLED_DIR, RECIPE_KEYS, Recipe, bundled_recipes, dump_recipe, load_recipe, parse_set,
                                resolve_recipe)
 from tcnn.train.resume import resumed_recipe
-from tcnn.train.run_folder import read_checkpoint
+from tcnn.files.run_folder import read_checkpoint
 
 from imagegen import make_image_folder
 
