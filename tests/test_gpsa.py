@@ -395,7 +395,7 @@ def test_half_precision_layers_compute_attention_in_float32():
 
 def _recomputed(layer: GPSA, x: torch.Tensor) -> torch.Tensor:
     """The layer's output with its positional terms computed afresh: with gradients on, nothing is taken from the
-    layer's memo except the parameter-free offsets."""
+    layer's kept values except the parameter-free offsets."""
     with torch.enable_grad():
         return layer(x).detach()
 
@@ -422,7 +422,7 @@ def _changes():
     def data_assignment(layer):  # replaces the storage without a version bump (torch.nn.utils.vector_to_parameters)
         torch.nn.utils.vector_to_parameters(torch.linspace(-1, 1, layer.num_heads), [layer.gating])
 
-    def data_write_then_eval(layer):  # an in-place write through .data is not versioned: a mode switch drops the memo
+    def data_write_then_eval(layer):  # an in-place write through .data is not versioned: a mode switch drops them
         layer.gating.data.fill_(3.0)
         layer.eval()
     return [setters, optimizer_step, load_state_dict, indexed_write, data_assignment, data_write_then_eval]
@@ -436,7 +436,7 @@ def test_kept_positional_terms_follow_every_parameter_change(change, mode):
     context = torch.no_grad if mode == 'no_grad' else torch.inference_mode
     with context():
         before = layer(x)
-    assert any(key[0] == 'mixing' for key in layer._tcnn_memo), 'inference should keep the positional terms'
+    assert any(key[0] == 'positional_and_gate' for key in layer._kept_values), 'inference should keep them'
     change(layer)
     with context():
         after = layer(x)
@@ -479,7 +479,7 @@ def test_kept_values_are_graph_free_and_the_layer_deep_copies(mode):
     context = {'no_grad': torch.no_grad, 'inference_mode': torch.inference_mode, 'grad': torch.enable_grad}[mode]
     with context():
         layer(x)
-    kept = [t for _, value in layer._tcnn_memo.values() for t in (value if isinstance(value, tuple) else (value,))
+    kept = [t for _, value in layer._kept_values.values() for t in (value if isinstance(value, tuple) else (value,))
             if isinstance(t, torch.Tensor)]
     assert kept and not any(t.requires_grad or t.grad_fn is not None for t in kept)
     twin = copy.deepcopy(layer)  # what ModelEmaV3 and tcnn.save's checks do
@@ -489,12 +489,12 @@ def test_kept_values_are_graph_free_and_the_layer_deep_copies(mode):
         assert not torch.allclose(twin(x), layer(x))
 
 
-def test_memo_stays_small_and_off_the_state_dict():
+def test_kept_values_stay_few_and_off_the_state_dict():
     layer = GPSA(4, 4, 3, padding=1).eval()
     with torch.no_grad():
         for size in range(3, 23):
             layer(torch.randn(1, 4, size, size + 1))
-    assert 0 < len(layer._tcnn_memo) <= 8
+    assert 0 < len(layer._kept_values) <= 8
     assert set(layer.state_dict()) == {n for n, _ in layer.named_parameters()}
 
 
@@ -524,7 +524,7 @@ def test_forward_launches_few_kernels(stride):
     for training, budget in zip((True, False), budgets):
         layer.train(training)
         with torch.set_grad_enabled(training):
-            layer(x)  # fills the memo
+            layer(x)  # fills the kept values
             with OperatorCount() as counter:
                 layer(x)
         assert len(counter.ops) <= budget, (training, counter.ops)
