@@ -1,6 +1,8 @@
 """The GPSA layer against F.conv2d, its attention geometry, gradients, dtypes and scripting."""
+import ast
 import copy
 import math
+import pathlib
 
 import pytest
 import torch
@@ -444,7 +446,7 @@ def test_kept_positional_terms_follow_every_parameter_change(change, mode):
     torch.testing.assert_close(after, _recomputed(layer, x), rtol=0, atol=0)
 
 
-def test_kept_terms_follow_replaced_parameters_dtype_and_size():
+def test_kept_values_follow_replaced_parameters_dtype_and_size():
     layer = GPSA(8, 8, 3, padding=1, locality_strength=2.0).eval()
     with torch.no_grad():
         layer(torch.randn(1, 8, 6, 6))
@@ -528,3 +530,17 @@ def test_forward_launches_few_kernels(stride):
             with OperatorCount() as counter:
                 layer(x)
         assert len(counter.ops) <= budget, (training, counter.ops)
+
+
+def test_layer_functions_name_their_arguments():
+    """The layer reads by named calls: no function or method of ``tcnn.layers`` takes more than six positional
+    arguments (``self``, ``cls`` excluded); a layer's geometry is passed by keyword (``project(x, ..., stride=...)``)."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / 'tcnn' / 'layers'
+    too_many = []
+    for path in sorted(folder.glob('*.py')):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ('self', 'cls')]
+                if len(names) > 6:
+                    too_many.append(f'{path.name}:{node.lineno} {node.name}({", ".join(names)})')
+    assert len(list(folder.glob('*.py'))) >= 6 and not too_many, too_many

@@ -70,7 +70,8 @@ Reading the forward: ``GPSA.forward`` is the equations in order, each step a cal
 eq. 4 and the gates; ``_attention_terms``, or ``_kept_attention_terms`` in eager mode), ``_content_attention``, the
 gated mixture (eq. 7, ``_lerp``), ``_value_product`` (the values and the output projection, eqs. 5-6). Which of its
 three paths runs (eager, TorchScript, exporters and tracers) is decided once per call, by ``_forward_path``, whose
-docstring says why each exists; everything else is the same code on all three.
+docstring says why each exists; everything else is the same code on all three. No function of ``tcnn.layers`` takes
+more than six positional arguments: a layer's geometry is passed by keyword.
 """
 import math
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
