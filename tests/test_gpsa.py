@@ -1,6 +1,8 @@
 """The GPSA layer against F.conv2d, its attention geometry, gradients, dtypes and scripting."""
+import ast
 import copy
 import math
+import pathlib
 
 import pytest
 import torch
@@ -395,7 +397,7 @@ def test_half_precision_layers_compute_attention_in_float32():
 
 def _recomputed(layer: GPSA, x: torch.Tensor) -> torch.Tensor:
     """The layer's output with its positional terms computed afresh: with gradients on, nothing is taken from the
-    layer's memo except the parameter-free offsets."""
+    layer's kept values except the parameter-free offsets."""
     with torch.enable_grad():
         return layer(x).detach()
 
@@ -422,7 +424,7 @@ def _changes():
     def data_assignment(layer):  # replaces the storage without a version bump (torch.nn.utils.vector_to_parameters)
         torch.nn.utils.vector_to_parameters(torch.linspace(-1, 1, layer.num_heads), [layer.gating])
 
-    def data_write_then_eval(layer):  # an in-place write through .data is not versioned: a mode switch drops the memo
+    def data_write_then_eval(layer):  # an in-place write through .data is not versioned: a mode switch drops them
         layer.gating.data.fill_(3.0)
         layer.eval()
     return [setters, optimizer_step, load_state_dict, indexed_write, data_assignment, data_write_then_eval]
@@ -436,7 +438,7 @@ def test_kept_positional_terms_follow_every_parameter_change(change, mode):
     context = torch.no_grad if mode == 'no_grad' else torch.inference_mode
     with context():
         before = layer(x)
-    assert any(key[0] == 'mixing' for key in layer._tcnn_memo), 'inference should keep the positional terms'
+    assert any(key[0] == 'positional_and_gate' for key in layer._kept_values), 'inference should keep them'
     change(layer)
     with context():
         after = layer(x)
@@ -444,7 +446,7 @@ def test_kept_positional_terms_follow_every_parameter_change(change, mode):
     torch.testing.assert_close(after, _recomputed(layer, x), rtol=0, atol=0)
 
 
-def test_kept_terms_follow_replaced_parameters_dtype_and_size():
+def test_kept_values_follow_replaced_parameters_dtype_and_size():
     layer = GPSA(8, 8, 3, padding=1, locality_strength=2.0).eval()
     with torch.no_grad():
         layer(torch.randn(1, 8, 6, 6))
@@ -479,7 +481,7 @@ def test_kept_values_are_graph_free_and_the_layer_deep_copies(mode):
     context = {'no_grad': torch.no_grad, 'inference_mode': torch.inference_mode, 'grad': torch.enable_grad}[mode]
     with context():
         layer(x)
-    kept = [t for _, value in layer._tcnn_memo.values() for t in (value if isinstance(value, tuple) else (value,))
+    kept = [t for _, value in layer._kept_values.values() for t in (value if isinstance(value, tuple) else (value,))
             if isinstance(t, torch.Tensor)]
     assert kept and not any(t.requires_grad or t.grad_fn is not None for t in kept)
     twin = copy.deepcopy(layer)  # what ModelEmaV3 and tcnn.save's checks do
@@ -489,12 +491,12 @@ def test_kept_values_are_graph_free_and_the_layer_deep_copies(mode):
         assert not torch.allclose(twin(x), layer(x))
 
 
-def test_memo_stays_small_and_off_the_state_dict():
+def test_kept_values_stay_few_and_off_the_state_dict():
     layer = GPSA(4, 4, 3, padding=1).eval()
     with torch.no_grad():
         for size in range(3, 23):
             layer(torch.randn(1, 4, size, size + 1))
-    assert 0 < len(layer._tcnn_memo) <= 8
+    assert 0 < len(layer._kept_values) <= 8
     assert set(layer.state_dict()) == {n for n, _ in layer.named_parameters()}
 
 
@@ -524,7 +526,21 @@ def test_forward_launches_few_kernels(stride):
     for training, budget in zip((True, False), budgets):
         layer.train(training)
         with torch.set_grad_enabled(training):
-            layer(x)  # fills the memo
+            layer(x)  # fills the kept values
             with OperatorCount() as counter:
                 layer(x)
         assert len(counter.ops) <= budget, (training, counter.ops)
+
+
+def test_layer_functions_name_their_arguments():
+    """The layer reads by named calls: no function or method of ``tcnn.layers`` takes more than six positional
+    arguments (``self``, ``cls`` excluded); a layer's geometry is passed by keyword (``project(x, ..., stride=...)``)."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / 'tcnn' / 'layers'
+    too_many = []
+    for path in sorted(folder.glob('*.py')):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ('self', 'cls')]
+                if len(names) > 6:
+                    too_many.append(f'{path.name}:{node.lineno} {node.name}({", ".join(names)})')
+    assert len(list(folder.glob('*.py'))) >= 6 and not too_many, too_many

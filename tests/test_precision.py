@@ -217,7 +217,7 @@ def test_inference_keeps_float32_positional_terms(name, amp_dtype):
         with PrecisionRecorder() as rec:
             second = layer(x)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
-    kept = [t for key, (_, value) in layer._tcnn_memo.items() if key[0] == 'mixing' for t in value]
+    kept = [t for key, (_, value) in layer._kept_values.items() if key[0] == 'positional_and_gate' for t in value]
     assert len(kept) == 2 and all(t.dtype == torch.float32 for t in kept)
     _check_float32(rec, softmaxes=1, backward=False)
 

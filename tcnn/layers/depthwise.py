@@ -18,7 +18,7 @@ still wins, everything fitting in cache with fewer, larger operations: ``attend_
 """
 import contextlib
 import math
-from typing import ContextManager, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
@@ -106,7 +106,7 @@ def attend_traceable(attn: torch.Tensor, values: torch.Tensor, taps: torch.Tenso
     fix the batch (or fail to export with a dynamic one), and its autograd function is opaque to exporters. Why not
     ``attend_heads_first``: ``linalg.vecdot`` has no ONNX form in the TorchScript exporter. Why attending first rather
     than the folded order in plain ops (``U = taps * V``, then one GEMM): both write one ``B N_h N C`` tensor and run
-    within 6% of each other in onnxruntime (``benchmarks/onnx_cpu.py --forms``), and the attended values are the smaller
+    about as fast in onnxruntime (``docs/benchmarks.md``, "onnxruntime CPU"), and the attended values are the smaller
     of the two for a strided layer (``N_q < N_k``)."""
     b, n_q = attn.shape[0], attn.shape[1]
     num_heads, c_out = taps.shape
@@ -247,8 +247,8 @@ class _AttendDepthwiseBackward(torch.autograd.Function):
                 if grad_attn is not None:
                     _grad_attn(grad_out[part], values[part], taps, grad_attn[part], work)
                 if grad_values is not None:
-                    _grad_values_taps(grad_out[part], attn[part], values[part], taps, chunk, grad_values[part],
-                                      grad_taps, work)
+                    _grad_values_taps(grad_out[part], attn[part], values[part], taps, chunk=chunk,
+                                      grad_values=grad_values[part], grad_taps=grad_taps, work=work)
         return grad_attn, grad_values, grad_taps
 
     @staticmethod
@@ -282,11 +282,11 @@ class _AttendDepthwiseBackward(torch.autograd.Function):
         return total[0], total[1], total[2], total[3], None, None
 
     @staticmethod
-    def vmap(info, in_dims: Tuple[Optional[int], ...], grad_out: torch.Tensor, attn: torch.Tensor,
-             values: torch.Tensor, taps: torch.Tensor, need_attn: bool,
-             need_values_taps: bool) -> Tuple[Tuple[Optional[torch.Tensor], ...], Tuple[Optional[int], ...]]:
+    def vmap(info, in_dims: Tuple[Optional[int], ...],
+             *inputs: Any) -> Tuple[Tuple[Optional[torch.Tensor], ...], Tuple[Optional[int], ...]]:
         """Under ``torch.vmap`` (``vmap(grad(...))``): one call per sample, since the taps' gradient sums over the
-        images, which the vmapped dimension must not join."""
+        images, which the vmapped dimension must not join. ``inputs`` are ``forward``'s, as torch passes them."""
+        grad_out, attn, values, taps, need_attn, need_values_taps = inputs
         per_sample = [_AttendDepthwiseBackward.apply(*sample, need_attn, need_values_taps)
                       for sample in _samples(info.batch_size, in_dims[:4], (grad_out, attn, values, taps))]
         grads = tuple(torch.stack([g[k] for g in per_sample]) if need else None
@@ -319,7 +319,7 @@ def _grad_attn(grad_out: torch.Tensor, values: torch.Tensor, taps: torch.Tensor,
                                                        out=work.take('grad', b, n_q, (h1 - h0) * n_k))
 
 
-def _grad_values_taps(grad_out: torch.Tensor, attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor,
+def _grad_values_taps(grad_out: torch.Tensor, attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor, *,
                       chunk: int, grad_values: torch.Tensor, grad_taps: torch.Tensor, work: _Workspace) -> None:
     """``dL/dU[b] = A[b]^T G[b]`` per channel chunk, then through ``U = w * V`` to both factors: written into
     ``grad_values``, added to ``grad_taps``."""

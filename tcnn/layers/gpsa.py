@@ -51,11 +51,10 @@ scores are exactly 0 as well, so together they weigh ``n_pad * exp(0)`` in the c
 score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7 kernel on a 7x7 grid).
 
 Why few operators: on a GPU at small batches the host's launches, not the kernels, set the layer's time, so the
-forward is written in as few operators as the math allows (18 for a dense stride-1 layer in training, 10 in
-inference, against the conv's 1-3): where every pixel is a query, Q, K and V come from one GEMM; both positional
-factors from one softmax where the axes match; the content scale is the score GEMM's ``alpha``; what depends on the
-input's size only, and in inference the positional attention and the gates, are kept from call to call in eager
-mode (``tcnn.layers.kept_values``: when, and what drops them).
+forward is written in as few operators as the math allows (counted in ``docs/benchmarks.md``): where every pixel is
+a query, Q, K and V come from one GEMM; both positional factors from one softmax where the axes match; the content
+scale is the score GEMM's ``alpha``; what depends on the input's size only, and in inference the positional attention
+and the gates, are kept from call to call in eager mode (``tcnn.layers.kept_values``: when, and what drops them).
 
 Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
 ``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
@@ -66,11 +65,16 @@ their measurements: ``docs/benchmarks.md``, "Design choices of the GPSA layer");
 ``tcnn.layers.projections`` (Q, K, V and the output projection), ``tcnn.layers.content`` (the content softmax),
 ``tcnn.layers.positional`` and ``tcnn.layers.depthwise``.
 
-TorchScript: ``forward`` has one switch, ``torch.jit.is_scripting()``, between the eager terms (values kept from
-call to call, exporters detected) and the plain ones; everything after it is the same code in both.
+Reading the forward: ``GPSA.forward`` is the equations in order, each step a call by name: ``_project`` (Q, K, V),
+``content_scores`` (T-CNN eq. 1), the terms that do not depend on the input's values (the positional attention of
+eq. 4 and the gates; ``_attention_terms``, or ``_kept_attention_terms`` in eager mode), ``_content_attention``, the
+gated mixture (eq. 7, ``_lerp``), ``_value_product`` (the values and the output projection, eqs. 5-6). Which of its
+three paths runs (eager, TorchScript, exporters and tracers) is decided once per call, by ``_forward_path``, whose
+docstring says why each exists; everything else is the same code on all three. No function of ``tcnn.layers`` takes
+more than six positional arguments: a layer's geometry is passed by keyword.
 """
 import math
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -79,7 +83,7 @@ import torch.nn.functional as F
 from .content import (at_least_float32, attention_dtype, content_attention, content_scores, padded_keys_logit,
                       real_key_content_attention)
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
-from .kept_values import caching_allowed, forget, is_exporting, keep
+from .kept_values import KEPT_ATTRIBUTE, forget, is_exporting, keep, may_keep
 from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
 from .projections import add_bias, output_projection, project, queries_are_tokens
 from ..errors import InvalidArgumentError, InvalidTypeError, check_number
@@ -172,9 +176,9 @@ class GPSA(nn.Module):
     # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
     # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
     # filter parameters are the conv's (T-CNN eq. 6).
-    # values kept from call to call in eager mode (``kept_values.keep``): plain Python, never part of a TorchScript
-    # module
-    __jit_ignored_attributes__ = ['_tcnn_memo']
+    # values kept from call to call in eager mode (``tcnn.layers.kept_values``): plain Python, never part of a
+    # TorchScript module
+    __jit_ignored_attributes__ = [KEPT_ATTRIBUTE]
 
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
@@ -189,6 +193,7 @@ class GPSA(nn.Module):
             stride: _PairInt = 1,
             padding: _PairInt = 1,
             dilation: _PairInt = 1,
+            *,
             bias: bool = False,
             padding_mode: str = 'zeros',
             groups: int = 1,
@@ -385,14 +390,13 @@ class GPSA(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
         # tcnn <= 0.1.0 stored the filter as (C_out, C_in * N_h), index c * N_h + h (conv.weight.reshape): reorder.
+        # (``args``: the rest of nn.Module's arguments, passed on as they are.)
         key = prefix + 'proj_weight'
         if isinstance(state_dict.get(key), torch.Tensor):
             state_dict[key] = upgrade_proj_weight(state_dict[key], self.proj_weight.shape)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def output_size(self, height: int, width: int) -> Tuple[int, int]:
         """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
@@ -404,100 +408,108 @@ class GPSA(nn.Module):
 
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
-        offsets = self._kept_offsets(height, width, device)
-        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
-                                    height, width, self.padding, real_keys=False)
+        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(),
+                                    self._offsets(height, width, device), height=height, width=width,
+                                    padding=self.padding, real_keys=False)
         return outer(py, px).flatten(-2)
 
-    def _axis_offsets(self, height: int, width: int,
-                      device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    def _offsets(self, height: int, width: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
         """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
-        dtype = attention_dtype(self.pos_locality.dtype)
-        return axis_offsets(height, width, self.kernel_size, self.stride, self.padding, self.dilation, self.anchor,
-                            device, dtype)
+        return axis_offsets(height, width, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                            dilation=self.dilation, anchor=self.anchor, device=device,
+                            dtype=attention_dtype(self.pos_locality.dtype))
 
-    @torch.jit.unused
-    def _kept_offsets(self, height: int, width: int,
-                      device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-        """``_axis_offsets``, made once per input size, device and dtype in eager mode (they hold no parameter)."""
-        if not caching_allowed(height):
-            return self._axis_offsets(height, width, device)
-        dtype = attention_dtype(self.pos_locality.dtype)
-        return keep(self, ('offsets', height, width, device, dtype), (),
-                    lambda: self._axis_offsets(height, width, device))
-
-    def _mixing_terms(self, height: int, width: int, dtype: torch.dtype,
-                      offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (real keys only with zero padding),
-        and the gate ``(N_h, 1, 1)``, both in ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
-        alpha = self.locality_strength()
-        centers = at_least_float32(self.pos_centers).t()  # (2, N_h)
-        # zero padding: padded tokens have zero values, only the real keys contribute
-        py, px = positional_factors(alpha, centers, offsets, height, width, self.padding,
+    def _positional_and_gate(self, height: int, width: int, dtype: torch.dtype,
+                             offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (T-CNN eq. 4; real keys only with
+        zero padding, whose padded values are zero), and the gate ``sigmoid(lambda)`` ``(N_h, 1, 1)``, both in
+        ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
+        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
+                                    height=height, width=width, padding=self.padding,
                                     real_keys=self.padding_mode == 'zeros')
         pos = outer(py, px).to(dtype).transpose(0, 1)
         return pos, self.gate().to(dtype)[:, None, None]
 
-    def _terms(self, height: int, width: int, device: torch.device,
-               dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """What the forward needs besides the input's projections, in ``dtype``: ``_log_pad`` and the two
-        ``_mixing_terms``, computed (TorchScript computes them on every call)."""
-        offsets = self._axis_offsets(height, width, device)
-        pos, gate = self._mixing_terms(height, width, dtype, offsets)
+    def _attention_terms(self, height: int, width: int, device: torch.device,
+                         dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The attention's terms that do not depend on the input's values, in ``dtype``: the logit ``log(n_pad)`` of
+        the padded keys (``padded_keys_logit``) and ``_positional_and_gate``, computed on every call."""
+        pos, gate = self._positional_and_gate(height, width, dtype, self._offsets(height, width, device))
         return padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype), pos, gate
 
     @torch.jit.unused
-    def _kept_terms(self, height: int, width: int, device: torch.device,
-                    dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``_terms`` in eager mode (``tcnn.layers.kept_values``): the offsets and ``log(n_pad)`` are made once per
-        input size, device and dtype; the mixing terms are kept from call to call in eval mode where no gradient
-        flows to the positional and gating parameters (inference): then they depend on the input's size and on those
-        parameters only. A kept value is used only while the three parameters are the same tensors at the same
-        version and address (any in-place change, an optimizer step, ``load_state_dict``, ``set_gating`` included,
-        bumps the version), and ``train()`` / ``eval()`` drop it; with gradients (training) they are recomputed,
-        which autograd needs anyway, and the kept ones dropped (a fused optimizer's step bumps no version)."""
-        if not caching_allowed(height):
-            return self._terms(height, width, device, dtype)
-        offsets = self._kept_offsets(height, width, device)
+    def _kept_attention_terms(self, height: int, width: int, device: torch.device,
+                              dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``_attention_terms`` in eager mode, kept from call to call where ``may_keep`` allows
+        (``tcnn.layers.kept_values``): the offsets and ``log(n_pad)`` are made once per input size, device and
+        dtype; the positional attention and the gate are kept in eval mode where no gradient flows to the positional
+        and gating parameters (inference): then they depend on the input's size and on those parameters only. A kept
+        value is used only while the three parameters are the same tensors at the same version and address (any
+        in-place change, an optimizer step, ``load_state_dict``, ``set_gating`` included, bumps the version), and
+        ``train()`` / ``eval()`` drop it; with gradients (training) they are recomputed, which autograd needs anyway,
+        and the kept ones dropped (a fused optimizer's step bumps no version)."""
+        if not may_keep(height):
+            return self._attention_terms(height, width, device, dtype)
+        offsets = keep(self, ('offsets', height, width, device, attention_dtype(self.pos_locality.dtype)), (),
+                       lambda: self._offsets(height, width, device))
         log_pad = keep(self, ('log_pad', height, width, device, dtype), (),
                        lambda: padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype))
         params = (self.pos_locality, self.pos_centers, self.gating)
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             # a step may follow that bumps no version (a fused optimizer): what was kept is no longer trusted
-            forget(self, 'mixing')
-            pos, gate = self._mixing_terms(height, width, dtype, offsets)
+            forget(self, 'positional_and_gate')
+            pos, gate = self._positional_and_gate(height, width, dtype, offsets)
         else:
-            pos, gate = keep(self, ('mixing', height, width, device, dtype), params,
-                             lambda: self._mixing_terms(height, width, dtype, offsets))
+            pos, gate = keep(self, ('positional_and_gate', height, width, device, dtype), params,
+                             lambda: self._positional_and_gate(height, width, dtype, offsets))
         return log_pad, pos, gate
 
-    def _depthwise_product(self, attn: torch.Tensor, v: torch.Tensor, product: str) -> torch.Tensor:
-        """Depthwise layers (T-CNN eq. 5 with diagonal taps): ``attn`` ``(B, N_q, N_h * N_k)`` and values
-        ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``. Eager mode picks the faster of two orders for the shape
-        (``tcnn.layers.depthwise.attend_depthwise``); TorchScript, which cannot call its autograd function, attends
-        first; exporters and tracers get the same product in plain ops without the order and chunks chosen from the
-        sizes (``tcnn.layers.depthwise.attend_traceable``). ``product`` is forward's pick of the three: ``'eager'``,
-        ``'traced'`` or ``'scripted'``."""
+    def _project(self, x: torch.Tensor,
+                 out_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, N_h, N_q, d)`` at the ``out_size`` output positions, keys ``(B, N_h, d, N_k)`` and values
+        ``X W_val`` ``(B, N_k, C_in)`` of input ``x`` (``tcnn.layers.projections.project``)."""
+        all_tokens = queries_are_tokens(self.kernel_size, self.stride, self.padding, self.dilation, self.anchor)
+        return project(x, self.q_weight, self.k_weight, self.v_weight, num_heads=self.num_heads, qk_dim=self.qk_dim,
+                       in_chs=self.in_chs, groups=self.groups, out_size=out_size, stride=self.stride,
+                       anchor=self.anchor, padding=self.padding, padding_mode=self.padding_mode, all_tokens=all_tokens)
+
+    def _content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
+                           width: int) -> torch.Tensor:
+        """The content softmax of ``content_scores`` (T-CNN eq. 1), query-major ``(B, N_q, N_h, keys_h, keys_w)``,
+        normalised over the padded grid of keys. With zero padding the padded tokens have zero values, so only the
+        real keys are returned (the padded ones normalise through ``log_pad``: ``real_key_content_attention``)."""
+        if self.padding_mode == 'zeros':
+            return real_key_content_attention(scores, log_pad, height, width)
+        return content_attention(scores, self.num_heads, height, width, self.padding, self.padding_mode).transpose(1, 2)
+
+    def _value_product(self, attn: torch.Tensor, v: torch.Tensor, scripted: bool, exporting: bool) -> torch.Tensor:
+        """``sum_h A_h V W_out^h + bias`` (T-CNN eqs. 5-6): the mixed attention ``(B, N_q, N_h, keys_h, keys_w)``
+        and the values ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``.
+
+        Dense and grouped layers attend first, ``(B, N_q * N_h, C_in)`` (per query, the ``N_h`` attended value
+        vectors side by side: one im2col row of ``X W_val``), then project in one GEMM (``output_projection``).
+        Depthwise layers (diagonal taps) take one of three forms of the same product, by ``_forward_path``: eager
+        mode the faster order for the shape (``attend_depthwise``); TorchScript, which cannot call that autograd
+        function, attends first (``attend_heads_first``); exporters and tracers get plain ops without the order and
+        chunks chosen from the sizes (``attend_traceable``)."""
+        b, n_q, n_k = attn.shape[0], attn.shape[1], attn.shape[-2] * attn.shape[-1]
+        if self.groups != self.in_chs:
+            heads = torch.bmm(attn.reshape(b, n_q * self.num_heads, n_k).to(v.dtype), v)
+            return output_projection(heads, self.proj_weight, self.proj_bias, num_heads=self.num_heads,
+                                     in_chs=self.in_chs, out_chs=self.out_chs, groups=self.groups, b=b, n_q=n_q)
+        attn = attn.reshape(b, n_q, self.num_heads * n_k)
         taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
-        if product == 'eager':
-            out = self._attend_depthwise(attn, v, taps)
-        elif product == 'traced':
+        if exporting:
             out = attend_traceable(attn, v, taps)
-        else:
+        elif scripted:
             out = attend_heads_first(attn, v, taps)
+        else:
+            out = self._attend_depthwise(attn, v, taps)
         return add_bias(out, self.proj_bias)
 
     @torch.jit.unused
     def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
         return attend_depthwise(attn, v, taps)  # an autograd function: eager mode only
-
-    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries ``(B, N_h, N_q, d)``, keys ``(B, N_h, d, N_k)`` and values ``(B, N_k, C_in)`` of input ``x``
-        (``tcnn.layers.projections.project``)."""
-        ks, st, pad, dil, anchor = self.kernel_size, self.stride, self.padding, self.dilation, self.anchor
-        return project(x, self.q_weight, self.k_weight, self.v_weight, self.num_heads, self.qk_dim, self.in_chs,
-                       self.groups, self.output_size(x.shape[-2], x.shape[-1]), st, anchor, pad, self.padding_mode,
-                       queries_are_tokens(ks, st, pad, dil, anchor))
 
     def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
@@ -507,7 +519,7 @@ class GPSA(nn.Module):
         """
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
-        q, k, _ = self._project(x)
+        q, k, _ = self._project(x, (h_out, w_out))
         content = content_attention(content_scores(q, k, self.scale), self.num_heads, height, width, self.padding,
                                     self.padding_mode).flatten(-2)
         pos = self.positional_attention(height, width, x.device)
@@ -519,36 +531,23 @@ class GPSA(nn.Module):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``out = sum_h A_h X W_val W_out^h + bias`` with ``A_h`` the gated mixture of the content and positional
+        attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv."""
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
-        q, k, v = self._project(x)
-        scores = content_scores(q, k, self.scale)  # (B, N_h, N_q, N_k), in the GEMM's dtype
+        scripted, exporting = _forward_path()
+        q, k, v = self._project(x, (h_out, w_out))  # queries at the output positions; keys, values X W_val
+        scores = content_scores(q, k, self.scale)  # Q_h K_h^T / sqrt(d_qk) (eq. 1), in the GEMM's dtype
         dtype = attention_dtype(scores.dtype)
-        # The one TorchScript switch. Eager mode keeps terms from call to call (kept_values) and gives exporters and
-        # tracers the plain-op forms; TorchScript computes every term on every call and attends first.
+        # positional attention (eq. 4) and gates sigmoid(lambda_h), kept from call to call in eager mode. The test is
+        # `scripted` as TorchScript reads it when it compiles: it compiles the first branch only
         if torch.jit.is_scripting():
-            log_pad, pos, gate = self._terms(height, width, x.device, dtype)
-            product = 'scripted'
+            log_pad, pos, gate = self._attention_terms(height, width, x.device, dtype)
         else:
-            log_pad, pos, gate = self._kept_terms(height, width, x.device, dtype)
-            product = 'traced' if is_exporting() else 'eager'
-        if self.padding_mode == 'zeros':
-            # Padded tokens have zero values: only the attention on real keys contributes. Both attentions are still
-            # normalised over the padded grid (content in its extra key, positional in its separable factors).
-            content = real_key_content_attention(scores, log_pad, height, width)  # (B, N_q, N_h, H, W)
-        else:
-            content = content_attention(scores, self.num_heads, height, width, self.padding,
-                                        self.padding_mode).transpose(1, 2)  # (B, N_q, N_h, H_pad, W_pad)
-        # T-CNN eq. 7, one matrix for both attentions, written query-major: rows [q][h] (B, N_q * N_h, N_k).
-        attn = _lerp(content, pos, gate, product == 'traced')
-        n_k = attn.shape[-2] * attn.shape[-1]
-        if self.groups == self.in_chs:
-            out = self._depthwise_product(attn.reshape(b, h_out * w_out, self.num_heads * n_k), v, product)
-        else:
-            attn = attn.reshape(b, h_out * w_out * self.num_heads, n_k)
-            heads = torch.bmm(attn.to(v.dtype), v)  # (B, N_q * N_h, C_in): per query, the N_h attended value vectors
-            out = output_projection(heads, self.proj_weight, self.proj_bias, self.num_heads, self.in_chs,
-                                    self.out_chs, self.groups, b, h_out * w_out)  # (B, N_q, C_out)
+            log_pad, pos, gate = self._kept_attention_terms(height, width, x.device, dtype)
+        content = self._content_attention(scores, log_pad, height, width)  # softmax over the keys
+        attn = _lerp(content, pos, gate, exporting)  # eq. 7, both attentions in one matrix, query-major
+        out = self._value_product(attn, v, scripted, exporting)  # sum_h A_h V W_out^h + bias (eqs. 5-6)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
         return _like_input_format(out, x)
 
@@ -588,6 +587,30 @@ def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor])
         model.set_submodule(name, dense)
         rebuilt.append(name)
     return rebuilt
+
+
+def _forward_path() -> Tuple[bool, bool]:
+    """Which of the forward's three paths runs, as ``(scripted, exporting)``. All three compute the same outputs
+    (``_lerp``'s plain form up to float rounding); each exists for what the others cannot do:
+
+    * eager mode (neither): values kept from call to call (``tcnn.layers.kept_values``), and the depthwise product in
+      the faster of its two orders for the shape (``attend_depthwise``, an autograd function with its own backward);
+    * ``scripted``: TorchScript compiles neither a Python dict of kept values nor an autograd function, so it
+      computes every term on every call and attends first (``attend_heads_first``);
+    * ``exporting``: an exporter or tracer records the forward (``is_exporting``). Nothing is kept (a kept tensor
+      would become a constant of the graph) and ``lerp`` and the depthwise product are written in plain ops that
+      every exporter and runtime reads and that hold for any batch size (``_lerp``, ``attend_traceable``).
+
+    ``torch.jit.is_scripting()`` is known when TorchScript compiles this function, which therefore never compiles
+    the eager branch (``is_exporting`` is Python only); ``forward`` tests it in place of ``scripted`` where the eager
+    branch calls what TorchScript cannot compile at all (the kept values), so that the scripted graph holds the
+    computed terms only.
+    """
+    if torch.jit.is_scripting():
+        scripted, exporting = True, False
+    else:
+        scripted, exporting = False, is_exporting()
+    return scripted, exporting
 
 
 def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, exporting: bool) -> torch.Tensor:

@@ -10,7 +10,10 @@ gradients (``GPSA``): fused optimizers (``torch.optim.AdamW(fused=True)``) write
 and a training step needs such a forward first. Only an in-place write through ``param.data`` in eval mode, which
 bypasses version counting, or a fused step on gradients set by hand, would go unseen: switch modes after such an
 edit. Nothing is kept under TorchScript, FX, ``torch.compile``, exporters or functorch
-transforms (``caching_allowed``).
+transforms (``may_keep``).
+
+One name for the idea throughout: a layer *keeps* values (``keep``) in its ``_kept_values`` dict, at most
+``MAX_KEPT`` of them, when it ``may_keep``; ``forget`` drops them.
 """
 from typing import Any, Callable, Optional, Tuple
 
@@ -19,10 +22,12 @@ import torch.nn as nn
 
 from .. import compat
 
-__all__ = ['keep', 'forget', 'caching_allowed', 'is_exporting', 'MEMO_SIZE']
+__all__ = ['keep', 'forget', 'may_keep', 'is_exporting', 'MAX_KEPT', 'KEPT_ATTRIBUTE']
 
 # the most values a layer keeps (the newest), so that a stream of new input sizes cannot grow it
-MEMO_SIZE = 8
+MAX_KEPT = 8
+# the layer's attribute (in its ``__dict__``, plain Python: never part of a state dict or a TorchScript module)
+KEPT_ATTRIBUTE = '_kept_values'
 
 
 def is_exporting() -> bool:
@@ -32,7 +37,7 @@ def is_exporting() -> bool:
     return compat.is_exporting() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
-def caching_allowed(size: int) -> bool:
+def may_keep(size: int) -> bool:
     """Whether a forward may keep values from call to call: in eager mode on real sizes only, never while FX,
     TorchScript, dynamo, an exporter or a functorch transform records or wraps the computation (a kept tensor would
     become a constant of their graph, or escape its transform)."""
@@ -46,11 +51,11 @@ def keep(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: C
 
     Values are made outside inference mode (a tensor made inside it could not be used by a later training forward)
     and without gradients;
-    a layer keeps at most ``MEMO_SIZE`` of them (the newest), so a stream of new input sizes cannot grow it.
+    a layer keeps at most ``MAX_KEPT`` of them (the newest), so a stream of new input sizes cannot grow it.
     """
-    memo = layer.__dict__.setdefault('_tcnn_memo', {})
+    kept = layer.__dict__.setdefault(KEPT_ATTRIBUTE, {})
     stamp = tuple((p, p._version, p.data_ptr()) for p in params)
-    hit = memo.get(key)
+    hit = kept.get(key)
     if hit is not None and len(hit[0]) == len(stamp) and all(
             a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], stamp)):
         return hit[1]
@@ -58,10 +63,10 @@ def keep(layer: nn.Module, key: tuple, params: Tuple[torch.Tensor, ...], make: C
     # values graph-free leaves (kept values never need a gradient; copy.deepcopy accepts only leaves)
     with torch.inference_mode(False), torch.no_grad():
         value = make()
-    memo.pop(key, None)
-    memo[key] = (stamp, value)
-    while len(memo) > MEMO_SIZE:
-        memo.pop(next(iter(memo)), None)
+    kept.pop(key, None)
+    kept[key] = (stamp, value)
+    while len(kept) > MAX_KEPT:
+        kept.pop(next(iter(kept)), None)
     return value
 
 
@@ -69,9 +74,9 @@ def forget(layer: nn.Module, kind: Optional[str] = None) -> None:
     """Drop every value ``layer`` keeps (``GPSA.train``: a mode switch is where training ends), or those whose key
     starts with ``kind``."""
     if kind is None:
-        layer.__dict__.pop('_tcnn_memo', None)
+        layer.__dict__.pop(KEPT_ATTRIBUTE, None)
         return
-    memo = layer.__dict__.get('_tcnn_memo')
-    if memo:
-        for key in [k for k in memo if k[0] == kind]:
-            del memo[key]
+    kept = layer.__dict__.get(KEPT_ATTRIBUTE)
+    if kept:
+        for key in [k for k in kept if k[0] == kind]:
+            del kept[key]

@@ -47,7 +47,7 @@ def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.devi
 torch.fx.wrap('_offsets')  # a leaf for FX: the sizes are the input's (FX before torch 2.9 cannot record arange)
 
 
-def axis_offsets(height: int, width: int, kernel_size: Tuple[int, int], stride: Tuple[int, int],
+def axis_offsets(height: int, width: int, *, kernel_size: Tuple[int, int], stride: Tuple[int, int],
                  padding: Tuple[int, int], dilation: Tuple[int, int], anchor: Tuple[int, int],
                  device: torch.device, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
     """Key-minus-query offsets ``(H_out, H_pad)`` and ``(W_out, W_pad)`` in ``dtype``, and whether the two axes
@@ -65,7 +65,7 @@ def axis_offsets(height: int, width: int, kernel_size: Tuple[int, int], stride: 
 
 
 def positional_factors(alpha: torch.Tensor, centers: torch.Tensor, offsets: Tuple[torch.Tensor, torch.Tensor, bool],
-                       height: int, width: int, padding: Tuple[int, int],
+                       *, height: int, width: int, padding: Tuple[int, int],
                        real_keys: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """Row and column factors ``(N_h, H_out, H_pad)``, ``(N_h, W_out, W_pad)`` of the separable softmax, from the
     heads' ``alpha`` ``(N_h,)``, their ``centers`` ``(2, N_h)`` and ``axis_offsets``; with ``real_keys``, their

@@ -33,7 +33,7 @@ def queries_are_tokens(kernel_size: Tuple[int, int], stride: Tuple[int, int], pa
     return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)
 
 
-def query_tokens(x: torch.Tensor, tokens: torch.Tensor, out_size: Tuple[int, int], stride: Tuple[int, int],
+def query_tokens(x: torch.Tensor, tokens: torch.Tensor, *, out_size: Tuple[int, int], stride: Tuple[int, int],
                  anchor: Tuple[int, int], padding: Tuple[int, int], padding_mode: str,
                  all_tokens: bool) -> torch.Tensor:
     """Input tokens at the queries (the conv's output positions): ``(B, H_out * W_out, C_in)``; ``all_tokens``:
@@ -56,7 +56,7 @@ def query_tokens(x: torch.Tensor, tokens: torch.Tensor, out_size: Tuple[int, int
     return grid.reshape(b, h_out * w_out, c)
 
 
-def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
+def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, *,
             num_heads: int, qk_dim: int, in_chs: int, groups: int, out_size: Tuple[int, int], stride: Tuple[int, int],
             anchor: Tuple[int, int], padding: Tuple[int, int], padding_mode: str,
             all_tokens: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,7 +78,8 @@ def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_w
         qkv = F.linear(tokens, torch.cat([q_weight, k_weight, v_weight]))
         q, kv = qkv.split([nh * d, nh * d + in_chs], dim=-1)
     else:
-        q_tokens = query_tokens(x, tokens, out_size, stride, anchor, padding, padding_mode, all_tokens)
+        q_tokens = query_tokens(x, tokens, out_size=out_size, stride=stride, anchor=anchor, padding=padding,
+                                padding_mode=padding_mode, all_tokens=all_tokens)
         q = F.linear(q_tokens, q_weight)  # (B, N_q, N_h * d)
         if groups == 1:
             kv = F.linear(tokens, torch.cat([k_weight, v_weight]))  # (B, H * W, N_h * d + C_in)
@@ -108,20 +109,19 @@ def grouped_values(tokens: torch.Tensor, v_weight: torch.Tensor, in_chs: int, gr
     return v.transpose(0, 1).reshape(b, n, c)
 
 
-def output_projection(heads: torch.Tensor, proj_weight: torch.Tensor, proj_bias: Optional[torch.Tensor],
+def output_projection(heads: torch.Tensor, proj_weight: torch.Tensor, proj_bias: Optional[torch.Tensor], *,
                       num_heads: int, in_chs: int, out_chs: int, groups: int, b: int, n_q: int) -> torch.Tensor:
     """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``
     with the filter ``proj_weight`` ``(C_out, N_h, C_in // groups)``; dense and grouped layers (depthwise ones:
-    ``GPSA._depthwise_product``)."""
+    ``GPSA._value_product`` with ``tcnn.layers.depthwise``)."""
     if groups == 1:
         # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
         return F.linear(heads.view(b, n_q, num_heads * in_chs), proj_weight.view(out_chs, -1), proj_bias)
     nh, g, c = num_heads, groups, in_chs
     # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
     # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
-    # GEMM over (h, c) needs a group-major copy of the whole heads tensor first: measured against it (CPU,
-    # 1 thread, 7x7 and 14x14 grids, 768-1024 channels in 32-48 groups, batch 8-32) this is 1.1-2.3x faster
-    # forward and 0.9-1.4x forward+backward.
+    # GEMM over (h, c) needs a group-major copy of the whole heads tensor first, and is slower (docs/benchmarks.md,
+    # "Design choices of the GPSA layer").
     parts = heads.view(b * n_q, nh, g, c // g).unbind(1)
     taps = proj_weight.view(g, out_chs // g, nh, c // g).unbind(2)
     out = torch.bmm(parts[0].transpose(0, 1), taps[0].transpose(1, 2))  # (g, B * N_q, C_out / g)
