@@ -17,6 +17,8 @@ import torch.nn as nn
 import tcnn
 import tcnn.layers.depthwise as dw
 import tcnn.export as tex
+import tcnn.export.pipeline
+import tcnn.export.torch_export
 from tcnn.train import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
@@ -412,7 +414,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_export(small_fil
                                                                        out, message):
     # the export must not even start: a write that fails after minutes of exporting is a dead end
     (tmp_path / 'folder.onnx').mkdir()
-    monkeypatch.setattr(tex, 'export', lambda *a, **k: pytest.fail('exported before checking --out'))
+    monkeypatch.setattr(tcnn.export.pipeline, 'export_checked',
+                        lambda *a, **k: pytest.fail('exported before checking --out'))
     out, message = out.replace('OUT', str(tmp_path)), message.replace('OUT', str(tmp_path))
     rc, _, err = _run(['export', small_file, '--out', out, '--img-size', '32'], capsys)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
@@ -426,7 +429,8 @@ def test_a_model_with_non_finite_weights_is_named_before_exporting(tmp_path, cap
         model.fc.bias[3] = float('inf')
     path = str(tmp_path / 'bad.pt')
     tcnn.save(model, path)
-    monkeypatch.setattr(tex, '_pt2_bytes', lambda *a: pytest.fail('exported a model that computes NaN'))
+    monkeypatch.setattr(tcnn.export.torch_export, 'export_bytes',
+                        lambda *a: pytest.fail('exported a model that computes NaN'))
     rc, _, err = _run(['export', path, '--out', str(tmp_path / 'm.pt2'), '--img-size', '32'], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert 'the model computes non-finite logits (NaN or infinity); 2 of its parameters/buffers hold NaN or ' \

@@ -40,7 +40,7 @@ import yaml
 
 from ..evaluation.analysis import attention_maps, nonlocality
 from ..convert.settings import gpsa_layers
-from ..data import denormalize
+from ..data.images import denormalize
 from ..errors import TcnnError, first_line
 from ..evaluation.plots import attention_figure, figure_pixels
 from .recipe import dump_recipe

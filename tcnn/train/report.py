@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 
-from ..data import num_images
+from ..data.training import num_images
 from .engine import DATA_BOUND_FRACTION
 
 if TYPE_CHECKING:
