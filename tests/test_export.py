@@ -422,6 +422,24 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_export(small_fil
     assert sorted(os.listdir(tmp_path)) == ['folder.onnx'] and not os.listdir(tmp_path / 'folder.onnx')
 
 
+def test_the_options_are_checked_once(small_file, tmp_path, capsys, monkeypatch):
+    """``tcnn export`` checks its options before reading the model and exports with what the check returned;
+    ``tcnn.export.export`` checks them itself: once each, never again inside the export."""
+    import tcnn.export.options as options
+    check, calls = options.check_export_options, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(tcnn.export.pipeline, 'check_export_options', counted)  # what tcnn.export.export calls
+    monkeypatch.setattr(options, 'check_export_options', counted)  # what the command imports when it runs
+    rc, _, err = _run(['export', small_file, '--out', str(tmp_path / 'cli.pt2'), '--img-size', '32'], capsys)
+    assert rc == 0 and calls == [str(tmp_path / 'cli.pt2')], (calls, err)
+    tex.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
+    assert calls == [str(tmp_path / 'cli.pt2'), str(tmp_path / 'api.pt2')]
+
+
 def test_a_model_with_non_finite_weights_is_named_before_exporting(tmp_path, capsys, monkeypatch):
     model = _t_cnn('resnet10t')
     with torch.no_grad():
