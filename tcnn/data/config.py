@@ -1,9 +1,6 @@
 """A model's eval preprocessing (timm's data config: input size, interpolation, mean, std, crop), the one place tcnn
-asks for it: T-CNN files store it, exported files carry it, evaluation and the CLI's images use it.
-
-timm's ``resolve_data_config`` reads a model's ``pretrained_cfg``; a torchvision model has none, so the eval transform
-of its default weights stands in (a torchvision ResNet is evaluated at resize 232 / crop 224, not timm's ImageNet
-default 224 / 0.875).
+asks for it: T-CNN files store it, exported files carry it, evaluation and the CLI's images use it, a training run
+overrides it with its recipe. Nothing here opens a dataset: saving and exporting a model import this module only.
 """
 from typing import Any, Dict, Mapping, Optional, Tuple
 
