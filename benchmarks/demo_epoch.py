@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from tcnn.demo import runner, synthetic  # noqa: E402
 from tcnn.demo.plan import CNN, DATA_SEED, IMG_SIZE, PLANS, run_name  # noqa: E402
 from tcnn.demo.pool import Context, parallel_layout, train_all  # noqa: E402
-from tcnn.train import run_folder  # noqa: E402
+from tcnn.files import run_folder  # noqa: E402
 
 from benchmarks.report import machine_info, write_json  # noqa: E402
 

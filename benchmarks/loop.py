@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from benchmarks.report import load_average, machine_info, write_json  # noqa: E402
 from tcnn.demo import synthetic  # noqa: E402
-from tcnn.train.run_folder import read_metrics, read_status  # noqa: E402
+from tcnn.files.run_folder import read_metrics, read_status  # noqa: E402
 from tcnn.train.recipe import auto_workers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,13 +5,11 @@ imported. ``import tcnn`` imports them at once when timm is already imported; ot
 ``sys.meta_path`` that wraps timm's loader, so that they are imported right after timm itself, wherever timm's import
 comes from (``import timm`` in the user's code, in a timm script, or in a tcnn module).
 
-Why a hook rather than importing timm in ``import tcnn`` (wall medians of 10 runs, torch 2.15 CPU, timm 1.0.31, a
-quiet moment of a shared 2-core machine): ``python -c pass`` 0.025 s, ``import tcnn`` 0.031 s, ``tcnn --help``
-0.043 s; ``import timm`` 4.8 s (``-X importtime``: torch 1.4 s, torchvision 1.3 s of it), ``import tcnn; import timm``
-5.2 s, the registry itself 54 ms (``import tcnn`` after timm; 94 ms in 0.4.0, whose registry imported the
-conversion and file code). Registering eagerly would make ``import tcnn``, and every ``tcnn`` command's argument
-check, cost those ~5 s instead of 0.03 s; the hook costs 1 ms and ~60 lines. timm has no plug-in entry points for
-models to register through instead.
+Why a hook rather than importing timm in ``import tcnn``: importing timm (and with it torch and torchvision) takes
+seconds, ``import tcnn`` and the registry itself a few tens of milliseconds (docs/benchmarks.md, "Start-up and
+offline costs"). Registering eagerly would make ``import tcnn``, and every ``tcnn`` command's argument check, pay
+timm's import; the hook is one small finder. timm has no plug-in entry points for models to register through
+instead.
 
 The registry modules import only timm and tcnn modules that import no timm (``tcnn.files.weights``, ``tcnn.errors``):
 the hook may fire while a tcnn module that imports timm is half-imported (``import tcnn.convert`` first, then timm), and

@@ -1,4 +1,8 @@
-"""The ``tcnn`` command: one sub-command per module of ``tcnn.commands``.
+"""The ``tcnn`` command: one sub-command per module of ``tcnn.commands``, and ``tcnn demo`` (``tcnn.demo.command``).
+
+The table below names each command's module, imported when that command runs: the CLI itself imports nothing of
+tcnn but its errors. The demo's module lives in its own package because the demo runs the other commands (``tcnn
+eval``, ``tcnn inspect`` through ``main``, ``tcnn train`` as processes): it is the one command above the command line.
 
 Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``. User mistakes raise ``TcnnError``
 and are printed as one line (exit 2); ``--debug`` shows the traceback instead.
@@ -13,7 +17,7 @@ from .errors import TcnnError
 
 # name -> (module, one-line help). Modules are imported only when their command runs, so --help stays fast.
 COMMANDS = {
-    'demo': ('tcnn.commands.demo', 'the whole method offline on a generated task: CNN, T-CNN, baseline, report'),
+    'demo': ('tcnn.demo.command', 'the whole method offline on a generated task: CNN, T-CNN, baseline, report'),
     'convert': ('tcnn.commands.convert', 'convert a CNN into a T-CNN file (verified against the CNN)'),
     'info': ('tcnn.commands.info', 'show the settings, parameter counts and gates/spans of a T-CNN file'),
     'train': ('tcnn.commands.train', 'fine-tune a T-CNN (or the no-SA baseline) with a recipe'),

@@ -105,8 +105,8 @@ def fvcore_handles() -> Dict[str, Callable]:
 
 def torchinfo_summary(model: nn.Module, *args, verbose: int = 1, **kwargs) -> Any:
     """``torchinfo.summary(model, *args, **kwargs)`` with the GPSA layers' mult-adds right: torchinfo prices every
-    parameter whose name holds "weight" by its own rule (for a GPSA, like an RNN's weights: about 2x the whole
-    model's MACs) and takes no custom rule, so the GPSA rows and the total are replaced by their MACs here.
+    parameter whose name holds "weight" by its own rule (for a GPSA, like an RNN's weights: more than
+    the whole model's MACs) and takes no custom rule, so the GPSA rows and the total are replaced by their MACs here.
     Prints the summary like torchinfo (``verbose``) and returns its ``ModelStatistics``."""
     import torchinfo
     macs: Dict[nn.Module, List[int]] = {}

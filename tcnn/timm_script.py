@@ -27,13 +27,13 @@ import os
 import runpy
 import shlex
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch.nn as nn
 
 from .errors import TcnnError
 from .train.optim import GATING_LR_RATIO, param_groups
-from .train.recipe import find_recipe, resolve_recipe
+from .train.recipe import Recipe, find_recipe, resolve_recipe
 
 __all__ = ['main', 'recipe_flags', 'tcnn_param_groups', 'run_script', 'RECIPE_FLAGS']
 
@@ -80,7 +80,7 @@ def _values(value: Any) -> List[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
-def recipe_flags(recipe: Mapping[str, Any], given: Sequence[str] = ()) -> List[str]:
+def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
     """train.py flags for a resolved tcnn recipe (``tcnn.train.recipe``), minus the flags in ``given`` (the user's win).
 
     The lr is given as train.py's own batch rule when the recipe scales it (``--lr-base LR --lr-base-size
@@ -92,8 +92,8 @@ def recipe_flags(recipe: Mapping[str, Any], given: Sequence[str] = ()) -> List[s
     recipe's) and torchrun's ``WORLD_SIZE``. Runtime keys (device, amp, compile, output, dashboards) are the user's.
     """
     for key, off in _UNSUPPORTED.items():
-        if recipe.get(key, off) != off:
-            raise TcnnError(f'{key}={recipe[key]!r} is a tcnn train feature that timm\'s train.py does not have: '
+        if getattr(recipe, key) != off:
+            raise TcnnError(f'{key}={getattr(recipe, key)!r} is a tcnn train feature that timm\'s train.py does not have: '
                             f'use tcnn train, or --tcnn-set {key}={"false" if off is False else "null"}')
     argv, given = list(given), _given(given)
     flags: List[str] = []
@@ -102,37 +102,36 @@ def recipe_flags(recipe: Mapping[str, Any], given: Sequence[str] = ()) -> List[s
         if flag not in given and not given & set(aliases) and not (values and values[0] is None):
             flags.extend([flag, *[v for value in values for v in _values(value)]])
 
-    add('--model', f't_{recipe["model"]}')
-    if recipe.get('pretrained'):
+    add('--model', f't_{recipe.model}')
+    if recipe.pretrained:
         add('--pretrained')
-    conversion = {k: recipe[k] for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim')
-                  if recipe.get(k) is not None}
+    conversion = {k: getattr(recipe, k) for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim')
+                  if getattr(recipe, k) is not None}
     if conversion and '--model-kwargs' not in given:
         flags.extend(['--model-kwargs', *[f'{k}={v!r}' for k, v in conversion.items()]])
-    if recipe.get('scale_lr', True) and '--lr' not in given:
-        add('--lr-base', recipe['lr'])
-        add('--lr-base-size', recipe['lr_base_batch'])
+    if recipe.scale_lr and '--lr' not in given:
+        add('--lr-base', recipe.lr)
+        add('--lr-base-size', recipe.lr_base_batch)
         add('--lr-base-scale', 'linear')
     else:
-        add('--lr', recipe['lr'])
-    epochs, warmup = recipe['epochs'], recipe['warmup_epochs']
+        add('--lr', recipe.lr)
+    epochs, warmup = recipe.epochs, recipe.warmup_epochs
     if '--epochs' in given or '--warmup-epochs' in given:
         add('--epochs', epochs)
     else:
         add('--epochs', epochs - warmup)
         add('--warmup-prefix')
     add('--sched-on-updates')  # tcnn train steps its schedule per update
-    scaled = dict(recipe)
-    if recipe.get('scale_lr', True):  # train.py scales only --lr-base: the warm-up start and floor are scaled here
-        batch = _int_flag(argv, ('-b', '--batch-size'), recipe['batch_size'])
-        batch *= _int_flag(argv, ('--grad-accum-steps',), recipe['accum_steps'])
+    scaled = recipe.to_dict()
+    if recipe.scale_lr:  # train.py scales only --lr-base: the warm-up start and floor are scaled here
+        batch = _int_flag(argv, ('-b', '--batch-size'), recipe.batch_size)
+        batch *= _int_flag(argv, ('--grad-accum-steps',), recipe.accum_steps)
         batch *= int(os.environ.get('WORLD_SIZE', '1'))  # torchrun's processes
         for key in ('warmup_lr', 'min_lr'):
-            scaled[key] = recipe[key] * batch / recipe['lr_base_batch']
+            scaled[key] = scaled[key] * batch / recipe.lr_base_batch
     for key, flag in RECIPE_FLAGS.items():
-        if key in recipe:
-            add(flag, scaled[key], aliases=_ALIASES.get(flag, ()))
-    if recipe.get('model_ema'):
+        add(flag, scaled[key], aliases=_ALIASES.get(flag, ()))
+    if recipe.model_ema:
         add('--model-ema')
     return flags
 
@@ -234,7 +233,7 @@ def _usage() -> str:
             'SCRIPT.py [SCRIPT ARGS ...]')
 
 
-def _parse(argv: List[str]) -> Tuple[Optional[str], List[str], List[str], Optional[Dict[str, Any]], bool]:
+def _parse(argv: List[str]) -> Tuple[Optional[str], List[str], List[str], Optional[Recipe], bool]:
     """The script, its arguments, the recipe's flags, the resolved recipe (or None) and whether to print only."""
     argv = list(argv)
     recipes = _take(argv, '--tcnn-recipe', True)
@@ -275,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TcnnError as e:
         print(f'{PROG}: error: {e}', file=sys.stderr)
         return 2
-    ratio = recipe['gating_lr'] / recipe['lr'] if recipe is not None else GATING_LR_RATIO
+    ratio = recipe.gating_lr / recipe.lr if recipe is not None else GATING_LR_RATIO
     run_script(script, flags + args, ratio)
     return 0
 

@@ -1,4 +1,4 @@
-"""tcnn.evaluation.analysis / .plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps, nonlocality,
+"""tcnn.analysis (heads, figures), tcnn.evaluation.plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps, nonlocality,
 figures."""
 import itertools
 import json
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 import tcnn
-from tcnn.evaluation import analysis, plots
+from tcnn.analysis import figures, heads
+from tcnn.evaluation import plots
 from tcnn.data.config import data_config
 from tcnn.data.images import denormalize, find_images, sample_images
 from tcnn.cli import main
@@ -46,7 +47,7 @@ def _taps(kernel: int, dilation: int):
 
 def test_summary_values_equal_the_parameters(t_cnn):
     x = torch.randn(2, 3, 64, 64)
-    summary = analysis.summarize(t_cnn, x)
+    summary = heads.summarize(t_cnn, x)
     layers = tcnn.gpsa_layers(t_cnn)
     assert list(summary['layers']) == [n for n, _ in layers] and summary['num_images'] == 2
     assert summary['config'] == t_cnn.tcnn_config
@@ -62,14 +63,14 @@ def test_summary_values_equal_the_parameters(t_cnn):
         assert len(entry['nonlocality']) == layer.num_heads
         assert entry['nonlocality_mean'] == pytest.approx(float(np.mean(entry['nonlocality'])), rel=1e-6)
     json.dumps(summary)  # plain values only
-    assert all(v['nonlocality'] is None for v in analysis.summarize(t_cnn)['layers'].values())
+    assert all(v['nonlocality'] is None for v in heads.summarize(t_cnn)['layers'].values())
 
 
 @pytest.mark.parametrize('query', [None, (0, 0), (63, 95), (40, 10)])
 def test_exact_configuration_attention_is_one_hot_on_the_taps(t_cnn, query):
     x = torch.randn(2, 3, 64, 96)  # non-square; layer4 sees 4 x 6 (stride-2 conv) then 2 x 3
     with tcnn.exact_configuration(t_cnn):
-        maps = analysis.attention_maps(t_cnn, x, query=query)
+        maps = heads.attention_maps(t_cnn, x, query=query)
     assert list(maps) == [n for n, _ in tcnn.gpsa_layers(t_cnn)]
     for name, m in maps.items():
         layer = t_cnn.get_submodule(name)
@@ -95,12 +96,12 @@ def test_attention_maps_follow_dilation_and_the_gate():
     conv = nn.Conv2d(6, 6, 3, padding=2, dilation=2)
     model = nn.Sequential(nn.Conv2d(3, 6, 1), GPSA.from_conv(conv, locality_strength=1.0, gating_init=0.3))
     x = torch.randn(1, 3, 9, 7)
-    maps = analysis.attention_maps(model, x, query=(4, 3))['1']
+    maps = heads.attention_maps(model, x, query=(4, 3))['1']
     assert maps.query == (4, 3) and maps.query_key == (6, 5) and maps.key_size == (13, 11)
     gate = torch.sigmoid(torch.tensor(0.3))
     torch.testing.assert_close(maps.mixed, (1 - gate) * maps.content + gate * maps.positional[None])
     with tcnn.exact_configuration(model):
-        exact = analysis.attention_maps(model, x, query=(4, 3))['1']
+        exact = heads.attention_maps(model, x, query=(4, 3))['1']
     for h, (dy, dx) in enumerate(_taps(3, 2)):
         assert exact.mixed[0, h, 6 + dy, 5 + dx] > 1 - 1e-5
 
@@ -108,7 +109,7 @@ def test_attention_maps_follow_dilation_and_the_gate():
 def test_nonlocality_of_the_exact_configuration_is_the_mean_tap_distance(t_cnn):
     x = torch.randn(3, 3, 64, 64)
     with tcnn.exact_configuration(t_cnn):
-        nl = analysis.nonlocality(t_cnn, x)
+        nl = heads.nonlocality(t_cnn, x)
     distances = [math.hypot(dy, dx) for dy, dx in _taps(3, 1)]
     for name, entry in nl.items():
         assert entry['mixed'] == pytest.approx(distances, abs=1e-5)
@@ -118,14 +119,14 @@ def test_nonlocality_of_the_exact_configuration_is_the_mean_tap_distance(t_cnn):
     # dilation 2 doubles every distance
     model = nn.Sequential(nn.Conv2d(3, 6, 1), GPSA.from_conv(nn.Conv2d(6, 6, 3, padding=2, dilation=2)))
     with tcnn.exact_configuration(model):
-        nl2 = analysis.nonlocality(model, torch.randn(1, 3, 8, 10))['1']
+        nl2 = heads.nonlocality(model, torch.randn(1, 3, 8, 10))['1']
     assert nl2['mean'] == pytest.approx(2 * sum(distances) / 9, abs=1e-5)
 
 
 def test_nonlocality_matches_eq8_by_brute_force(t_cnn):
     x = torch.randn(2, 3, 64, 64)
-    nl = analysis.nonlocality(t_cnn, [(x[:1], 0), (x[1:], 1)])  # a DataLoader-like iterable of (images, labels)
-    inputs = analysis.capture_gpsa_inputs(t_cnn, x)
+    nl = heads.nonlocality(t_cnn, [(x[:1], 0), (x[1:], 1)])  # a DataLoader-like iterable of (images, labels)
+    inputs = heads.capture_gpsa_inputs(t_cnn, x)
     name = 'layer4.0.conv1'  # the stride-2 layer: queries at padded coordinates (2i + 1, 2j + 1)
     layer = t_cnn.get_submodule(name)
     att = layer.attention(inputs[name])['mixed']  # (B, N_h, N_q, N_k)
@@ -178,10 +179,10 @@ def _brute_force_layer(att: torch.Tensor, layer: GPSA, in_size, image_size) -> d
 @pytest.mark.parametrize('name', ['layer4.0.conv1', 'layer4.1.conv2'])
 def test_padding_share_and_real_key_nonlocality_match_a_brute_force(t_cnn, name):
     x = torch.randn(2, 3, 64, 80)  # non-square: the stride-2 layer sees 4 x 5 (padded 6 x 7), the next 2 x 3
-    nl = analysis.nonlocality(t_cnn, [x[:1], x[1:]])[name]
+    nl = heads.nonlocality(t_cnn, [x[:1], x[1:]])[name]
     layer = t_cnn.get_submodule(name)
-    feats = analysis.capture_gpsa_inputs(t_cnn, x)[name]
-    for part in analysis.ATTENTION_PARTS:
+    feats = heads.capture_gpsa_inputs(t_cnn, x)[name]
+    for part in heads.ATTENTION_PARTS:
         att = layer.attention(feats)[part]
         att = att if att.ndim == 4 else att[None].expand(2, -1, -1, -1)
         expect = _brute_force_layer(att, layer, feats.shape[-2:], x.shape[-2:])
@@ -195,7 +196,7 @@ def test_padding_share_and_real_key_nonlocality_match_a_brute_force(t_cnn, name)
     assert nl['grid'] == list(feats.shape[-2:]) and nl['image'] == [64, 80]
     assert nl['real_mean'] == pytest.approx(float(np.mean(nl['real']['mixed'])), rel=1e-6)
     assert nl['padding_share_mean'] == pytest.approx(float(np.mean(nl['padding_share']['mixed'])), rel=1e-6)
-    summary = analysis.summarize(t_cnn, x)['layers'][name]
+    summary = heads.summarize(t_cnn, x)['layers'][name]
     assert summary['nonlocality_real'] == pytest.approx(nl['real']['mixed'], rel=1e-6)
     assert summary['padding_share'] == pytest.approx(nl['padding_share']['mixed'], rel=1e-6)
 
@@ -212,7 +213,7 @@ def test_sigma_is_the_width_of_the_positional_gaussian():
     pos = layer.positional_attention(size, size, torch.device('cpu'))  # (N_h, N_q, N_k), keys padded to 63 x 63
     q = (size // 2) * size + size // 2  # the centre query, far from every border
     rows = torch.arange(size + 2, dtype=torch.float64)[:, None].expand(size + 2, size + 2).flatten()
-    summary = analysis.summarize(model)['layers']['1']
+    summary = heads.summarize(model)['layers']['1']
     for h in range(9):
         a = pos[h, q].double()
         mean = (a * rows).sum()
@@ -258,21 +259,21 @@ def test_inspect_images_dir_takes_a_seeded_sample_across_class_folders(t_cnn, tm
 
 
 def test_query_cell_and_errors():
-    assert analysis.query_cell(None, (224, 224), (7, 7)) == (3, 3)
-    assert analysis.query_cell((223, 0), (224, 224), (7, 7)) == (6, 0)
+    assert heads.query_cell(None, (224, 224), (7, 7)) == (3, 3)
+    assert heads.query_cell((223, 0), (224, 224), (7, 7)) == (6, 0)
     with pytest.raises(TcnnError, match='outside'):
-        analysis.query_cell((300, 0), (224, 224), (7, 7))
+        heads.query_cell((300, 0), (224, 224), (7, 7))
     with pytest.raises(TcnnError, match='no GPSA layer'):
-        analysis.summarize(timm.create_model('resnet18d', num_classes=3))
+        heads.summarize(timm.create_model('resnet18d', num_classes=3))
 
 
 def test_figures_are_written(t_cnn, tmp_path):
     x = torch.randn(2, 3, 64, 64)
-    summary = analysis.summarize(t_cnn, x)
-    _assert_png(plots.plot_summary(summary, str(tmp_path / 'heads.png')))
-    maps = analysis.attention_maps(t_cnn, x)
+    summary = heads.summarize(t_cnn, x)
+    _assert_png(figures.plot_summary(summary, str(tmp_path / 'heads.png')))
+    maps = heads.attention_maps(t_cnn, x)
     cfg = data_config(t_cnn)
-    path = plots.plot_attention(maps, denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
+    path = figures.plot_attention(maps, denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
     _assert_png(path)
     img = Image.open(path)
     assert img.height > img.width  # 12 rows (3 parts x 4 layers) of 9 heads
@@ -367,14 +368,14 @@ def test_figures_of_many_headed_layers_stay_readable(tmp_path):
     torch.manual_seed(0)
     model = tcnn.reparameterize(timm.create_model('convnext_atto', num_classes=3), stages=['stages.3']).eval()
     x = torch.randn(1, 3, 64, 64)
-    summary = analysis.summarize(model, x)
-    heads_path = plots.plot_summary(summary, str(tmp_path / 'heads.png'))
-    maps = analysis.attention_maps(model, x)
+    summary = heads.summarize(model, x)
+    heads_path = figures.plot_summary(summary, str(tmp_path / 'heads.png'))
+    maps = heads.attention_maps(model, x)
     assert {m.kernel_size for m in maps.values()} == {(2, 2), (7, 7)}  # the downsample and the depthwise convs
-    att_path = plots.plot_attention(maps, x[0].sigmoid(), str(tmp_path / 'att.png'), title='x')
+    att_path = figures.plot_attention(maps, x[0].sigmoid(), str(tmp_path / 'att.png'), title='x')
     _assert_png(heads_path)
     _assert_png(att_path)
-    heads, att = Image.open(heads_path), Image.open(att_path)
+    heads_png, att = Image.open(heads_path), Image.open(att_path)
     # one row of 49 cells per chart was 10352 px wide; 49 panels per (layer, part) in a row, 6539 px
-    assert heads.width < 2000 and heads.height > heads.width / 4
+    assert heads_png.width < 2000 and heads_png.height > heads_png.width / 4
     assert att.width < 2000 and 0.5 < att.height / att.width < 2

@@ -149,7 +149,8 @@ def small():
 def _api_cases():
     import torch.nn as nn
     import tcnn
-    from tcnn.evaluation import analysis, plots
+    from tcnn.analysis import figures, heads
+    from tcnn.evaluation import plots
     from tcnn.data.config import data_config
     from tcnn.data.images import denormalize, find_images, load_images
     from tcnn.files import weights as hub
@@ -205,13 +206,13 @@ def _api_cases():
         ('exact_configuration', lambda c, t, x, p: tcnn.exact_configuration(None).__enter__(), TypeError,
          'model must be a torch.nn.Module, got None'),
         ('gpsa_summary', lambda c, t, x, p: tcnn.gpsa_summary('x'), TypeError, 'model must be a torch.nn.Module'),
-        ('attention_maps x', lambda c, t, x, p: analysis.attention_maps(t, x[0]), ValueError,
+        ('attention_maps x', lambda c, t, x, p: heads.attention_maps(t, x[0]), ValueError,
          'x must be a float tensor of images (B, C, H, W), got shape (3, 32, 32)'),
-        ('attention_maps query nan', lambda c, t, x, p: analysis.attention_maps(t, x, (nan, 1)), ValueError,
+        ('attention_maps query nan', lambda c, t, x, p: heads.attention_maps(t, x, (nan, 1)), ValueError,
          'query must be a finite number, got nan'),
-        ('attention_maps query len', lambda c, t, x, p: analysis.attention_maps(t, x, (1,)), TypeError,
+        ('attention_maps query len', lambda c, t, x, p: heads.attention_maps(t, x, (1,)), TypeError,
          'query must be a (y, x) pixel'),
-        ('nonlocality None', lambda c, t, x, p: analysis.nonlocality(t, None), TypeError,
+        ('nonlocality None', lambda c, t, x, p: heads.nonlocality(t, None), TypeError,
          'images must be a tensor of images'),
         ('image_data_config crop', lambda c, t, x, p: data_config(t, 32, nan), ValueError,
          'crop_pct must be a finite number'),
@@ -236,14 +237,14 @@ def _api_cases():
          "suite 'imagenet' has no class subset"),
         ('num_outputs', lambda c, t, x, p: suites.num_outputs(None), TypeError, 'model must be a torch.nn.Module'),
         ('results_table', lambda c, t, x, p: tables.results_table({}), ValueError, 'report must be a tcnn eval report'),
-        ('plot_summary format', lambda c, t, x, p: plots.plot_summary({}, str(p / 's.xyz')), TcnnError,
+        ('plot_summary format', lambda c, t, x, p: figures.plot_summary({}, str(p / 's.xyz')), TcnnError,
          'the extension must be one of'),
         ('plot_training_curves folder', lambda c, t, x, p: plots.plot_training_curves([], str(p)), TcnnError,
          'is a folder; give a file name'),
-        ('plot_attention index', lambda c, t, x, p: plots.plot_attention(analysis.attention_maps(t, x), x[0],
+        ('plot_attention index', lambda c, t, x, p: figures.plot_attention(heads.attention_maps(t, x), x[0],
                                                                          str(p / 'a.png'), index=5),
          ValueError, 'index 5 is out of range: the maps hold 2 images'),
-        ('plot_attention parts', lambda c, t, x, p: plots.plot_attention(analysis.attention_maps(t, x), x[0],
+        ('plot_attention parts', lambda c, t, x, p: figures.plot_attention(heads.attention_maps(t, x), x[0],
                                                                          str(p / 'a.png'), parts=['x']),
          ValueError, 'parts must be a list of mixed, content, positional'),
         ('load_metrics', lambda c, t, x, p: plots.load_metrics(None), TypeError, 'path must be a run folder'),

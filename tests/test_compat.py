@@ -5,7 +5,8 @@ how): T-CNN files in ``.pt`` and ``.safetensors`` (dense GPSA layers, format ver
 training checkpoint with optimiser state and EMA weights, and a Hub folder written by ``tcnn publish``; ``expected.pt``
 holds the logits that release computed from each on a fixed input. 0.3.1 files have no checksums, no class names and
 no stored test size; 0.4.0 files have all three, and were written by the last release before the package's modules
-moved into subpackages (0.5.0).
+moved into subpackages (0.5.0); 0.5.1 files were written by the last release before the layout's second step (0.6.0:
+no import cycles, export and data split by concept, a typed recipe).
 """
 import os
 
@@ -16,7 +17,7 @@ import torch
 import tcnn
 from tcnn.convert.settings import gpsa_layers
 
-RELEASES = ('0.3.1', '0.4.0')
+RELEASES = ('0.3.1', '0.4.0', '0.5.1')
 
 
 @pytest.fixture(params=RELEASES, scope='module')

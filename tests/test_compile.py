@@ -17,7 +17,7 @@ import tcnn.evaluation.scoring
 import tcnn.train.launch as tcnn_train
 from tcnn.cli import main
 from tcnn.errors import TcnnError
-from tcnn.train.recipe import default_recipe, resolve_recipe
+from tcnn.train.recipe import Recipe, resolve_recipe
 from tcnn.train.args import add_arguments
 from tcnn.train.resume import resumed_recipe
 
@@ -64,14 +64,14 @@ def test_compile_setting_reads_true_as_default_and_names_the_modes():
     assert [m for m in compiling.COMPILE_MODES if compiling.uses_cuda_graphs(m)] == ['reduce-overhead',
                                                                                       'max-autotune']
     # recipes and checkpoints written before modes existed hold `compile: true`: the default mode
-    assert resolve_recipe(sets=['compile=true'])['compile'] == 'default'
-    assert resolve_recipe(flags={'compile': 'reduce-overhead'})['compile'] == 'reduce-overhead'
-    assert resolve_recipe()['compile'] is False
+    assert resolve_recipe(sets=['compile=true']).compile == 'default'
+    assert resolve_recipe(flags={'compile': 'reduce-overhead'}).compile == 'reduce-overhead'
+    assert resolve_recipe().compile is False
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args(['--compile']).compile == 'default'  # the bare flag, as before modes existed
-    old = {'config': dict(default_recipe(), compile=True, num_classes=3)}
-    assert resumed_recipe(parser.parse_args([]), old, '/runs/x/last.pt')['compile'] == 'default'
+    old = {'config': dict(Recipe().to_dict(), compile=True, num_classes=3)}
+    assert resumed_recipe(parser.parse_args([]), old, '/runs/x/last.pt').compile == 'default'
 
 
 @pytest.mark.parametrize('command', [['train', '--data', 'nowhere'],

@@ -1,6 +1,7 @@
 """Tests of ``tcnn.data``: the paper's augmentation on today's Pillow (soak + every op at its magnitude extremes),
 unreadable images (stop naming the file, or skip and log once), folder layouts."""
 import copy
+import dataclasses
 import random
 
 import numpy as np
@@ -22,7 +23,7 @@ PAPER = resolve_recipe('t_resnet50_d')  # rand-m9-mstd0.5-inc1, random erasing 0
 
 
 def _transforms(img_size):
-    recipe = dict(PAPER, img_size=img_size)
+    recipe = dataclasses.replace(PAPER, img_size=img_size)
     cfg = {'input_size': [3, img_size, img_size], 'interpolation': 'bicubic', 'mean': [0.485, 0.456, 0.406],
            'std': [0.229, 0.224, 0.225], 'crop_pct': 0.875, 'crop_mode': 'center'}
     return build_transforms(recipe, cfg)
@@ -34,7 +35,7 @@ def _rand_augment(transform):
 
 
 def test_recipe_is_the_papers_policy():
-    assert load_recipe('t_resnet50_d').get('aa', PAPER['aa']) == 'rand-m9-mstd0.5-inc1' and PAPER['reprob'] == 0.25
+    assert load_recipe('t_resnet50_d').get('aa', PAPER.aa) == 'rand-m9-mstd0.5-inc1' and PAPER.reprob == 0.25
 
 
 def test_every_op_at_the_magnitude_extremes():
@@ -129,6 +130,6 @@ def test_folder_layout_errors(tmp_path):
 def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
     import timm
     model = timm.create_model('resnet18d', num_classes=3)
-    cfg = recipe_data_config(dict(PAPER, img_size=96, crop_pct=None, mean=None), model)
+    cfg = recipe_data_config(dataclasses.replace(PAPER, img_size=96, crop_pct=None, mean=None), model)
     assert tuple(cfg['input_size']) == (3, 96, 96) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
     assert tuple(cfg['mean']) == tuple(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tcnn
-from tcnn.commands import demo as demo_command
+from tcnn.demo import command as demo_command
 from tcnn.demo.plan import DEMO_VERSION, PAPER_PRETRAIN_EPOCHS, PLANS, recipe_changes, warmup_epochs
 from tcnn.demo.pool import loader_workers, parallel_layout
 from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
@@ -159,7 +159,7 @@ def test_readme_states_the_result_and_the_changes(tiny):
     for change in results['recipe_changes']:
         assert change in text
     assert '](figures/fig3_robustness.png)' in text
-    # the attention statistics carry their units (the definitions of tcnn.evaluation.analysis)
+    # the attention statistics carry their units (the definitions of tcnn.analysis.heads)
     for header in ('span 1/α, tokens²', 'σ = 1/√(2α), tokens', 'nonlocality on real keys, tokens',
                    'attention on padding, %', '6x6 tokens of 16 px'):
         assert header in text, header

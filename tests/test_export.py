@@ -19,7 +19,7 @@ import tcnn.layers.depthwise as dw
 import tcnn.export as tex
 import tcnn.export.pipeline
 import tcnn.export.torch_export
-from tcnn.train import run_folder
+from tcnn.files import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
 import torch_versions

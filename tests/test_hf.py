@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import save_for_hf
 
 import tcnn
-import tcnn.files.model_card
+import tcnn.evaluation.model_card
 import tcnn.files.weights
 from imagegen import make_image_folder
 from nontrivial import nontrivial, varied_heads
@@ -374,7 +374,7 @@ def test_publish_writes_a_loadable_folder_and_card(converted_file, tmp_path, cap
 def test_card_states_the_exact_configuration_of_the_code(converted_file):
     """The card's alpha and lambda are the ones tcnn.exact_configuration sets (not a copy that can drift)."""
     model, _ = converted_file
-    text = tcnn.files.model_card._report_text(model)
+    text = tcnn.evaluation.model_card._report_text(model)
     with tcnn.exact_configuration(model):
         layer = tcnn.gpsa_layers(model)[0][1]
         lam, alpha = layer.gating.flatten()[0].item(), layer.locality_strength().flatten()[0].item()
@@ -386,7 +386,7 @@ def test_card_states_the_exact_configuration_of_the_code(converted_file):
                    '(https://huggingface.co/timm/resnet50d.a1_in1k))'),
     ('random', 'random initialisation'), ('file:w.pth', 'a local checkpoint, `w.pth`'), (None, 'not recorded')])
 def test_card_names_the_source_weights(origin, text):
-    assert tcnn.files.model_card._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
+    assert tcnn.evaluation.model_card._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
 
 
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check

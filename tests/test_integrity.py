@@ -22,7 +22,7 @@ from imagegen import make_image_folder
 from nontrivial import nontrivial
 from tcnn.files import tcnn_file as tio
 from tcnn.files.hub_folder import HUB_CHECKSUMS_KEY
-from tcnn.train import run_folder
+from tcnn.files import run_folder
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.files.integrity import CorruptFileError, tensor_checksums
@@ -148,7 +148,7 @@ def test_a_flipped_byte_in_a_published_folder_is_named(t_model, published, tmp_p
     message = f'{weights}: the tensor {TENSOR} does not match its checksum: the file is corrupt'
     with pytest.raises(TcnnError, match=message):
         tcnn.load(out)
-    with pytest.raises(CorruptFileError, match=message):  # timm's own loader goes through tcnn.convert.timm_models
+    with pytest.raises(CorruptFileError, match=message):  # timm's own loader goes through tcnn.models.create
         timm.create_model(f'local-dir:{out}', pretrained=True)
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import tcnn
 from tcnn.files import tcnn_file as tio
-from tcnn.train import run_folder
+from tcnn.files import run_folder
 from tcnn.errors import TcnnError
 from tcnn.files.weights import create_cnn
 

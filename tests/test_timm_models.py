@@ -22,12 +22,12 @@ from timm.models.regnet import RegNet
 from timm.optim import create_optimizer_v2
 
 import tcnn
-import tcnn.convert.timm_models
+import tcnn.models.create
 import tcnn.files.weights
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
-from tcnn.convert.timm_models import TransformedModel, TransformedResNet, transformed_class
+from tcnn.models.create import TransformedModel, TransformedResNet, transformed_class
 from tcnn.models import FAMILIES, SOURCE_MODELS
 
 REQUIRED = ['t_resnet18d', 't_resnet26d', 't_resnet50d', 't_resnet101d', 't_resnet152d', 't_resnet200d',
@@ -94,9 +94,16 @@ def test_t_resnets_leave_timms_tresnet_alone():
     with torch.device('meta'):
         model = timm.create_model('tresnet_m')
     assert type(model) is timm.models.tresnet.TResNet and not isinstance(model, TransformedModel)
-    classes = {v.__name__ for module in (tcnn.convert.timm_models, tcnn.models) for v in vars(module).values()
+    classes = {v.__name__ for module in (tcnn.models.create, tcnn.models) for v in vars(module).values()
                if isinstance(v, type) and v.__module__.startswith('tcnn.')}
     assert 'TransformedResNet' in classes and 'TResNet' not in classes
+
+
+def test_entrypoints_are_found_by_name():
+    # each t_* entrypoint is tcnn.models' attribute of its name, as timm's are of their model modules
+    from tcnn.models import t_resnet50d
+    assert t_resnet50d is timm.models.model_entrypoint('t_resnet50d') and t_resnet50d.__name__ == 't_resnet50d'
+    assert set(tcnn.models.__all__) >= {f't_{s}' for s in SOURCE_MODELS} and 't_convnext_tiny' in tcnn.models.__all__
     assert issubclass(TransformedResNet, timm.models.resnet.ResNet)
 
 
@@ -447,7 +454,7 @@ def test_families_registered_with_their_own_classes():
         assert cls.__name__ == f'Transformed{source_class.__name__}' and cls.__mro__[1:3] == (TransformedModel,
                                                                                            source_class)
         # pickles by name
-        assert transformed_class(source_class) is cls is getattr(tcnn.convert.timm_models, cls.__name__)
+        assert transformed_class(source_class) is cls is getattr(tcnn.models.create, cls.__name__)
     assert transformed_class(timm.models.resnet.ResNet) is TransformedResNet
     cfg = timm.models.get_pretrained_cfg('t_convnext_atto')
     source_cfg = timm.models.get_pretrained_cfg('convnext_atto')

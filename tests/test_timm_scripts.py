@@ -143,21 +143,21 @@ def _train_py_parser() -> argparse.ArgumentParser:
 def test_recipe_expands_to_train_py_flags_with_the_recipes_values():
     recipe = resolve_recipe(find_recipe('t_resnet50_rs'))
     args = _train_py_parser().parse_args(recipe_flags(recipe))
-    assert args.model == 't_resnetrs50' and args.pretrained and args.img_size == recipe['img_size']
-    assert args.drop_path == recipe['drop_path_rate'] and args.batch_size == recipe['batch_size']
-    assert args.opt == recipe['opt'] == 'adamw' and args.weight_decay == recipe['weight_decay'] == 0.05
+    assert args.model == 't_resnetrs50' and args.pretrained and args.img_size == recipe.img_size
+    assert args.drop_path == recipe.drop_path_rate and args.batch_size == recipe.batch_size
+    assert args.opt == recipe.opt == 'adamw' and args.weight_decay == recipe.weight_decay == 0.05
     # the lr as train.py's own batch rule: lr_base at lr_base_size, linear (tcnn's rule)
-    assert (args.lr, args.lr_base, args.lr_base_size, args.lr_base_scale) == (None, recipe['lr'],
-                                                                              recipe['lr_base_batch'], 'linear')
+    assert (args.lr, args.lr_base, args.lr_base_size, args.lr_base_scale) == (None, recipe.lr,
+                                                                              recipe.lr_base_batch, 'linear')
     # the warm-up as a prefix: train.py runs epochs + warmup-epochs = the recipe's epochs
-    assert args.warmup_prefix and args.epochs + args.warmup_epochs == recipe['epochs'] == 50
-    assert args.warmup_epochs == recipe['warmup_epochs'] and args.sched == 'cosine' and args.sched_on_updates
+    assert args.warmup_prefix and args.epochs + args.warmup_epochs == recipe.epochs == 50
+    assert args.warmup_epochs == recipe.warmup_epochs and args.sched == 'cosine' and args.sched_on_updates
     # the warm-up start and the floor scaled with the global batch as tcnn train does (train.py scales only the lr)
-    assert (args.warmup_lr, args.min_lr) == (recipe['warmup_lr'] * 128 / 1024, recipe['min_lr'] * 128 / 1024)
-    assert args.aa == recipe['aa'] == 'rand-m9-mstd0.5-inc1' and args.mixup == 0.8 and args.cutmix == 1.0
-    assert args.reprob == 0.25 and args.smoothing == 0.1 and args.mixup_switch_prob == recipe['mixup_switch_prob']
-    assert args.scale == recipe['scale'] and args.opt_eps == recipe['opt_eps'] and args.momentum == recipe['momentum']
-    assert args.train_interpolation == recipe['interpolation'] and args.grad_accum_steps == recipe['accum_steps']
+    assert (args.warmup_lr, args.min_lr) == (recipe.warmup_lr * 128 / 1024, recipe.min_lr * 128 / 1024)
+    assert args.aa == recipe.aa == 'rand-m9-mstd0.5-inc1' and args.mixup == 0.8 and args.cutmix == 1.0
+    assert args.reprob == 0.25 and args.smoothing == 0.1 and args.mixup_switch_prob == recipe.mixup_switch_prob
+    assert args.scale == recipe.scale and args.opt_eps == recipe.opt_eps and args.momentum == recipe.momentum
+    assert args.train_interpolation == recipe.interpolation and args.grad_accum_steps == recipe.accum_steps
 
 
 def test_explicit_flags_win_over_the_recipe(capsys):

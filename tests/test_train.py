@@ -25,11 +25,10 @@ from tcnn.data.transforms import build_transforms
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict
-from tcnn.train.run_folder import read_checkpoint
+from tcnn.files.run_folder import read_checkpoint
 from tcnn.train.builders import create_model
 from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
-from tcnn.train.recipe import RECIPE_KEYS, bundled_recipes, default_recipe, load_recipe, parse_set, resolve_recipe, \
-    scaled_lrs
+from tcnn.train.recipe import RECIPE_KEYS, Recipe, bundled_recipes, load_recipe, parse_set, resolve_recipe, scaled_lrs
 
 from devices import device_args
 from imagegen import make_image_folder
@@ -129,13 +128,13 @@ PAPER = {  # recipe: (timm model, fine-tuning resolution, stochastic depth); Tab
 def test_paper_recipes(name):
     recipe = resolve_recipe(os.path.join(RECIPES, f'{name}.yaml'))
     model, size, dpr = PAPER[name]
-    assert timm.is_model(recipe['model']) and recipe['model'] == model
-    assert (recipe['img_size'], recipe['drop_path_rate']) == (size, dpr)
+    assert timm.is_model(recipe.model) and recipe.model == model
+    assert (recipe.img_size, recipe.drop_path_rate) == (size, dpr)
     shared = {'epochs': 50, 'opt': 'adamw', 'lr': 1e-4, 'gating_lr': 0.1, 'lr_base_batch': 1024, 'scale_lr': True,
               'warmup_epochs': 5, 'sched': 'cosine', 'aa': 'rand-m9-mstd0.5-inc1', 'mixup': 0.8, 'cutmix': 1.0,
               'reprob': 0.25, 'smoothing': 0.1, 'locality_strength': 1.0, 'gating_init': 1.0, 'no_sa': False}
-    assert {k: recipe[k] for k in shared} == shared
-    assert isinstance(recipe['lr'], float)  # '1.0e-4' in YAML, checked as a float
+    assert {k: getattr(recipe, k) for k in shared} == shared
+    assert isinstance(recipe.lr, float)  # '1.0e-4' in YAML, checked as a float
 
 
 def test_every_recipe_file_is_listed():
@@ -147,7 +146,7 @@ def test_bundled_recipes_by_name_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # e.g. after `pip install`, far from the repository's recipes/
     assert bundled_recipes() == sorted(PAPER)
     assert load_recipe('t_resnet152_d')['model'] == 'resnet152d'
-    assert resolve_recipe('t_resnet50_rs.yaml')['img_size'] == 224
+    assert resolve_recipe('t_resnet50_rs.yaml').img_size == 224
     with pytest.raises(TcnnError, match=r"'t_resnet51_rs' is neither a file nor a bundled recipe.*t_resnet50_rs"):
         load_recipe('t_resnet51_rs')
 
@@ -158,9 +157,9 @@ def test_recipe_precedence_and_coercion(tmp_path):
     recipe = load_recipe(str(path))
     assert recipe['lr'] == 2e-4 and recipe['model'] == 'resnetrs50' and recipe['epochs'] == 7  # PyYAML: '2e-4' str
     resolved = resolve_recipe(str(path), {'lr': 3e-4, 'epochs': 9}, ['lr=5e-4', 'stages=[3, 4]', 'qk_dim=null'])
-    assert resolved['lr'] == 5e-4 and resolved['epochs'] == 9 and resolved['stages'] == [3, 4]
-    assert resolved['gating_lr'] == 0.1 and resolved['qk_dim'] is None
-    assert set(default_recipe()) == set(RECIPE_KEYS)
+    assert resolved.lr == 5e-4 and resolved.epochs == 9 and resolved.stages == [3, 4]
+    assert resolved.gating_lr == 0.1 and resolved.qk_dim is None
+    assert list(Recipe().to_dict()) == list(RECIPE_KEYS)
 
 
 @pytest.mark.parametrize('text, message', [
@@ -193,16 +192,16 @@ def test_bad_set_items(item, message):
 def test_explicit_learning_rates_are_absolute():
     """As in timm, the batch rule scales a recipe's learning rates, never one the user typed (issue 25)."""
     recipe = resolve_recipe('t_resnet50_d', {'lr': 1e-3}, [])
-    assert recipe['absolute_lrs'] == ['lr']
+    assert recipe.absolute_lrs == ['lr']
     lrs = scaled_lrs(recipe, global_batch=64)
     assert lrs['lr'] == 1e-3 and math.isclose(lrs['gating_lr'], 0.1 * 64 / 1024)  # not 6.25e-5
     assert math.isclose(lrs['warmup_lr'], 1e-6 * 64 / 1024)
     recipe = resolve_recipe(None, {}, ['gating_lr=0.5', 'min_lr=0'])
-    assert recipe['absolute_lrs'] == ['gating_lr', 'min_lr']
+    assert recipe.absolute_lrs == ['gating_lr', 'min_lr']
     lrs = scaled_lrs(recipe, global_batch=256)
     assert math.isclose(lrs['lr'], 2.5e-5) and lrs['gating_lr'] == 0.5 and lrs['min_lr'] == 0
     path = resolve_recipe('t_resnet50_d')  # a recipe's own values are scaled
-    assert path['absolute_lrs'] == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
+    assert path.absolute_lrs == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
     with pytest.raises(TcnnError, match="absolute_lrs"):
         resolve_recipe(None, {}, ['absolute_lrs=[momentum]'])
 
@@ -237,7 +236,7 @@ def test_print_config(capsys):
 
 def test_param_groups_and_gating_lr_ratio():
     model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), verify=False)
-    recipe = dict(default_recipe(), epochs=4, warmup_epochs=2)
+    recipe = Recipe(epochs=4, warmup_epochs=2)
     lrs = scaled_lrs(recipe, global_batch=256)
     assert lrs['factor'] == 0.25 and math.isclose(lrs['lr'], 2.5e-5) and math.isclose(lrs['gating_lr'], 0.025)
 
@@ -257,7 +256,7 @@ def test_param_groups_and_gating_lr_ratio():
     updates_per_epoch = 5
     scheduler = create_scheduler(optimizer, recipe, updates_per_epoch, lrs['warmup_lr'], lrs['min_lr'])
     trace = []
-    for step in range(recipe['epochs'] * updates_per_epoch + 1):
+    for step in range(recipe.epochs * updates_per_epoch + 1):
         scheduler.step_update(step)
         t = group_lrs(optimizer)
         trace.append(t)
@@ -265,7 +264,7 @@ def test_param_groups_and_gating_lr_ratio():
         assert math.isclose(t['gating_lr'] / t['lr'], 1000.0, rel_tol=1e-9)
         assert all(math.isclose(g['lr'], t['lr']) for g in optimizer.param_groups if g['group_name'] != 'gating')
     base = [t['lr'] for t in trace]
-    peak = recipe['warmup_epochs'] * updates_per_epoch
+    peak = recipe.warmup_epochs * updates_per_epoch
     assert math.isclose(base[0], lrs['warmup_lr']) and math.isclose(base[peak], lrs['lr'])
     assert all(a < b for a, b in zip(base[:peak], base[1:peak + 1]))  # warm-up rises
     assert all(a > b for a, b in zip(base[peak:-1], base[peak + 1:]))  # cosine decays
@@ -485,7 +484,7 @@ def evaluate_checkpoint(path, ema=False):
     model = model_from_dict(ckpt['model_file'])
     if ema:
         model.load_state_dict(ckpt['ema'])
-    recipe = ckpt['config']
+    recipe = Recipe.from_dict(ckpt['config'])
     data = open_training_data(recipe)
     _, data.val.transform = build_transforms(recipe, recipe_data_config(recipe, model))
     return validate(model, DataLoader(data.val, batch_size=5), device=torch.device('cpu'),

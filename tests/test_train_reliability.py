@@ -341,10 +341,10 @@ def test_bad_numbers_fail_before_any_file(data_dir, tmp_path, capsys, args, mess
 def test_short_run_shortens_the_warmup_with_a_notice(capsys):
     notes = []
     recipe = resolve_recipe('t_resnet50_d', {'epochs': 2}, [], notes)
-    assert recipe['warmup_epochs'] == 0 and len(notes) == 1 and 'shortened from 5 to 0' in notes[0]
-    assert resolve_recipe('t_resnet50_d', {'epochs': 20}, [])['warmup_epochs'] == 5  # fits: unchanged
+    assert recipe.warmup_epochs == 0 and len(notes) == 1 and 'shortened from 5 to 0' in notes[0]
+    assert resolve_recipe('t_resnet50_d', {'epochs': 20}, []).warmup_epochs == 5  # fits: unchanged
     recipe = resolve_recipe('t_resnet50_d', {'epochs': 4}, ['warmup_epochs=2'])  # explicit: kept
-    assert recipe['warmup_epochs'] == 2
+    assert recipe.warmup_epochs == 2
 
 
 def test_small_run_first_try(data_dir, tmp_path, capsys):

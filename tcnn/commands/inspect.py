@@ -48,7 +48,7 @@ def parse_query(text: Optional[str]) -> Optional[Tuple[float, float]]:
 
 
 def _parts(text: str) -> List[str]:
-    from ..evaluation.analysis import ATTENTION_PARTS
+    from ..analysis.heads import ATTENTION_PARTS
     parts = [p.strip() for p in text.split(',') if p.strip()]
     bad = [p for p in parts if p not in ATTENTION_PARTS]
     if bad or not parts:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.images import denormalize, load_images
     from ..files import loading
     from ..convert.settings import gpsa_layers
-    from ..evaluation import analysis
+    from ..analysis import heads
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     all_paths = list(args.image) + [p for p in extra if p not in args.image]
     batches = (load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
                for i in range(0, len(all_paths), args.batch_size))
-    summary = analysis.summarize(model, batches if all_paths else None)
+    summary = heads.summarize(model, batches if all_paths else None)
     summary.update({'source': os.path.abspath(args.model), 'weights': 'ema' if args.use_ema else 'raw',
                     'images': all_paths, 'sample': sample, 'data_config': {
         k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}})
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     maps = None
     if args.image:  # before writing anything: a --query outside the image must not leave half the figures
         x = load_images(args.image, cfg).to(args.device)
-        maps = analysis.attention_maps(model, x, query)
+        maps = heads.attention_maps(model, x, query)
         images = denormalize(x.cpu(), cfg)
     with output_dir(args.out):
         written = _write_figures(args, summary, maps, images if maps is not None else None, parts)
@@ -120,12 +120,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts: List[str]) -> List[str]:
-    from ..evaluation import plots
+    from ..analysis import figures
     written = [atomic_write_text(os.path.join(args.out, 'summary.json'), json.dumps(summary, indent=2) + '\n'),
-               plots.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
+               figures.plot_summary(summary, os.path.join(args.out, 'heads.png'))]
     if maps is not None:
         for i, (path, fig_name) in enumerate(zip(args.image, _figure_names(args.image))):
-            written.append(plots.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
+            written.append(figures.plot_attention(maps, images[i], os.path.join(args.out, fig_name), index=i,
                                                 parts=parts, title=os.path.basename(path)))
     return written
 

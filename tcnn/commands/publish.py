@@ -1,7 +1,7 @@
 """``tcnn publish FILE --out DIR [--push ORG/NAME]``: a T-CNN as a Hugging Face Hub folder, the timm way.
 
 DIR gets timm's ``config.json`` and ``model.safetensors`` (``timm.models.save_for_hf``) and a model card
-``README.md`` (``tcnn.files.hub_folder``, ``tcnn.files.model_card``); ``timm.create_model('local-dir:DIR',
+``README.md`` (``tcnn.files.hub_folder``, ``tcnn.evaluation.model_card``); ``timm.create_model('local-dir:DIR',
 pretrained=True)`` (with ``import tcnn``) and
 ``tcnn.load(DIR)`` rebuild the T-CNN from it. ``--push`` uploads it with timm's ``push_to_hf_hub``, after DIR is
 written, so an upload that fails (offline, not logged in) leaves DIR to upload later.
@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.file):
         check_input_file(args.file, 'FILE')
 
-    from ..files import hub_folder as hf, model_card
+    from ..evaluation import model_card
+    from ..files import hub_folder as hf
 
     model, d, metrics = hf.read_published(args.file)
     # the card names the folder by its name only: the machine's paths stay on the machine

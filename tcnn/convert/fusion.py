@@ -4,7 +4,7 @@ RepVGG (arXiv:2101.03697) and MobileOne (arXiv:2206.04040) blocks train as sever
 1x1 conv + BN and an identity BN, summed; their ``reparameterize()`` fuses the branches into one k x k conv for
 inference. In a T-CNN the k x k conv of such a block is a GPSA layer, so timm's fusion, which reads the conv's
 ``weight``, cannot run. ``reparameterize_`` (``tcnn.convert.transform``) re-classes every such block that holds a
-GPSA layer into the subclass below (adding methods only, as ``tcnn.convert.timm_models`` does for whole models), whose
+GPSA layer into the subclass below (adding methods only, as ``tcnn.models.create`` does for whole models), whose
 ``reparameterize()`` fuses what is exact and leaves the attention as it is:
 
 * each k x k branch's BN into its GPSA layer's output projection and bias (the GPSA output is linear in

@@ -104,8 +104,8 @@ def reparameterize(
 
     The input model is left untouched (``reparameterize_`` converts in place). Each GPSA layer holds its conv's
     filter (T-CNN eq. 6) and starts at ``locality_strength``/``gating_init`` (the paper's fine-tuning init is
-    1.0/1.0, on the verge of locality, which moves the outputs away from the CNN's by design: 17-33% of the logits on
-    random-weight ResNets; ``locality_strength=50, gating_init=25`` gives a T-CNN that *is* the CNN in float32).
+    1.0/1.0, on the verge of locality, which moves the outputs away from the CNN's by design (README, "Exactness", gives
+    the size); ``locality_strength=50, gating_init=25`` gives a T-CNN that *is* the CNN in float32).
 
     A model that has GPSA layers already (a second conversion, ``reparameterize(reparameterize(cnn), stages=...)``)
     is refused at once, with the fix: convert every stage in one call. Merging was the other choice; it is not taken

@@ -2,12 +2,15 @@
 asks for it: T-CNN files store it, exported files carry it, evaluation and the CLI's images use it, a training run
 overrides it with its recipe. Nothing here opens a dataset: saving and exporting a model import this module only.
 """
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 import torch.nn as nn
 from timm.data import resolve_data_config
 
 from ..errors import check_number
+
+if TYPE_CHECKING:
+    from ..train.recipe import Recipe
 
 __all__ = ['DATA_CONFIG_KEYS', 'data_config', 'dense_data_config', 'recipe_data_config', 'check_image_options']
 
@@ -83,12 +86,13 @@ def dense_data_config(name: str) -> Dict[str, Any]:
             'std': tuple(transform.std)}
 
 
-def recipe_data_config(recipe: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:
+def recipe_data_config(recipe: 'Recipe', model: nn.Module) -> Dict[str, Any]:
     """Eval preprocessing of a training run: the model's (``data_config``), overridden by the recipe."""
-    cfg = data_config(model, img_size=recipe['eval_img_size'] or recipe['img_size'])
+    cfg = data_config(model, img_size=recipe.eval_img_size or recipe.img_size)
     for key in ('interpolation', 'mean', 'std', 'crop_pct'):
-        if recipe[key] is not None:
-            cfg[key] = tuple(recipe[key]) if isinstance(recipe[key], (list, tuple)) else recipe[key]
+        value = getattr(recipe, key)
+        if value is not None:
+            cfg[key] = tuple(value) if isinstance(value, (list, tuple)) else value
     return cfg
 
 

@@ -2,13 +2,16 @@
 splits, with the class count they imply checked against the recipe's."""
 import dataclasses
 import os
-from typing import Any, List, Mapping, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from torch.utils.data import Dataset
 
 from ..errors import TcnnError
 from .folders import open_dataset
 from .readers import StreamDataset, is_reader_spec, open_reader_datasets
+
+if TYPE_CHECKING:
+    from ..train.recipe import Recipe
 
 __all__ = ['TrainingData', 'class_names', 'num_images', 'open_training_data']
 
@@ -51,7 +54,7 @@ def num_images(dataset: Dataset) -> int:
     return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
 
 
-def open_training_data(recipe: Mapping[str, Any], resumed: bool = False) -> TrainingData:
+def open_training_data(recipe: 'Recipe', resumed: bool = False) -> TrainingData:
     """Open the recipe's ``data`` (an ImageFolder root or a timm reader spec) at its train and val splits.
 
     Args:
@@ -64,20 +67,20 @@ def open_training_data(recipe: Mapping[str, Any], resumed: bool = False) -> Trai
             states (a model trained on classes 0-2 of a 1000-class head learns nothing useful).
     """
     r = recipe
-    if not r['data']:
+    if not r.data:
         raise TcnnError('no data: pass --data DIR (ImageFolder layout with train/ and val/) or a timm reader '
                         '(wds/FOLDER, hfds/NAME, ...)')
-    if is_reader_spec(r['data']):
+    if is_reader_spec(r.data):
         train, val, known = open_reader_datasets(
-            r['data'], r['train_split'], r['val_split'], num_classes=r['num_classes'], batch_size=r['batch_size'],
-            seed=r['seed'], skip_bad_images=r['skip_bad_images'])
-        where = f'the classes of {r["data"]}'
+            r.data, r.train_split, r.val_split, num_classes=r.num_classes, batch_size=r.batch_size,
+            seed=r.seed, skip_bad_images=r.skip_bad_images)
+        where = f'the classes of {r.data}'
     else:
-        train = open_dataset(r['data'], r['train_split'], skip_bad_images=r['skip_bad_images'])
-        val = open_dataset(r['data'], r['val_split'], class_map=train.class_to_idx,
-                           skip_bad_images=r['skip_bad_images'])
-        known, where = len(train.class_to_idx), f'the class folders of {os.path.join(r["data"], r["train_split"])}'
-    given = r['num_classes']
+        train = open_dataset(r.data, r.train_split, skip_bad_images=r.skip_bad_images)
+        val = open_dataset(r.data, r.val_split, class_map=train.class_to_idx,
+                           skip_bad_images=r.skip_bad_images)
+        known, where = len(train.class_to_idx), f'the class folders of {os.path.join(r.data, r.train_split)}'
+    given = r.num_classes
     if given is not None and known is not None and given != known:
         if resumed:
             raise TcnnError(f'the resumed run\'s model has {given} classes, the data {known} ({where}): resume with '

@@ -1,9 +1,12 @@
 """The recipe's augmentation: timm's training transform (DeiT's RandAugment, random erasing, colour jitter) and its
 evaluation transform, made safe for every supported Pillow (``posterize``)."""
-from typing import Any, Callable, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Tuple
 
 from PIL import Image, ImageOps
 from timm.data import create_transform
+
+if TYPE_CHECKING:
+    from ..train.recipe import Recipe
 
 __all__ = ['build_transforms', 'posterize']
 
@@ -30,12 +33,12 @@ def _safe_ops(transform: Callable) -> Callable:
     return transform
 
 
-def build_transforms(recipe: Mapping[str, Any], data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
+def build_transforms(recipe: 'Recipe', data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
     """timm's training transform with the recipe's augmentation and its evaluation transform."""
     train = create_transform(
-        recipe['img_size'], is_training=True, auto_augment=recipe['aa'], color_jitter=recipe['color_jitter'],
-        re_prob=recipe['reprob'], re_mode=recipe['remode'], re_count=recipe['recount'],
-        scale=tuple(recipe['scale']) if recipe.get('scale') else None,
+        recipe.img_size, is_training=True, auto_augment=recipe.aa, color_jitter=recipe.color_jitter,
+        re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount,
+        scale=tuple(recipe.scale) if recipe.scale else None,
         interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']))
     val = create_transform(
         data_cfg['input_size'][-1], is_training=False, interpolation=data_cfg['interpolation'],

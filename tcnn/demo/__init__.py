@@ -9,7 +9,7 @@
    fine-tuning recipe (AdamW, warm-up + cosine, gating lr, init alpha = lambda = 1); (c) ``t-cnn-late``: the CNN
    fine-tuned for part of the epochs, then reparameterised (Table 3), where the plan has it.
 4. **Evaluation and analysis**: ``tcnn eval`` on the test split and ``test-c``, gates / spans / nonlocality of every
-   T-CNN (``tcnn.evaluation.analysis``), the figures (Fig. 3, 4 and 5 of the paper in miniature), ``results.json`` and a
+   T-CNN (``tcnn.analysis.heads``), the figures (Fig. 3, 4 and 5 of the paper in miniature), ``results.json`` and a
    ``README.md`` that says what the numbers mean, whatever their sign, and how far they lie from the distribution
    documented for the plan (``tcnn.demo.reference``, measured over many full-pipeline seeds).
 
@@ -18,7 +18,7 @@ fine-tuning's and the GPSA layers' query/key init), so the spread over seeds inc
 another machine's torch build changes first.
 
 Every step goes through the project's public code paths (the ``tcnn`` command's ``train`` and ``eval``, ``tcnn.load``,
-``tcnn.save``, ``tcnn.reparameterize``, ``tcnn.evaluation.analysis``, ``tcnn.evaluation.plots``), so the demo is also
+``tcnn.save``, ``tcnn.reparameterize``, ``tcnn.analysis.heads``, ``tcnn.evaluation.plots``), so the demo is also
 their end-to-end check. Training runs are ``tcnn train`` processes, several at once on a CPU (see
 ``tcnn.demo.pool``). An interrupted demo continues where it stopped when the same command is run again (every
 training run resumes from its ``last.pt``).

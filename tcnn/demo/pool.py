@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import TcnnError
-from ..train import run_folder
+from ..files import run_folder
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from .plan import Plan
 

@@ -241,7 +241,7 @@ def _readme_details(results: Mapping[str, Any]) -> str:
             'σ = 1/√(2α), tokens', 'nonlocality, tokens', 'nonlocality on real keys, tokens',
             'attention on padding, %', 'train s'], per_seed)}
 
-Means over heads and GPSA layers, with `tcnn.evaluation.analysis` (docs/analysis.md, "What the numbers mean"). Gate:
+Means over heads and GPSA layers, with `tcnn.analysis.heads` (docs/analysis.md, "What the numbers mean"). Gate:
 sigma(lambda) (1: positional attention only, 0: content only). Span: 1/alpha, in tokens² (not a distance); σ: the
 width (standard deviation) of the positional Gaussian, in tokens. Nonlocality (ConViT eq. 8): mean distance between a
 query and the keys it attends to (gated attention), in tokens of the layers' input grid
@@ -345,7 +345,7 @@ apart is local; finding which kind is the single one needs the shapes to be comp
 2. From the seed's CNN, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
    `t-cnn` (`tcnn.reparameterize`, verified, then the recipe){late}.
 3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
-   with `tcnn.evaluation.analysis`, attention maps with `tcnn inspect`.
+   with `tcnn.analysis.heads`, attention maps with `tcnn inspect`.
 
 Changes from the paper's fine-tuning recipe:
 

@@ -1,5 +1,5 @@
 """The demo's steps after training and what they put in ``results.json``: ``tcnn eval`` of every model on the test
-split and ``test-c``, gates / spans / nonlocality of every T-CNN (``tcnn.evaluation.analysis``), the figures
+split and ``test-c``, gates / spans / nonlocality of every T-CNN (``tcnn.analysis.heads``), the figures
 (Fig. 3, 4 and 5 of the paper in miniature, the attention maps with ``tcnn inspect``), the statistics over seeds
 and the environment the numbers depend on.
 """
@@ -16,7 +16,8 @@ from ..cli import main
 from ..data.config import data_config
 from ..data.images import find_images, load_images
 from ..errors import TcnnError
-from ..evaluation import analysis, plots
+from ..analysis import heads
+from ..evaluation import plots
 from ..evaluation.plots import load_metrics
 from ..files import loading
 from ..train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED
@@ -73,7 +74,7 @@ def _analyse(ctx: Context, model_file: str) -> Dict[str, Any]:
     paths = _test_images(ctx, ctx.plan.nonlocality_images)
     batches = (load_images(paths[i:i + 64], cfg).to(ctx.device) for i in range(0, len(paths), 64))
     with torch.no_grad():
-        summary = analysis.summarize(model, batches)
+        summary = heads.summarize(model, batches)
     return {'num_images': summary['num_images'], 'units': summary['units'], 'layers': {
         name: {k: entry[k] for k in ('gate', 'span', 'sigma', 'nonlocality', 'nonlocality_content',
                                      'nonlocality_positional', 'nonlocality_real', 'padding_share', 'grid', 'token_px',
@@ -81,7 +82,7 @@ def _analyse(ctx: Context, model_file: str) -> Dict[str, Any]:
         for name, entry in summary['layers'].items()}}
 
 
-# Layer means of tcnn.evaluation.analysis.summarize that the report shows (their units: tcnn.evaluation.analysis.UNITS).
+# Layer means of tcnn.analysis.heads.summarize that the report shows (their units: tcnn.analysis.heads.UNITS).
 ANALYSIS_MEANS = ('gate_mean', 'span_mean', 'sigma_mean', 'nonlocality_mean', 'nonlocality_real_mean',
                   'padding_share_mean')
 

@@ -19,7 +19,7 @@ from ..convert.transform import reparameterize
 from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
 from ..files import loading, tcnn_file as tio
 from ..paths import check_output_dir
-from ..train import run_folder
+from ..files import run_folder
 from . import synthetic
 from .plan import CNN, DATA_SEED, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, PLANS, run_name, warmup_epochs
 from .pool import Context, Run, loader_workers, parallel_layout, train_all

@@ -2,7 +2,7 @@
 
 A Hub folder is what timm's ``save_for_hf`` writes, ``config.json`` (the ``t_*`` architecture, its ``model_args``
 with every conversion setting, the data config) and ``model.safetensors`` (with the weights' checksums in its
-metadata, which every load checks), plus a model card ``README.md`` (``tcnn.files.model_card``). config.json also
+metadata, which every load checks), plus a model card ``README.md`` (``tcnn.evaluation.model_card``). config.json also
 holds tcnn's facts under the key ``'tcnn'`` (timm ignores keys it does not know).
 
 ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` (with ``import tcnn``) and
@@ -27,11 +27,11 @@ from timm.models._hub import load_model_config_from_path  # what 'local-dir:' na
 from timm.models._hub import save_config_for_hf
 
 from ..atomic import atomic_write
-from ..convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
+from ..convert.settings import ConversionSettings, gpsa_layers
 from ..errors import InvalidArgumentError, TcnnError
 from ..paths import HUB_PREFIXES, check_replaceable_dir
-from ..train import run_folder
 from ..version import __version__
+from . import run_folder
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
 from .tcnn_file import model_from_dict, read, safetensors_error, safetensors_tensors, unwrap_model
 from .weights import (check_map_location, error_reason, gpsa_layer_names, hub_unreachable, source_model_name,
@@ -166,7 +166,7 @@ def verify_hub_weights(state_dict: Dict[str, torch.Tensor], location: str) -> No
 
 # ---------------------------------------------------------------------------------------------- t_* models' weights
 # ``timm.create_model('local-dir:DIR' | 'hf-hub:ORG/NAME', pretrained=True)`` reads DIR/config.json, passes its
-# ``model_args`` (the conversion settings among them, see ``_model_args`` in ``tcnn.convert.timm_models``) to the
+# ``model_args`` (the conversion settings among them, see ``_model_args`` in ``tcnn.models.create``) to the
 # entrypoint named by its
 # ``architecture`` and its ``pretrained_cfg`` with the weights' location ('source': 'local-dir' or 'hf-hub'). Those
 # weights are the T-CNN's own: timm's ``load_pretrained`` fetches them and ``check_folder_weights`` makes sure they
@@ -186,15 +186,10 @@ def timm_location(cfg: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def folder_config(
-        variant: str,
-        location: Dict[str, str],
-        conversion: Dict[str, Any],
-        kwargs: Dict[str, Any],
-) -> Dict[str, Any]:
+def folder_config(variant: str, location: Dict[str, str]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``pretrained_cfg_overlay=dict(file=FOLDER)`` or ``dict(hf_hub_id=ORG/NAME)``: read the folder's config.json as
-    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does (its ``model_args`` become defaults of the
-    keyword arguments, its pretrained config describes the weights) and return that pretrained config."""
+    ``timm.create_model('local-dir:FOLDER' | 'hf-hub:ORG/NAME')`` does. Returns its pretrained config (which
+    describes the weights) and its ``model_args`` (defaults of the entrypoint's keyword arguments)."""
     folder, hub_id = location.get('file'), location.get('hf_hub_id')
     where = f'hf-hub:{hub_id}' if hub_id else folder
     try:
@@ -213,9 +208,7 @@ def folder_config(
         name = where if hub_id else f'local-dir:{folder}'
         raise TcnnError(f'{where} holds {architecture} ({what}): load it with '
                         f'timm.create_model("{name}", pretrained=True) or tcnn.load')
-    for key, value in model_args.items():
-        (conversion if key in CONVERSION_KEYS else kwargs).setdefault(key, value)
-    return cfg
+    return cfg, dict(model_args)
 
 
 def check_folder_weights(

@@ -51,8 +51,8 @@ from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, c
                       state_dict_misfit, torchvision_task, transformed_model_name)
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
-           'read_raw', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of', 'check_extension',
-           'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY', 'unwrap_model',
+           'read_raw', 'check_dict', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of',
+           'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY', 'unwrap_model',
            'safetensors_tensors', 'safetensors_error']
 
 _METADATA_KEY = 'tcnn'
@@ -333,7 +333,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
 LIGHTNING_KEY = 'pytorch-lightning_version'  # in every checkpoint of Lightning's Trainer (lightning 1.x and 2.x)
 
 
-def _check_dict(d: Any, where: str) -> Dict[str, Any]:
+def check_dict(d: Any, where: str) -> Dict[str, Any]:
     """Validate a T-CNN dict (format, version, fields); a training checkpoint yields its ``model_file`` (with
     ``'training'``: epoch and best top-1, and ``'recipe'``: the run's resolved recipe, if a dict)."""
     if isinstance(d, dict) and isinstance(d.get('model_file'), dict) and 'format' not in d:
@@ -431,7 +431,7 @@ def model_from_dict(
         The model in eval mode.
     """
 
-    d = _check_dict(d, where)
+    d = check_dict(d, where)
     state_dict = d['state_dict']
     if map_location is not None:
         state_dict = {k: v.to(map_location) for k, v in state_dict.items()}
@@ -643,7 +643,7 @@ def read(path: str, map_location: Union[str, torch.device, None] = 'cpu', *, ema
 
 def validated(d: Any, where: str, ema: bool) -> Dict[str, Any]:
     """``read``'s checks of what a file held: the T-CNN dict (EMA weights with ``ema``), its checksums verified."""
-    d = _check_dict(_with_ema(d, where) if ema else d, where)
+    d = check_dict(_with_ema(d, where) if ema else d, where)
     verify_checksums(d['state_dict'], d.get(CHECKSUMS_KEY), f'{where} (its EMA weights)' if ema else where)
     return d
 

@@ -2,7 +2,7 @@
 layers and classifier head a state dict holds), create source CNNs by name (timm or torchvision) with pretrained,
 local or random weights, and the names of T-CNNs (``t_NAME``).
 
-Offline behaviour matters here: timm alone retries a download for about 50 s before failing. We look in the local
+Offline behaviour matters here: timm alone retries a download for the better part of a minute before failing. We look in the local
 caches first, then probe the weight host with a short timeout, and fail within seconds with a
 ``WeightsUnavailableError`` whose message names the Python fix (``pretrained=False``, or local weights through
 ``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
@@ -11,8 +11,8 @@ caches first, then probe the weight host with a short timeout, and fail within s
 Weight files are read here, for every file tcnn reads (``tcnn.files.tcnn_file``'s formats included):
 ``load_torch_file`` is the one ``torch.load``, always with ``weights_only=True``. timm and torchvision are imported
 inside the functions that use them: importing timm makes ``tcnn`` register its ``t_*`` models, and ``tcnn.models``
-imports this module, which must therefore be complete before timm loads (torchvision also costs ~0.5 s that the CLI's
-argument checks should not pay).
+imports this module, which must therefore be complete before timm loads (torchvision's import also costs time
+that the CLI's argument checks should not pay).
 """
 import argparse
 import difflib

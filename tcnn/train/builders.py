@@ -6,7 +6,7 @@ global RNG: that is what makes a resume exact, at an epoch end and in the middle
 """
 import dataclasses
 import itertools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,7 @@ from ..errors import TcnnError
 from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
 from ..layers.gpsa import GPSA
 from .distributed import DistContext, ignore_stop_signals
-from .recipe import auto_workers
+from .recipe import Recipe, auto_workers
 
 __all__ = ['EpochSampler', 'Loaders', 'build_loaders', 'loader_seed', 'create_model', 'convert_in_place',
            'copy_gpsa_init', 'build_loss']
@@ -66,27 +66,27 @@ class Loaders:
     workers: int
 
 
-def build_loaders(recipe: Dict[str, Any], train_set, val_set, streaming: bool, ctx: DistContext,
+def build_loaders(recipe: Recipe, train_set, val_set, streaming: bool, ctx: DistContext,
                   log: Callable[..., None]) -> Loaders:
     """The training and validation loaders of the run's two splits (their transforms already set)."""
     r = recipe
-    workers = r['workers'] if r['workers'] is not None else auto_workers(ctx.local_world_size)
-    pin = r['pin_memory'] and ctx.device.type == 'cuda'
+    workers = r.workers if r.workers is not None else auto_workers(ctx.local_world_size)
+    pin = r.pin_memory and ctx.device.type == 'cuda'
     generator = torch.Generator()
     if streaming:
         return _stream_loaders(r, train_set, val_set, ctx, log, workers, pin, generator)
-    sampler = EpochSampler(train_set, ctx.world_size, ctx.rank, r['seed'])
+    sampler = EpochSampler(train_set, ctx.world_size, ctx.rank, r.seed)
     # Non-persistent workers are seeded from the loader's generator, re-seeded every epoch: exact resume.
-    train_loader = DataLoader(train_set, batch_size=r['batch_size'], sampler=sampler, num_workers=workers,
+    train_loader = DataLoader(train_set, batch_size=r.batch_size, sampler=sampler, num_workers=workers,
                               pin_memory=pin, drop_last=True, generator=generator, worker_init_fn=ignore_stop_signals)
     # Validation shards without padding (rank::world), so the summed metrics count every image once.
     val_shard = Subset(val_set, list(range(ctx.rank, len(val_set), ctx.world_size)))
-    val_loader = DataLoader(val_shard, batch_size=r['batch_size'], shuffle=False, num_workers=workers,
+    val_loader = DataLoader(val_shard, batch_size=r.batch_size, shuffle=False, num_workers=workers,
                             pin_memory=pin, worker_init_fn=ignore_stop_signals)
     return Loaders(train_loader, val_loader, sampler, generator, workers)
 
 
-def _stream_loaders(r: Dict[str, Any], train_set, val_set, ctx: DistContext, log: Callable[..., None], workers: int,
+def _stream_loaders(r: Recipe, train_set, val_set, ctx: DistContext, log: Callable[..., None], workers: int,
                     pin: bool, generator: torch.Generator) -> Loaders:
     """Loaders of a stream: timm's reader gives each process and worker its shards (no sampler). Every worker
     needs a shard of its own (an idle one would end the epoch short), so workers are capped at the shards per
@@ -94,46 +94,46 @@ def _stream_loaders(r: Dict[str, Any], train_set, val_set, ctx: DistContext, log
     metrics: a split shared between processes by shards cannot count every image exactly once."""
     per_process = train_set.shards // ctx.world_size
     if per_process == 0:
-        raise TcnnError(f'split {train_set.split!r} of {r["data"]} has {train_set.shards} shard(s) for '
+        raise TcnnError(f'split {train_set.split!r} of {r.data} has {train_set.shards} shard(s) for '
                         f'{ctx.world_size} processes: every process needs at least one; write more shards')
     if workers > per_process:
         log(f'note: {train_set.shards} training shards for {ctx.world_size} process(es): '
             f'{per_process} loader worker(s) per process instead of {workers} (each needs a shard)')
         workers = per_process
     train_set.set_workers(workers)
-    train_loader = DataLoader(train_set, batch_size=r['batch_size'], num_workers=workers, pin_memory=pin,
+    train_loader = DataLoader(train_set, batch_size=r.batch_size, num_workers=workers, pin_memory=pin,
                               drop_last=True, generator=generator, worker_init_fn=ignore_stop_signals)
     val_workers = min(workers, max(1, val_set.shards))
     val_set.set_workers(val_workers)
     val_set.use_every_sample_in_this_process()
-    val_loader = (DataLoader(val_set, batch_size=r['batch_size'], num_workers=val_workers, pin_memory=pin,
+    val_loader = (DataLoader(val_set, batch_size=r.batch_size, num_workers=val_workers, pin_memory=pin,
                              worker_init_fn=ignore_stop_signals) if ctx.is_main else [])
     return Loaders(train_loader, val_loader, None, generator, workers)
 
 
 # ---------------------------------------------------------------------------------------------------- model
 
-def create_model(recipe: Dict[str, Any], num_classes: int) -> nn.Module:
+def create_model(recipe: Recipe, num_classes: int) -> nn.Module:
     """The run's CNN (``tcnn.files.weights.create_cnn``) with the data's class count and the recipe's drop path."""
     kwargs = {}
-    if recipe['drop_path_rate'] > 0:
-        kwargs['drop_path_rate'] = recipe['drop_path_rate']
+    if recipe.drop_path_rate > 0:
+        kwargs['drop_path_rate'] = recipe.drop_path_rate
     try:
-        return create_cnn(recipe['model'], pretrained=recipe['pretrained'], weights=recipe['weights'],
+        return create_cnn(recipe.model, pretrained=recipe.pretrained, weights=recipe.weights,
                           num_classes=num_classes, classes_of="the data's", **kwargs)
     except TypeError as e:  # a timm architecture that does not take one of the kwargs
-        raise TcnnError(f'cannot create {recipe["model"]} with {kwargs}: {e}') from None
+        raise TcnnError(f'cannot create {recipe.model} with {kwargs}: {e}') from None
     except WeightsUnavailableError as e:  # the fix in tcnn train's terms: its flags, not Python arguments
         raise e.with_hint(CLI_HINT) from None
 
 
-def convert_in_place(model: nn.Module, recipe: Dict[str, Any]) -> List[torch.Tensor]:
+def convert_in_place(model: nn.Module, recipe: Recipe) -> List[torch.Tensor]:
     """Replace the k x k convs of ``model`` by verified GPSA layers, keeping every other parameter object (so an
     optimiser that holds them keeps its state). Returns the replaced conv parameters."""
-    removed = [p for _, conv in find_convertible_convs(model, recipe['stages']) for p in conv.parameters()]
+    removed = [p for _, conv in find_convertible_convs(model, recipe.stages) for p in conv.parameters()]
     with full_precision_matmul():
-        reparameterize_(model, ConversionSettings.of(recipe), verify=True,
-                        input_size=(3, recipe['img_size'], recipe['img_size']))
+        reparameterize_(model, ConversionSettings.of(recipe.to_dict()), verify=True,
+                        input_size=(3, recipe.img_size, recipe.img_size))
     return removed
 
 
@@ -149,15 +149,15 @@ def copy_gpsa_init(src: nn.Module, dst: nn.Module) -> None:
 
 # ---------------------------------------------------------------------------------------------------- loss
 
-def build_loss(recipe: Dict[str, Any]) -> Tuple[Optional[Mixup], nn.Module]:
+def build_loss(recipe: Recipe) -> Tuple[Optional[Mixup], nn.Module]:
     """DeiT's: mixup/cutmix with smoothed soft targets, else label smoothing, else plain cross-entropy. Returns the
     batch mixer (None without mixup/cutmix) and the criterion."""
     r = recipe
-    if r['mixup'] > 0 or r['cutmix'] > 0:
-        mixup_fn = Mixup(mixup_alpha=r['mixup'], cutmix_alpha=r['cutmix'], prob=r['mixup_prob'],
-                         switch_prob=r['mixup_switch_prob'], mode=r['mixup_mode'],
-                         label_smoothing=r['smoothing'], num_classes=r['num_classes'])
+    if r.mixup > 0 or r.cutmix > 0:
+        mixup_fn = Mixup(mixup_alpha=r.mixup, cutmix_alpha=r.cutmix, prob=r.mixup_prob,
+                         switch_prob=r.mixup_switch_prob, mode=r.mixup_mode,
+                         label_smoothing=r.smoothing, num_classes=r.num_classes)
         return mixup_fn, SoftTargetCrossEntropy()
-    if r['smoothing'] > 0:
-        return None, LabelSmoothingCrossEntropy(smoothing=r['smoothing'])
+    if r.smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=r.smoothing)
     return None, nn.CrossEntropyLoss()

@@ -38,12 +38,12 @@ import torch
 import torch.nn as nn
 import yaml
 
-from ..evaluation.analysis import attention_maps, nonlocality
+from ..analysis.figures import attention_figure, figure_pixels
+from ..analysis.heads import attention_maps, nonlocality
 from ..convert.settings import gpsa_layers
 from ..data.images import denormalize
 from ..errors import TcnnError, first_line
-from ..evaluation.plots import attention_figure, figure_pixels
-from .recipe import dump_recipe
+from .recipe import Recipe, dump_recipe
 
 __all__ = ['Dashboards', 'check_backends', 'TENSORBOARD_DIR', 'PROBE_IMAGES', 'epoch_scalars']
 
@@ -122,9 +122,9 @@ class _TensorBoard:
         self.writer = SummaryWriter(os.path.join(output, TENSORBOARD_DIR), purge_step=start_step + 1 if start_step
                                     else 0)
 
-    def hparams(self, recipe: Mapping[str, Any]) -> None:
+    def hparams(self, recipe: Recipe) -> None:
         from torch.utils.tensorboard.summary import hparams
-        for summary in hparams(_flat(recipe), {'val/top1': None, 'val/top5': None}):
+        for summary in hparams(_flat(recipe.to_dict()), {'val/top1': None, 'val/top5': None}):
             self.writer.file_writer.add_summary(summary, 0)
         text = ''.join(f'    {line}\n' for line in dump_recipe(recipe).splitlines())  # a markdown code block
         self.writer.add_text('recipe', text, 0)
@@ -149,19 +149,19 @@ class _TensorBoard:
 class _WandB:
     """A Weights & Biases run (``WANDB_MODE=offline`` works; files under ``$WANDB_DIR``, else ``OUTPUT/wandb``)."""
 
-    def __init__(self, output: str, recipe: Mapping[str, Any], run_id: Optional[str]):
+    def __init__(self, output: str, recipe: Recipe, run_id: Optional[str]):
         import wandb
         self.wandb = wandb
-        project = recipe['wandb_project'] or os.environ.get('WANDB_PROJECT') or 'tcnn'
+        project = recipe.wandb_project or os.environ.get('WANDB_PROJECT') or 'tcnn'
         try:  # the config at every start: a resumed run may override recipe keys (--epochs to extend it)
-            self.run = wandb.init(project=project, id=run_id, resume='allow', config=dict(recipe),
+            self.run = wandb.init(project=project, id=run_id, resume='allow', config=recipe.to_dict(),
                                   name=os.path.basename(os.path.normpath(output)),
                                   dir=None if os.environ.get('WANDB_DIR') else output)
         except Exception as e:  # noqa: BLE001 - wandb raises its own errors (no API key, no connection, ...)
             raise TcnnError(f'--log wandb: cannot start the W&B run ({first_line(e)}); log in (wandb login), set '
                             'WANDB_MODE=offline to sync later, or leave out wandb') from e
 
-    def hparams(self, recipe: Mapping[str, Any]) -> None:
+    def hparams(self, recipe: Recipe) -> None:
         pass  # the config, set at every start
 
     def _log(self, values: Mapping[str, Any], step: int) -> None:
@@ -205,7 +205,7 @@ class Dashboards:
         data_config: The model's preprocessing (to show the probe image).
     """
 
-    def __init__(self, backends: List[str] = (), output: str = '', recipe: Optional[Mapping[str, Any]] = None,
+    def __init__(self, backends: List[str] = (), output: str = '', recipe: Optional[Recipe] = None,
                  start_step: int = 0, state: Optional[Mapping[str, Any]] = None, val_set: Any = None,
                  data_config: Optional[Mapping[str, Any]] = None):
         state = state or {}

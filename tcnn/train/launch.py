@@ -7,7 +7,7 @@ datasets (which fixes the number of classes); build the ``Trainer`` (``tcnn.trai
 (``tcnn.files.weights.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the exact
 configuration) unless ``no_sa``, or later for ``reparam_epoch``, build the loaders with the model's preprocessing
 (``tcnn.train.builders``); then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes, through
-``tcnn.train.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),
+``tcnn.files.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),
 ``OUTPUT/status.json`` and the checkpoints ``OUTPUT/last.pt`` / ``OUTPUT/best.pt`` (atomic,
 ``torch.load(weights_only=True)``-loadable; ``tcnn.load`` reads the model out of them).
 
@@ -17,6 +17,7 @@ the state in the middle of the epoch and ``--resume`` continues exactly there. E
 """
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from typing import Any, Optional, Sequence
@@ -29,7 +30,7 @@ from .dashboards import check_backends
 from .distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest, cleanup_distributed, setup_distributed
 from .recipe import dump_recipe
 from .resume import resolve
-from .run_folder import LAST_CHECKPOINT, RunFolder
+from ..files.run_folder import LAST_CHECKPOINT, RunFolder
 from .trainer import Trainer
 
 __all__ = ['add_arguments', 'run', 'main', 'RunStatus']
@@ -52,7 +53,7 @@ class RunStatus:
             return
         info = dict(process_group=self.process_group, **info)
         if trainer is not None:
-            info = dict(epochs=trainer.recipe['epochs'],
+            info = dict(epochs=trainer.recipe.epochs,
                         completed_epochs=trainer.num_updates // trainer.updates_per_epoch,
                         num_updates=trainer.num_updates, **info)
         self.folder.write_status(state, **info)
@@ -71,14 +72,14 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_recipe(recipe), end='')
         return 0
-    output = recipe['output']
+    output = recipe.output
     folder = RunFolder(output)
     if checkpoint is None and os.path.isfile(folder.last):
         raise TcnnError(f'{output} already holds a run ({LAST_CHECKPOINT}): continue it with --resume {output} '
                         f'(or --resume auto) or choose another --output')
     check_output_dir(output, '--output')
-    check_backends(recipe['log'])
-    ctx = setup_distributed(recipe['device'])
+    check_backends(recipe.log)
+    ctx = setup_distributed(recipe.device)
     status = RunStatus(folder, ctx.is_main, ctx.backend)
     trainer, code = None, 1
     try:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             for note in notes if ctx.is_main else ():
                 print(f'note: {note}')
             data = open_training_data(recipe, resumed=checkpoint is not None)
-            recipe['num_classes'] = data.num_classes  # a fresh run may leave it to the data
+            recipe = dataclasses.replace(recipe, num_classes=data.num_classes)  # a fresh run may leave it to the data
             trainer = Trainer(recipe, data, ctx, checkpoint, stop)
             del checkpoint
             if ctx.is_main:

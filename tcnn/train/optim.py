@@ -34,7 +34,7 @@ Late reparameterisation (Table 3) keeps the optimiser: the replaced conv weights
 join as three more groups (``gpsa_decay``, ``gpsa_no_decay``, ``gating``), and the scheduler is rebuilt over all
 groups so that it keeps driving them.
 """
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -44,6 +44,7 @@ from timm.scheduler import create_scheduler_v2
 from ..convert.settings import gpsa_layers
 from ..errors import check_module, check_number
 from ..layers.gpsa import GPSA
+from .recipe import Recipe
 
 __all__ = ['GATING_LR_RATIO', 'param_groups', 'create_optimizer', 'create_scheduler',
            'add_gpsa_groups', 'apply_group_settings', 'group_lrs']
@@ -128,20 +129,20 @@ def param_groups(
     return [{'params': buckets[k], 'group_name': k, 'name': k, **settings[k]} for k in order if buckets[k]]
 
 
-def create_optimizer(model: nn.Module, recipe: Mapping[str, Any], lr: float, gating_lr: float,
+def create_optimizer(model: nn.Module, recipe: Recipe, lr: float, gating_lr: float,
                      gpsa_separate: bool = False) -> torch.optim.Optimizer:
     """timm's ``create_optimizer_v2`` over our explicit groups. ``lr``/``gating_lr`` are the batch-scaled peaks."""
     kwargs = {}
-    if recipe.get('opt_eps') is not None:
-        kwargs['eps'] = recipe['opt_eps']
-    if recipe.get('opt_betas') is not None:
-        kwargs['betas'] = tuple(recipe['opt_betas'])
-    groups = param_groups(model, lr, recipe['weight_decay'], gating_lr, lr_scale=True, gpsa_separate=gpsa_separate)
-    return create_optimizer_v2(groups, opt=recipe['opt'], lr=lr, weight_decay=recipe['weight_decay'],
-                               momentum=recipe['momentum'], **kwargs)
+    if recipe.opt_eps is not None:
+        kwargs['eps'] = recipe.opt_eps
+    if recipe.opt_betas is not None:
+        kwargs['betas'] = tuple(recipe.opt_betas)
+    groups = param_groups(model, lr, recipe.weight_decay, gating_lr, lr_scale=True, gpsa_separate=gpsa_separate)
+    return create_optimizer_v2(groups, opt=recipe.opt, lr=lr, weight_decay=recipe.weight_decay,
+                               momentum=recipe.momentum, **kwargs)
 
 
-def create_scheduler(optimizer: torch.optim.Optimizer, recipe: Mapping[str, Any], updates_per_epoch: int,
+def create_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, updates_per_epoch: int,
                      warmup_lr: float, min_lr: float):
     """Linear warm-up from ``warmup_lr`` to the peak over ``warmup_epochs``, then the decay (cosine by default) to
     ``min_lr`` over the remaining epochs, stepped per optimiser update (``step_update``).
@@ -151,8 +152,8 @@ def create_scheduler(optimizer: torch.optim.Optimizer, recipe: Mapping[str, Any]
     gating group.
     """
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched=recipe['sched'], num_epochs=recipe['epochs'] - recipe['warmup_epochs'],
-        warmup_epochs=recipe['warmup_epochs'], warmup_lr=warmup_lr, warmup_prefix=True, min_lr=min_lr,
+        optimizer, sched=recipe.sched, num_epochs=recipe.epochs - recipe.warmup_epochs,
+        warmup_epochs=recipe.warmup_epochs, warmup_lr=warmup_lr, warmup_prefix=True, min_lr=min_lr,
         step_on_epochs=False, updates_per_epoch=updates_per_epoch)
     return scheduler
 

@@ -1,25 +1,30 @@
-"""Fine-tuning recipes: the keys, their defaults (the paper's shared settings), YAML files and overrides.
+"""Fine-tuning recipes: the typed ``Recipe``, its defaults (the paper's shared settings), YAML files and overrides.
 
-A recipe is a flat dict. ``RECIPE_KEYS`` is its schema: every key has a default, the types it accepts and a help
-line. The defaults are the shared fine-tuning settings of T-CNN (arXiv:2106.05795, section 3): 50 epochs, AdamW,
-global batch 1024, lr 1e-4 after a 5-epoch warm-up then cosine decay, gating lr 0.1, DeiT augmentation. A YAML file
-may name a ``base`` file (relative to itself) whose keys it extends. Precedence, lowest first: defaults, base file,
-recipe file, named command-line flags (``--lr``), ``--set key=value``. The learning rates of the defaults and of
-recipe files are given at the reference batch ``lr_base_batch`` and scaled with the run's global batch; one given on
-the command line is absolute (``absolute_lrs``, timm's rule).
+A recipe is a ``Recipe``: one typed field per key, so that a misspelt key is an error where it is made (an unknown
+key in a YAML file or ``--set`` names the closest keys; ``recipe.lrr`` in code is an AttributeError). Its defaults
+are the shared fine-tuning settings of T-CNN (arXiv:2106.05795, section 3): 50 epochs, AdamW, global batch 1024, lr
+1e-4 after a 5-epoch warm-up then cosine decay, gating lr 0.1, DeiT augmentation. YAML files, ``--set key=value``,
+``config.yaml`` and a checkpoint's ``'config'`` spell the keys as the field names; ``Recipe.to_dict`` is the plain
+form that files and other tools (timm, W&B, TensorBoard) get.
+
+A YAML file may name a ``base`` file (relative to itself) whose keys it extends. Precedence, lowest first: defaults,
+base file, recipe file, named command-line flags (``--lr``), ``--set key=value``. The learning rates of the defaults
+and of recipe files are given at the reference batch ``lr_base_batch`` and scaled with the run's global batch; one
+given on the command line is absolute (``absolute_lrs``, timm's rule).
 """
 import dataclasses
 import difflib
 import math
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+import typing
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
 from .compiling import COMPILE_MODES, compile_mode
 from ..errors import TcnnError
 
-__all__ = ['RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'default_recipe', 'load_recipe', 'parse_set',
+__all__ = ['Recipe', 'RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'load_recipe', 'parse_set',
            'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe',
            'scaled_lrs', 'auto_workers']
 
@@ -32,106 +37,166 @@ BASE_KEY = 'base'  # names a parent recipe file; resolved while loading, never p
 NoneType = type(None)
 
 
+def _key(default: Any, help_text: str, choices: Optional[Tuple[Any, ...]] = None,
+         accepts: Optional[Tuple[type, ...]] = None) -> Any:
+    """A ``Recipe`` field: its default, its help line (``tcnn train --help``, docs/train.md), the values it may take
+    (``choices``) and, where a file or ``--set`` may spell it otherwise than the field's type, the types it accepts
+    (``log: wandb`` for ``[wandb]``)."""
+    metadata = {'help': help_text, 'choices': choices, 'accepts': accepts}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A ``tcnn train`` recipe: every key, typed, with the paper's defaults (T-CNN section 3, Table 1).
+
+    Frozen: a run's recipe changes only through ``apply_overrides`` (checked like ``--set``) or
+    ``dataclasses.replace``. Build one from plain keys with ``Recipe.from_dict``; ``to_dict`` gives them back.
+    """
+    # model and conversion
+    model: str = _key('resnet50d', 'source CNN: a timm name (resnetrs50, resnet50d, ...) or torchvision:NAME')
+    pretrained: bool = _key(True, "start from the library's pretrained weights (false: random init)")
+    weights: Optional[str] = _key(None, 'local checkpoint of the source CNN (instead of downloading)')
+    num_classes: Optional[int] = _key(None, 'classifier size; null: the class count of the data (class folders, '
+                                      'class names); set it for data that does not state it (webdataset labels), '
+                                      'else it must agree')
+    drop_path_rate: float = _key(0.0, 'stochastic depth rate (Table 1: 0.1 for RS-50/101, 0.2 for larger)')
+    no_sa: bool = _key(False, 'Table 1 "without SA" baseline: fine-tune the unconverted CNN')
+    reparam_epoch: Optional[int] = _key(None, 'Table 3 late reparameterisation: train the CNN this many epochs, then '
+                                        'convert and continue with the same optimiser (null: convert at the start)')
+    stages: Union[int, str, List[Any], None] = _key(None, 'stages whose k x k convs become GPSA (null: the default; '
+                                                    'see tcnn convert --list-stages MODEL)')
+    locality_strength: float = _key(1.0, 'initial alpha of every head (paper: 1.0, on the verge of locality)')
+    gating_init: float = _key(1.0, 'initial lambda of every head (paper: 1.0)')
+    qk_dim: Optional[int] = _key(None, 'per-head query/key width (null: min(C_in // heads, C_in // groups))')
+    # data
+    data: Optional[str] = _key(None, 'dataset root in ImageFolder layout, with train/ and val/ class folders')
+    train_split: str = _key('train', 'training sub-folder of the data root')
+    val_split: str = _key('val', 'validation sub-folder of the data root')
+    img_size: int = _key(224, 'fine-tuning resolution (Tables 1 and 5)')
+    eval_img_size: Optional[int] = _key(None, 'evaluation resolution (null: img_size)')
+    crop_pct: Optional[float] = _key(None, "evaluation centre-crop fraction (null: the model's default)")
+    interpolation: Optional[str] = _key('bicubic', "resize interpolation (null: the model's default)",
+                                        ('bilinear', 'bicubic', 'nearest', 'random', None))
+    mean: Optional[List[float]] = _key(None, "normalisation mean (null: the model's default)")
+    std: Optional[List[float]] = _key(None, "normalisation std (null: the model's default)")
+    workers: Optional[int] = _key(None, 'data-loading processes per training process (null: sized to the machine, '
+                                  'the CPUs of this process shared by the local training processes, at most 8)')
+    skip_bad_images: bool = _key(False, 'replace unreadable or truncated training/validation images by readable ones '
+                                 '(logged once each) instead of stopping')
+    pin_memory: bool = _key(True, 'pin host memory of batches (GPU only)')
+    # augmentation (DeiT)
+    aa: Optional[str] = _key('rand-m9-mstd0.5-inc1', 'timm auto-augment policy (null: none)')
+    color_jitter: float = _key(0.3, 'colour jitter (timm ignores it when a RandAugment policy is set)')
+    scale: List[float] = _key([0.08, 1.0], 'area range of the random resized crop, as fractions of the image '
+                              '(timm/DeiT --scale; [1.0, 1.0]: the whole image, for labels that a crop can change)')
+    reprob: float = _key(0.25, 'random erasing probability')
+    remode: str = _key('pixel', 'random erasing mode', ('pixel', 'rand', 'const'))
+    recount: int = _key(1, 'random erasing count')
+    mixup: float = _key(0.8, 'mixup alpha (0: off)')
+    cutmix: float = _key(1.0, 'cutmix alpha (0: off)')
+    mixup_prob: float = _key(1.0, 'probability of applying mixup or cutmix to a batch')
+    mixup_switch_prob: float = _key(0.5, 'probability of cutmix instead of mixup when both are on')
+    mixup_mode: str = _key('batch', 'mixup granularity', ('batch', 'pair', 'elem'))
+    smoothing: float = _key(0.1, 'label smoothing')
+    # optimisation
+    epochs: int = _key(50, 'fine-tuning epochs (SM C also reports 10 and 20)')
+    batch_size: int = _key(128, 'batch per process (global batch = batch_size x processes x accum_steps)')
+    accum_steps: int = _key(1, 'micro-batches accumulated per optimiser update')
+    opt: str = _key('adamw', 'timm optimiser name (the paper: AdamW; SGD was worse)')
+    opt_eps: Optional[float] = _key(1e-8, 'optimiser epsilon (null: its default)')
+    opt_betas: Optional[List[float]] = _key(None, 'optimiser betas (null: its default)')
+    momentum: float = _key(0.9, 'momentum of SGD-like optimisers')
+    weight_decay: float = _key(0.05, 'weight decay of weights (not of norms, biases, positional or gating params)')
+    lr: float = _key(1e-4, 'peak learning rate at the reference global batch lr_base_batch (given by --lr or --set: '
+                     'as is)')
+    gating_lr: float = _key(0.1, 'peak learning rate of the gating parameters at lr_base_batch (given: as is)')
+    lr_base_batch: int = _key(1024, 'global batch at which lr, gating_lr, warmup_lr and min_lr apply')
+    scale_lr: bool = _key(True, 'scale the learning rates linearly with global batch / lr_base_batch (not those in '
+                          'absolute_lrs)')
+    absolute_lrs: List[str] = _key([], 'learning-rate keys used as given, never scaled by the batch rule: the ones '
+                                   'set by --lr, --gating-lr or --set (an lr the user types is the lr the run uses, '
+                                   'as in timm)')
+    sched: str = _key('cosine', 'timm decay schedule after the warm-up, stepped per update', ('cosine', 'tanh', 'poly'))
+    warmup_epochs: int = _key(5, 'linear warm-up epochs (Fig. 4: 5)')
+    warmup_lr: float = _key(1e-6, 'learning rate at the start of the warm-up (at lr_base_batch)')
+    min_lr: float = _key(1e-6, 'learning rate at the end of the cosine decay (at lr_base_batch)')
+    clip_grad: Optional[float] = _key(None, 'clip the gradient norm to this value (null: no clipping)')
+    model_ema: bool = _key(False, 'keep an exponential moving average of the weights (timm ModelEmaV3)')
+    model_ema_decay: float = _key(0.99996, 'EMA decay per update')
+    # runtime
+    device: str = _key('auto', 'auto (cuda if available), cpu, cuda or cuda:N')
+    deterministic: bool = _key(False, 'bitwise-reproducible GPU runs (a resumed run equals the uninterrupted one): '
+                               'no cuDNN autotuning, deterministic algorithms; slower (the CPU is deterministic '
+                               'anyway)')
+    amp: str = _key('auto', 'mixed precision: auto (bf16 on GPU, none on CPU), bf16, fp16 or none',
+                    ('auto', 'bf16', 'fp16', 'none'))
+    channels_last: Optional[bool] = _key(None, 'channels-last memory format (null: on GPU only)')
+    # False, or a torch.compile mode: validate_recipe turns true (a bare --compile, older recipes) into 'default'
+    compile: Union[bool, str] = _key(False, f'torch.compile the model: false, true (= default) or a mode '
+                                     f'({", ".join(COMPILE_MODES)})')
+    seed: int = _key(0, 'random seed (model init, data order, augmentation)')
+    output: Optional[str] = _key(None, 'run directory (null: runs/<recipe or model name>)')
+    progress: bool = _key(True, 'show a progress bar per epoch')
+    # live dashboards (rank 0 only); a file or --set may name one as a string, validate_recipe makes it a list
+    log: List[str] = _key([], 'live dashboards: tensorboard (OUTPUT/tensorboard), wandb, both, or none',
+                          accepts=(list, str))
+    log_every: int = _key(50, 'log the training loss, learning rates, gradient norm and throughput every N updates')
+    wandb_project: Optional[str] = _key(None, 'W&B project (null: $WANDB_PROJECT, else tcnn)')
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = 'the recipe', base: Optional['Recipe'] = None,
+                  validate: bool = True) -> 'Recipe':
+        """A recipe from plain keys (a YAML file's, a checkpoint's ``'config'``) over ``base`` (default: the
+        defaults); keys left out keep ``base``'s values.
+
+        Args:
+            data: Keys and values, spelt as the fields.
+            where: Where they come from, for the error messages.
+            base: The recipe they override.
+            validate: Check ranges and combinations (``validate_recipe``) too.
+
+        Raises:
+            TcnnError: An unknown key (naming the closest ones), a value of the wrong type, or (``validate``) out of
+                range.
+        """
+        recipe = apply_overrides(base if base is not None else cls(), data, where)
+        return validate_recipe(recipe) if validate else recipe
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Every key and its value as plain YAML/JSON values, in field order: what ``config.yaml``, a checkpoint's
+        ``'config'`` and the dashboards' hyperparameters hold."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
 @dataclasses.dataclass(frozen=True)
 class RecipeKey:
-    """Schema of one recipe key."""
+    """Schema of one recipe key, read off its ``Recipe`` field."""
     default: Any
     types: Tuple[type, ...]
     help: str
     choices: Optional[Tuple[Any, ...]] = None
 
 
-def _k(default: Any, types: Any, help_text: str, choices: Optional[Tuple[Any, ...]] = None) -> RecipeKey:
-    return RecipeKey(default, types if isinstance(types, tuple) else (types,), help_text, choices)
+def _runtime_types(annotation: Any) -> Tuple[type, ...]:
+    """``Optional[List[float]]`` -> ``(list, NoneType)``: the types a value of a field may have."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) is Union else (annotation,)
+    return tuple(typing.get_origin(a) or a for a in args)
 
 
-RECIPE_KEYS: Dict[str, RecipeKey] = {
-    # model and conversion
-    'model': _k('resnet50d', str, 'source CNN: a timm name (resnetrs50, resnet50d, ...) or torchvision:NAME'),
-    'pretrained': _k(True, bool, "start from the library's pretrained weights (false: random init)"),
-    'weights': _k(None, (str, NoneType), 'local checkpoint of the source CNN (instead of downloading)'),
-    'num_classes': _k(None, (int, NoneType), 'classifier size; null: the class count of the data (class folders, '
-                      'class names); set it for data that does not state it (webdataset labels), else it must agree'),
-    'drop_path_rate': _k(0.0, float, 'stochastic depth rate (Table 1: 0.1 for RS-50/101, 0.2 for larger)'),
-    'no_sa': _k(False, bool, 'Table 1 "without SA" baseline: fine-tune the unconverted CNN'),
-    'reparam_epoch': _k(None, (int, NoneType), 'Table 3 late reparameterisation: train the CNN this many epochs, '
-                        'then convert and continue with the same optimiser (null: convert at the start)'),
-    'stages': _k(None, (int, str, list, NoneType),
-                 'stages whose k x k convs become GPSA (null: the default; see tcnn convert --list-stages MODEL)'),
-    'locality_strength': _k(1.0, float, 'initial alpha of every head (paper: 1.0, on the verge of locality)'),
-    'gating_init': _k(1.0, float, 'initial lambda of every head (paper: 1.0)'),
-    'qk_dim': _k(None, (int, NoneType), 'per-head query/key width (null: min(C_in // heads, C_in // groups))'),
-    # data
-    'data': _k(None, (str, NoneType), 'dataset root in ImageFolder layout, with train/ and val/ class folders'),
-    'train_split': _k('train', str, 'training sub-folder of the data root'),
-    'val_split': _k('val', str, 'validation sub-folder of the data root'),
-    'img_size': _k(224, int, 'fine-tuning resolution (Tables 1 and 5)'),
-    'eval_img_size': _k(None, (int, NoneType), 'evaluation resolution (null: img_size)'),
-    'crop_pct': _k(None, (float, NoneType), "evaluation centre-crop fraction (null: the model's default)"),
-    'interpolation': _k('bicubic', (str, NoneType), "resize interpolation (null: the model's default)",
-                        ('bilinear', 'bicubic', 'nearest', 'random', None)),
-    'mean': _k(None, (list, NoneType), "normalisation mean (null: the model's default)"),
-    'std': _k(None, (list, NoneType), "normalisation std (null: the model's default)"),
-    'workers': _k(None, (int, NoneType), 'data-loading processes per training process (null: sized to the machine, '
-                  'the CPUs of this process shared by the local training processes, at most 8)'),
-    'skip_bad_images': _k(False, bool, 'replace unreadable or truncated training/validation images by readable ones '
-                          '(logged once each) instead of stopping'),
-    'pin_memory': _k(True, bool, 'pin host memory of batches (GPU only)'),
-    # augmentation (DeiT)
-    'aa': _k('rand-m9-mstd0.5-inc1', (str, NoneType), 'timm auto-augment policy (null: none)'),
-    'color_jitter': _k(0.3, float, 'colour jitter (timm ignores it when a RandAugment policy is set)'),
-    'scale': _k([0.08, 1.0], list, 'area range of the random resized crop, as fractions of the image (timm/DeiT '
-                '--scale; [1.0, 1.0]: the whole image, for labels that a crop can change)'),
-    'reprob': _k(0.25, float, 'random erasing probability'),
-    'remode': _k('pixel', str, 'random erasing mode', ('pixel', 'rand', 'const')),
-    'recount': _k(1, int, 'random erasing count'),
-    'mixup': _k(0.8, float, 'mixup alpha (0: off)'),
-    'cutmix': _k(1.0, float, 'cutmix alpha (0: off)'),
-    'mixup_prob': _k(1.0, float, 'probability of applying mixup or cutmix to a batch'),
-    'mixup_switch_prob': _k(0.5, float, 'probability of cutmix instead of mixup when both are on'),
-    'mixup_mode': _k('batch', str, 'mixup granularity', ('batch', 'pair', 'elem')),
-    'smoothing': _k(0.1, float, 'label smoothing'),
-    # optimisation
-    'epochs': _k(50, int, 'fine-tuning epochs (SM C also reports 10 and 20)'),
-    'batch_size': _k(128, int, 'batch per process (global batch = batch_size x processes x accum_steps)'),
-    'accum_steps': _k(1, int, 'micro-batches accumulated per optimiser update'),
-    'opt': _k('adamw', str, 'timm optimiser name (the paper: AdamW; SGD was worse)'),
-    'opt_eps': _k(1e-8, (float, NoneType), 'optimiser epsilon (null: its default)'),
-    'opt_betas': _k(None, (list, NoneType), 'optimiser betas (null: its default)'),
-    'momentum': _k(0.9, float, 'momentum of SGD-like optimisers'),
-    'weight_decay': _k(0.05, float, 'weight decay of weights (not of norms, biases, positional or gating params)'),
-    'lr': _k(1e-4, float, 'peak learning rate at the reference global batch lr_base_batch (given by --lr or --set: '
-             'as is)'),
-    'gating_lr': _k(0.1, float, 'peak learning rate of the gating parameters at lr_base_batch (given: as is)'),
-    'lr_base_batch': _k(1024, int, 'global batch at which lr, gating_lr, warmup_lr and min_lr apply'),
-    'scale_lr': _k(True, bool, 'scale the learning rates linearly with global batch / lr_base_batch (not those in '
-                   'absolute_lrs)'),
-    'absolute_lrs': _k([], list, 'learning-rate keys used as given, never scaled by the batch rule: the ones set by '
-                       '--lr, --gating-lr or --set (an lr the user types is the lr the run uses, as in timm)'),
-    'sched': _k('cosine', str, 'timm decay schedule after the warm-up, stepped per update', ('cosine', 'tanh', 'poly')),
-    'warmup_epochs': _k(5, int, 'linear warm-up epochs (Fig. 4: 5)'),
-    'warmup_lr': _k(1e-6, float, 'learning rate at the start of the warm-up (at lr_base_batch)'),
-    'min_lr': _k(1e-6, float, 'learning rate at the end of the cosine decay (at lr_base_batch)'),
-    'clip_grad': _k(None, (float, NoneType), 'clip the gradient norm to this value (null: no clipping)'),
-    'model_ema': _k(False, bool, 'keep an exponential moving average of the weights (timm ModelEmaV3)'),
-    'model_ema_decay': _k(0.99996, float, 'EMA decay per update'),
-    # runtime
-    'device': _k('auto', str, 'auto (cuda if available), cpu, cuda or cuda:N'),
-    'deterministic': _k(False, bool, 'bitwise-reproducible GPU runs (a resumed run equals the uninterrupted one): '
-                        'no cuDNN autotuning, deterministic algorithms; slower (the CPU is deterministic anyway)'),
-    'amp': _k('auto', str, 'mixed precision: auto (bf16 on GPU, none on CPU), bf16, fp16 or none',
-              ('auto', 'bf16', 'fp16', 'none')),
-    'channels_last': _k(None, (bool, NoneType), 'channels-last memory format (null: on GPU only)'),
-    'compile': _k(False, (bool, str), f'torch.compile the model: false, true (= default) or a mode '
-                  f'({", ".join(COMPILE_MODES)})'),
-    'seed': _k(0, int, 'random seed (model init, data order, augmentation)'),
-    'output': _k(None, (str, NoneType), 'run directory (null: runs/<recipe or model name>)'),
-    'progress': _k(True, bool, 'show a progress bar per epoch'),
-    # live dashboards (rank 0 only)
-    'log': _k([], (list, str), 'live dashboards: tensorboard (OUTPUT/tensorboard), wandb, both, or none'),
-    'log_every': _k(50, int, 'log the training loss, learning rates, gradient norm and throughput every N updates'),
-    'wandb_project': _k(None, (str, NoneType), 'W&B project (null: $WANDB_PROJECT, else tcnn)'),
-}
+def _schema(field: 'dataclasses.Field') -> RecipeKey:
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    types = field.metadata['accepts'] or _runtime_types(field.type)
+    return RecipeKey(default, types, field.metadata['help'], field.metadata['choices'])
+
+
+RECIPE_KEYS: Dict[str, RecipeKey] = {f.name: _schema(f) for f in dataclasses.fields(Recipe)}
 
 # Keys that must be > 0, >= 0, or in [0, 1].
 _POSITIVE = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_batch', 'img_size',
@@ -139,11 +204,6 @@ _POSITIVE = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_
 _NON_NEGATIVE = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_decay', 'mixup', 'cutmix', 'recount',
                  'reparam_epoch', 'num_classes', 'eval_img_size', 'qk_dim', 'clip_grad')
 _UNIT_INTERVAL = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
-
-
-def default_recipe() -> Dict[str, Any]:
-    """The paper's shared fine-tuning settings (a fresh dict)."""
-    return {k: (list(v.default) if isinstance(v.default, list) else v.default) for k, v in RECIPE_KEYS.items()}
 
 
 def _unknown_key_error(key: str, where: str) -> TcnnError:
@@ -246,57 +306,60 @@ def parse_set(items: Iterable[str]) -> Dict[str, Any]:
     return out
 
 
-def apply_overrides(recipe: Dict[str, Any], overrides: Mapping[str, Any], where: str = 'the command line') -> None:
-    """Check and apply ``overrides`` to ``recipe`` in place."""
+def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any], where: str = 'the command line') -> Recipe:
+    """``recipe`` with ``overrides`` (keys spelt as its fields) checked and applied: a new recipe."""
+    values = {}
     for key, value in overrides.items():
         if key not in RECIPE_KEYS:
-            raise _unknown_key_error(key, where)
-        recipe[key] = _coerce(key, value, where)
+            raise _unknown_key_error(str(key), where)
+        values[key] = _coerce(key, value, where)
+    return dataclasses.replace(recipe, **values)
 
 
-def validate_recipe(recipe: Dict[str, Any]) -> Dict[str, Any]:
-    """Check ranges and combinations of a full recipe; returns it."""
-    for key in recipe:
-        if key not in RECIPE_KEYS:
-            raise _unknown_key_error(key, 'the recipe')
+def validate_recipe(recipe: Recipe) -> Recipe:
+    """Check ranges and combinations of a recipe; returns it with ``log`` as a list of backends and ``compile`` as
+    False or a mode."""
+    r = recipe
     for key in _POSITIVE:
-        if recipe[key] is not None and recipe[key] <= 0:
-            raise TcnnError(f'recipe key {key!r} must be > 0, got {recipe[key]!r}')
+        value = getattr(r, key)
+        if value is not None and value <= 0:
+            raise TcnnError(f'recipe key {key!r} must be > 0, got {value!r}')
     for key in _NON_NEGATIVE:
-        if recipe[key] is not None and recipe[key] < 0:
-            raise TcnnError(f'recipe key {key!r} must be >= 0, got {recipe[key]!r}')
+        value = getattr(r, key)
+        if value is not None and value < 0:
+            raise TcnnError(f'recipe key {key!r} must be >= 0, got {value!r}')
     for key in _UNIT_INTERVAL:
-        if recipe[key] is not None and not 0 <= recipe[key] <= 1:
-            raise TcnnError(f'recipe key {key!r} must be in [0, 1], got {recipe[key]!r}')
-    if recipe['reparam_epoch'] is not None:
-        if recipe['no_sa']:
+        value = getattr(r, key)
+        if value is not None and not 0 <= value <= 1:
+            raise TcnnError(f'recipe key {key!r} must be in [0, 1], got {value!r}')
+    if r.reparam_epoch is not None:
+        if r.no_sa:
             raise TcnnError('reparam_epoch (late reparameterisation) and no_sa (no self-attention) exclude each other')
-        if recipe['reparam_epoch'] >= recipe['epochs']:
-            raise TcnnError(f'reparam_epoch {recipe["reparam_epoch"]} must be smaller than epochs '
-                            f'{recipe["epochs"]} (it is the number of CNN epochs before the conversion)')
-    if recipe['warmup_epochs'] >= recipe['epochs']:
-        raise TcnnError(f'warmup_epochs {recipe["warmup_epochs"]} must be smaller than epochs {recipe["epochs"]} '
-                        '(the decay follows the warm-up): set a shorter one with --set warmup_epochs=N')
-    wrong = [k for k in recipe['absolute_lrs'] if k not in LR_KEYS]
-    if wrong or len(set(recipe['absolute_lrs'])) != len(recipe['absolute_lrs']):
+        if r.reparam_epoch >= r.epochs:
+            raise TcnnError(f'reparam_epoch {r.reparam_epoch} must be smaller than epochs {r.epochs} (it is the '
+                            'number of CNN epochs before the conversion)')
+    if r.warmup_epochs >= r.epochs:
+        raise TcnnError(f'warmup_epochs {r.warmup_epochs} must be smaller than epochs {r.epochs} (the decay follows '
+                        'the warm-up): set a shorter one with --set warmup_epochs=N')
+    wrong = [k for k in r.absolute_lrs if k not in LR_KEYS]
+    if wrong or len(set(r.absolute_lrs)) != len(r.absolute_lrs):
         raise TcnnError(f'recipe key \'absolute_lrs\' lists learning-rate keys ({", ".join(LR_KEYS)}) once each, got '
-                        f'{recipe["absolute_lrs"]!r}')
-    mixing = recipe['mixup'] > 0 or recipe['cutmix'] > 0
-    if mixing and recipe['mixup_prob'] > 0 and recipe['batch_size'] % 2:
-        raise TcnnError(f'mixup/cutmix need an even batch_size, got {recipe["batch_size"]}')
-    lo_hi = recipe.get('scale')
+                        f'{r.absolute_lrs!r}')
+    mixing = r.mixup > 0 or r.cutmix > 0
+    if mixing and r.mixup_prob > 0 and r.batch_size % 2:
+        raise TcnnError(f'mixup/cutmix need an even batch_size, got {r.batch_size}')
+    lo_hi = r.scale
     if lo_hi is not None and (len(lo_hi) != 2 or not all(isinstance(v, (int, float)) for v in lo_hi) or
                               not 0 < lo_hi[0] <= lo_hi[1] <= 1):
         raise TcnnError(f'recipe key \'scale\' must be [low, high] with 0 < low <= high <= 1, got {lo_hi!r}')
     for key in ('mean', 'std'):
-        if recipe[key] is not None and (len(recipe[key]) != 3 or
-                                        not all(isinstance(v, (int, float)) for v in recipe[key])):
-            raise TcnnError(f'recipe key {key!r} must be a list of 3 numbers, got {recipe[key]!r}')
-    if recipe['device'] not in ('auto', 'cpu', 'cuda') and not recipe['device'].startswith('cuda:'):
-        raise TcnnError(f'device must be auto, cpu, cuda or cuda:N, got {recipe["device"]!r}')
-    recipe['log'] = _log_backends(recipe['log'])
-    recipe['compile'] = compile_mode(recipe['compile']) or False  # true (older recipes, checkpoints): 'default'
-    return recipe
+        value = getattr(r, key)
+        if value is not None and (len(value) != 3 or not all(isinstance(v, (int, float)) for v in value)):
+            raise TcnnError(f'recipe key {key!r} must be a list of 3 numbers, got {value!r}')
+    if r.device not in ('auto', 'cpu', 'cuda') and not r.device.startswith('cuda:'):
+        raise TcnnError(f'device must be auto, cpu, cuda or cuda:N, got {r.device!r}')
+    # compile true (older recipes, checkpoints): 'default'
+    return dataclasses.replace(r, log=_log_backends(r.log), compile=compile_mode(r.compile) or False)
 
 
 def _log_backends(value: Any) -> List[str]:
@@ -313,64 +376,66 @@ def resolve_recipe(
         flags: Optional[Mapping[str, Any]] = None,
         sets: Iterable[str] = (),
         notes: Optional[List[str]] = None,
-) -> Dict[str, Any]:
+) -> Recipe:
     """Defaults <- recipe file <- named flags <- ``--set`` items, validated. Learning rates given by flags or
     ``--set`` join ``absolute_lrs``. Adjustments the resolution made (a shortened warm-up) are appended to ``notes``
     as one-line messages."""
-    recipe = default_recipe()
-    if path:
-        recipe.update(load_recipe(path))
-    planned = dict(recipe)
+    planned = Recipe.from_dict(load_recipe(path), path, validate=False) if path else Recipe()
     set_items = parse_set(sets)
-    apply_overrides(recipe, flags or {})
-    apply_overrides(recipe, set_items, '--set')
-    mark_absolute_lrs(recipe, [*(flags or {}), *set_items])
+    recipe = apply_overrides(planned, flags or {})
+    recipe = apply_overrides(recipe, set_items, '--set')
+    recipe = mark_absolute_lrs(recipe, [*(flags or {}), *set_items])
     explicit = 'warmup_epochs' in (flags or {}) or 'warmup_epochs' in set_items
-    note = fit_warmup(recipe, planned, explicit)
+    recipe, note = fit_warmup(recipe, planned, explicit)
     if note and notes is not None:
         notes.append(note)
     return validate_recipe(recipe)
 
 
-def fit_warmup(recipe: Dict[str, Any], planned: Mapping[str, Any], explicit: bool) -> Optional[str]:
+def fit_warmup(recipe: Recipe, planned: Recipe, explicit: bool) -> Tuple[Recipe, Optional[str]]:
     """A run shortened below the recipe's warm-up (``--epochs 2`` with the paper's 5-epoch warm-up) keeps the
-    recipe's warm-up fraction instead of failing, as a timm user trying things expects; returns the notice, or None.
+    recipe's warm-up fraction instead of failing, as a timm user trying things expects; returns the recipe and the
+    notice (None when nothing changed).
 
     Only when the warm-up comes from the recipe: a warm-up the user set explicitly is never changed (an impossible one
     fails in ``validate_recipe``, naming the fix).
     """
-    epochs, warmup = recipe['epochs'], recipe['warmup_epochs']
-    if explicit or warmup < epochs or epochs >= planned['epochs'] or not isinstance(epochs, int) or epochs <= 0:
-        return None
-    fitted = min(epochs - 1, math.floor(planned['warmup_epochs'] * epochs / planned['epochs'] + 0.5))
-    recipe['warmup_epochs'] = fitted
-    return (f'warm-up shortened from {warmup} to {fitted} epochs for a {epochs}-epoch run (the recipe warms up '
-            f'{planned["warmup_epochs"]} of {planned["epochs"]} epochs); choose another with --set warmup_epochs=N')
+    epochs, warmup = recipe.epochs, recipe.warmup_epochs
+    if explicit or warmup < epochs or epochs >= planned.epochs or not isinstance(epochs, int) or epochs <= 0:
+        return recipe, None
+    fitted = min(epochs - 1, math.floor(planned.warmup_epochs * epochs / planned.epochs + 0.5))
+    return dataclasses.replace(recipe, warmup_epochs=fitted), (
+        f'warm-up shortened from {warmup} to {fitted} epochs for a {epochs}-epoch run (the recipe warms up '
+        f'{planned.warmup_epochs} of {planned.epochs} epochs); choose another with --set warmup_epochs=N')
 
 
-def mark_absolute_lrs(recipe: Dict[str, Any], given: Iterable[str]) -> None:
-    """Add the learning-rate keys among ``given`` (the keys a user set by flag or ``--set``) to the recipe's
+def mark_absolute_lrs(recipe: Recipe, given: Iterable[str]) -> Recipe:
+    """``recipe`` with the learning-rate keys among ``given`` (the keys a user set by flag or ``--set``) added to its
     ``absolute_lrs``: timm's rule, the batch scaling applies to a recipe's learning rates only, never to one the user
     typed (``--lr 1e-3`` trains at 1e-3 whatever the batch)."""
-    listed = recipe['absolute_lrs']
+    listed = recipe.absolute_lrs
     given = set(given) | set(listed)
     # a listed key that is no learning rate stays, for validate_recipe to name it
-    recipe['absolute_lrs'] = [k for k in LR_KEYS if k in given] + [k for k in listed if k not in LR_KEYS]
+    return dataclasses.replace(recipe, absolute_lrs=[k for k in LR_KEYS if k in given] +
+                               [k for k in listed if k not in LR_KEYS])
 
 
-def dump_recipe(recipe: Mapping[str, Any]) -> str:
-    """YAML text of a recipe, keys in schema order (readable back by ``load_recipe``)."""
-    ordered = {k: recipe[k] for k in RECIPE_KEYS if k in recipe}
+def dump_recipe(recipe: Union[Recipe, Mapping[str, Any]]) -> str:
+    """YAML text of a recipe, keys in field order (readable back by ``load_recipe``). A mapping (a checkpoint's
+    ``'config'``, as the model card shows it) keeps only the keys a recipe has."""
+    values = recipe.to_dict() if isinstance(recipe, Recipe) else recipe
+    ordered = {k: values[k] for k in RECIPE_KEYS if k in values}
     return yaml.safe_dump(ordered, sort_keys=False, default_flow_style=None)
 
 
-def scaled_lrs(recipe: Mapping[str, Any], global_batch: int) -> Dict[str, float]:
+def scaled_lrs(recipe: Recipe, global_batch: int) -> Dict[str, float]:
     """The batch-size rule: every learning rate of the recipe (lr, gating_lr, warmup_lr, min_lr) is multiplied by
     ``global_batch / lr_base_batch`` when ``scale_lr`` is on, so both peaks keep their 1000:1 ratio; those listed in
     ``absolute_lrs`` (given by the user) are used as they are."""
-    factor = global_batch / recipe['lr_base_batch'] if recipe['scale_lr'] else 1.0
-    absolute = set(recipe.get('absolute_lrs') or ())
-    return {'factor': factor, **{k: recipe[k] if k in absolute else recipe[k] * factor for k in LR_KEYS}}
+    factor = global_batch / recipe.lr_base_batch if recipe.scale_lr else 1.0
+    absolute = set(recipe.absolute_lrs)
+    return {'factor': factor, **{k: getattr(recipe, k) if k in absolute else getattr(recipe, k) * factor
+                                 for k in LR_KEYS}}
 
 
 def auto_workers(local_processes: int = 1, cap: int = 8) -> int:

@@ -7,13 +7,14 @@ single keys, except those that define the model or the optimiser's parameter lay
 command for the first start and every requeue).
 """
 import argparse
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import TcnnError
+from ..files.run_folder import LAST_CHECKPOINT, read_checkpoint
 from .args import flag_overrides
-from .recipe import apply_overrides, default_recipe, mark_absolute_lrs, parse_set, resolve_recipe, validate_recipe
-from .run_folder import LAST_CHECKPOINT, read_checkpoint
+from .recipe import Recipe, apply_overrides, mark_absolute_lrs, parse_set, resolve_recipe, validate_recipe
 
 __all__ = ['FROZEN_ON_RESUME', 'SCHEDULE_KEYS', 'resolve', 'resumed_recipe']
 
@@ -25,41 +26,40 @@ SCHEDULE_KEYS = ('sched', 'epochs', 'warmup_epochs', 'warmup_lr', 'min_lr', 'lr'
                  'scale_lr', 'absolute_lrs')
 
 
-def _default_output(args: argparse.Namespace, recipe: Dict[str, Any]) -> str:
-    stem = os.path.splitext(os.path.basename(args.recipe))[0] if args.recipe else recipe['model']
+def _default_output(args: argparse.Namespace, recipe: Recipe) -> str:
+    stem = os.path.splitext(os.path.basename(args.recipe))[0] if args.recipe else recipe.model
     return os.path.join('runs', stem.replace(':', '_'))
 
 
-def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Dict[str, Any]:
+def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Recipe:
     recipe = resolve_recipe(args.recipe, flag_overrides(args), args.set_items, notes)
-    if recipe['output'] is None:
-        recipe['output'] = _default_output(args, recipe)
+    if recipe.output is None:
+        recipe = dataclasses.replace(recipe, output=_default_output(args, recipe))
     return recipe
 
 
-def resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: str) -> Dict[str, Any]:
-    """The recipe of ``checkpoint`` (read from ``path``) with the flags' and ``--set``'s overrides."""
-    recipe = default_recipe()
-    apply_overrides(recipe, checkpoint['config'], f'the checkpoint {path}')
+def resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: str) -> Recipe:
+    """The recipe of ``checkpoint`` (read from ``path``) with the flags' and ``--set``'s overrides. A key the
+    checkpoint lacks (written by an older tcnn) takes its default."""
+    recipe = Recipe.from_dict(checkpoint['config'], f'the checkpoint {path}', validate=False)
     overrides = dict(flag_overrides(args), **parse_set(args.set_items))
-    changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != recipe[k]]
+    changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != getattr(recipe, k)]
     if changed:
         raise TcnnError(f'cannot change {", ".join(changed)} when resuming (they define the model and the '
                         'optimiser); start a new run instead')
-    apply_overrides(recipe, overrides)
-    mark_absolute_lrs(recipe, overrides)
+    recipe = mark_absolute_lrs(apply_overrides(recipe, overrides), overrides)
     if 'output' not in overrides:
-        recipe['output'] = os.path.dirname(os.path.abspath(path))
+        recipe = dataclasses.replace(recipe, output=os.path.dirname(os.path.abspath(path)))
     return validate_recipe(recipe)
 
 
-def _resume_path(args: argparse.Namespace, notes: List[str]) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+def _resume_path(args: argparse.Namespace, notes: List[str]) -> Tuple[Optional[str], Optional[Recipe]]:
     """The checkpoint to resume from (None: a fresh run) and, for a fresh run, its recipe."""
     if args.resume is None:
         return None, _fresh_recipe(args, notes)
     if args.resume == 'auto':
         recipe = _fresh_recipe(args, notes)
-        last = os.path.join(recipe['output'], LAST_CHECKPOINT)
+        last = os.path.join(recipe.output, LAST_CHECKPOINT)
         return (last, None) if os.path.isfile(last) else (None, recipe)
     if args.recipe:
         raise TcnnError('--recipe cannot be combined with --resume PATH: the run\'s recipe is in the checkpoint; '
@@ -73,7 +73,7 @@ def _resume_path(args: argparse.Namespace, notes: List[str]) -> Tuple[Optional[s
     return path, None
 
 
-def resolve(args: argparse.Namespace) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], List[str]]:
+def resolve(args: argparse.Namespace) -> Tuple[Recipe, Optional[Dict[str, Any]], List[str]]:
     """The recipe, the checkpoint to resume (or None) and notes to log."""
     notes: List[str] = []
     path, recipe = _resume_path(args, notes)

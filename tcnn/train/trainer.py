@@ -3,7 +3,7 @@ loop (T-CNN, arXiv:2106.05795, section 3; late reparameterisation: Table 3).
 
 ``tcnn.train.launch`` builds it and calls ``fit``; the pieces it is built from are functions of the recipe
 (``tcnn.train.builders``), the loops are ``tcnn.train.engine``'s, and rank 0 writes the run folder through
-``tcnn.train.run_folder.RunFolder``.
+``tcnn.files.run_folder.RunFolder``.
 """
 import math
 import os
@@ -28,9 +28,9 @@ from .distributed import (DistContext, StopRequest, all_reduce_sum, gather, rng_
 from .engine import (EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep, autocast_fn, to_device,
                      train_one_epoch, validate)
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
-from .recipe import scaled_lrs
+from .recipe import Recipe, scaled_lrs
 from .resume import SCHEDULE_KEYS
-from .run_folder import CheckpointWriteError, RunFolder, make_checkpoint
+from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from .report import epoch_summary, setup_lines
 from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 
@@ -46,16 +46,16 @@ class Trainer:
     start.
     """
 
-    def __init__(self, recipe: Dict[str, Any], data: TrainingData, ctx: DistContext,
+    def __init__(self, recipe: Recipe, data: TrainingData, ctx: DistContext,
                  checkpoint: Optional[Dict[str, Any]] = None, stop: Optional[StopRequest] = None):
-        if recipe['num_classes'] != data.num_classes:
-            raise ValueError(f'recipe num_classes {recipe["num_classes"]} != the data\'s {data.num_classes}')
+        if recipe.num_classes != data.num_classes:
+            raise ValueError(f'recipe num_classes {recipe.num_classes} != the data\'s {data.num_classes}')
         self.recipe = recipe
         self.train_set, self.val_set, self.streaming = data.train, data.val, data.streaming
         self.ctx = ctx
         self.device = ctx.device
         self.stop = stop or StopRequest()
-        self.output = recipe['output']
+        self.output = recipe.output
         self.log = print if ctx.is_main else (lambda *a, **k: None)
         self.folder = RunFolder(self.output)  # written by rank 0 only
         self.start_epoch = 0
@@ -76,31 +76,31 @@ class Trainer:
             if ctx.is_main:
                 self.folder.write_metrics([])  # a fresh run starts a fresh file
             # same model init on every rank (above); different augmentation streams per rank from here on
-            seed_all(recipe['seed'] + ctx.rank)
+            seed_all(recipe.seed + ctx.rank)
 
     # -------------------------------------------------------------- set-up
 
     def _setup_precision(self) -> None:
-        set_deterministic(self.recipe['deterministic'], self.device)  # before the first GPU kernel of the run
-        amp = self.recipe['amp']
+        set_deterministic(self.recipe.deterministic, self.device)  # before the first GPU kernel of the run
+        amp = self.recipe.amp
         if amp == 'auto':
             amp = 'bf16' if self.device.type == 'cuda' else 'none'
         if amp == 'fp16' and self.device.type != 'cuda':
             raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
         self.autocast = autocast_fn(self.device, self.amp_dtype)
-        self.compile_mode = self.recipe['compile'] or None
+        self.compile_mode = self.recipe.compile or None
         self.forward = ForwardPass(self.device, self._prepare, self.autocast, self.compile_mode)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
-        cl = self.recipe['channels_last']
+        cl = self.recipe.channels_last
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
 
     def _setup_batch_layout(self) -> None:
         r, ctx = self.recipe, self.ctx
-        self.global_batch = r['batch_size'] * ctx.world_size * r['accum_steps']
+        self.global_batch = r.batch_size * ctx.world_size * r.accum_steps
         train_images = num_images(self.train_set)
         per_rank = train_images // ctx.world_size
-        self.updates_per_epoch = per_rank // r['batch_size'] // r['accum_steps']
+        self.updates_per_epoch = per_rank // r.batch_size // r.accum_steps
         if self.updates_per_epoch == 0:
             raise TcnnError(f'the training set ({train_images} images) is smaller than one update of '
                             f'{self.global_batch} images (batch_size x processes x accum_steps): lower --batch-size '
@@ -108,17 +108,17 @@ class Trainer:
 
     def _setup_model(self, checkpoint: Optional[Dict[str, Any]]) -> None:
         r = self.recipe
-        self.late = r['reparam_epoch'] is not None and r['reparam_epoch'] > 0 and not r['no_sa']
-        seed_all(r['seed'])
+        self.late = r.reparam_epoch is not None and r.reparam_epoch > 0 and not r.no_sa
+        seed_all(r.seed)
         if checkpoint is not None:
             model = model_from_dict(checkpoint['model_file'], map_location='cpu')
             self.converted = bool(checkpoint['converted'])
             model.train()
             model.to(self.device)
         else:
-            model = create_model(r, r['num_classes']).to(self.device)
+            model = create_model(r, r.num_classes).to(self.device)
             self.converted = False
-            if not r['no_sa'] and not self.late:
+            if not r.no_sa and not self.late:
                 convert_in_place(model, r)
                 self.converted = True
                 self._log_conversion(model)
@@ -133,16 +133,16 @@ class Trainer:
         r = self.recipe
         # the preprocessing the run validates with, and the data's class names: what its checkpoints record
         self.data_config = recipe_data_config(r, self.model)
-        self.label_names = class_names(self.train_set, r['num_classes'])
+        self.label_names = class_names(self.train_set, r.num_classes)
         self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
-        self.train_set.augment_seed = r['seed']  # augmentation a function of (seed, epoch, image): exact resume
+        self.train_set.augment_seed = r.seed  # augmentation a function of (seed, epoch, image): exact resume
         loaders = build_loaders(r, self.train_set, self.val_set, self.streaming, self.ctx, self.log)
         self.train_loader, self.val_loader, self.train_sampler = loaders.train, loaders.val, loaders.sampler
         self.loader_generator, self.workers = loaders.generator, loaders.workers
 
     def _log_conversion(self, model: nn.Module) -> None:
         layers = model.tcnn_config['layers']
-        self.log(f'reparameterised {len(layers)} convs of {self.recipe["model"]} into GPSA layers '
+        self.log(f'reparameterised {len(layers)} convs of {self.recipe.model} into GPSA layers '
                  f'({", ".join(layers)}); verified {model.tcnn_report}')
 
     def _setup_optimisation(self) -> None:
@@ -154,8 +154,8 @@ class Trainer:
         self.scheduler = create_scheduler(self.optimizer, r, self.updates_per_epoch, self.lrs['warmup_lr'],
                                           self.lrs['min_lr'])
         self.num_updates = 0
-        if r['model_ema']:
-            self.model_ema = ModelEmaV3(self.model, decay=r['model_ema_decay'])
+        if r.model_ema:
+            self.model_ema = ModelEmaV3(self.model, decay=r.model_ema_decay)
         # timm's rule: with an EMA, the best checkpoint is the epoch whose EMA validates best
         self.best_metric = 'ema_val_top1' if self.model_ema is not None else 'val_top1'
 
@@ -183,7 +183,7 @@ class Trainer:
         self.eval_model, self.eval_ema = self.model, self.model_ema.module if self.model_ema is not None else None
         if self.compile_mode:
             model = compile_model(model, self.compile_mode)
-            batch = self.recipe['batch_size']
+            batch = self.recipe.batch_size
             self.eval_model = CompiledForward(self.model, self.compile_mode, batch)
             if self.eval_ema is not None:
                 self.eval_ema = CompiledForward(self.eval_ema, self.compile_mode, batch)
@@ -191,21 +191,21 @@ class Trainer:
 
     def _update_step(self) -> UpdateStep:
         r = self.recipe
-        return UpdateStep(self.optimizer, self.scheduler, self.scaler, r['clip_grad'], r['accum_steps'], self.model_ema,
-                          self.model, keep_grads=uses_cuda_graphs(self.compile_mode) and r['accum_steps'] > 1)
+        return UpdateStep(self.optimizer, self.scheduler, self.scaler, r.clip_grad, r.accum_steps, self.model_ema,
+                          self.model, keep_grads=uses_cuda_graphs(self.compile_mode) and r.accum_steps > 1)
 
     def _restore(self, ckpt: Dict[str, Any]) -> None:
         r = self.recipe
         self.optimizer.load_state_dict(ckpt['optimizer'])
         # load_state_dict brings back the saved group settings; the (possibly overridden) recipe decides them
-        apply_group_settings(self.optimizer, self.lrs['lr'], self.lrs['gating_lr'], r['weight_decay'])
+        apply_group_settings(self.optimizer, self.lrs['lr'], self.lrs['gating_lr'], r.weight_decay)
         self.start_epoch = ckpt['epoch'] + 1
         same_layout = (ckpt.get('global_batch') == self.global_batch and
                        ckpt.get('updates_per_epoch') == self.updates_per_epoch)
         self.position = self._restored_position(ckpt, same_layout)
         self.num_updates = self.start_epoch * self.updates_per_epoch + self.position.updates
         old = ckpt['config']
-        if all(old.get(k) == r[k] for k in SCHEDULE_KEYS) and same_layout:
+        if all(old.get(k) == getattr(r, k) for k in SCHEDULE_KEYS) and same_layout:
             self.scheduler.load_state_dict(ckpt['scheduler'])
         else:
             self.log('note: the schedule or the global batch changed since the checkpoint; the learning rate follows '
@@ -229,10 +229,10 @@ class Trainer:
         else:
             self.log(f'note: the checkpoint holds RNG states of {len(rng)} processes, this run has '
                      f'{self.ctx.world_size}: data order is kept, augmentation draws are re-seeded')
-            seed_all(r['seed'] + self.ctx.rank + 1000 * self.start_epoch)
-        where = (f'in epoch {self.start_epoch + 1}/{r["epochs"]} after {self.position.updates} of '
+            seed_all(r.seed + self.ctx.rank + 1000 * self.start_epoch)
+        where = (f'in epoch {self.start_epoch + 1}/{r.epochs} after {self.position.updates} of '
                  f'{self.updates_per_epoch} updates' if self.position.updates else
-                 f'after epoch {self.start_epoch}/{r["epochs"]}')
+                 f'after epoch {self.start_epoch}/{r.epochs}')
         self.log(f'resuming {where} (update {self.num_updates})')
 
     def _restored_position(self, ckpt: Dict[str, Any], same_layout: bool) -> EpochPosition:
@@ -257,7 +257,7 @@ class Trainer:
         removed = convert_in_place(self.model, r)
         self.converted = True
         self._log_conversion(self.model)
-        add_gpsa_groups(self.optimizer, self.model, removed, r['weight_decay'], self.lrs['lr'], self.lrs['gating_lr'])
+        add_gpsa_groups(self.optimizer, self.model, removed, r.weight_decay, self.lrs['lr'], self.lrs['gating_lr'])
         self.scheduler = create_scheduler(self.optimizer, r, self.updates_per_epoch, self.lrs['warmup_lr'],
                                           self.lrs['min_lr'])
         self.scheduler.step_update(self.num_updates)
@@ -282,7 +282,7 @@ class Trainer:
             updates_per_epoch=self.updates_per_epoch,
             global_batch=self.global_batch,
             world_size=self.ctx.world_size,
-            config=dict(self.recipe),
+            config=self.recipe.to_dict(),
             best_top1=self.best_top1 if math.isfinite(self.best_top1) else None,
             dashboards=self.dashboards.state_dict(),
             best_metric=self.best_metric,
@@ -325,19 +325,19 @@ class Trainer:
 
     def _train_epoch(self, epoch: int, position: EpochPosition) -> Tuple[EpochPosition, Dict[str, Any]]:
         r = self.recipe
-        self.loader_generator.manual_seed(loader_seed(r['seed'], epoch, self.ctx.rank))
+        self.loader_generator.manual_seed(loader_seed(r.seed, epoch, self.ctx.rank))
         if self.train_sampler is not None:
-            self.train_sampler.set_epoch(epoch, start=position.updates * r['accum_steps'] * r['batch_size'])
+            self.train_sampler.set_epoch(epoch, start=position.updates * r.accum_steps * r.batch_size)
         self.train_set.set_epoch(epoch)
         try:
             plan = EpochPlan(epoch, self.updates_per_epoch, self.num_updates, position,
-                             should_stop=lambda: self.stop.requested, progress=r['progress'] and self.ctx.is_main,
-                             desc=f'epoch {epoch + 1}/{r["epochs"]}', log_every=r['log_every'],
+                             should_stop=lambda: self.stop.requested, progress=r.progress and self.ctx.is_main,
+                             desc=f'epoch {epoch + 1}/{r.epochs}', log_every=r.log_every,
                              on_update=self.dashboards.log_update if self.dashboards.enabled else None)
             return train_one_epoch(self.train_model, self.train_loader, self.criterion, self._update_step(), plan=plan,
                                    forward=self.forward)
         except NonFiniteLossError as e:
-            kept = (f'the last good checkpoint {self.folder.last} (epoch {epoch}/{r["epochs"]}) is kept'
+            kept = (f'the last good checkpoint {self.folder.last} (epoch {epoch}/{r.epochs}) is kept'
                     if os.path.isfile(self.folder.last) else 'no checkpoint was written yet')
             raise NonFiniteLossError(f'{e}; {kept}; lower --lr/--gating-lr or try --amp none') from None
 
@@ -381,15 +381,15 @@ class Trainer:
     def fit(self) -> int:
         """Train the remaining epochs; returns the exit code (0, or the stop request's after its checkpoint)."""
         r = self.recipe
-        if self.start_epoch >= r['epochs']:
-            self.log(f'nothing to do: the run already has {r["epochs"]} epochs (raise --epochs to continue it)')
+        if self.start_epoch >= r.epochs:
+            self.log(f'nothing to do: the run already has {r.epochs} epochs (raise --epochs to continue it)')
             return 0
         if self.ctx.is_main:
-            self.dashboards = Dashboards(r['log'], self.output, r, self.num_updates, self.dashboards_state,
+            self.dashboards = Dashboards(r.log, self.output, r, self.num_updates, self.dashboards_state,
                                          self.val_set, self.data_config)
         position = self.position
-        for epoch in range(self.start_epoch, r['epochs']):
-            if self.late and not self.converted and epoch >= r['reparam_epoch']:
+        for epoch in range(self.start_epoch, r.epochs):
+            if self.late and not self.converted and epoch >= r.reparam_epoch:
                 self._late_reparameterize()
             position, stats = self._train_epoch(epoch, position)
             trained_at = time.perf_counter()
@@ -407,8 +407,8 @@ class Trainer:
             self.best_top1 = max(self.best_top1, row[self.best_metric])
             row.update(best_metric=self.best_metric, is_best=is_best)
             self._save(epoch, row, is_best)
-            self.log(epoch_summary(row, r['epochs']))
-            if self._stop_agreed() and epoch + 1 < r['epochs']:
+            self.log(epoch_summary(row, r.epochs))
+            if self._stop_agreed() and epoch + 1 < r.epochs:
                 return self._stopped(f'after epoch {epoch + 1}')
         which = 'EMA val' if self.best_metric == 'ema_val_top1' else 'val'
         self.log(f'done: best {which} top-1 {self.best_top1:.2f}%; checkpoints {self.folder.last}, {self.folder.best}')
@@ -424,7 +424,7 @@ class Trainer:
         so ``last.pt`` keeps the end of the previous epoch and ``--resume`` redoes this epoch from its start."""
         cause = self.stop.signal_name or 'a signal to another process'
         kept = (f'{self.folder.last} holds the end of epoch {epoch}; continue with --resume {self.output} (epoch '
-                f'{epoch + 1} is redone from its start: {self.recipe["data"]} is a stream)' if epoch > 0 else
+                f'{epoch + 1} is redone from its start: {self.recipe.data} is a stream)' if epoch > 0 else
                 'no epoch was completed, so there is no checkpoint; --resume auto starts the run again')
         self.log(f'stopped by {cause} in epoch {epoch + 1} after update {position.updates}/{self.updates_per_epoch}: '
                  f'{kept} (exit code {self.stop.exit_code})')

@@ -1,8 +1,8 @@
 """``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
 import argparse
 
-from ..demo.plan import PLANS
 from ..errors import InvalidArgumentError, check_device, check_number
+from .plan import PLANS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f'--quick is --plan quick: give one of --quick and --plan {args.plan}')
     plan = 'quick' if args.quick else args.plan or 'default'
     import sys
-    from ..demo import DemoStopped, run_demo
+    from . import DemoStopped, run_demo
     try:
         run_demo(args.out, plan=plan, seeds=args.seeds, device=args.device,
                  workers=args.workers, jobs=args.jobs, progress=not args.no_progress)

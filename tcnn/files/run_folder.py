@@ -19,9 +19,9 @@ import torch.nn as nn
 
 from ..atomic import atomic_copy, atomic_torch_save, atomic_write_text
 from ..errors import TcnnError, first_line
-from ..files.integrity import tensor_checksums, verify_checksums
-from ..files.tcnn_file import CHECKSUMS_KEY, EMA_CHECKSUMS_KEY, _check_dict, model_to_dict
-from ..files.weights import load_torch_file
+from .integrity import tensor_checksums, verify_checksums
+from .tcnn_file import CHECKSUMS_KEY, EMA_CHECKSUMS_KEY, check_dict, model_to_dict
+from .weights import load_torch_file
 
 # Marks a training checkpoint (value: its layout version). Not 'format': that key marks T-CNN files, and ``read``
 # recognises a checkpoint by its 'model_file' entry. Version 2 added mid-epoch checkpoints ('partial').
@@ -63,7 +63,7 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     if not isinstance(ckpt[CHECKPOINT_KEY], int) or ckpt[CHECKPOINT_KEY] > CHECKPOINT_VERSION:
         raise TcnnError(f'{path} has training-checkpoint layout {ckpt[CHECKPOINT_KEY]!r}; this tcnn reads up to '
                         f'{CHECKPOINT_VERSION}: upgrade tcnn')
-    model_file = _check_dict(ckpt['model_file'], path)
+    model_file = check_dict(ckpt['model_file'], path)
     verify_checksums(model_file['state_dict'], model_file.get(CHECKSUMS_KEY), path)
     if isinstance(ckpt.get('ema'), dict):
         verify_checksums(ckpt['ema'], ckpt.get(EMA_CHECKSUMS_KEY), f'{path} (its EMA weights)')

@@ -19,7 +19,7 @@ from ..evaluation.tables import format_markdown
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
 from ..train.recipe import dump_recipe
 from ..version import __version__
-from .tcnn_file import report_to_dict
+from ..files.tcnn_file import report_to_dict
 
 __all__ = ['hub_config', 'model_card', 'PAPER_BIBTEX']
 

@@ -3,9 +3,11 @@
 One entrypoint is registered per model of the timm families in ``FAMILIES`` (ResNet, ResNeXt and SE-ResNeXt of
 timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, MobileNetV3: ``t_resnet50d``,
 ``t_seresnext26d_32x4d``, ``t_resnext26ts``, ``t_regnety_002``, ``t_convnext_tiny``, ``t_efficientnet_b0``,
-``t_mobilenetv3_large_100``, ...), each under its own name with ``register_model`` and with pretrained configs that
-copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at the source's
-data config), minus the weight locations: there are no converted weights to download. Instead
+``t_mobilenetv3_large_100``, ...), each under its own name with ``register_model`` and as this module's
+attribute of that name (``tcnn.models.t_resnet50d``, listed in ``__all__``: which models there are depends on the
+installed timm, so the entrypoints are made from its model list, not written out one by one), with pretrained
+configs that copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at
+the source's data config), minus the weight locations: there are no converted weights to download. Instead
 
 * ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which
   fails within seconds offline);
@@ -19,7 +21,7 @@ data config), minus the weight locations: there are no converted weights to down
   ``_model_args``, so ``save_for_hf`` writes such a folder.
 
 The models are built from the source's own entrypoint by timm's ``build_model_with_cfg`` and stay instances of the
-source's class (``tcnn.convert.timm_models``, which each entrypoint imports when called). Extra keyword arguments:
+source's class (``tcnn.models.create``, which each entrypoint imports when called). Extra keyword arguments:
 ``stages``, ``locality_strength``, ``gating_init``, ``qk_dim`` (as in ``tcnn.reparameterize``).
 
 This module is the registry only, and light on purpose: it is imported while timm itself is being imported
@@ -33,7 +35,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch.nn as nn
 from timm.models import generate_default_cfgs, get_arch_pretrained_cfgs, is_model, list_models, register_model
 
-from .files.weights import T_PREFIX, transformed_model_name
+from ..files.weights import T_PREFIX, transformed_model_name
 
 __all__ = ['Family', 'FAMILIES', 'SOURCE_MODELS']
 
@@ -87,7 +89,7 @@ def _make_entrypoint(source: str, family: Family) -> Callable[..., nn.Module]:
     variant = transformed_model_name(source)
 
     def entrypoint(pretrained: bool = False, **kwargs) -> nn.Module:
-        from .convert.timm_models import create_transformed  # at call time: see the module docstring
+        from .create import create_transformed  # at call time: see the module docstring
         return create_transformed(variant, source, family.feature_cfg, pretrained, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = variant
@@ -118,3 +120,5 @@ def _register_all() -> Tuple[str, ...]:
 
 
 SOURCE_MODELS: Tuple[str, ...] = _register_all()
+# each entrypoint by its name: tcnn.models.t_resnet50d, `from tcnn.models import t_resnet50d`
+__all__ += [transformed_model_name(source) for source in SOURCE_MODELS]
