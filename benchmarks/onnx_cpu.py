@@ -38,6 +38,7 @@ import tcnn  # noqa: E402
 import tcnn.layers.depthwise as dw  # noqa: E402
 import tcnn.layers.gpsa  # noqa: E402
 from tcnn import export as tex  # noqa: E402
+from tcnn.export.options import require_onnx  # noqa: E402
 from tcnn.files.weights import create_cnn  # noqa: E402
 
 from benchmarks.measure import interleaved_times, paired_ratio  # noqa: E402
@@ -176,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help='instead of whole models: depthwise layers exported with each plain-op form of their product')
     p.add_argument('--out', help='JSON file (default benchmarks/results/cpu-onnx[-forms]-<date>.json)')
     args = p.parse_args(argv)
-    tex.require_onnx()
+    require_onnx()
     stages = dict(DEFAULT_STAGES, **dict(s.split('=', 1) for s in args.stages))
     import onnxruntime
     start = time.perf_counter()

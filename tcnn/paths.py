@@ -8,7 +8,11 @@ from typing import Iterator, List, Optional, Sequence
 
 from .errors import TcnnError
 
-__all__ = ['check_input_file', 'check_output_file', 'check_output_dir', 'check_replaceable_dir', 'output_dir']
+__all__ = ['HUB_PREFIXES', 'check_input_file', 'check_output_file', 'check_output_dir', 'check_replaceable_dir',
+           'output_dir']
+
+# How a Hugging Face Hub folder is named instead of a path (timm's prefixes): 'local-dir:PATH', 'hf-hub:ORG/NAME'
+HUB_PREFIXES = ('local-dir:', 'hf-hub:')
 
 
 def check_input_file(path: str, what: str = 'file') -> str:

@@ -16,7 +16,8 @@ from PIL import Image
 import tcnn
 from tcnn.analysis import figures, heads
 from tcnn.evaluation import plots
-from tcnn import data
+from tcnn.data.config import data_config
+from tcnn.data.images import denormalize, find_images, sample_images
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.layers.gpsa import GPSA
@@ -249,12 +250,12 @@ def test_inspect_images_dir_takes_a_seeded_sample_across_class_folders(t_cnn, tm
     other, printed = sample('--seed', '1')
     assert other['images'] != summary['images'] and other['sample']['seed'] == 1 and 'seed 1' in printed
     # balanced: 24 images of 12 classes are 2 per class
-    picked = data.sample_images(str(tmp_path / 'val'), 24, seed=3)
+    picked = sample_images(str(tmp_path / 'val'), 24, seed=3)
     counts = {}
     for p in picked:
         counts[os.path.dirname(p)] = counts.get(os.path.dirname(p), 0) + 1
     assert sorted(counts.values()) == [2] * 12 and picked == sorted(picked)
-    assert data.sample_images(str(tmp_path / 'val'), 100, seed=0) == data.find_images(str(tmp_path / 'val'))
+    assert sample_images(str(tmp_path / 'val'), 100, seed=0) == find_images(str(tmp_path / 'val'))
 
 
 def test_query_cell_and_errors():
@@ -271,8 +272,8 @@ def test_figures_are_written(t_cnn, tmp_path):
     summary = heads.summarize(t_cnn, x)
     _assert_png(figures.plot_summary(summary, str(tmp_path / 'heads.png')))
     maps = heads.attention_maps(t_cnn, x)
-    cfg = data.data_config(t_cnn)
-    path = figures.plot_attention(maps, data.denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
+    cfg = data_config(t_cnn)
+    path = figures.plot_attention(maps, denormalize(x[1], cfg), str(tmp_path / 'sub' / 'att.png'), index=1)
     _assert_png(path)
     img = Image.open(path)
     assert img.height > img.width  # 12 rows (3 parts x 4 layers) of 9 heads

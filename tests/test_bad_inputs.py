@@ -151,7 +151,8 @@ def _api_cases():
     import tcnn
     from tcnn.analysis import figures, heads
     from tcnn.evaluation import plots
-    from tcnn import data
+    from tcnn.data.config import data_config
+    from tcnn.data.images import denormalize, find_images, load_images
     from tcnn.files import weights as hub
     from tcnn.evaluation import scoring, suites, tables
     nan, inf = float('nan'), float('inf')
@@ -213,16 +214,16 @@ def _api_cases():
          'query must be a (y, x) pixel'),
         ('nonlocality None', lambda c, t, x, p: heads.nonlocality(t, None), TypeError,
          'images must be a tensor of images'),
-        ('image_data_config crop', lambda c, t, x, p: data.data_config(t, 32, nan), ValueError,
+        ('image_data_config crop', lambda c, t, x, p: data_config(t, 32, nan), ValueError,
          'crop_pct must be a finite number'),
-        ('image_data_config size', lambda c, t, x, p: data.data_config(t, 0), ValueError,
+        ('image_data_config size', lambda c, t, x, p: data_config(t, 0), ValueError,
          'img_size must be >= 1'),
-        ('find_images limit', lambda c, t, x, p: data.find_images(str(p), 0), ValueError,
+        ('find_images limit', lambda c, t, x, p: find_images(str(p), 0), ValueError,
          'limit must be >= 1'),
-        ('load_images empty', lambda c, t, x, p: data.load_images([], {}), ValueError, 'paths is empty'),
-        ('load_images str', lambda c, t, x, p: data.load_images('a.png', {}), TypeError,
+        ('load_images empty', lambda c, t, x, p: load_images([], {}), ValueError, 'paths is empty'),
+        ('load_images str', lambda c, t, x, p: load_images('a.png', {}), TypeError,
          'paths must be a list of image paths'),
-        ('denormalize', lambda c, t, x, p: data.denormalize(x, {}), ValueError,
+        ('denormalize', lambda c, t, x, p: denormalize(x, {}), ValueError,
          'data_config must hold the normalisation mean and std'),
         ('eval_data_config crop', lambda c, t, x, p: suites.eval_data_config(t, 'imagenet', 32, 2.0), ValueError,
          'crop_pct must be <= 1, got 2.0'),

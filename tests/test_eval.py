@@ -12,6 +12,7 @@ import torch.nn as nn
 from PIL import Image
 
 import tcnn
+import tcnn.files.tcnn_file
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.evaluation import scoring, suites, tables

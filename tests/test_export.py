@@ -17,6 +17,8 @@ import torch.nn as nn
 import tcnn
 import tcnn.layers.depthwise as dw
 import tcnn.export as tex
+import tcnn.export.pipeline
+import tcnn.export.torch_export
 from tcnn.files import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
@@ -412,11 +414,30 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_export(small_fil
                                                                        out, message):
     # the export must not even start: a write that fails after minutes of exporting is a dead end
     (tmp_path / 'folder.onnx').mkdir()
-    monkeypatch.setattr(tex, 'export', lambda *a, **k: pytest.fail('exported before checking --out'))
+    monkeypatch.setattr(tcnn.export.pipeline, 'export_checked',
+                        lambda *a, **k: pytest.fail('exported before checking --out'))
     out, message = out.replace('OUT', str(tmp_path)), message.replace('OUT', str(tmp_path))
     rc, _, err = _run(['export', small_file, '--out', out, '--img-size', '32'], capsys)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert sorted(os.listdir(tmp_path)) == ['folder.onnx'] and not os.listdir(tmp_path / 'folder.onnx')
+
+
+def test_the_options_are_checked_once(small_file, tmp_path, capsys, monkeypatch):
+    """``tcnn export`` checks its options before reading the model and exports with what the check returned;
+    ``tcnn.export.export`` checks them itself: once each, never again inside the export."""
+    import tcnn.export.options as options
+    check, calls = options.check_export_options, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(tcnn.export.pipeline, 'check_export_options', counted)  # what tcnn.export.export calls
+    monkeypatch.setattr(options, 'check_export_options', counted)  # what the command imports when it runs
+    rc, _, err = _run(['export', small_file, '--out', str(tmp_path / 'cli.pt2'), '--img-size', '32'], capsys)
+    assert rc == 0 and calls == [str(tmp_path / 'cli.pt2')], (calls, err)
+    tex.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
+    assert calls == [str(tmp_path / 'cli.pt2'), str(tmp_path / 'api.pt2')]
 
 
 def test_a_model_with_non_finite_weights_is_named_before_exporting(tmp_path, capsys, monkeypatch):
@@ -426,7 +447,8 @@ def test_a_model_with_non_finite_weights_is_named_before_exporting(tmp_path, cap
         model.fc.bias[3] = float('inf')
     path = str(tmp_path / 'bad.pt')
     tcnn.save(model, path)
-    monkeypatch.setattr(tex, '_pt2_bytes', lambda *a: pytest.fail('exported a model that computes NaN'))
+    monkeypatch.setattr(tcnn.export.torch_export, 'export_bytes',
+                        lambda *a: pytest.fail('exported a model that computes NaN'))
     rc, _, err = _run(['export', path, '--out', str(tmp_path / 'm.pt2'), '--img-size', '32'], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert 'the model computes non-finite logits (NaN or infinity); 2 of its parameters/buffers hold NaN or ' \

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 import tcnn
 import tcnn.export as tex
+from tcnn.export.pooling import FloorModePool2d
 import torch_versions
 from tcnn.cli import main
 
@@ -58,10 +59,10 @@ def _x(batch: int, size: int, seed: int = 3) -> torch.Tensor:
                          ids=['avg2-s2', 'avg3-s2-p1-incl', 'avg3-s2-p1', 'max3-s2-p1', 'max2-s2'])
 def test_floor_mode_pooling_equals_the_ceil_mode_one(pool, ceil_mode):
     pool.ceil_mode = ceil_mode
-    assert tex._FloorModePool2d.replaces(pool) == ceil_mode
+    assert FloorModePool2d.replaces(pool) == ceil_mode
     if not ceil_mode:
         return
-    floor = tex._FloorModePool2d(pool)
+    floor = FloorModePool2d(pool)
     dims = torch.export.Dim.DYNAMIC
     program = torch.export.export(floor, (torch.randn(2, 4, 8, 8),), dynamic_shapes=({2: dims, 3: dims},)).module()
     for h, w in ((8, 8), (5, 7), (9, 4), (3, 3), (12, 11)):
@@ -77,7 +78,7 @@ def test_aoti_sizes_a_ceil_mode_pooling_wrongly_and_the_floor_mode_form_rightly(
     pool = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
     dims = torch.export.Dim.DYNAMIC
     shapes = {}
-    for name, module in (('ceil', pool), ('floor', tex._FloorModePool2d(pool))):
+    for name, module in (('ceil', pool), ('floor', FloorModePool2d(pool))):
         program = torch.export.export(module, (torch.randn(2, 4, 8, 8),), dynamic_shapes=({2: dims, 3: dims},))
         package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / f'{name}.pt2'))
         x = torch.randn(2, 4, 5, 5)

@@ -15,7 +15,7 @@ import torch
 from timm.data import resolve_data_config
 
 import tcnn
-import tcnn.export
+import tcnn.export.metadata
 from tcnn.files import tcnn_file as tio
 from tcnn.cli import main
 
@@ -72,13 +72,14 @@ def test_checkpoint_file_and_loaded_models_keep_the_fine_tuned_size(run, tmp_pat
         assert (tuple(d['data_config']['test_input_size']), d['data_config']['test_crop_pct']) == expected
         loaded = tcnn.load(str(run[1] / name))
         assert _test_config(loaded) == expected, name
-        assert tcnn.data.data_config(loaded, use_test_size=True)['input_size'] == expected[0]
+        assert tcnn.data.config.data_config(loaded, use_test_size=True)['input_size'] == expected[0]
     # a T-CNN file of the trained model, and the model loaded from it; timm's own loader of such a file
     path = tcnn.save(tcnn.load(str(run[1] / 'best.pt')), str(tmp_path / 'fine_tuned.safetensors'))
     assert _test_config(tcnn.load(path)) == expected
     by_timm = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=path))
     assert _test_config(by_timm) == expected
-    assert json.loads(tcnn.export._metadata(tcnn.load(path)))['data_config']['input_size'] == list(expected[0])
+    stored = json.loads(tcnn.export.metadata.metadata_json(tcnn.load(path)))['data_config']
+    assert stored['input_size'] == list(expected[0])
 
 
 def test_published_folder_keeps_the_fine_tuned_size(run, tmp_path):

@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader
 import tcnn
 import tcnn.train.launch as tcnn_train
 import tcnn.train.trainer as trainer
-from tcnn.data import build_transforms, open_training_data, recipe_data_config
+from tcnn.data.config import recipe_data_config
+from tcnn.data.training import open_training_data
+from tcnn.data.transforms import build_transforms
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict

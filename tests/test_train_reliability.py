@@ -455,7 +455,7 @@ def test_loop_numbers_of_a_data_bound_epoch(monkeypatch):
 def test_epoch_time_is_the_wall_time_of_a_data_bound_epoch(data_dir, tmp_path, monkeypatch, capsys):
     """``tcnn train`` with image reads that sleep: the metrics row's epoch time holds the waiting (every read of the
     epoch, training and validation), data_wait is the waiting share and the log line says the run is data-bound."""
-    from tcnn.data import ImageFolderDataset
+    from tcnn.data.folders import ImageFolderDataset
     delay = 0.05
     read = ImageFolderDataset.__getitem__
 

@@ -205,7 +205,7 @@ def attention_figure(
 
     Args:
         maps: ``tcnn.analysis.heads.attention_maps`` output.
-        image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.data.denormalize``).
+        image: ``(3, H, W)`` image in [0, 1] (see ``tcnn.data.images.denormalize``).
         index: Which image of the batch the maps belong to.
         parts: Attention parts to show, rows in this order.
         title: Put before the figure's caption (e.g. the image's name).

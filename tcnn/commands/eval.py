@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                         'in the same order')
     if len(set(args.suite)) != len(args.suite):
         raise TcnnError('a suite is given twice')
-    from ..data import check_image_options
+    from ..data.config import check_image_options
     from ..errors import check_number
     from ..paths import check_output_file
     from ..train.distributed import resolve_device

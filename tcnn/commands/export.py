@@ -1,17 +1,18 @@
 """``tcnn export FILE --out OUT.onnx|OUT.pt2|OUT.pte [--aoti]``: a T-CNN for deployment (ONNX, ``torch.export``,
 AOTInductor, ExecuTorch), checked against PyTorch in the runtime that reads it before it is written
-(``tcnn.export``)."""
+(``tcnn.export``).
+
+The options are checked once, before the model is read (``tcnn.export.options.check_export_options``, torch-free
+until they are valid), and the export runs with what that check returned (``export_checked``)."""
 import argparse
 import os
 import warnings
 from typing import TYPE_CHECKING
 
-from ..errors import TcnnError, check_number
-from ..paths import check_input_file, check_output_file
+from ..errors import TcnnError
+from ..paths import HUB_PREFIXES, check_input_file
 from ..version import EXPORT_EXTENSIONS
 from .arguments import in_chans, parse_img_size, size_text
-
-HUB_PREFIXES = ('local-dir:', 'hf-hub:')  # tcnn.files.hub_folder.HUB_PREFIXES, without importing torch
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -55,7 +56,7 @@ def _shape(shape) -> str:
 def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
     """The model to export: the file's, or with ``--backbone`` the ResNet of a torchvision detection or segmentation
     model (``tcnn.export.backbone_trunk``); a detection or segmentation model itself is one line naming why not."""
-    from .. import export as tex
+    from ..export.backbone import backbone_trunk
     from ..files.weights import model_task
     task = model_task(model)
     name = (getattr(model, 'tcnn_source', None) or {}).get('model', type(model).__name__)
@@ -63,7 +64,7 @@ def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
         if task is None:
             raise TcnnError(f'--backbone exports the backbone of a torchvision detection or segmentation model; '
                             f'{args.file} holds {name}: export it without --backbone')
-        return tex.backbone_trunk(model)
+        return backbone_trunk(model)
     if task == 'detection':
         raise TcnnError(f'{args.file} holds {name}, a detection model: its resizing, anchors and NMS (a varying '
                         'number of boxes per image) do not export as one checked tensor; export its backbone (the '
@@ -75,26 +76,22 @@ def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
 
 
 def run(args: argparse.Namespace) -> int:
-    # the cheap checks first: a mistake costs no model load and no export
+    # the checks first: a mistake costs no model load and no export
     if not (args.file.startswith(HUB_PREFIXES) or os.path.isdir(args.file)):  # a Hub folder is checked as it loads
         check_input_file(args.file, 'T-CNN file')
-    path = check_output_file(args.out, '--out', EXPORT_EXTENSIONS)  # also the format, by extension
-    if not path.lower().endswith('.onnx') and args.exporter:
-        raise TcnnError(f'--exporter applies to .onnx files; a {os.path.splitext(path)[1]} file is written by '
-                        'torch.export')
-    check_number(args.tol, '--tol', gt=0)
+    extension = os.path.splitext(args.out)[1]
+    if args.exporter and extension.lower() in EXPORT_EXTENSIONS and extension.lower() != '.onnx':
+        raise TcnnError(f'--exporter applies to .onnx files; a {extension} file is written by torch.export')
     parse_img_size(args.img_size, 3)
+    from ..export.options import check_export_options
+    options = check_export_options(args.out, args.exporter or 'dynamo', args.opset, args.aoti, args.dynamic_size,
+                                   args.tol, names=('--out', '--tol'))
 
-    from .. import export as tex
-    from ..files import loading
     from ..convert.settings import gpsa_layers
+    from ..export.metadata import INPUT_NAME, OUTPUT_NAME
+    from ..export.pipeline import export_checked
+    from ..files import loading
 
-    exporter = args.exporter or 'dynamo'
-    fmt = tex.check_export_options(path, exporter, args.opset, args.aoti, args.dynamic_size)
-    if fmt == 'onnx':
-        tex.require_onnx(exporter)
-    elif fmt == 'pte':
-        tex.require_executorch()
     model = loading.load(args.file)
     model = _exportable(model, args)
     if not gpsa_layers(model):
@@ -103,14 +100,13 @@ def run(args: argparse.Namespace) -> int:
     size = parse_img_size(args.img_size, in_chans(model))
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', module=r'torch\.(onnx|export|_export|fx)')  # exporters' progress notes
-        report = tex.export(model, path, input_size=size, exporter=exporter, opset=args.opset,
-                            dynamic_size=args.dynamic_size, tol=args.tol, aoti=args.aoti)
-    how = f'ONNX opset {report.opset}, {report.exporter} exporter' if fmt == 'onnx' else report.exporter
+        report = export_checked(model, options, input_size=size)
+    how = f'ONNX opset {report.opset}, {report.exporter} exporter' if report.format == 'onnx' else report.exporter
     checks = ', '.join(f'batch {c.batch} {c.height}x{c.width} {c.max_rel_err:.2g}' for c in report.checks)
     print('\n'.join([
         f'{args.file} -> {report.path} ({how}, {size_text(report.size_bytes)}) in {report.seconds:.1f} s',
-        f'  input       {tex.INPUT_NAME} {_shape(report.input_shape)} float32',
-        f'  output      {tex.OUTPUT_NAME} {_shape(report.output_shape)}',
+        f'  input       {INPUT_NAME} {_shape(report.input_shape)} float32',
+        f'  output      {OUTPUT_NAME} {_shape(report.output_shape)}',
         f'  checked     {report.runtime} against PyTorch, max rel err of the logits: {checks} '
         f'(tolerance {report.tol:g})',
     ]))

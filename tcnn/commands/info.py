@@ -175,7 +175,7 @@ def _range(values: List[float]) -> str:
 
 
 def _data_text(config: Dict[str, Any], source: str = '') -> str:
-    if not config and source.startswith('torchvision:'):  # tcnn.data.dense_data_config: nothing applies
+    if not config and source.startswith('torchvision:'):  # tcnn.data.config.dense_data_config: nothing applies
         return 'none: a torchvision detection model resizes and normalises its images (in [0, 1]) itself'
     if not config:
         return 'unknown'

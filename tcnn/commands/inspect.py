@@ -67,14 +67,15 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import data
+    from ..data.config import check_image_options, data_config
+    from ..data.images import denormalize, load_images
     from ..files import loading
     from ..convert.settings import gpsa_layers
     from ..analysis import heads
     from ..paths import check_output_dir, output_dir
     query = parse_query(args.query)
     parts = _parts(args.parts)
-    data.check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
+    check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
     check_number(args.max_images, '--max-images', ge=1, integer=True)
     check_number(args.seed, '--seed', integer=True)
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
@@ -89,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
         raise TcnnError(f'cannot use device {args.device!r}: {str(e).splitlines()[0]}') from e
     if not gpsa_layers(model):
         raise TcnnError(f'{args.model} has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect')
-    cfg = data.data_config(model, args.img_size)
+    cfg = data_config(model, args.img_size)
 
     extra, sample = _sample(args) if args.images_dir else ([], None)
     all_paths = list(args.image) + [p for p in extra if p not in args.image]
-    batches = (data.load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
+    batches = (load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
                for i in range(0, len(all_paths), args.batch_size))
     summary = heads.summarize(model, batches if all_paths else None)
     summary.update({'source': os.path.abspath(args.model), 'weights': 'ema' if args.use_ema else 'raw',
@@ -102,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
     maps = None
     if args.image:  # before writing anything: a --query outside the image must not leave half the figures
-        x = data.load_images(args.image, cfg).to(args.device)
+        x = load_images(args.image, cfg).to(args.device)
         maps = heads.attention_maps(model, x, query)
-        images = data.denormalize(x.cpu(), cfg)
+        images = denormalize(x.cpu(), cfg)
     with output_dir(args.out):
         written = _write_figures(args, summary, maps, images if maps is not None else None, parts)
     _print_summary(summary)
@@ -131,9 +132,9 @@ def _write_figures(args: argparse.Namespace, summary: dict, maps, images, parts:
 
 def _sample(args: argparse.Namespace) -> Tuple[List[str], dict]:
     """A seeded sample of ``--images-dir`` spread over its folders, and what it is (stored in summary.json)."""
-    from .. import data
-    found = data.find_images(args.images_dir)
-    picked = data.sample_images(found, args.max_images, args.seed)
+    from ..data.images import find_images, sample_images
+    found = find_images(args.images_dir)
+    picked = sample_images(found, args.max_images, args.seed)
     return picked, {'images_dir': args.images_dir, 'seed': args.seed, 'max_images': args.max_images,
                     'found': len(found), 'classes': len({os.path.dirname(p) for p in found}),
                     'classes_sampled': len({os.path.dirname(p) for p in picked})}

@@ -13,7 +13,8 @@ import timm
 import torch
 
 from ..cli import main
-from ..data import data_config, find_images, load_images
+from ..data.config import data_config
+from ..data.images import find_images, load_images
 from ..errors import TcnnError
 from ..analysis import heads
 from ..evaluation import plots

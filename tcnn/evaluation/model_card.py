@@ -13,7 +13,7 @@ import timm
 import torch
 import torch.nn as nn
 
-from .. import data
+from ..data.config import data_config
 from ..convert.settings import gpsa_summary
 from ..evaluation.tables import format_markdown
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
@@ -230,5 +230,5 @@ def _size_text(model: nn.Module) -> str:
     ``tcnn eval`` use those)."""
     def text(cfg: Dict[str, Any]) -> str:
         return f'{"x".join(map(str, cfg["input_size"][1:]))} (crop {cfg["crop_pct"]:g}, {cfg["interpolation"]})'
-    cfg, test = data.data_config(model), data.data_config(model, use_test_size=True)
+    cfg, test = data_config(model), data_config(model, use_test_size=True)
     return text(cfg) + ('' if text(test) == text(cfg) else f', tested at {text(test)}')

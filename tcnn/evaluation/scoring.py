@@ -17,7 +17,7 @@ from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from ..data import check_image_options
+from ..data.config import check_image_options
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
 from ..files.integrity import nonfinite_output_error
 from ..train.compiling import CompiledForward, compile_mode

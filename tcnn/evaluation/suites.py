@@ -31,7 +31,8 @@ import torch
 import torch.nn as nn
 
 from ..convert.verify import eval_mode
-from ..data import IMAGE_EXTENSIONS, check_image_options, data_config
+from ..data.config import check_image_options, data_config
+from ..data.images import IMAGE_EXTENSIONS
 from ..errors import InvalidArgumentError, TcnnError, check_module, check_number
 
 __all__ = ['SUITES', 'SEVERITIES', 'SUITE_TITLES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS',

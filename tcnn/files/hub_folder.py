@@ -29,7 +29,7 @@ from timm.models._hub import save_config_for_hf
 from ..atomic import atomic_write
 from ..convert.settings import ConversionSettings, gpsa_layers
 from ..errors import InvalidArgumentError, TcnnError
-from ..paths import check_replaceable_dir
+from ..paths import HUB_PREFIXES, check_replaceable_dir
 from ..version import __version__
 from . import run_folder
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
@@ -37,11 +37,10 @@ from .tcnn_file import model_from_dict, read, safetensors_error, safetensors_ten
 from .weights import (check_map_location, error_reason, gpsa_layer_names, hub_unreachable, source_model_name,
                       split_model_name, state_dict_misfit, transformed_model_name)
 
-__all__ = ['HUB_PREFIXES', 'HUB_CONFIG', 'HUB_WEIGHTS', 'HUB_CHECKSUMS_KEY', 'CONFIG_KEY', 'check_architecture',
+__all__ = ['HUB_CONFIG', 'HUB_WEIGHTS', 'HUB_CHECKSUMS_KEY', 'CONFIG_KEY', 'check_architecture',
            'load_folder', 'verify_hub_weights', 'timm_location', 'folder_config', 'check_folder_weights',
            'read_published', 'write_hub_weights', 'write_folder', 'push']
 
-HUB_PREFIXES = ('local-dir:', 'hf-hub:')
 HUB_CONFIG = 'config.json'
 HUB_WEIGHTS = 'model.safetensors'
 HUB_CHECKSUMS_KEY = 'tcnn_checksums'  # the weights' checksums (tcnn.files.integrity) in model.safetensors' metadata

@@ -21,7 +21,8 @@ from ..convert.settings import gpsa_layers
 
 from ..convert.stages import stage_candidates
 from ..errors import TcnnError
-from .hub_folder import HUB_PREFIXES, load_folder
+from ..paths import HUB_PREFIXES
+from .hub_folder import load_folder
 from .tcnn_file import model_from_dict, read_raw, validated
 from .weights import (GPSA_KEY, check_path, checkpoint_num_classes, classifier_names, clean_state_dict, create_cnn,
                       gpsa_layer_names, model_keys, record_source, source_model_name, state_dict_misfit,

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet
 from timm.models._features_fx import FeatureGraphNet
 
-from .. import data
+from ..data.config import data_config, dense_data_config
 from ..atomic import atomic_write
 from ..convert.fusion import FusedBranches
 from ..convert.settings import ConversionSettings, gpsa_layers
@@ -238,7 +238,7 @@ def report_from_dict(d: Dict[str, Any]) -> EquivalenceReport:
 
 
 def _stored_data_config(model: nn.Module, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The data config a file stores: the model's (``tcnn.data.data_config``) with its test size and crop
+    """The data config a file stores: the model's (``tcnn.data.config.data_config``) with its test size and crop
     (``test_input_size``, ``test_crop_pct``: what ``use_test_size=True`` resolves), then ``overrides``.
 
     As in timm's ``save_config_for_hf``, an overridden ``input_size`` / ``crop_pct`` replaces the test size / crop
@@ -246,11 +246,11 @@ def _stored_data_config(model: nn.Module, overrides: Optional[Dict[str, Any]]) -
     CNN's test size. Always storing both tells ``model_from_dict`` that the file's config is complete.
     """
     if model_task(model):
-        config = _plain(data.dense_data_config(_source_of(model)['model']), 'data_config')
+        config = _plain(dense_data_config(_source_of(model)['model']), 'data_config')
         config.update(_plain(dict(overrides or {}), 'data_config'))
         return config
-    config = _plain(data.data_config(model), 'data_config')
-    test = data.data_config(model, use_test_size=True)
+    config = _plain(data_config(model), 'data_config')
+    test = data_config(model, use_test_size=True)
     config.update(test_input_size=list(test['input_size']), test_crop_pct=test['crop_pct'])
     overrides = _plain(dict(overrides or {}), 'data_config')
     for key, test_key in (('input_size', 'test_input_size'), ('crop_pct', 'test_crop_pct')):
@@ -286,7 +286,7 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
     Args:
         model: A T-CNN (``tcnn.reparameterize``, ``t_*`` models, ``tcnn.load``) or a plain CNN; DDP and
             ``torch.compile`` wrappers are unwrapped.
-        data_config: Overrides of the data config (default: the model's, ``tcnn.data.data_config``, with its test
+        data_config: Overrides of the data config (default: the model's, ``tcnn.data.config.data_config``, with its test
             size); an ``input_size`` or ``crop_pct`` given here is also the test size or crop unless
             ``test_input_size`` / ``test_crop_pct`` are given too.
         label_names: Class names by output index (default: the model's ``pretrained_cfg['label_names']`` when they

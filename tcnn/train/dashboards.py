@@ -41,7 +41,7 @@ import yaml
 from ..analysis.figures import attention_figure, figure_pixels
 from ..analysis.heads import attention_maps, nonlocality
 from ..convert.settings import gpsa_layers
-from ..data import denormalize
+from ..data.images import denormalize
 from ..errors import TcnnError, first_line
 from .recipe import Recipe, dump_recipe
 

@@ -16,7 +16,9 @@ from timm.utils import ModelEmaV3, distribute_bn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..convert.settings import gpsa_summary
-from ..data import TrainingData, build_transforms, class_names, num_images, recipe_data_config
+from ..data.config import recipe_data_config
+from ..data.training import TrainingData, class_names, num_images
+from ..data.transforms import build_transforms
 from ..errors import TcnnError
 from ..files.tcnn_file import model_from_dict
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
@@ -38,7 +40,7 @@ __all__ = ['Trainer']
 class Trainer:
     """State of one training run (model, optimiser, scheduler, EMA, loaders) and its epoch loop.
 
-    The data comes opened (``tcnn.data.open_training_data``: it fixes the class count the model needs). Set-up
+    The data comes opened (``tcnn.data.training.open_training_data``: it fixes the class count the model needs). Set-up
     order: precision, batch layout (global batch, updates per epoch), model (created, converted or restored), loaders
     (the model's preprocessing), optimisation, loss, wrappers (DDP, compile), then the checkpoint's state or a fresh
     start.
