@@ -11,10 +11,9 @@ from PIL import Image
 from timm.data.auto_augment import RandAugment
 from torch.utils.data import DataLoader
 
-from tcnn.data.config import recipe_data_config
 from tcnn.data.folders import BadImageError, open_dataset
-from tcnn.data.transforms import build_transforms
 from tcnn.errors import TcnnError
+from tcnn.train.data import build_transforms, recipe_data_config
 from tcnn.train.recipe import load_recipe, resolve_recipe
 
 from imagegen import draw_shape, make_image_folder

@@ -8,7 +8,7 @@ import pytest
 from test_bad_inputs import _fresh_python
 
 # the modules of tcnn.data that hold dataset code; tcnn.data.config is what files and exports need
-DATASET_MODULES = ('tcnn.data.folders', 'tcnn.data.readers', 'tcnn.data.training', 'tcnn.data.transforms',
+DATASET_MODULES = ('tcnn.data.folders', 'tcnn.data.readers', 'tcnn.data.transforms',
                    'tcnn.data.images')
 
 

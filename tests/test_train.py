@@ -19,14 +19,12 @@ from torch.utils.data import DataLoader
 import tcnn
 import tcnn.train.launch as tcnn_train
 import tcnn.train.trainer as trainer
-from tcnn.data.config import recipe_data_config
-from tcnn.data.training import open_training_data
-from tcnn.data.transforms import build_transforms
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
 from tcnn.files.tcnn_file import model_from_dict
 from tcnn.files.run_folder import read_checkpoint
 from tcnn.train.builders import create_model
+from tcnn.train.data import build_transforms, open_training_data, recipe_data_config
 from tcnn.train.optim import create_optimizer, create_scheduler, group_lrs, param_groups
 from tcnn.train.recipe import RECIPE_KEYS, Recipe, bundled_recipes, load_recipe, parse_set, resolve_recipe, scaled_lrs
 

@@ -1,18 +1,17 @@
 """A model's eval preprocessing (timm's data config: input size, interpolation, mean, std, crop), the one place tcnn
 asks for it: T-CNN files store it, exported files carry it, evaluation and the CLI's images use it, a training run
-overrides it with its recipe. Nothing here opens a dataset: saving and exporting a model import this module only.
+overrides it with its recipe (``tcnn.train.data``). Nothing here opens a dataset: saving and exporting a model import
+this module only.
 """
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch.nn as nn
 from timm.data import resolve_data_config
 
 from ..errors import check_number
 
-if TYPE_CHECKING:
-    from ..train.recipe import Recipe
 
-__all__ = ['DATA_CONFIG_KEYS', 'data_config', 'dense_data_config', 'recipe_data_config', 'check_image_options']
+__all__ = ['DATA_CONFIG_KEYS', 'data_config', 'dense_data_config', 'check_image_options']
 
 # The preprocessing a model needs at evaluation (timm's data config keys), stored in T-CNN files.
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
@@ -84,16 +83,6 @@ def dense_data_config(name: str) -> Dict[str, Any]:
         return {}
     return {'interpolation': transform.interpolation.value, 'mean': tuple(transform.mean),
             'std': tuple(transform.std)}
-
-
-def recipe_data_config(recipe: 'Recipe', model: nn.Module) -> Dict[str, Any]:
-    """Eval preprocessing of a training run: the model's (``data_config``), overridden by the recipe."""
-    cfg = data_config(model, img_size=recipe.eval_img_size or recipe.img_size)
-    for key in ('interpolation', 'mean', 'std', 'crop_pct'):
-        value = getattr(recipe, key)
-        if value is not None:
-            cfg[key] = tuple(value) if isinstance(value, (list, tuple)) else value
-    return cfg
 
 
 def check_image_options(img_size: Optional[int], crop_pct: Optional[float],

@@ -2,7 +2,8 @@
 
 Streams (``wds/FOLDER`` webdataset shards, ``hfids/NAME``, ``tfds/NAME``) become ``StreamDataset`` (no index, no
 sampler: timm's reader splits the shards between processes and workers); the map-style ``hfds/NAME`` a
-``ReaderDataset``, with the unreadable-image policy and per-sample augmentation seeds of an image folder.
+``ReaderDataset``, with the unreadable-image policy and per-sample augmentation seeds of an image folder. What
+any opened split tells of itself (``num_images``, ``class_names``) is read here too.
 """
 import difflib
 import importlib.util
@@ -13,13 +14,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 from timm.data import create_dataset
 from timm.data.readers import create_reader
 
 from ..errors import TcnnError
 from .folders import MAX_CONSECUTIVE_BAD, SKIP_HINT, BadImageError, ImageFolderDataset, SampleError, error_text
 
-__all__ = ['READERS', 'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset']
+__all__ = ['READERS', 'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset',
+           'class_names', 'num_images']
 
 # ``--data READER/REST``: timm's dataset readers (``timm.data.create_dataset`` names). REST is the shard folder (or
 # URL) for ``wds``, the dataset name or local dataset folder for the others. The package each needs, and its install.
@@ -287,3 +290,18 @@ class ReaderDataset(ImageFolderDataset):
                     raise BadImageError(f'cannot read image {name} ({error_text(e)}): {SKIP_HINT}') from None
                 self._bad_queue.put(name)
         raise BadImageError(f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {self.filename(index)} on')
+
+def class_names(dataset: Dataset, num_classes: int) -> Optional[List[str]]:
+    """The class names of a training split by label index (its reader's ``class_to_idx``: an ImageFolder's sorted
+    folder names, a Hugging Face dataset's label names), or None when they do not name every one of ``num_classes``
+    labels (webdataset's bare indices)."""
+    class_to_idx = getattr(dataset, 'class_to_idx', None) or {}
+    by_index = {int(i): str(name) for name, i in class_to_idx.items()}
+    if sorted(by_index) != list(range(num_classes)):
+        return None
+    return [by_index[i] for i in range(num_classes)]
+
+
+def num_images(dataset: Dataset) -> int:
+    """Images in a split: a stream's stated size (0: unknown), else the dataset's length."""
+    return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)

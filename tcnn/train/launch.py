@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from ..data.training import open_training_data
+from .data import open_training_data
 from ..errors import TcnnError, first_line
 from ..paths import check_output_dir, output_dir
 from .args import add_arguments

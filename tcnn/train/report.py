@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..data.training import num_images
+from ..data.readers import num_images
 from .distributed import DistContext
 from .engine import DATA_BOUND_FRACTION
 from .recipe import Recipe

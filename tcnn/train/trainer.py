@@ -16,13 +16,14 @@ from timm.utils import ModelEmaV3, distribute_bn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..convert.settings import gpsa_summary
-from ..data.config import recipe_data_config
-from ..data.training import TrainingData, class_names, num_images
-from ..data.transforms import build_transforms
+from ..data.readers import class_names, num_images
 from ..errors import TcnnError
+from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from ..files.tcnn_file import model_from_dict
+from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .dashboards import Dashboards
+from .data import TrainingData, build_transforms, recipe_data_config
 from .distributed import (DistContext, StopRequest, all_reduce_sum, gather, rng_state, seed_all, set_deterministic,
                           set_rng_state)
 from .engine import (EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep, autocast_fn, to_device,
@@ -30,9 +31,7 @@ from .engine import (EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, 
 from .optim import add_gpsa_groups, apply_group_settings, create_optimizer, create_scheduler
 from .recipe import Recipe, scaled_lrs
 from .resume import SCHEDULE_KEYS
-from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from .report import epoch_summary, setup_lines
-from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 
 __all__ = ['Trainer']
 
@@ -40,7 +39,7 @@ __all__ = ['Trainer']
 class Trainer:
     """State of one training run (model, optimiser, scheduler, EMA, loaders) and its epoch loop.
 
-    The data comes opened (``tcnn.data.training.open_training_data``: it fixes the class count the model needs). Set-up
+    The data comes opened (``tcnn.train.data.open_training_data``: it fixes the class count the model needs). Set-up
     order: precision, batch layout (global batch, updates per epoch), model (created, converted or restored), loaders
     (the model's preprocessing), optimisation, loss, wrappers (DDP, compile), then the checkpoint's state or a fresh
     start.

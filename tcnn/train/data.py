@@ -1,19 +1,25 @@
-"""The data of a training run: the recipe's ``data`` (an image folder or a timm reader) opened at its train and val
-splits, with the class count they imply checked against the recipe's."""
+"""The data of a training run, as its recipe asks: the recipe's ``data`` (an image folder or a timm reader) opened at
+its train and val splits, with the class count they imply checked against the recipe's; the run's evaluation
+preprocessing (the model's data config, overridden by the recipe); and the recipe's augmentation (timm's training
+transform: DeiT's RandAugment, random erasing, colour jitter).
+
+The datasets, readers and transforms themselves are ``tcnn.data``'s, which knows nothing of recipes."""
 import dataclasses
 import os
-from typing import TYPE_CHECKING, List, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+import torch.nn as nn
+from timm.data import create_transform
 from torch.utils.data import Dataset
 
+from ..data.config import data_config
+from ..data.folders import open_dataset
+from ..data.readers import StreamDataset, is_reader_spec, open_reader_datasets
+from ..data.transforms import safe_augmentation
 from ..errors import TcnnError
-from .folders import open_dataset
-from .readers import StreamDataset, is_reader_spec, open_reader_datasets
+from .recipe import Recipe
 
-if TYPE_CHECKING:
-    from ..train.recipe import Recipe
-
-__all__ = ['TrainingData', 'class_names', 'num_images', 'open_training_data']
+__all__ = ['TrainingData', 'open_training_data', 'recipe_data_config', 'build_transforms']
 
 
 @dataclasses.dataclass
@@ -38,23 +44,8 @@ class TrainingData:
         return isinstance(self.train, StreamDataset)
 
 
-def class_names(dataset: Dataset, num_classes: int) -> Optional[List[str]]:
-    """The class names of a training split by label index (its reader's ``class_to_idx``: an ImageFolder's sorted
-    folder names, a Hugging Face dataset's label names), or None when they do not name every one of ``num_classes``
-    labels (webdataset's bare indices)."""
-    class_to_idx = getattr(dataset, 'class_to_idx', None) or {}
-    by_index = {int(i): str(name) for name, i in class_to_idx.items()}
-    if sorted(by_index) != list(range(num_classes)):
-        return None
-    return [by_index[i] for i in range(num_classes)]
 
-
-def num_images(dataset: Dataset) -> int:
-    """Images in a split: a stream's stated size (0: unknown), else the dataset's length."""
-    return dataset.num_samples if isinstance(dataset, StreamDataset) else len(dataset)
-
-
-def open_training_data(recipe: 'Recipe', resumed: bool = False) -> TrainingData:
+def open_training_data(recipe: Recipe, resumed: bool = False) -> TrainingData:
     """Open the recipe's ``data`` (an ImageFolder root or a timm reader spec) at its train and val splits.
 
     Args:
@@ -88,3 +79,27 @@ def open_training_data(recipe: 'Recipe', resumed: bool = False) -> TrainingData:
         raise TcnnError(f'num_classes {given} disagrees with the data\'s {known} classes ({where}): leave num_classes '
                         f'out (tcnn train takes the class count from the data) or set --set num_classes={known}')
     return TrainingData(train, val, given if given is not None else known, known)
+
+
+def recipe_data_config(recipe: Recipe, model: nn.Module) -> Dict[str, Any]:
+    """Eval preprocessing of a training run: the model's (``data_config``), overridden by the recipe."""
+    cfg = data_config(model, img_size=recipe.eval_img_size or recipe.img_size)
+    for key in ('interpolation', 'mean', 'std', 'crop_pct'):
+        value = getattr(recipe, key)
+        if value is not None:
+            cfg[key] = tuple(value) if isinstance(value, (list, tuple)) else value
+    return cfg
+
+
+def build_transforms(recipe: Recipe, data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:
+    """timm's training transform with the recipe's augmentation and its evaluation transform."""
+    train = create_transform(
+        recipe.img_size, is_training=True, auto_augment=recipe.aa, color_jitter=recipe.color_jitter,
+        re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount,
+        scale=tuple(recipe.scale) if recipe.scale else None,
+        interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']))
+    val = create_transform(
+        data_cfg['input_size'][-1], is_training=False, interpolation=data_cfg['interpolation'],
+        mean=tuple(data_cfg['mean']), std=tuple(data_cfg['std']), crop_pct=data_cfg['crop_pct'],
+        crop_mode=data_cfg['crop_mode'])
+    return safe_augmentation(train), val
