@@ -93,8 +93,8 @@ def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
     """
     for key, off in _UNSUPPORTED.items():
         if getattr(recipe, key) != off:
-            raise TcnnError(f'{key}={getattr(recipe, key)!r} is a tcnn train feature that timm\'s train.py does not have: '
-                            f'use tcnn train, or --tcnn-set {key}={"false" if off is False else "null"}')
+            raise TcnnError(f'{key}={getattr(recipe, key)!r} is a tcnn train feature that timm\'s train.py does not '
+                            f'have: use tcnn train, or --tcnn-set {key}={"false" if off is False else "null"}')
     argv, given = list(given), _given(given)
     flags: List[str] = []
 

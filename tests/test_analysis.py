@@ -1,5 +1,5 @@
-"""tcnn.analysis (heads, figures), tcnn.evaluation.plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps, nonlocality,
-figures."""
+"""tcnn.analysis (heads, figures), tcnn.evaluation.plots and `tcnn inspect` / `tcnn plot`: summaries, attention maps,
+nonlocality, figures."""
 import itertools
 import json
 import math

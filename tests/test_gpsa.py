@@ -534,7 +534,8 @@ def test_forward_launches_few_kernels(stride):
 
 def test_layer_functions_name_their_arguments():
     """The layer reads by named calls: no function or method of ``tcnn.layers`` takes more than six positional
-    arguments (``self``, ``cls`` excluded); a layer's geometry is passed by keyword (``project(x, ..., stride=...)``)."""
+    arguments (``self``, ``cls`` excluded); a layer's geometry is passed by keyword (``project(x, ..., stride=...)``).
+    """
     folder = pathlib.Path(__file__).resolve().parents[1] / 'tcnn' / 'layers'
     too_many = []
     for path in sorted(folder.glob('*.py')):

@@ -386,7 +386,8 @@ def test_card_states_the_exact_configuration_of_the_code(converted_file):
                    '(https://huggingface.co/timm/resnet50d.a1_in1k))'),
     ('random', 'random initialisation'), ('file:w.pth', 'a local checkpoint, `w.pth`'), (None, 'not recorded')])
 def test_card_names_the_source_weights(origin, text):
-    assert tcnn.evaluation.model_card._source_weights({'model': 'resnet50d.a1_in1k', 'weights': origin}).startswith(text)
+    source = {'model': 'resnet50d.a1_in1k', 'weights': origin}
+    assert tcnn.evaluation.model_card._source_weights(source).startswith(text)
 
 
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check

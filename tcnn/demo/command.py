@@ -10,15 +10,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='output folder (default ./tcnn-demo); run the same command again to continue an '
                              'interrupted demo')
     parser.add_argument('--quick', action='store_true',
-                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): --plan quick')
+                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): '
+                             '--plan quick')
     parser.add_argument('--plan', choices=list(PLANS),
                         help='sizes and schedules: default (the result, about 15 minutes on 2 CPU cores), quick (a '
                              'smoke run), paper (the paper\'s schedule: each CNN to its plateau, 50 fine-tuning '
                              'epochs, 3 seeds; a GPU\'s job, hours on a CPU) or tiny (a check of the pipeline in about '
                              'a minute, no result)')
     parser.add_argument('--seeds', type=int, metavar='N',
-                        help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default 2; 1 '
-                             'with --quick); --seeds 6 measures the distribution that docs/demo.md documents')
+                        help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default '
+                             '2; 1 with --quick); --seeds 6 measures the distribution that docs/demo.md documents')
     parser.add_argument('--device', default='cpu', help='cpu (default), cuda, cuda:1, ...')
     parser.add_argument('--workers', type=int, metavar='N',
                         help='data-loading processes per training run (default: none for a one-thread run, else '

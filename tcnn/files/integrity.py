@@ -2,8 +2,8 @@
 
 ``torch.load`` and safetensors read whatever bytes a file holds: a byte overwritten inside a stored tensor loads
 without a word and gives wrong (or NaN) logits. tcnn's own files (T-CNN files, training checkpoints, Hub folders of
-``tcnn publish``) therefore carry one CRC-32 per tensor over its raw bytes (zlib's, in key order: a fraction of ``torch.load``'s own time,
-docs/benchmarks.md), which loading checks: a corrupt tensor is named, never computed with.
+``tcnn publish``) therefore carry one CRC-32 per tensor over its raw bytes (zlib's, in key order: a fraction of
+``torch.load``'s own time, docs/benchmarks.md), which loading checks: a corrupt tensor is named, never computed with.
 CRC-32 detects every error burst of up to 32 bits (a flipped byte, a few overwritten ones) with certainty and other
 damage with probability 1 - 2**-32 per tensor; it guards against accidents (disks, transfers, truncated copies), not
 against tampering. Files without checksums (tcnn 0.3.x and earlier, other tools) load unchecked.

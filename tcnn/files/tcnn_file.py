@@ -52,8 +52,8 @@ from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, c
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
            'read_raw', 'check_dict', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of',
-           'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY', 'unwrap_model',
-           'safetensors_tensors', 'safetensors_error']
+           'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY',
+           'unwrap_model', 'safetensors_tensors', 'safetensors_error']
 
 _METADATA_KEY = 'tcnn'
 # The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a

@@ -2,8 +2,8 @@
 layers and classifier head a state dict holds), create source CNNs by name (timm or torchvision) with pretrained,
 local or random weights, and the names of T-CNNs (``t_NAME``).
 
-Offline behaviour matters here: timm alone retries a download for the better part of a minute before failing. We look in the local
-caches first, then probe the weight host with a short timeout, and fail within seconds with a
+Offline behaviour matters here: timm alone retries a download for the better part of a minute before failing. We
+look in the local caches first, then probe the weight host with a short timeout, and fail within seconds with a
 ``WeightsUnavailableError`` whose message names the Python fix (``pretrained=False``, or local weights through
 ``weights=``/``pretrained_cfg_overlay=dict(file=...)``); the commands re-word it with their flags
 (``--weights``/``--no-pretrained``) through ``WeightsUnavailableError.with_hint``.
