@@ -4,9 +4,9 @@ One entrypoint is registered per model of the timm families in ``FAMILIES`` (Res
 timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, MobileNetV3: ``t_resnet50d``,
 ``t_seresnext26d_32x4d``, ``t_resnext26ts``, ``t_regnety_002``, ``t_convnext_tiny``, ``t_efficientnet_b0``,
 ``t_mobilenetv3_large_100``, ...), each under its own name with ``register_model`` and as this module's
-attribute of that name (``tcnn.models.t_resnet50d``, listed in ``__all__``: which models there are depends on the
-installed timm, so the entrypoints are made from its model list, not written out one by one), with pretrained
-configs that copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at
+attribute of that name (``tcnn.models.t_resnet50d``, which ``register_model`` lists in ``__all__``: which models
+there are depends on the installed timm, so the entrypoints are made from its model list, not written out one by
+one), with pretrained configs that copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at
 the source's data config), minus the weight locations: there are no converted weights to download. Instead
 
 * ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which
@@ -120,5 +120,3 @@ def _register_all() -> Tuple[str, ...]:
 
 
 SOURCE_MODELS: Tuple[str, ...] = _register_all()
-# each entrypoint by its name: tcnn.models.t_resnet50d, `from tcnn.models import t_resnet50d`
-__all__ += [transformed_model_name(source) for source in SOURCE_MODELS]
