@@ -6,8 +6,9 @@ timm's ``resnet`` and ``byobnet`` modules, RegNet, ConvNeXt, EfficientNet, Mobil
 ``t_mobilenetv3_large_100``, ...), each under its own name with ``register_model`` and as this module's
 attribute of that name (``tcnn.models.t_resnet50d``, which ``register_model`` lists in ``__all__``: which models
 there are depends on the installed timm, so the entrypoints are made from its model list, not written out one by
-one), with pretrained configs that copy the source's tags, input sizes, normalisation and crop (T-CNN, arXiv:2106.05795, fine-tunes at
-the source's data config), minus the weight locations: there are no converted weights to download. Instead
+one), with pretrained configs that copy the source's tags, input sizes, normalisation and crop (T-CNN,
+arXiv:2106.05795, fine-tunes at the source's data config), minus the weight locations: there are no converted weights
+to download. Instead
 
 * ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which
   fails within seconds offline);
