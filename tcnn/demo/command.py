@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f'--quick is --plan quick: give one of --quick and --plan {args.plan}')
     plan = 'quick' if args.quick else args.plan or 'default'
     import sys
+    from ..allocator import keep_freed_memory
     from . import DemoStopped, run_demo
+    keep_freed_memory()  # its own evaluations, and (through the environment) the training processes it starts
     try:
         run_demo(args.out, plan=plan, seeds=args.seeds, device=args.device,
                  workers=args.workers, jobs=args.jobs, progress=not args.no_progress)

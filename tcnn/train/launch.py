@@ -23,6 +23,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from .data import open_training_data
+from ..allocator import keep_freed_memory
 from ..errors import TcnnError, first_line
 from ..paths import check_output_dir, output_dir
 from .args import add_arguments
@@ -68,6 +69,7 @@ class RunStatus:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tcnn train`` with parsed arguments; user mistakes raise ``TcnnError``."""
+    keep_freed_memory()  # before the first large allocation: every step reuses the memory the last one freed
     recipe, checkpoint, notes = resolve(args)
     if args.print_config:
         print(dump_recipe(recipe), end='')
@@ -90,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
             recipe = dataclasses.replace(recipe, num_classes=data.num_classes)  # a fresh run may leave it to the data
             trainer = Trainer(recipe, data, ctx, checkpoint, stop)
             del checkpoint
-            if ctx.is_main:
-                folder.write_config(dump_recipe(recipe))
+            if ctx.is_main:  # the trainer's recipe: with the data pipeline it chose
+                folder.write_config(dump_recipe(trainer.recipe))
             status.write('running', trainer)
             trainer.describe()
             code = trainer.fit()
