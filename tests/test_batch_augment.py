@@ -689,6 +689,20 @@ def test_a_list_of_sizes_equals_one_image_at_a_time():
     assert torch.equal(aug(same, params), aug(list(same), params))
 
 
+def test_chunks_on_the_cpu_equal_the_whole_batch_at_once(monkeypatch):
+    """The CPU takes the batch a few images at a time; other devices take it at once: the same result."""
+    import tcnn.data.batch_augment as module
+    for kwargs in (RECIPE, dict(color_jitter=(0.3, 0.3, 0.3, 0.1), interpolation='bicubic', mean=MEAN, std=STD)):
+        aug = BatchAugment(64, **{**kwargs, 're_prob': 0.5})
+        rng = random.Random(4)
+        images = [_tensor(a) for a in IMAGES] * 3
+        params = default_collate([aug.draw(rng, tuple(t.shape[1:])) for t in images])
+        monkeypatch.setattr(module, 'CPU_CHUNK_ELEMENTS', 4 * 3 * 64 * 64)  # 4 images at a time
+        chunked = aug(images, params)
+        monkeypatch.setattr(module, 'CPU_CHUNK_ELEMENTS', 1 << 40)
+        assert torch.equal(aug(images, params), chunked)
+
+
 def test_output_shape_dtype_device_and_normalisation():
     aug = BatchAugment(32, scale=(1, 1), hflip=0, color_jitter=None, mean=MEAN, std=STD)
     flat = torch.full((3, 40, 50), 200, dtype=torch.uint8)
@@ -701,16 +715,23 @@ def test_output_shape_dtype_device_and_normalisation():
     assert ev([flat, flat[:, :30]]).shape == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize('crop_mode,interpolation', [('center', 'bicubic'), ('center', 'bilinear'),
-                                                     ('squash', 'bicubic'), ('center', 'nearest')])
+# (crop mode, interpolation) -> (mean, max) |diff| tolerance in levels, 1.5x measured (the resize's, as above)
+EVAL_TOLERANCE = {('center', 'bicubic'): (0.0054, 1),  # measured 0.0036, 1
+                  ('center', 'bilinear'): (0.0026, 1),  # measured 0.0017, 1
+                  ('squash', 'bicubic'): (0.0047, 1),  # measured 0.0031, 1
+                  ('center', 'nearest'): (0, 0)}  # measured 0, 0
+
+
+@pytest.mark.parametrize('crop_mode,interpolation', list(EVAL_TOLERANCE))
 def test_batch_eval_against_timms_eval_transform(crop_mode, interpolation):
     ev = BatchEval(64, crop_pct=0.9, crop_mode=crop_mode, interpolation=interpolation, mean=MEAN, std=STD)
     tf = create_transform(64, is_training=False, crop_pct=0.9, crop_mode=crop_mode, interpolation=interpolation,
                           mean=MEAN, std=STD)
     out = ev([_tensor(a) for a in IMAGES])
-    for k, a in enumerate(IMAGES):
-        d = (_denormalize(out[k]).int() - _denormalize(tf(Image.fromarray(a))).int()).abs()
-        assert d.max() <= 1, (k, d.max())
+    d = torch.cat([(_denormalize(out[k]).int() - _denormalize(tf(Image.fromarray(a))).int()).abs().flatten()
+                   for k, a in enumerate(IMAGES)]).float()
+    mean_tol, max_tol = EVAL_TOLERANCE[crop_mode, interpolation]
+    assert d.mean() <= mean_tol and d.max() <= max_tol, (d.mean(), d.max())
     same = torch.stack([_tensor(a) for a in TALL])
     assert torch.equal(ev(same), ev(list(same)))
 
@@ -730,3 +751,11 @@ def test_eval_refuses_other_crop_modes():
         BatchEval(96, crop_mode='border')
     with pytest.raises(UnsupportedAugmentation):
         BatchEval(96, interpolation='random')
+
+
+def test_the_benchmark_runs(capsys):
+    """``benchmarks/batch_augment.py --quick`` (96 px, both settings, ours and timm's) prints its table."""
+    from benchmarks import batch_augment as bench
+    assert bench.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
+    out = capsys.readouterr().out
+    assert 'batched train' in out and 'timm PIL train' in out and 'x PIL' in out
