@@ -449,7 +449,7 @@ class BatchAugment:
             return
         index = chosen.to(out.device)
         result = fn(out.index_select(0, index), *args).contiguous()
-        if out.device.type == 'cpu' and out[0].numel() % 4 == 0:
+        if out.device.type == 'cpu' and out[0].numel() % 4 == 0 and result.storage_offset() % 4 == 0:
             # torch's uint8 index_copy_ moves single bytes on the CPU: whole images as int32 words are 7x faster
             out.view(len(out), -1).view(torch.int32).index_copy_(0, index, result.view(len(result), -1).view(
                 torch.int32))
