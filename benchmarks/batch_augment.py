@@ -3,7 +3,7 @@
 
     python benchmarks/batch_augment.py                 # CPU (and CUDA if present): about 3 minutes on 2 cores
     python benchmarks/batch_augment.py --quick         # one size, 2 repeats: a smoke run
-    python benchmarks/batch_augment.py --save          # also writes benchmarks/results/<device>-batch-augment-<date>.json
+    python benchmarks/batch_augment.py --save          # also writes results/<device>-batch-augment-<date>.json
 
 Times ``BatchAugment.__call__`` and ``BatchEval.__call__`` on a batch of decoded uint8 images, and timm's
 ``create_transform`` (train and eval) on the same images as PIL images, one image at a time in this process (as
