@@ -9,7 +9,7 @@ from test_bad_inputs import _fresh_python
 
 # the modules of tcnn.data that hold dataset code; tcnn.data.config is what files and exports need
 DATASET_MODULES = ('tcnn.data.folders', 'tcnn.data.readers', 'tcnn.data.transforms',
-                   'tcnn.data.images')
+                   'tcnn.data.images', 'tcnn.data.batch_augment', 'tcnn.data.batch_ops')
 
 
 def test_save_load_and_export_import_no_dataset_code():

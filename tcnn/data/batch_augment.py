@@ -1,0 +1,603 @@
+"""timm's training augmentation split in two: per-sample random parameters drawn in Python (``BatchAugment.draw``,
+cheap, in a DataLoader worker, from one seeded ``random.Random``) and the pixel work on a whole batch with tensor ops
+on the training device (``BatchAugment.__call__``); and timm's eval transform on a batch (``BatchEval``).
+
+``BatchAugment(img_size, ...)`` is ``timm.data.create_transform(img_size, is_training=True, ...)`` with the same
+arguments, in timm's order (``transforms_imagenet_train``): ``RandomResizedCropAndInterpolation`` ->
+``RandomHorizontalFlip`` -> ``RandAugment`` (``rand-...`` strings) or ``ColorJitter`` -> ``ToTensor``/``Normalize``
+-> ``RandomErasing``. The draws follow timm's distributions (``get_params``' 10 attempts and centre fallback,
+``RandAugment.__call__``'s op choice, ``AugmentOp``'s probability and magnitude noise, ``LEVEL_TO_ARG``,
+torchvision's ``ColorJitter.get_params``, ``RandomErasing._erase``); the pixel ops are ``tcnn.data.batch_ops``
+(equal to timm's PIL ops except where a resampler differs: see there). What the batched path does not implement
+raises ``UnsupportedAugmentation`` when the object is made, never silently does something else.
+
+The parameters of one sample (``draw``; ``torch.utils.data.default_collate`` stacks them to ``(B, ...)``), for a
+``BatchAugment`` with ``L`` RandAugment layers (0 without RandAugment) and ``K = re_count`` erasing boxes:
+
+=============  ==============  =======  ==========================================================================
+key            shape           dtype    meaning
+=============  ==============  =======  ==========================================================================
+``crop``       ``(4,)``        int64    the crop box ``(top, left, height, width)`` in the source image
+``interp``     ``()``          int64    the crop's resize interpolation, an index of ``batch_ops.INTERPOLATIONS``
+``flip``       ``()``          bool     horizontal flip
+``ra_op``      ``(L,)``        int64    per RandAugment layer the op, an index of ``BatchAugment.ra_ops``; -1: the
+                                        layer was not applied (its probability)
+``ra_arg``     ``(L,)``        float64  the op's argument as timm's level function returns it (degrees, bits,
+                                        threshold, enhancement factor, shear, pixels, or fraction for ``*Rel``)
+``ra_interp``  ``(L,)``        int64    the resample of a geometric op (rotate, shear, translate); -1 for others
+``cj_factor``  ``(4,)``        float64  ColorJitter's brightness, contrast, saturation and hue factors (1, 1, 1, 0
+                                        where a component is off)
+``cj_order``   ``(4,)``        int64    the order of those four (torchvision's ``fn_idx``)
+``re_box``     ``(K, 4)``      int64    the erasing boxes ``(top, left, height, width)`` in drawing order; zeros:
+                                        no box
+``re_seed``    ``()``          int64    the seed of the erasing noise ('rand' and 'pixel' modes; else 0)
+=============  ==============  =======  ==========================================================================
+"""
+import functools
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from timm.data.constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from . import batch_ops as ops
+from .batch_ops import BICUBIC, BILINEAR, INTERPOLATIONS
+
+__all__ = ['UnsupportedAugmentation', 'RandAugmentConfig', 'parse_rand_augment', 'rand_augment_level',
+           'BatchAugment', 'BatchEval', 'RAND_AUGMENT_OPS']
+
+Tensor = torch.Tensor
+Images = Union[List[Tensor], Tensor]
+
+
+class UnsupportedAugmentation(TcnnError):
+    """A timm augmentation setting the batched path does not implement (message: which setting, and what is
+    supported)."""
+
+
+# timm's _LEVEL_DENOM: the 'Mx' magnitude scale's denominator
+_LEVEL_DENOM = 10.
+_GEOMETRIC = ('Rotate', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'TranslateXRel', 'TranslateYRel')
+# The RandAugment ops implemented: every op of timm's _RAND_TRANSFORMS, _RAND_INCREASING_TRANSFORMS and
+# _RAND_WEIGHTED_0 ('tweights'), and the absolute translations
+RAND_AUGMENT_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'PosterizeIncreasing', 'Solarize',
+                    'SolarizeIncreasing', 'SolarizeAdd', 'Color', 'ColorIncreasing', 'Contrast', 'ContrastIncreasing',
+                    'Brightness', 'BrightnessIncreasing', 'Sharpness', 'SharpnessIncreasing', 'ShearX', 'ShearY',
+                    'TranslateX', 'TranslateY', 'TranslateXRel', 'TranslateYRel')
+# timm's transform lists (timm.data.auto_augment), copied so that a timm upgrade that changes them fails our tests
+# rather than our draws
+_RAND_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color',
+                    'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+_RAND_INCREASING_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
+                               'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing', 'ContrastIncreasing',
+                               'BrightnessIncreasing', 'SharpnessIncreasing', 'ShearX', 'ShearY', 'TranslateXRel',
+                               'TranslateYRel')
+_RAND_WEIGHTED_0 = {'Rotate': 3, 'ShearX': 2, 'ShearY': 2, 'TranslateXRel': 1, 'TranslateYRel': 1,
+                    'ColorIncreasing': .25, 'SharpnessIncreasing': 0.25, 'AutoContrast': 0.25,
+                    'SolarizeIncreasing': .05, 'SolarizeAdd': .05, 'ContrastIncreasing': .05,
+                    'BrightnessIncreasing': .05, 'Equalize': .05, 'PosterizeIncreasing': 0.05, 'Invert': 0.05}
+_SUPPORTED_AA = "RandAugment strings ('rand-m9-mstd0.5-inc1', options m, n, p, mstd, mmax, inc, t)"
+# On the CPU the batch is augmented a few images at a time (at most this many uint8 elements): each op's float
+# temporaries then stay in the caches and below glibc's mmap threshold, where one call on many images pays page
+# faults for fresh memory (measured at 224 px, an op on 64 images: a blend 5.7x, sharpness 12x, equalize 3.5x faster
+# in chunks of 4 images than in one call); other devices take the whole batch at once
+CPU_CHUNK_ELEMENTS = 1 << 19
+
+
+@dataclass(frozen=True)
+class RandAugmentConfig:
+    """A ``rand-...`` string as ``timm.data.auto_augment.rand_augment_transform`` reads it.
+
+    Attributes:
+        ops: The op names, in timm's list order.
+        weights: The op choice's probabilities (``tweights``: no replacement), or None (uniform, with replacement).
+        num_layers: Ops per image (``n``, default 2).
+        magnitude: ``m`` (default 10).
+        prob: Probability of each chosen op (``p``, default 0.5).
+        magnitude_std: ``mstd`` (0: none; ``inf`` for ``mstd`` > 100: uniform in [0, m]).
+        magnitude_max: ``mmax``, the clip of the noisy magnitude instead of 10 (None: 10).
+    """
+    ops: Tuple[str, ...]
+    weights: Optional[Tuple[float, ...]]
+    num_layers: int = 2
+    magnitude: float = _LEVEL_DENOM
+    prob: float = 0.5
+    magnitude_std: float = 0.
+    magnitude_max: Optional[int] = None
+
+
+def parse_rand_augment(config_str: str) -> RandAugmentConfig:
+    """``rand_augment_transform``'s reading of ``config_str`` (sections split by '-': ``m``, ``n``, ``p``, ``mstd``
+    (the first one counts; > 100 means uniform), ``mmax``, ``inc``, ``t`` (the op set: 'weights' for weighted choice
+    without replacement; timm's unknown names fall back to the default list).
+
+    Raises:
+        UnsupportedAugmentation: Not a 'rand' string, an unknown section, or an op set of ops not implemented
+            ('3a', '3aw': Desaturate, GaussianBlur).
+    """
+    config = config_str.split('-')
+    if config[0] != 'rand':
+        raise UnsupportedAugmentation(f'auto_augment {config_str!r} is not a RandAugment string; the batched '
+                                      f'augmentation supports {_SUPPORTED_AA}')
+    magnitude, num_layers, increasing, prob = _LEVEL_DENOM, 2, False, 0.5
+    hparams: Dict[str, float] = {}
+    choice = None
+    for c in config[1:]:
+        if c.startswith('t'):
+            choice = choice if choice is not None else c[1:]
+            continue
+        cs = re.split(r'(\d.*)', c)
+        if len(cs) < 2:
+            continue
+        key, val = cs[:2]
+        try:
+            if key == 'mstd':
+                mstd = float(val)
+                hparams.setdefault('magnitude_std', float('inf') if mstd > 100 else mstd)
+            elif key == 'mmax':
+                hparams.setdefault('magnitude_max', int(val))
+            elif key == 'inc':
+                increasing = bool(int(val))
+            elif key == 'm':
+                magnitude = int(val)
+            elif key == 'n':
+                num_layers = int(val)
+            elif key == 'p':
+                prob = float(val)
+            else:
+                raise UnsupportedAugmentation(f'auto_augment {config_str!r}: unknown RandAugment section {c!r} '
+                                              f'(supported, as in timm: m, n, p, mstd, mmax, inc, t)')
+        except ValueError as e:
+            raise UnsupportedAugmentation(f'auto_augment {config_str!r}: section {c!r} is not a number ({e}); '
+                                          f'supported: {_SUPPORTED_AA}') from None
+    weights = None
+    if choice in ('3a', '3aw'):
+        raise UnsupportedAugmentation(f'auto_augment {config_str!r}: the op set t{choice} (3-Augment: Desaturate, '
+                                      f'GaussianBlur) is not implemented; supported: the default sets and tweights')
+    if choice == 'weights':
+        names = tuple(_RAND_WEIGHTED_0)
+        total = sum(_RAND_WEIGHTED_0.values())
+        weights = tuple(w / total for w in _RAND_WEIGHTED_0.values())
+        if num_layers > len(names):  # numpy's choice without replacement refuses it too
+            raise UnsupportedAugmentation(f'auto_augment {config_str!r}: {num_layers} layers drawn without '
+                                          f'replacement from {len(names)} ops')
+    else:
+        names = _RAND_INCREASING_TRANSFORMS if increasing else _RAND_TRANSFORMS
+    return RandAugmentConfig(ops=names, weights=weights, num_layers=num_layers, magnitude=magnitude, prob=prob,
+                             magnitude_std=hparams.get('magnitude_std', 0.), magnitude_max=hparams.get('magnitude_max'))
+
+
+def _negate(value: float, rng: random.Random) -> float:
+    """timm's ``_randomly_negate``."""
+    return -value if rng.random() > 0.5 else value
+
+
+def rand_augment_level(name: str, level: float, rng: random.Random, translate_const: int,
+                       translate_pct: float = 0.45) -> float:
+    """timm's ``LEVEL_TO_ARG[name](level, hparams)[0]`` (0 for the ops without an argument), with its random
+    negation drawn from ``rng``: the same arithmetic, hence the same floats."""
+    if name in ('AutoContrast', 'Equalize', 'Invert'):
+        return 0.
+    if name == 'Rotate':
+        return _negate((level / _LEVEL_DENOM) * 30., rng)
+    if name == 'Posterize':
+        return int((level / _LEVEL_DENOM) * 4)
+    if name == 'PosterizeIncreasing':
+        return 4 - int((level / _LEVEL_DENOM) * 4)
+    if name == 'Solarize':
+        return min(256, int((level / _LEVEL_DENOM) * 256))
+    if name == 'SolarizeIncreasing':
+        return 256 - min(256, int((level / _LEVEL_DENOM) * 256))
+    if name == 'SolarizeAdd':
+        return min(128, int((level / _LEVEL_DENOM) * 110))
+    if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
+        return (level / _LEVEL_DENOM) * 1.8 + 0.1
+    if name in ('ColorIncreasing', 'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing'):
+        return max(0.1, 1.0 + _negate((level / _LEVEL_DENOM) * .9, rng))
+    if name in ('ShearX', 'ShearY'):
+        return _negate((level / _LEVEL_DENOM) * 0.3, rng)
+    if name in ('TranslateX', 'TranslateY'):
+        return _negate((level / _LEVEL_DENOM) * float(translate_const), rng)
+    if name in ('TranslateXRel', 'TranslateYRel'):
+        return _negate((level / _LEVEL_DENOM) * translate_pct, rng)
+    raise UnsupportedAugmentation(f'RandAugment op {name!r} is not implemented; supported: '
+                                  f'{", ".join(RAND_AUGMENT_OPS)}')
+
+
+def _interpolation_code(interpolation: str, what: str, allow_random: bool) -> int:
+    allowed = INTERPOLATIONS + (('random',) if allow_random else ())
+    if interpolation not in allowed:
+        raise UnsupportedAugmentation(f'{what} {interpolation!r} is not implemented by the batched augmentation; '
+                                      f'supported: {", ".join(allowed)}')
+    return -1 if interpolation == 'random' else INTERPOLATIONS.index(interpolation)
+
+
+def _jitter_range(value: Union[float, Sequence[float]], name: str, center: float, bound: Tuple[float, float],
+                  clip_first_on_zero: bool = True) -> Optional[Tuple[float, float]]:
+    """torchvision's ``ColorJitter._check_input``: a factor range, or None for a component that does nothing."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidArgumentError(f'color_jitter {name} must be non-negative, got {value!r}')
+        lo, hi = center - float(value), center + float(value)
+        if clip_first_on_zero:
+            lo = max(lo, 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        lo, hi = float(value[0]), float(value[1])
+    else:
+        raise InvalidTypeError(f'color_jitter {name} must be a number or a (min, max) pair, got {value!r}')
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise InvalidArgumentError(f'color_jitter {name} must lie in {bound}, got {(lo, hi)}')
+    return None if lo == hi == center else (lo, hi)
+
+
+def _stack(images: Images) -> Tuple[List[Tensor], torch.device]:
+    """The images as a list of uint8 ``(3, H, W)`` tensors on one device."""
+    if isinstance(images, Tensor):
+        if images.dim() != 4:
+            raise InvalidArgumentError(f'images must be (B, 3, H, W), got shape {tuple(images.shape)}')
+        images = list(images)
+    if not images:
+        raise InvalidArgumentError('images is empty')
+    device = images[0].device
+    for i, img in enumerate(images):
+        if not isinstance(img, Tensor) or img.dtype != torch.uint8 or img.dim() != 3 or img.shape[0] != 3:
+            got = f'{img.dtype} {tuple(img.shape)}' if isinstance(img, Tensor) else type(img).__name__
+            raise InvalidArgumentError(f'images[{i}] must be a uint8 (3, H, W) tensor, got {got}')
+        if img.device != device:
+            raise InvalidArgumentError(f'images[{i}] is on {img.device}, images[0] on {device}: one device only')
+    return images, device
+
+
+class BatchAugment:
+    """timm's training transform (``create_transform(img_size, is_training=True, ...)``) with parameters drawn per
+    sample (``draw``) and pixels computed per batch (``__call__``). See the module docstring for the parameters.
+
+    Args:
+        img_size: Output side.
+        scale: RandomResizedCrop's area range (None: (0.08, 1)).
+        ratio: Its aspect-ratio range (None: (3/4, 4/3)).
+        hflip: Horizontal flip probability.
+        auto_augment: A RandAugment string ('rand-m9-mstd0.5-inc1'), or None.
+        color_jitter: ColorJitter's strength: a float (brightness, contrast, saturation), a 3- or 4-tuple (with hue);
+            None or with ``auto_augment``: off (as timm does).
+        interpolation: 'bilinear', 'bicubic', 'nearest', or 'random' (bilinear or bicubic per image and per op).
+        mean: Normalisation mean (and RandAugment's fill colour).
+        std: Normalisation std.
+        re_prob: Random erasing probability (0: off).
+        re_mode: 'const', 'rand' or 'pixel'.
+        re_count: Maximum number of erasing boxes per image.
+
+    Raises:
+        UnsupportedAugmentation: An AutoAugment policy, AugMix, 3-Augment, an unknown interpolation or erasing mode.
+    """
+
+    def __init__(self, img_size: int, *, scale: Optional[Sequence[float]] = (0.08, 1.0),
+                 ratio: Optional[Sequence[float]] = (3 / 4, 4 / 3), hflip: float = 0.5,
+                 auto_augment: Optional[str] = None,
+                 color_jitter: Optional[Union[float, Sequence[float]]] = 0.4, interpolation: str = 'bilinear',
+                 mean: Sequence[float] = IMAGENET_DEFAULT_MEAN, std: Sequence[float] = IMAGENET_DEFAULT_STD,
+                 re_prob: float = 0., re_mode: str = 'const', re_count: int = 1) -> None:
+        self.img_size = int(check_number(img_size, 'img_size', ge=3, integer=True))
+        self.scale = tuple(float(s) for s in (scale or (0.08, 1.0)))
+        self.ratio = tuple(float(r) for r in (ratio or (3. / 4., 4. / 3.)))
+        self.log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        self.hflip = float(check_number(hflip, 'hflip', ge=0, le=1))
+        self.interpolation = interpolation
+        self.interp_code = _interpolation_code(interpolation, 'interpolation', allow_random=True)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        # timm's aa_params for the RandAugment ops (transforms_imagenet_train)
+        self.translate_const = int(self.img_size * 0.45)
+        self.fill = tuple(min(255, round(255 * x)) for x in self.mean)
+        self.rand_augment: Optional[RandAugmentConfig] = None
+        if auto_augment:
+            if not isinstance(auto_augment, str):
+                raise InvalidTypeError(f'auto_augment must be a string, got {auto_augment!r}')
+            if not auto_augment.startswith('rand'):
+                kind = 'AugMix' if auto_augment.startswith('augmix') else 'an AutoAugment policy'
+                raise UnsupportedAugmentation(f'auto_augment {auto_augment!r} ({kind}) is not implemented by the '
+                                              f'batched augmentation; supported: {_SUPPORTED_AA}')
+            self.rand_augment = parse_rand_augment(auto_augment)
+        self.ra_ops: Tuple[str, ...] = self.rand_augment.ops if self.rand_augment else ()
+        # ColorJitter only without auto-augment (timm's disable_color_jitter); components as torchvision checks them
+        self.jitter: Tuple[Optional[Tuple[float, float]], ...] = (None,) * 4
+        if color_jitter is not None and not auto_augment:
+            if isinstance(color_jitter, (list, tuple)):
+                if len(color_jitter) not in (3, 4):
+                    raise InvalidArgumentError(f'color_jitter must be a number or 3 or 4 values, got {color_jitter!r}')
+                values = tuple(color_jitter) + (0,) * (4 - len(color_jitter))
+            else:
+                values = (float(color_jitter),) * 3 + (0,)
+            self.jitter = tuple(_jitter_range(v, n, c, b, z) for v, n, c, b, z in zip(
+                values, ('brightness', 'contrast', 'saturation', 'hue'), (1, 1, 1, 0),
+                ((0, math.inf),) * 3 + ((-0.5, 0.5),), (True, True, True, False)))
+        self.re_prob = float(check_number(re_prob, 're_prob', ge=0, le=1))
+        self.re_mode = (re_mode or 'const').lower()
+        if self.re_mode not in ('const', 'rand', 'pixel'):
+            raise UnsupportedAugmentation(f're_mode {re_mode!r} is not a random-erasing mode; supported: const, rand, '
+                                          f'pixel')
+        self.re_count = max(1, int(check_number(re_count, 're_count', ge=0, integer=True)))
+
+    @property
+    def num_layers(self) -> int:
+        """RandAugment layers per image (the length of ``ra_op``); 0 without RandAugment."""
+        return self.rand_augment.num_layers if self.rand_augment else 0
+
+    # ------------------------------------------------------------------------------------------------ drawing
+
+    def _draw_crop(self, rng: random.Random, height: int, width: int) -> Tuple[int, int, int, int]:
+        """``RandomResizedCropAndInterpolation.get_params``: 10 attempts, then the centre crop of the ratio range."""
+        area = width * height
+        for _ in range(10):
+            target_area = rng.uniform(*self.scale) * area
+            aspect_ratio = math.exp(rng.uniform(*self.log_ratio))
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if w <= width and h <= height:
+                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = height, int(round(height * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def _draw_rand_augment(self, rng: random.Random) -> Tuple[List[int], List[float], List[int]]:
+        """``RandAugment.__call__`` and each chosen ``AugmentOp.__call__`` (probability, magnitude noise, level)."""
+        cfg = self.rand_augment
+        n = cfg.num_layers
+        if cfg.weights is None:  # numpy's choice with replacement: independent uniform picks
+            chosen = [rng.randrange(len(cfg.ops)) for _ in range(n)]
+        else:  # without replacement (timm: replace=choice_weights is None): successive weighted picks
+            chosen, left = [], list(range(len(cfg.ops)))
+            for _ in range(n):
+                u = rng.random() * sum(cfg.weights[k] for k in left)
+                pick = left[-1]
+                for k in left:
+                    u -= cfg.weights[k]
+                    if u < 0:
+                        pick = k
+                        break
+                chosen.append(pick)
+                left.remove(pick)
+        op, arg, interp = [-1] * n, [0.] * n, [-1] * n
+        upper = cfg.magnitude_max or _LEVEL_DENOM
+        for layer, k in enumerate(chosen):
+            if cfg.prob < 1.0 and rng.random() > cfg.prob:
+                continue
+            magnitude = cfg.magnitude
+            if cfg.magnitude_std > 0:
+                if cfg.magnitude_std == float('inf'):
+                    magnitude = rng.uniform(0, magnitude)
+                else:
+                    magnitude = rng.gauss(magnitude, cfg.magnitude_std)
+            magnitude = max(0., min(magnitude, upper))
+            name = cfg.ops[k]
+            op[layer] = k
+            arg[layer] = float(rand_augment_level(name, magnitude, rng, self.translate_const))
+            if name in _GEOMETRIC:  # timm's _check_args_tf: a resample choice per call with 'random'
+                interp[layer] = rng.choice((BILINEAR, BICUBIC)) if self.interp_code < 0 else self.interp_code
+        return op, arg, interp
+
+    def _draw_erasing(self, rng: random.Random) -> List[Tuple[int, int, int, int]]:
+        """``RandomErasing._erase``'s boxes (min_count 1, area 0.02-1/3 split over the count, log aspect 0.3-1/0.3)."""
+        boxes: List[Tuple[int, int, int, int]] = []
+        if rng.random() > self.re_prob:
+            return boxes
+        size = self.img_size
+        area = size * size
+        count = 1 if self.re_count == 1 else rng.randint(1, self.re_count)
+        log_aspect = (math.log(0.3), math.log(1 / 0.3))
+        for _ in range(count):
+            for _ in range(10):
+                target_area = rng.uniform(0.02, 1 / 3) * area / count
+                aspect_ratio = math.exp(rng.uniform(*log_aspect))
+                h = int(round(math.sqrt(target_area * aspect_ratio)))
+                w = int(round(math.sqrt(target_area / aspect_ratio)))
+                if w < size and h < size:
+                    boxes.append((rng.randint(0, size - h), rng.randint(0, size - w), h, w))
+                    break
+        return boxes
+
+    def draw(self, rng: random.Random, size: Tuple[int, int]) -> Dict[str, Tensor]:
+        """One sample's parameters for a source image of ``size`` (height, width): CPU tensors of fixed shapes and
+        dtypes (module docstring), every random number from ``rng``, in timm's order (crop, its interpolation, flip,
+        RandAugment, ColorJitter, erasing and its seed)."""
+        height, width = (int(check_number(s, 'size', ge=1, integer=True)) for s in size)
+        top, left, h, w = self._draw_crop(rng, height, width)
+        interp = rng.choice((BILINEAR, BICUBIC)) if self.interp_code < 0 else self.interp_code
+        flip = self.hflip > 0 and rng.random() < self.hflip
+        ra_op, ra_arg, ra_interp = self._draw_rand_augment(rng) if self.rand_augment else ([], [], [])
+        cj_factor, cj_order = [1., 1., 1., 0.], [0, 1, 2, 3]
+        if any(r is not None for r in self.jitter):
+            rng.shuffle(cj_order)  # torch.randperm(4): a uniform permutation
+            for i, r in enumerate(self.jitter):
+                if r is not None:
+                    cj_factor[i] = rng.uniform(*r)
+        re_box = torch.zeros(self.re_count, 4, dtype=torch.int64)
+        seed = 0
+        if self.re_prob > 0:
+            boxes = self._draw_erasing(rng)
+            if boxes:
+                re_box[:len(boxes)] = torch.tensor(boxes, dtype=torch.int64)
+            if self.re_mode != 'const':
+                seed = rng.getrandbits(63)
+        return {
+            'crop': torch.tensor([top, left, h, w], dtype=torch.int64),
+            'interp': torch.tensor(interp, dtype=torch.int64),
+            'flip': torch.tensor(flip, dtype=torch.bool),
+            'ra_op': torch.tensor(ra_op, dtype=torch.int64).view(-1),
+            'ra_arg': torch.tensor(ra_arg, dtype=torch.float64).view(-1),
+            'ra_interp': torch.tensor(ra_interp, dtype=torch.int64).view(-1),
+            'cj_factor': torch.tensor(cj_factor, dtype=torch.float64),
+            'cj_order': torch.tensor(cj_order, dtype=torch.int64),
+            're_box': re_box,
+            're_seed': torch.tensor(seed, dtype=torch.int64),
+        }
+
+    # ---------------------------------------------------------------------------------------------- applying
+
+    @staticmethod
+    def _apply(out: Tensor, chosen: Tensor, fn: Callable[..., Tensor], *args: Tensor) -> None:
+        """``out[chosen] = fn(out[chosen], *args)``: gather the images that drew an op, run it, scatter them back."""
+        if not len(chosen):
+            return
+        index = chosen.to(out.device)
+        result = fn(out.index_select(0, index), *args).contiguous()
+        if out.device.type == 'cpu' and out[0].numel() % 4 == 0 and result.storage_offset() % 4 == 0:
+            # torch's uint8 index_copy_ moves single bytes on the CPU: whole images as int32 words are 7x faster
+            out.view(len(out), -1).view(torch.int32).index_copy_(0, index, result.view(len(result), -1).view(
+                torch.int32))
+        else:
+            out.index_copy_(0, index, result)
+
+    def _rand_augment_op(self, name: str, x: Tensor, arg: Tensor, interp: Tensor) -> Tensor:
+        """One RandAugment op on the images that drew it (``arg``: their level arguments)."""
+        if name == 'AutoContrast':
+            return ops.autocontrast(x)
+        if name == 'Equalize':
+            return ops.equalize(x)
+        if name == 'Invert':
+            return ops.invert(x)
+        if name.startswith('Posterize'):
+            return ops.posterize(x, arg.long())
+        if name.startswith('SolarizeAdd'):
+            return ops.solarize_add(x, arg.long())
+        if name.startswith('Solarize'):
+            return ops.solarize(x, arg.long())
+        for prefix, fn in (('Color', ops.color), ('Contrast', ops.contrast), ('Brightness', ops.brightness),
+                           ('Sharpness', ops.sharpness)):
+            if name.startswith(prefix):
+                return fn(x, arg)
+        if name == 'Rotate':
+            return ops.rotate(x, arg, self.fill, interp)
+        if name == 'ShearX':
+            return ops.shear_x(x, arg, self.fill, interp)
+        if name == 'ShearY':
+            return ops.shear_y(x, arg, self.fill, interp)
+        # timm's translate_*_rel: pixels = pct * img.size[0 or 1], the square crop's side here
+        pixels = arg * self.img_size if name.endswith('Rel') else arg
+        translate = ops.translate_x if name.startswith('TranslateX') else ops.translate_y
+        return translate(x, pixels, self.fill, interp)
+
+    def __call__(self, images: Images, params: Dict[str, Tensor]) -> Tensor:
+        """The augmented batch: float32 ``(B, 3, img_size, img_size)``, normalised, erased, on the images' device.
+
+        Args:
+            images: B uint8 ``(3, H_i, W_i)`` tensors (sizes may differ) or a uint8 ``(B, 3, H, W)`` tensor, on one
+                device.
+            params: ``draw``'s dicts collated to ``(B, ...)`` (on the CPU or that device).
+        """
+        images, device = _stack(images)
+        p = {k: v.cpu() for k, v in params.items()}
+        n, size = len(images), self.img_size
+        if p['crop'].shape[0] != n:
+            raise InvalidArgumentError(f'{n} images but parameters for {p["crop"].shape[0]}')
+        result = torch.empty((n, 3, size, size), dtype=torch.float32, device=device)
+        # On the CPU the batch goes through in chunks of a few images, every step on a chunk while it is in the
+        # caches (CPU_CHUNK_ELEMENTS); elsewhere the chunk is the batch
+        step = max(1, CPU_CHUNK_ELEMENTS // (3 * size * size)) if device.type == 'cpu' else n
+        for lo in range(0, n, step):
+            chunk = {k: v[lo:lo + step] for k, v in p.items()}
+            self._augment(images[lo:lo + step], chunk, result[lo:lo + step])
+        if self.re_prob > 0:
+            boxes = [[tuple(b) for b in image_boxes if b[2] > 0 and b[3] > 0] for image_boxes in p['re_box'].tolist()]
+            ops.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
+        return result
+
+    def _augment(self, images: List[Tensor], p: Dict[str, Tensor], result: Tensor) -> None:
+        """Crop, flip, RandAugment, ColorJitter and normalise ``images`` into ``result``."""
+        n, size = len(images), self.img_size
+        # RandomResizedCropAndInterpolation: each crop has its own size, so one resize per image
+        out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
+        for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
+            out[i] = ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
+        self._apply(out, p['flip'].nonzero().view(-1), ops.hflip)
+        # RandAugment: per layer, each op once on the images that drew it
+        for layer in range(self.num_layers):
+            column = p['ra_op'][:, layer]
+            for k in torch.unique(column).tolist():
+                if k >= 0:
+                    chosen = (column == k).nonzero().view(-1)
+                    self._apply(out, chosen, functools.partial(self._rand_augment_op, self.ra_ops[k]),
+                                p['ra_arg'][chosen, layer], p['ra_interp'][chosen, layer])
+        # ColorJitter: at each of the four steps, each component on the images whose order puts it there
+        jitter = (ops.adjust_brightness, ops.adjust_contrast, ops.adjust_saturation, ops.adjust_hue)
+        for step in range(4):
+            for f, fn in enumerate(jitter):
+                if self.jitter[f] is not None:
+                    chosen = (p['cj_order'][:, step] == f).nonzero().view(-1)
+                    self._apply(out, chosen, fn, p['cj_factor'][chosen, f])
+        ops.normalize(out, self.mean, self.std, out=result)
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(img_size={self.img_size}, scale={self.scale}, ratio={self.ratio}, '
+                f'hflip={self.hflip}, rand_augment={self.rand_augment}, jitter={self.jitter}, '
+                f'interpolation={self.interpolation!r}, re_prob={self.re_prob}, re_mode={self.re_mode!r}, '
+                f're_count={self.re_count})')
+
+
+class BatchEval:
+    """timm's eval transform (``transforms_imagenet_eval``) on a batch: resize (the shorter side to
+    ``floor(img_size / crop_pct)``, or both sides with ``crop_mode='squash'``), centre crop, normalise.
+
+    Raises:
+        UnsupportedAugmentation: A crop mode other than 'center' and 'squash', or an interpolation other than
+            nearest, bilinear and bicubic.
+    """
+
+    def __init__(self, img_size: int, *, crop_pct: Optional[float] = DEFAULT_CROP_PCT,
+                 crop_mode: Optional[str] = 'center', interpolation: str = 'bilinear',
+                 mean: Sequence[float] = IMAGENET_DEFAULT_MEAN, std: Sequence[float] = IMAGENET_DEFAULT_STD) -> None:
+        self.img_size = int(check_number(img_size, 'img_size', ge=1, integer=True))
+        self.crop_pct = float(check_number(crop_pct or DEFAULT_CROP_PCT, 'crop_pct', gt=0))
+        self.crop_mode = crop_mode or 'center'
+        if self.crop_mode not in ('center', 'squash'):
+            raise UnsupportedAugmentation(f'crop_mode {crop_mode!r} is not implemented by the batched eval '
+                                          f'transform; supported: center, squash')
+        _interpolation_code(interpolation, 'interpolation', allow_random=False)
+        self.interpolation = interpolation
+        self.scale_size = math.floor(self.img_size / self.crop_pct)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+    def _resized_size(self, height: int, width: int) -> Tuple[int, int]:
+        """torchvision's ``Resize(scale_size)`` (the shorter side; the longer one truncated) or ``Resize((s, s))``."""
+        s = self.scale_size
+        if self.crop_mode == 'squash':
+            return s, s
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = s, int(s * long / short)
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+
+    def _center_crop(self, x: Tensor) -> Tensor:
+        """torchvision's ``center_crop``: zero padding where the image is smaller, offsets ``int(round(d / 2))``."""
+        size = self.img_size
+        h, w = x.shape[-2:]
+        if size > h or size > w:
+            pad = [(size - w) // 2 if size > w else 0, (size - w + 1) // 2 if size > w else 0,
+                   (size - h) // 2 if size > h else 0, (size - h + 1) // 2 if size > h else 0]
+            x = torch.nn.functional.pad(x, pad)
+            h, w = x.shape[-2:]
+        top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+        return x[..., top:top + size, left:left + size]
+
+    def __call__(self, images: Images) -> Tensor:
+        """The eval batch: float32 ``(B, 3, img_size, img_size)``, normalised, on the images' device."""
+        if isinstance(images, Tensor) and images.dim() == 4 and images.dtype == torch.uint8 and images.shape[1] == 3:
+            # one size: one resize for the whole batch
+            x = ops.resize(images, self._resized_size(*images.shape[-2:]), self.interpolation)
+            return ops.normalize(self._center_crop(x), self.mean, self.std)
+        images, device = _stack(images)
+        out = torch.empty((len(images), 3, self.img_size, self.img_size), dtype=torch.uint8, device=device)
+        for i, img in enumerate(images):
+            out[i] = self._center_crop(ops.resize(img, self._resized_size(*img.shape[-2:]), self.interpolation))
+        return ops.normalize(out, self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(img_size={self.img_size}, crop_pct={self.crop_pct}, '
+                f'crop_mode={self.crop_mode!r}, interpolation={self.interpolation!r})')
