@@ -201,13 +201,16 @@ def test_torchrun_one_process_preempted_resumes_exactly_and_loads_on_the_cpu(dat
         assert result['top1'] == pytest.approx(logged['val_top1'], abs=1e-9)
 
 
-def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_path):
+@pytest.mark.parametrize('pipeline', ['pil', 'device'])
+def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_path, pipeline):
     """SLURM's preemption and a terminal's Ctrl-C signal every process of the job, the DataLoader workers too: the
     workers leave the signal to the training process, which stops at its next update and saves (without the fix the
-    run died with "DataLoader worker ... killed by signal: Terminated" and lost the epoch)."""
+    run died with "DataLoader worker ... killed by signal: Terminated" and lost the epoch). The same with the device
+    pipeline's workers, which decode and augment batches on the CPU."""
     run = tmp_path / 'run'
     env = dict(os.environ, HF_HUB_OFFLINE='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    cmd = [sys.executable, '-m', 'tcnn.train', *common(data_dir, run, epochs=3), '--workers', '2']
+    cmd = [sys.executable, '-m', 'tcnn.train', *common(data_dir, run, epochs=3), '--workers', '2',
+           '--data-pipeline', pipeline]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -348,8 +351,8 @@ def test_short_run_shortens_the_warmup_with_a_notice(capsys):
 
 
 def test_small_run_first_try(data_dir, tmp_path, capsys):
-    """Defaults a user with a small folder meets: warm-up fitted, lr-scaling warning, workers sized to the machine,
-    and the throughput of the loader against the step in the log and the metrics."""
+    """Defaults a user with a small folder meets: warm-up fitted, lr-scaling warning, the data kept decoded in memory
+    (no loader workers), and the throughput of the loader against the step in the log and the metrics."""
     run = tmp_path / 'small'
     args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
             '--batch-size', '8', '--img-size', '64', '--no-progress', '--set', 'mixup=0', '--set', 'cutmix=0']
@@ -357,8 +360,7 @@ def test_small_run_first_try(data_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert 'note: warm-up shortened from 5 to 0 epochs' in out
     assert 'warning: the batch rule scales every learning rate by 8/1024' in out
-    workers = max(0, min(8, len(os.sched_getaffinity(0)) - 1))
-    assert f'{workers} loader workers per process' in out
+    assert 'data pipeline resident (the splits take about 1 MiB decoded, within' in out and '0 loader workers' in out
     assert 'step alone' in out and 'waiting for data' in out
     (row,) = metrics(run)
     assert 0 <= row['data_wait'] <= 1 and row['step_img_per_s'] >= row['img_per_s'] > 0
@@ -465,7 +467,8 @@ def test_epoch_time_is_the_wall_time_of_a_data_bound_epoch(data_dir, tmp_path, m
 
     monkeypatch.setattr(ImageFolderDataset, '__getitem__', slow)
     run = tmp_path / 'run'
-    small = ['--no-sa', '--model', 'demo_resnet10', '--img-size', '32']  # a step of a few ms
+    small = ['--no-sa', '--model', 'demo_resnet10', '--img-size', '32',  # a step of a few ms
+             '--data-pipeline', 'pil']  # the reads of the PIL pipeline's workers
     assert tcnn_train.main(common(data_dir, run, epochs=1) + small) == 0
     (row,) = metrics(run)
     reads = row['train_images'] + row['val_images']

@@ -3,10 +3,11 @@ explicit policy for unreadable images: stop the run with one line naming the fil
 readable image and log it once (``skip_bad_images``). timm's own dataset would skip them silently; on ImageNet-scale
 folders a user wants to know.
 """
+import functools
 import multiprocessing
 import os
 import random
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -15,9 +16,10 @@ from timm.data.readers import create_reader
 from torch.utils.data import Dataset
 
 from ..errors import TcnnError
+from .decode import decode_pil, jpeg_size, pil_to_tensor
 
-__all__ = ['BadImageError', 'SampleError', 'SKIP_HINT', 'MAX_CONSECUTIVE_BAD', 'error_text', 'ImageFolderDataset',
-           'open_dataset']
+__all__ = ['BadImageError', 'SampleError', 'SKIP_HINT', 'MAX_CONSECUTIVE_BAD', 'error_text', 'sample_seed',
+           'ImageFolderDataset', 'open_dataset']
 
 SKIP_HINT = 'remove or replace it, or pass --skip-bad-images (recipe key skip_bad_images) to skip such files'
 MAX_CONSECUTIVE_BAD = 50  # a run of unreadable images this long is a damaged folder, not a few bad files
@@ -50,10 +52,29 @@ def error_text(e: BaseException) -> str:
     return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
-def _load_rgb(path: str) -> Image.Image:
-    with open(path, 'rb') as f:
-        img = Image.open(f)
-        return img.convert('RGB')  # decodes every pixel: a truncated file fails here, not in a transform
+def _load_rgb(f: BinaryIO) -> Image.Image:
+    return Image.open(f).convert('RGB')  # decodes every pixel: a truncated file fails here, not in a transform
+
+
+def _decode_rgb(f: BinaryIO, prepare: Optional[Callable[[Image.Image], Image.Image]] = None) -> torch.Tensor:
+    img = _load_rgb(f)
+    return pil_to_tensor(img if prepare is None else prepare(img))
+
+
+def _encoded(f: BinaryIO) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    """A file for a batched pipeline: a JPEG that a batch decoder takes as bytes, anything else decoded now."""
+    data = f.read()
+    size = jpeg_size(data)
+    if size is not None:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), size
+    pixels = decode_pil(data)
+    return pixels, (pixels.shape[1], pixels.shape[2])
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation in one epoch: a function of (seed, epoch, index) only, so that any
+    worker, any number of workers, and a run resumed in the middle of an epoch draw the same augmentation for it."""
+    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % 2 ** 63
 
 
 class ImageFolderDataset(Dataset):
@@ -86,18 +107,47 @@ class ImageFolderDataset(Dataset):
     def filename(self, index: int) -> str:
         return self.reader.filename(index, absolute=True)
 
-    def _read(self, index: int) -> Tuple[str, Image.Image, int]:
+    def _load(self, i: int, decode: Callable[[BinaryIO], Any]) -> Tuple[str, Any, int]:
+        """Sample ``i``: its name, ``decode`` of its open file, its label."""
+        path = self.filename(i)
+        with open(path, 'rb') as f:
+            return path, decode(f), self.reader.samples[i][1]
+
+    def _read(self, index: int, decode: Callable[[BinaryIO], Any] = _load_rgb) -> Tuple[str, Any, int]:
+        """Sample ``index`` decoded by ``decode`` (default: Pillow, RGB), or by the skip policy the next readable
+        one."""
         for attempt in range(MAX_CONSECUTIVE_BAD):
             i = (index + attempt) % len(self)
-            path = self.filename(i)
             try:
-                return path, _load_rgb(path), self.reader.samples[i][1]
+                return self._load(i, decode)
             except Exception as e:  # noqa: BLE001 - PIL raises OSError, ValueError, SyntaxError... for bad files
                 if not self.skip_bad_images:
-                    raise BadImageError(f'cannot read image {path} ({error_text(e)}): {SKIP_HINT}') from None
-                self._bad_queue.put(path)
+                    raise BadImageError(f'cannot read image {self.filename(i)} ({error_text(e)}): {SKIP_HINT}') from None
+                self._bad_queue.put(self.filename(i))
         raise BadImageError(f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {self.filename(index)} on: '
                             'is the data folder intact?')
+
+    def read_encoded(self, index: int) -> Tuple[str, torch.Tensor, Tuple[int, int], int]:
+        """Sample ``index`` for a batched pipeline (``tcnn.data.encoded``): its name, its payload, the image's
+        (height, width) and its label. The payload is the file's bytes (a 1-D uint8 tensor) for a complete RGB or
+        grayscale JPEG, whose pixels a batch decoder makes later, else the pixels Pillow decodes now (uint8
+        (3, H, W)): other formats, and files Pillow must judge, go the PIL pipeline's way, bad-image policy
+        included."""
+        name, (payload, size), target = self._read(index, _encoded)
+        return name, payload, size, target
+
+    def read_decoded(self, index: int, prepare: Optional[Callable[[Image.Image], Image.Image]] = None
+                     ) -> Tuple[str, torch.Tensor, int]:
+        """Sample ``index`` decoded by Pillow (and ``prepare``d: an eval transform's resize and crop) as uint8
+        (3, H, W) pixels, for the resident pipeline's one pass: its name, pixels and label."""
+        return self._read(index, functools.partial(_decode_rgb, prepare=prepare))
+
+    def report_bad(self, name: str) -> None:
+        """Apply the bad-image policy to a sample that failed after it was read (a batch decoder's failure): raise
+        ``BadImageError`` naming it, or (``skip_bad_images``) log it once with the others."""
+        if not self.skip_bad_images:
+            raise BadImageError(f'cannot decode image {name}: {SKIP_HINT}')
+        self._bad_queue.put(name)
 
     def __getitem__(self, index: int) -> Tuple[Any, int]:
         path, img, target = self._read(index)
@@ -118,7 +168,7 @@ class ImageFolderDataset(Dataset):
         """
         if self.augment_seed is None:
             return self.transform(img)
-        seed = ((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % 2 ** 63
+        seed = sample_seed(self.augment_seed, self.epoch, index)
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
             random.seed(seed)

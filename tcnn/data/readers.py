@@ -10,16 +10,15 @@ import importlib.util
 import json
 import multiprocessing
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 from timm.data import create_dataset
 from timm.data.readers import create_reader
 
 from ..errors import TcnnError
-from .folders import MAX_CONSECUTIVE_BAD, SKIP_HINT, BadImageError, ImageFolderDataset, SampleError, error_text
+from .folders import ImageFolderDataset, SampleError, error_text
 
 __all__ = ['READERS', 'split_data_spec', 'is_reader_spec', 'open_reader_datasets', 'StreamDataset', 'ReaderDataset',
            'class_names', 'num_images']
@@ -276,20 +275,11 @@ class ReaderDataset(ImageFolderDataset):
     def filename(self, index: int) -> str:
         return f'{self.root}[{self.split}]#{index}'
 
-    def _read(self, index: int) -> Tuple[str, Image.Image, int]:
-        for attempt in range(MAX_CONSECUTIVE_BAD):
-            i = (index + attempt) % len(self)
-            name = self.filename(i)
-            try:
-                image, target = self.reader[i][:2]
-                with image:
-                    img = Image.open(image)
-                    return name, img.convert('RGB'), int(target)
-            except Exception as e:  # noqa: BLE001 - PIL raises OSError, ValueError, SyntaxError... for bad images
-                if not self.skip_bad_images:
-                    raise BadImageError(f'cannot read image {name} ({error_text(e)}): {SKIP_HINT}') from None
-                self._bad_queue.put(name)
-        raise BadImageError(f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {self.filename(index)} on')
+    def _load(self, i: int, decode: Callable[[BinaryIO], Any]) -> Tuple[str, Any, int]:
+        image, target = self.reader[i][:2]
+        with image:
+            return self.filename(i), decode(image), int(target)
+
 
 def class_names(dataset: Dataset, num_classes: int) -> Optional[List[str]]:
     """The class names of a training split by label index (its reader's ``class_to_idx``: an ImageFolder's sorted

@@ -18,6 +18,9 @@ from ..convert.settings import ConversionSettings, gpsa_layers
 from ..convert.stages import find_convertible_convs
 from ..convert.transform import reparameterize_
 from ..convert.verify import full_precision_matmul
+from ..data.batch_augment import BatchAugment
+from ..data.encoded import BatchFinisher, CollateAndFinish, DeviceLoader, EncodedDataset, collate_encoded
+from ..data.resident import ResidentLoader, ResidentSplit
 from ..errors import TcnnError
 from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
 from ..layers.gpsa import GPSA
@@ -67,8 +70,15 @@ class Loaders:
 
 
 def build_loaders(recipe: Recipe, train_set, val_set, streaming: bool, ctx: DistContext,
-                  log: Callable[..., None]) -> Loaders:
-    """The training and validation loaders of the run's two splits (their transforms already set)."""
+                  log: Callable[..., None], pipeline: str = 'pil', augment: Optional[BatchAugment] = None) -> Loaders:
+    """The training and validation loaders of the run's two splits (their PIL transforms set already).
+
+    Args:
+        pipeline: ``pil``, ``device`` or ``resident`` (``tcnn.train.data.resolve_pipeline``): where the training
+            images are decoded and augmented. Validation runs the split's eval transform on every pipeline; the
+            resident one applies it once, when it decodes the split.
+        augment: The batched pipelines' training transform (``tcnn.train.data.batched_augmentation``).
+    """
     r = recipe
     workers = r.workers if r.workers is not None else auto_workers(ctx.local_world_size)
     pin = r.pin_memory and ctx.device.type == 'cuda'
@@ -76,13 +86,29 @@ def build_loaders(recipe: Recipe, train_set, val_set, streaming: bool, ctx: Dist
     if streaming:
         return _stream_loaders(r, train_set, val_set, ctx, log, workers, pin, generator)
     sampler = EpochSampler(train_set, ctx.world_size, ctx.rank, r.seed)
+    # Validation shards without padding (rank::world), so the summed metrics count every image once.
+    val_indices = list(range(ctx.rank, len(val_set), ctx.world_size))
+    if pipeline == 'resident':
+        train = ResidentLoader(ResidentSplit(train_set, ctx.device, workers, log), sampler, r.batch_size, augment,
+                               draw_many=augment.draw_many, drop_last=True)
+        val = ResidentLoader(ResidentSplit(val_set, ctx.device, workers, log, prepare=val_set.transform),
+                             val_indices, r.batch_size, ResidentSplit.normalizer(val_set.transform))
+        return Loaders(train, val, sampler, generator, 0)
+    val_loader = DataLoader(Subset(val_set, val_indices), batch_size=r.batch_size, shuffle=False, num_workers=workers,
+                            pin_memory=pin, worker_init_fn=ignore_stop_signals)
+    if pipeline == 'device':
+        # file bytes and sampled parameters, finished (decoded, augmented) on the device: in this process on a GPU,
+        # in the workers' collate_fn on the CPU (beside the step, as the PIL workers work)
+        in_workers = ctx.device.type == 'cpu' and workers > 0
+        finish = BatchFinisher(augment, ctx.device, train_set.report_bad, train=True)
+        loader = DataLoader(EncodedDataset(train_set, augment.draw), batch_size=r.batch_size, sampler=sampler,
+                            num_workers=workers, pin_memory=pin and not in_workers, drop_last=True,
+                            generator=generator, worker_init_fn=ignore_stop_signals,
+                            collate_fn=CollateAndFinish(finish) if in_workers else collate_encoded)
+        return Loaders(DeviceLoader(loader, None if in_workers else finish), val_loader, sampler, generator, workers)
     # Non-persistent workers are seeded from the loader's generator, re-seeded every epoch: exact resume.
     train_loader = DataLoader(train_set, batch_size=r.batch_size, sampler=sampler, num_workers=workers,
                               pin_memory=pin, drop_last=True, generator=generator, worker_init_fn=ignore_stop_signals)
-    # Validation shards without padding (rank::world), so the summed metrics count every image once.
-    val_shard = Subset(val_set, list(range(ctx.rank, len(val_set), ctx.world_size)))
-    val_loader = DataLoader(val_shard, batch_size=r.batch_size, shuffle=False, num_workers=workers,
-                            pin_memory=pin, worker_init_fn=ignore_stop_signals)
     return Loaders(train_loader, val_loader, sampler, generator, workers)
 
 

@@ -8,18 +8,22 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+import torch
 import torch.nn as nn
 from timm.data import create_transform
 from torch.utils.data import Dataset
 
+from ..data.batch_augment import BatchAugment, UnsupportedAugmentation
 from ..data.config import data_config
 from ..data.folders import open_dataset
 from ..data.readers import StreamDataset, is_reader_spec, open_reader_datasets
+from ..data.resident import estimate_decoded_bytes, memory_budget
 from ..data.transforms import safe_augmentation
 from ..errors import TcnnError
 from .recipe import Recipe
 
-__all__ = ['TrainingData', 'open_training_data', 'recipe_data_config', 'build_transforms']
+__all__ = ['TrainingData', 'open_training_data', 'recipe_data_config', 'build_transforms', 'batched_augmentation',
+           'RESIDENT_SHARE', 'resolve_pipeline']
 
 
 @dataclasses.dataclass
@@ -89,6 +93,58 @@ def recipe_data_config(recipe: Recipe, model: nn.Module) -> Dict[str, Any]:
         if value is not None:
             cfg[key] = tuple(value) if isinstance(value, (list, tuple)) else value
     return cfg
+
+
+def batched_augmentation(recipe: Recipe, data_cfg: Mapping[str, Any]) -> BatchAugment:
+    """The batched pipelines' training transform: the recipe's augmentation as timm's (``build_transforms``) makes
+    it, on batches. (Validation stays on timm's eval transform on every pipeline: its numbers are ``tcnn eval``'s.)
+
+    Raises:
+        UnsupportedAugmentation: The recipe asks for augmentation the batched transform does not implement.
+    """
+    return BatchAugment(
+        recipe.img_size, scale=tuple(recipe.scale) if recipe.scale else None, auto_augment=recipe.aa,
+        color_jitter=recipe.color_jitter, interpolation=data_cfg['interpolation'], mean=tuple(data_cfg['mean']),
+        std=tuple(data_cfg['std']), re_prob=recipe.reprob, re_mode=recipe.remode, re_count=recipe.recount)
+
+
+# The share of the device's memory (a GPU's total, the CPU's available) that resident splits may take under 'auto'
+RESIDENT_SHARE = {'cuda': 0.25, 'cpu': 0.25}
+
+
+def resolve_pipeline(recipe: Recipe, data: TrainingData, data_cfg: Mapping[str, Any], device: torch.device,
+                     local_processes: int = 1) -> Tuple[str, str]:
+    """The data pipeline a run uses (``recipe.data_pipeline``, with ``auto`` decided here) and why.
+
+    ``auto``: a stream, or augmentation the batched transforms lack, keeps timm's PIL transform; splits whose decoded
+    pixels fit ``RESIDENT_SHARE`` of the device's memory (per local training process) are kept resident; others are
+    decoded and augmented in batches on the device (docs/benchmarks.md, "Feeding the model", measures each).
+
+    Raises:
+        TcnnError: ``device`` or ``resident`` asked for a stream, or for augmentation the batched path lacks.
+    """
+    asked = recipe.data_pipeline
+    if asked == 'pil':
+        return 'pil', 'asked for'
+    if data.streaming:
+        if asked != 'auto':
+            raise TcnnError(f'data_pipeline {asked} needs data with an index (an image folder or hfds/NAME); '
+                            f'{recipe.data} is a stream: use --data-pipeline pil')
+        return 'pil', 'a stream'
+    try:
+        batched_augmentation(recipe, data_cfg)
+    except UnsupportedAugmentation as e:
+        if asked != 'auto':
+            raise TcnnError(f'data_pipeline {asked}: {e}; use --data-pipeline pil') from None
+        return 'pil', f'the batched pipelines lack part of the augmentation ({e})'
+    if asked != 'auto':
+        return asked, 'asked for'
+    needed = [estimate_decoded_bytes(split) for split in (data.train, data.val)]
+    budget = memory_budget(device, RESIDENT_SHARE[device.type], local_processes)
+    if None not in needed and sum(needed) <= budget:
+        return 'resident', (f'the splits take about {sum(needed) / 2 ** 20:.0f} MiB decoded, within '
+                            f'{budget / 2 ** 20:.0f} MiB')
+    return 'device', 'the splits are too large to keep decoded' if None not in needed else 'image sizes unknown'
 
 
 def build_transforms(recipe: Recipe, data_cfg: Mapping[str, Any]) -> Tuple[Callable, Callable]:

@@ -24,12 +24,15 @@ import yaml
 from .compiling import COMPILE_MODES, compile_mode
 from ..errors import TcnnError
 
-__all__ = ['Recipe', 'RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'load_recipe', 'parse_set',
-           'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs', 'dump_recipe',
-           'scaled_lrs', 'auto_workers']
+__all__ = ['Recipe', 'RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'PIPELINES', 'load_recipe',
+           'parse_set', 'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs',
+           'dump_recipe', 'scaled_lrs', 'auto_workers']
 
 # The learning rates the batch rule scales (``scaled_lrs``), unless the user gave them (``absolute_lrs``).
 LR_KEYS = ('lr', 'gating_lr', 'warmup_lr', 'min_lr')
+
+# Where a run decodes and augments its images (tcnn.train.data.resolve_pipeline chooses for 'auto').
+PIPELINES = ('auto', 'pil', 'device', 'resident')
 
 # Live dashboards of `tcnn train --log` (tcnn.train.dashboards), each an optional extra of the same name.
 LOG_BACKENDS = ('tensorboard', 'wandb')
@@ -87,6 +90,13 @@ class Recipe:
     skip_bad_images: bool = _key(False, 'replace unreadable or truncated training/validation images by readable ones '
                                  '(logged once each) instead of stopping')
     pin_memory: bool = _key(True, 'pin host memory of batches (GPU only)')
+    data_pipeline: str = _key('auto', 'where images are decoded and augmented: pil (timm\'s PIL transform, one image at '
+                              'a time in the loader workers), device (workers read file bytes and draw each sample\'s '
+                              'augmentation; a batch is decoded and augmented at once on the run\'s device: nvjpeg on '
+                              'a GPU), resident (the splits decoded once into memory on the device, no loader '
+                              'workers), auto (resident when the splits fit, else device; pil for streams and for '
+                              'augmentation the batched path lacks); the run records the one it chose',
+                              PIPELINES)
     # augmentation (DeiT)
     aa: Optional[str] = _key('rand-m9-mstd0.5-inc1', 'timm auto-augment policy (null: none)')
     color_jitter: float = _key(0.3, 'colour jitter (timm ignores it when a RandAugment policy is set)')

@@ -35,6 +35,7 @@ class RunSetup(Protocol):
     train_set: Any
     val_set: Any
     workers: int
+    pipeline_reason: str
     global_batch: int
     updates_per_epoch: int
     lrs: Dict[str, float]
@@ -57,7 +58,8 @@ def setup_lines(trainer: RunSetup) -> List[str]:
                  f'{", deterministic" if r.deterministic else ""}')
     val_images = num_images(t.val_set) or 'unknown'
     lines.append(f'data {r.data}: {num_images(t.train_set)} train / {val_images} val images, '
-                 f'{r.img_size} px, {t.workers} loader workers per process; global batch {t.global_batch} = '
+                 f'{r.img_size} px, data pipeline {r.data_pipeline} ({t.pipeline_reason}), {t.workers} loader workers '
+                 f'per process; global batch {t.global_batch} = '
                  f'{r.batch_size} x {ctx.world_size} process(es) x {r.accum_steps} accum, '
                  f'{t.updates_per_epoch} updates/epoch')
     lines.append(f'lr {t.lrs["lr"]:.3g} ({lr_rule(r, t.lrs, t.global_batch, "lr")}), gating lr '
@@ -120,5 +122,5 @@ def epoch_summary(row: Dict[str, Any], epochs: int) -> str:
     if row.get('is_best'):
         line += f'; best {row["best_metric"]} so far: best.pt'
     if (row['data_wait'] or 0) >= DATA_BOUND_FRACTION:
-        line += '; data-bound: raise --workers or lighten the augmentation'
+        line += '; data-bound: raise --workers, try --data-pipeline device or resident, or lighten the augmentation'
     return line

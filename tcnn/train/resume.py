@@ -40,8 +40,11 @@ def _fresh_recipe(args: argparse.Namespace, notes: List[str]) -> Recipe:
 
 def resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: str) -> Recipe:
     """The recipe of ``checkpoint`` (read from ``path``) with the flags' and ``--set``'s overrides. A key the
-    checkpoint lacks (written by an older tcnn) takes its default."""
-    recipe = Recipe.from_dict(checkpoint['config'], f'the checkpoint {path}', validate=False)
+    checkpoint lacks (written by an older tcnn) takes its default, but for the data pipeline: a run of tcnn <= 0.6
+    went through timm's PIL transform, and goes on with it so that its augmentation stays the same."""
+    config = dict(checkpoint['config'])
+    config.setdefault('data_pipeline', 'pil')
+    recipe = Recipe.from_dict(config, f'the checkpoint {path}', validate=False)
     overrides = dict(flag_overrides(args), **parse_set(args.set_items))
     changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != getattr(recipe, k)]
     if changed:

@@ -5,6 +5,7 @@ loop (T-CNN, arXiv:2106.05795, section 3; late reparameterisation: Table 3).
 (``tcnn.train.builders``), the loops are ``tcnn.train.engine``'s, and rank 0 writes the run folder through
 ``tcnn.files.run_folder.RunFolder``.
 """
+import dataclasses
 import math
 import os
 import time
@@ -23,7 +24,7 @@ from ..files.tcnn_file import model_from_dict
 from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .dashboards import Dashboards
-from .data import TrainingData, build_transforms, recipe_data_config
+from .data import TrainingData, batched_augmentation, build_transforms, recipe_data_config, resolve_pipeline
 from .distributed import (DistContext, StopRequest, all_reduce_sum, gather, rng_state, seed_all, set_deterministic,
                           set_rng_state)
 from .engine import (EpochPlan, EpochPosition, ForwardPass, NonFiniteLossError, UpdateStep, autocast_fn, to_device,
@@ -133,9 +134,17 @@ class Trainer:
         # the preprocessing the run validates with, and the data's class names: what its checkpoints record
         self.data_config = recipe_data_config(r, self.model)
         self.label_names = class_names(self.train_set, r.num_classes)
+        data = TrainingData(self.train_set, self.val_set, r.num_classes)
+        pipeline, self.pipeline_reason = resolve_pipeline(r, data, self.data_config, self.device,
+                                                          self.ctx.local_world_size)
+        # the run records the pipeline it chose: a resumed run keeps it, whatever 'auto' would choose then
+        self.recipe = r = dataclasses.replace(r, data_pipeline=pipeline)
+        # validation goes through timm's eval transform on every pipeline (its numbers are tcnn eval's)
         self.train_set.transform, self.val_set.transform = build_transforms(r, self.data_config)
+        augment = batched_augmentation(r, self.data_config) if pipeline != 'pil' else None
         self.train_set.augment_seed = r.seed  # augmentation a function of (seed, epoch, image): exact resume
-        loaders = build_loaders(r, self.train_set, self.val_set, self.streaming, self.ctx, self.log)
+        loaders = build_loaders(r, self.train_set, self.val_set, self.streaming, self.ctx, self.log, pipeline,
+                                augment)
         self.train_loader, self.val_loader, self.train_sampler = loaders.train, loaders.val, loaders.sampler
         self.loader_generator, self.workers = loaders.generator, loaders.workers
 

@@ -1,0 +1,281 @@
+"""Tests of the batched data pipelines (``tcnn.data.decode``, ``encoded``, ``resident``; ``--data-pipeline``): JPEG
+bytes decoded in batches give Pillow's pixels, other formats and bad files go the PIL pipeline's way, the streamed and
+the resident pipelines give the same batches whatever the worker count, ``auto`` chooses as documented, and training
+runs resume exactly on each pipeline."""
+import dataclasses
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from timm.data import create_transform
+from torch.utils.data import DataLoader
+
+import tcnn.train.launch as tcnn_train
+from tcnn.data.batch_augment import BatchAugment
+from tcnn.data.decode import decode_batch, decode_pil, jpeg_size
+from tcnn.data.encoded import (BatchFinisher, CollateAndFinish, DeviceLoader, EncodedDataset, collate_encoded)
+from tcnn.data.folders import BadImageError, open_dataset
+from tcnn.data.resident import ResidentLoader, ResidentSplit, estimate_decoded_bytes
+from tcnn.errors import TcnnError
+from tcnn.train import data as train_data
+from tcnn.train.builders import EpochSampler
+from tcnn.train.recipe import resolve_recipe
+
+from imagegen import draw_shape, make_image_folder
+from test_train import assert_same_weights, common, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train_reliability import _stop_after
+
+PAPER = resolve_recipe('t_resnet50_d')  # rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel), bicubic, mixup
+
+
+def _photo(height=48, width=64, seed=0):
+    """A generated image with smooth gradients, edges and noise: what a JPEG codec sees in a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    img = Image.fromarray(pixels)
+    img.paste(draw_shape('circle', min(height, width) // 2, rng), (width // 4, height // 4))
+    return img
+
+
+def _jpeg(img, **kwargs):
+    buffer = io.BytesIO()
+    img.save(buffer, 'JPEG', **kwargs)
+    return buffer.getvalue()
+
+
+def _tensor(data):
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def test_batch_decoding_gives_pillows_pixels_on_the_cpu():
+    img = _photo()
+    files = [_jpeg(img, quality=90), _jpeg(img.convert('L')), _jpeg(img, progressive=True),
+             _jpeg(_photo(31, 17, seed=1), quality=75, subsampling=2)]
+    payloads = [_tensor(f) for f in files]
+    assert all(jpeg_size(f) == (Image.open(io.BytesIO(f)).size[1], Image.open(io.BytesIO(f)).size[0]) for f in files)
+    png = io.BytesIO()
+    img.save(png, 'PNG')
+    payloads.append(decode_pil(png.getvalue()))  # a decoded payload passes through
+    images, failed = decode_batch(payloads, 'cpu')
+    assert failed == []
+    for data, out in zip(files + [png.getvalue()], images):
+        reference = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert('RGB'))).permute(2, 0, 1)
+        assert out.dtype == torch.uint8 and torch.equal(out, reference)
+
+
+def test_what_the_batch_decoder_does_not_get():
+    img = _photo()
+    good = _jpeg(img)
+    assert jpeg_size(good[:len(good) // 2]) is None  # cut: no end marker, the PIL path reports it
+    assert jpeg_size(_jpeg(img.convert('CMYK'))) is None  # another colour mode: Pillow converts it
+    png = io.BytesIO()
+    img.save(png, 'PNG')
+    assert jpeg_size(png.getvalue()) is None and jpeg_size(b'') is None
+    # a header without image data but with its end marker passes the check; the batch fails on it alone
+    header_only = good[:good.index(b'\xff\xda')] + b'\xff\xd9'
+    assert jpeg_size(header_only) == (48, 64)
+    images, failed = decode_batch([_tensor(good), _tensor(header_only), _tensor(good)], 'cpu')
+    assert failed == [1] and images[1] is None and torch.equal(images[0], images[2])
+
+
+@pytest.fixture(scope='module')
+def mixed_folder(tmp_path_factory):
+    """Two classes: JPEGs (RGB, grayscale) of two sizes, PNGs and one CMYK JPEG."""
+    root = tmp_path_factory.mktemp('mixed')
+    for c, name in enumerate(('a', 'b')):
+        for split, count in (('train', 10), ('val', 3)):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                img = _photo(40 + 8 * (i % 2), 56, seed=100 * c + i)
+                if i % 5 == 0:
+                    img.save(folder / f'{i}.png')
+                elif i % 5 == 1:
+                    (folder / f'{i}.jpg').write_bytes(_jpeg(img.convert('L')))
+                elif i == 2 and split == 'train':
+                    (folder / f'{i}.jpg').write_bytes(_jpeg(img.convert('CMYK')))
+                else:
+                    (folder / f'{i}.jpg').write_bytes(_jpeg(img, quality=85))
+    return str(root)
+
+
+def test_read_encoded_sends_bytes_for_jpegs_only(mixed_folder):
+    dataset = open_dataset(mixed_folder, 'train')
+    kinds = {}
+    for i in range(len(dataset)):
+        name, payload, size, target = dataset.read_encoded(i)
+        kinds[os.path.basename(name)] = payload.dim()
+        pixels = dataset.read_decoded(i)[1]
+        assert size == tuple(pixels.shape[1:]) and target == dataset.reader.samples[i][1]
+        decoded = decode_batch([payload], 'cpu')[0][0]
+        assert torch.equal(decoded, pixels), name  # the same pixels as Pillow's, bytes or not
+    assert kinds['0.png'] == 3 and kinds['1.jpg'] == 1 and kinds['3.jpg'] == 1 and kinds['2.jpg'] == 3  # CMYK
+
+
+def _augment(img_size=32, **kwargs):
+    settings = dict(auto_augment='rand-m9-mstd0.5-inc1', interpolation='bicubic', re_prob=0.25, re_mode='pixel')
+    settings.update(kwargs)
+    return BatchAugment(img_size, **settings)
+
+
+def _batches(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_streamed_and_resident_pipelines_give_the_same_batches(mixed_folder, workers, one_thread):
+    """The same samples, parameters (seeded per sample) and pixels, whether each batch is decoded from file bytes
+    (in the loader workers' collate or in this process) or gathered from a split decoded once."""
+    dataset = open_dataset(mixed_folder, 'train')
+    dataset.augment_seed = 3
+    augment = _augment()
+    sampler = EpochSampler(dataset, 1, 0, seed=0)
+    finish = BatchFinisher(augment, torch.device('cpu'), dataset.report_bad, train=True)
+    in_workers = workers > 0
+    loader = DeviceLoader(DataLoader(EncodedDataset(dataset, augment.draw), batch_size=4, sampler=sampler,
+                                     num_workers=workers, drop_last=True,
+                                     collate_fn=CollateAndFinish(finish) if in_workers else collate_encoded),
+                          None if in_workers else finish)
+    resident = ResidentLoader(ResidentSplit(dataset, 'cpu', workers), sampler, 4, augment, draw_many=augment.draw_many,
+                              drop_last=True)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        dataset.set_epoch(epoch)
+        streamed, kept = _batches(loader), _batches(resident)
+        assert len(streamed) == len(kept) == len(loader) == len(resident) == 5
+        for (xa, ya), (xb, yb) in zip(streamed, kept):
+            assert xa.shape == (4, 3, 32, 32) and xa.dtype == torch.float32
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    sampler.set_epoch(0)  # another epoch draws other augmentations
+    dataset.set_epoch(0)
+    first = _batches(resident)
+    sampler.set_epoch(1)
+    dataset.set_epoch(1)
+    assert not torch.equal(first[0][0], _batches(resident)[0][0])
+
+
+def test_a_resident_validation_split_gives_the_pil_pipelines_batches(mixed_folder):
+    """Kept as timm's eval transform makes it (Pillow's resize and crop once, the normalisation per batch): the same
+    floats as the PIL pipeline, so a run's validation numbers are tcnn eval's on every pipeline."""
+    dataset = open_dataset(mixed_folder, 'val')
+    dataset.transform = create_transform(32, is_training=False, interpolation='bicubic', crop_pct=0.875,
+                                          mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    pil = _batches(DataLoader(dataset, batch_size=4))
+    split = ResidentSplit(dataset, 'cpu', prepare=dataset.transform)
+    kept = _batches(ResidentLoader(split, range(len(dataset)), 4, ResidentSplit.normalizer(dataset.transform)))
+    assert [x.shape[0] for x, _ in pil] == [4, 2] == [x.shape[0] for x, _ in kept]
+    assert split.stacked is not None and split.stacked.shape[1:] == (3, 32, 32)
+    for (xa, ya), (xb, yb) in zip(pil, kept):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+@pytest.fixture()
+def folder_with_undecodable_jpeg(tmp_path):
+    root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=4, val_per_class=2, size=32)
+    bad = tmp_path / 'data' / 'train' / 'circle' / 'header_only.jpg'
+    data = _jpeg(_photo(32, 32))
+    bad.write_bytes(data[:data.index(b'\xff\xda')] + b'\xff\xd9')  # passes the header check, fails to decode
+    cut = tmp_path / 'data' / 'train' / 'square' / 'cut.jpg'
+    cut.write_bytes(data[:len(data) // 2])  # caught in the worker, as the PIL pipeline catches it
+    return root, str(bad), str(cut)
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, workers):
+    root, bad, cut = folder_with_undecodable_jpeg
+    augment = _augment(32, auto_augment=None)
+
+    def batches(dataset):
+        finish = BatchFinisher(augment, torch.device('cpu'), dataset.report_bad, train=True)
+        loader = DataLoader(EncodedDataset(dataset, augment.draw), batch_size=5, num_workers=workers,
+                            collate_fn=CollateAndFinish(finish) if workers else collate_encoded)
+        return _batches(DeviceLoader(loader, None if workers else finish))
+
+    dataset = open_dataset(root, 'train')
+    with pytest.raises(BadImageError) as info:
+        batches(dataset)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and '--skip-bad-images' in message
+    assert bad in message or cut in message
+    dataset = open_dataset(root, 'train', skip_bad_images=True)
+    out = batches(dataset)
+    assert sum(x.shape[0] for x, _ in out) == 10 and all(torch.isfinite(x).all() for x, _ in out)
+    assert set(dataset.bad_images()) == {bad, cut}
+
+
+def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
+    recipe = dataclasses.replace(PAPER, data=mixed_folder, img_size=32)
+    data = train_data.open_training_data(recipe)
+    cfg = {'input_size': (3, 32, 32), 'interpolation': 'bicubic', 'mean': (0.5,) * 3, 'std': (0.5,) * 3,
+           'crop_pct': 0.875, 'crop_mode': 'center'}
+    cpu = torch.device('cpu')
+    estimate = estimate_decoded_bytes(data.train)
+    assert 0.8 * 20 * 44 * 56 * 3 < estimate < 1.2 * 20 * 44 * 56 * 3  # the headers' sizes, not the file sizes
+    assert train_data.resolve_pipeline(recipe, data, cfg, cpu)[0] == 'resident'
+    monkeypatch.setitem(train_data.RESIDENT_SHARE, 'cpu', 1e-12)
+    assert train_data.resolve_pipeline(recipe, data, cfg, cpu) == ('device', 'the splits are too large to keep '
+                                                                   'decoded')
+    for asked in ('pil', 'device', 'resident'):
+        assert train_data.resolve_pipeline(dataclasses.replace(recipe, data_pipeline=asked), data, cfg, cpu) == (
+            asked, 'asked for')
+    augmix = dataclasses.replace(recipe, aa='augmix-m5-w4-d2')
+    chosen, why = train_data.resolve_pipeline(augmix, data, cfg, cpu)
+    assert chosen == 'pil' and 'augmix' in why
+    with pytest.raises(TcnnError, match='--data-pipeline pil'):
+        train_data.resolve_pipeline(dataclasses.replace(augmix, data_pipeline='device'), data, cfg, cpu)
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+
+@pytest.fixture(scope='module')
+def jpeg_dir(tmp_path_factory):
+    """48 training images (JPEG and PNG, 64 px) in 3 classes: 12 updates of batch 4."""
+    root = make_image_folder(str(tmp_path_factory.mktemp('jpegs')), num_classes=3, train_per_class=16,
+                             val_per_class=2, size=64)
+    for i, path in enumerate(sorted(p for p, _, _ in os.walk(root))):
+        for name in sorted(os.listdir(path)):
+            if name.endswith('.png') and (i + len(name)) % 3:
+                png = os.path.join(path, name)
+                Image.open(png).convert('RGB').save(png[:-4] + '.jpg', quality=90)
+                os.remove(png)
+    return root
+
+
+@pytest.mark.parametrize('pipeline,workers', [('device', 2), ('resident', 0)])
+def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, monkeypatch, capsys, pipeline,
+                                                            workers):
+    straight, run = tmp_path / 'straight', tmp_path / 'run'
+
+    def args(out):
+        return common(jpeg_dir, out, epochs=2) + ['--workers', str(workers), '--data-pipeline', pipeline]
+
+    assert tcnn_train.main(args(straight)) == 0
+    assert f'data pipeline {pipeline} (asked for)' in capsys.readouterr().out
+    _stop_after(monkeypatch, 12 + 3)
+    assert tcnn_train.main(args(run)) == 75
+    monkeypatch.undo()
+    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss'))
+    assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
+    assert load(run / 'last.pt')['config']['data_pipeline'] == pipeline
+
+
+def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_path, capsys):
+    run = tmp_path / 'run'
+    assert tcnn_train.main(common(jpeg_dir, run, epochs=2)) == 0
+    assert 'data pipeline resident (the splits take about' in capsys.readouterr().out
+    ckpt = load(run / 'last.pt')
+    assert ckpt['config']['data_pipeline'] == 'resident'
+    with open(run / 'config.yaml') as f:
+        assert 'data_pipeline: resident' in f.read()
+    # a checkpoint of tcnn <= 0.6 has no data_pipeline: its run trained on timm's PIL transform and goes on with it
+    del ckpt['config']['data_pipeline']
+    torch.save(ckpt, run / 'last.pt')
+    assert tcnn_train.main(['--resume', str(run), '--epochs', '3', '--no-progress']) == 0
+    assert 'data pipeline pil (asked for)' in capsys.readouterr().out
+    assert load(run / 'last.pt')['config']['data_pipeline'] == 'pil'
