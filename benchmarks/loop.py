@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """The whole training loop as users run it: ``tcnn train`` under torchrun on a folder of JPEGs, T-CNN vs its CNN.
 
-    python benchmarks/loop.py                              # 20k JPEGs at 256 px, resnet50d, 2 epochs per run
+    python benchmarks/loop.py                              # 20k ImageNet-size JPEGs, resnet50d, 2 epochs per run
     python benchmarks/loop.py --workers 8 16               # a sweep of loader workers
+    python benchmarks/loop.py --pipelines pil device       # the data pipelines side by side
     python benchmarks/loop.py --smoke --out /tmp/loop      # every code path in under a minute on 2 CPU cores
 
-Generates an ImageFolder of JPEGs on the local disk (``tcnn.demo.synthetic.generate``: the demo's shape images, written
-as JPEGs by a process pool, train and val splits; reused when it exists), then runs ``torchrun --nproc_per_node 1
--m tcnn.train`` on it with the recipe's full augmentation (RandAugment, random erasing, mixup/cutmix) at 224 px, for
-the T-CNN and for its CNN (``--no-sa``), random weights (``--no-pretrained``: nothing is downloaded), bf16 and
-channels_last on a GPU. torchrun gives the one process a process group, so the job runs what a many-GPU job runs
-(NCCL on a GPU, gloo on the CPU) and the backend is recorded.
+Generates an ImageFolder of JPEGs on the local disk (``benchmarks/photos.py``: ImageNet-size photo-like JPEGs, about
+500 x 375 px and 110 KB, ``--unique`` of them distinct and the rest hard links; or ``--source shapes``: the demo's
+shapes at ``--source-size``; reused when it exists), then runs ``torchrun --nproc_per_node 1 -m tcnn.train`` on it
+with the recipe's full augmentation (RandAugment, random erasing, mixup/cutmix) at 224 px, for the T-CNN and for its
+CNN (``--no-sa``), random weights (``--no-pretrained``: nothing is downloaded), bf16 and channels_last on a GPU, on
+each data pipeline asked for (``--data-pipeline``). torchrun gives the one process a process group, so the job runs
+what a many-GPU job runs (NCCL on a GPU, gloo on the CPU) and the backend is recorded. On a GPU, ``nvidia-smi``
+samples its utilisation twice a second during each run (the median of the samples of the run's second half).
 
 The numbers are the run's own (``OUTPUT/metrics.jsonl``, the last epoch's: the first one pays for cuDNN's
 autotuning and the loader's start):
@@ -29,10 +32,11 @@ every epoch's numbers. See docs/benchmarks.md.
 """
 import argparse
 import datetime
-import json
 import os
 import re
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +48,7 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
+from benchmarks import photos  # noqa: E402
 from benchmarks.report import load_average, machine_info, write_json  # noqa: E402
 from tcnn.demo import synthetic  # noqa: E402
 from tcnn.files.run_folder import read_metrics, read_status  # noqa: E402
@@ -63,9 +68,9 @@ def presets(smoke: bool) -> Dict[str, Any]:
     """Default settings; explicit command-line options override them."""
     if smoke:  # every code path on a few dozen small images; for tests, not for numbers
         return dict(images=48, val_images=12, source_size=64, img_size=64, model='resnet18d', epochs=1,
-                    batch_size=8, workers=[2])
+                    batch_size=8, workers=[2], unique=16)
     return dict(images=20000, val_images=1000, source_size=256, img_size=224, model='resnet50d', epochs=2,
-                batch_size=128, workers=[usable_cpus()])
+                batch_size=128, workers=[usable_cpus()], unique=2000)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--workers', type=int, nargs='+', help='loader workers per run, several for a sweep (default: '
                    'the usable CPUs)')
     p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument('--pipelines', nargs='+', choices=('pil', 'device', 'resident', 'auto'), default=['pil'],
+                   help='data pipelines (tcnn train --data-pipeline), each run on each (default: pil)')
+    p.add_argument('--source', choices=('photos', 'shapes'), default='photos',
+                   help='photos: ImageNet-size JPEGs (benchmarks/photos.py, default); shapes: the demo\'s, as JPEGs')
+    p.add_argument('--unique', type=int, help='distinct photos (the rest hard links; default 2000)')
     p.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when available')
     p.add_argument('--out', default=RESULTS_DIR, help='results folder (default benchmarks/results)')
     p.add_argument('--runs', help='folder of the training runs and their logs (default: a temporary one)')
@@ -99,42 +109,75 @@ def device_tag(device: torch.device) -> str:
     return f'cuda-{(match.group(1) if match else name.split()[-1]).lower()}'
 
 
-def make_data(root: str, images: int, val_images: int, size: int, workers: int) -> Dict[str, Any]:
+def make_data(args: argparse.Namespace, root: str, workers: int) -> Dict[str, Any]:
     """The JPEG ImageFolder (generated in ``workers`` processes, or reused); returns what describes it."""
-    manifest = synthetic.generate(root, sizes={'train': images, 'val': val_images}, corruptions=(),
-                                  task=synthetic.OddColour(img_size=size), image_format='jpeg', workers=workers,
-                                  progress=False)
-    files = [os.path.join(d, f) for d in (os.path.join(root, 'train', c) for c in manifest['classes'])
-             for f in os.listdir(d)]
-    return {'root': root, 'train_images': images, 'val_images': val_images, 'source_size': size,
-            'classes': len(manifest['classes']), 'format': 'jpeg',
+    start = time.perf_counter()
+    if args.source == 'photos':
+        manifest = photos.generate(root, train=args.images, val=args.val_images, unique=args.unique, workers=workers)
+        classes = [f'c{c:02d}' for c in range(manifest['classes'])]
+        source = '500x375'
+    else:
+        manifest = synthetic.generate(root, sizes={'train': args.images, 'val': args.val_images}, corruptions=(),
+                                      task=synthetic.OddColour(img_size=args.source_size), image_format='jpeg',
+                                      workers=workers, progress=False)
+        classes, source = manifest['classes'], args.source_size
+    files = [os.path.join(d, f) for d in (os.path.join(root, 'train', c) for c in classes) for f in os.listdir(d)]
+    return {'root': root, 'source': args.source, 'train_images': args.images, 'val_images': args.val_images,
+            'source_size': source, 'classes': len(classes), 'format': 'jpeg',
+            'unique': args.unique if args.source == 'photos' else args.images,
             'mean_file_kib': sum(os.path.getsize(f) for f in files) / max(len(files), 1) / 1024,
-            'generation_s': manifest['generation_s'], 'generation_workers': workers}
+            'generation_s': time.perf_counter() - start, 'generation_workers': workers}
 
 
-def train_command(args: argparse.Namespace, data: str, output: str, variant: str, workers: int) -> List[str]:
+class GpuUtilisation:
+    """``nvidia-smi`` sampling the GPU's utilisation twice a second while a run goes (nothing without it)."""
+
+    def __init__(self, enabled: bool):
+        self.proc = None
+        if enabled and shutil.which('nvidia-smi'):
+            gpu = os.environ.get('CUDA_VISIBLE_DEVICES', '0').split(',')[0]
+            self.proc = subprocess.Popen(['nvidia-smi', '--query-gpu=utilization.gpu', '--format=csv,noheader,nounits',
+                                          '-lms', '500', '-i', gpu], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         text=True)
+
+    def stop(self) -> Optional[float]:
+        """The median utilisation (%) of the second half of the samples; None without samples."""
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        out = self.proc.communicate(timeout=10)[0]
+        samples = [float(v) for v in out.split() if v.replace('.', '', 1).isdigit()]
+        tail = samples[len(samples) // 2:]
+        return statistics.median(tail) if tail else None
+
+
+def train_command(args: argparse.Namespace, data: str, output: str, variant: str, workers: int,
+                  pipeline: str = 'pil') -> List[str]:
     """``torchrun --nproc_per_node 1 -m tcnn.train ...`` of one run: the recipe's augmentation at ``img_size``."""
     cuda = args.device == 'cuda'
     return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '1', '-m', 'tcnn.train',
             '--data', data, '--output', output, '--model', args.model, '--no-pretrained', '--epochs', str(args.epochs),
             '--batch-size', str(args.batch_size), '--img-size', str(args.img_size), '--workers', str(workers),
             '--device', args.device, '--amp', 'bf16' if cuda else 'none', '--set', f'channels_last={str(cuda).lower()}',
-            '--set', 'warmup_epochs=0', '--no-progress', *VARIANTS[variant]]
+            '--set', 'warmup_epochs=0', '--no-progress', '--data-pipeline', pipeline, *VARIANTS[variant]]
 
 
-def run_one(args: argparse.Namespace, data: str, runs: str, variant: str, workers: int) -> Dict[str, Any]:
+def run_one(args: argparse.Namespace, data: str, runs: str, variant: str, workers: int,
+            pipeline: str = 'pil') -> Dict[str, Any]:
     """One training run; its epochs' numbers from its metrics.jsonl and its process group from status.json."""
-    name = f'{variant}-w{workers}'
+    name = f'{variant}-{pipeline}-w{workers}'
     output = os.path.join(runs, name)
-    cmd = train_command(args, data, output, variant, workers)
+    cmd = train_command(args, data, output, variant, workers, pipeline)
     paths = [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
     env = dict(os.environ, HF_HUB_OFFLINE='1', PYTHONUNBUFFERED='1', PYTHONPATH=os.pathsep.join(paths))
     if args.smoke:  # a few tiny steps on a small shared CPU: threads would only fight the loader workers
         env.setdefault('OMP_NUM_THREADS', '1')
     log_path = os.path.join(runs, f'{name}.log')
     start = time.perf_counter()
+    gpu = GpuUtilisation(args.device == 'cuda')
     with open(log_path, 'w') as log:
         code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=runs).returncode
+    utilisation = gpu.stop()
     wall = time.perf_counter() - start
     with open(log_path) as f:
         text = f.read()
@@ -143,7 +186,8 @@ def run_one(args: argparse.Namespace, data: str, runs: str, variant: str, worker
     status = read_status(os.path.join(output, 'status.json')) or {}
     epochs = [{k: row.get(k) for k in EPOCH_KEYS} for row in read_metrics(os.path.join(output, 'metrics.jsonl'))]
     last = epochs[-1]
-    return {'variant': variant, 'workers': workers, 'process_group': status.get('process_group'),
+    return {'variant': variant, 'pipeline': pipeline, 'workers': workers, 'gpu_utilisation': utilisation,
+            'process_group': status.get('process_group'),
             'state': status.get('state'), 'img_per_s': last['img_per_s'], 'step_img_per_s': last['step_img_per_s'],
             'data_wait': last['data_wait'], 'epochs': epochs, 'wall_s': wall,
             'command': ' '.join(shlex.quote(c) for c in cmd[1:]).replace('-m torch.distributed.run', 'torchrun', 1),
@@ -151,28 +195,33 @@ def run_one(args: argparse.Namespace, data: str, runs: str, variant: str, worker
 
 
 def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """T-CNN / CNN of loop and step img/s at each worker count (both variants run)."""
+    """T-CNN / CNN of loop and step img/s for each pipeline and worker count (both variants run), and each run's
+    loop img/s over its step img/s (what the data path leaves of the step's speed)."""
     out = []
-    for workers in sorted({r['workers'] for r in rows}):
-        by = {r['variant']: r for r in rows if r['workers'] == workers}
+    for pipeline, workers in sorted({(r['pipeline'], r['workers']) for r in rows}):
+        by = {r['variant']: r for r in rows if r['workers'] == workers and r['pipeline'] == pipeline}
         if {'tcnn', 'cnn'} <= set(by):
-            out.append({'workers': workers, 'loop': by['tcnn']['img_per_s'] / by['cnn']['img_per_s'],
+            out.append({'pipeline': pipeline, 'workers': workers,
+                        'loop': by['tcnn']['img_per_s'] / by['cnn']['img_per_s'],
                         'step': by['tcnn']['step_img_per_s'] / by['cnn']['step_img_per_s']})
     return out
 
 
 def print_table(results: Dict[str, Any]) -> None:
-    s = results['settings']
+    s, d = results['settings'], results['data']
     print(f'\n{s["model"]} at {s["img_size"]} px, batch {s["batch_size"]}, {s["epochs"]} epoch(s) of '
-          f'{results["data"]["train_images"]} JPEGs ({results["data"]["source_size"]} px, '
-          f'{results["data"]["mean_file_kib"]:.1f} KiB each), device {results["device"]}, process group '
-          f'{results["backend"]}; last epoch:')
-    print(f'{"model":6s} {"workers":>7s} {"loop img/s":>10s} {"step img/s":>10s} {"data wait":>9s} {"run s":>6s}')
+          f'{d["train_images"]} JPEGs ({d["source"]}, {d["source_size"]} px, {d["mean_file_kib"]:.1f} KiB each), '
+          f'device {results["device"]}, process group {results["backend"]}; last epoch:')
+    print('| model | pipeline | workers | loop img/s | step img/s | loop / step | data wait | GPU util. | run s |')
+    print('|---|---|---|---|---|---|---|---|---|')
     for r in results['runs']:
-        print(f'{r["variant"]:6s} {r["workers"]:7d} {r["img_per_s"]:10.1f} {r["step_img_per_s"]:10.1f} '
-              f'{100 * r["data_wait"]:8.1f}% {r["wall_s"]:6.0f}')
+        util = '-' if r['gpu_utilisation'] is None else f'{r["gpu_utilisation"]:.0f}%'
+        print(f'| {r["variant"]} | {r["pipeline"]} | {r["workers"]} | {r["img_per_s"]:.1f} | '
+              f'{r["step_img_per_s"]:.1f} | {r["img_per_s"] / r["step_img_per_s"]:.2f} | '
+              f'{100 * r["data_wait"]:.1f}% | {util} | {r["wall_s"]:.0f} |')
     for r in results['ratios']:
-        print(f'T-CNN / CNN with {r["workers"]} workers: loop {r["loop"]:.3f}, step {r["step"]:.3f}')
+        print(f'T-CNN / CNN, {r["pipeline"]} pipeline, {r["workers"]} workers: loop {r["loop"]:.3f}, '
+              f'step {r["step"]:.3f}')
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -192,19 +241,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     start = time.perf_counter()
     data_root = args.data or os.path.join(
-        tempfile.gettempdir(), f'tcnn-loop-{args.images}-{args.val_images}-{args.source_size}px')
-    data = make_data(data_root, args.images, args.val_images, args.source_size, usable_cpus())
-    print(f'data {data_root}: {args.images} + {args.val_images} JPEGs at {args.source_size} px '
-          f'({data["mean_file_kib"]:.1f} KiB each), {data["generation_s"]:.0f} s to generate', flush=True)
+        tempfile.gettempdir(), f'tcnn-loop-{args.source}-{args.images}-{args.val_images}-{args.source_size}px')
+    data = make_data(args, data_root, usable_cpus())
+    print(f'data {data_root}: {args.images} + {args.val_images} JPEGs ({args.source}, {data["source_size"]} px, '
+          f'{data["mean_file_kib"]:.1f} KiB each), {data["generation_s"]:.0f} s to generate', flush=True)
     runs_dir = args.runs or tempfile.mkdtemp(prefix='tcnn-loop-runs-')
     os.makedirs(runs_dir, exist_ok=True)
     rows = []
-    for i, workers in enumerate(args.workers):
+    points = [(pipeline, workers) for pipeline in args.pipelines for workers in args.workers]
+    for i, (pipeline, workers) in enumerate(points):
         for variant in (args.variants if i % 2 == 0 else args.variants[::-1]):  # alternate the order per sweep point
-            row = run_one(args, data_root, runs_dir, variant, workers)
+            row = run_one(args, data_root, runs_dir, variant, workers, pipeline)
             rows.append(row)
-            print(f'{variant} with {workers} workers: {row["img_per_s"]:.1f} img/s (step {row["step_img_per_s"]:.1f}), '
-                  f'waiting for data {100 * row["data_wait"]:.1f}% ({row["wall_s"]:.0f} s)', flush=True)
+            print(f'{variant}, {pipeline} pipeline, {workers} workers: {row["img_per_s"]:.1f} img/s (step '
+                  f'{row["step_img_per_s"]:.1f}), waiting for data {100 * row["data_wait"]:.1f}% '
+                  f'({row["wall_s"]:.0f} s)', flush=True)
     backends = {r['process_group'] for r in rows}
     backend = backends.pop() if len(backends) == 1 else 'mixed'
     name = f'{device_tag(device)}-loop-{backend}-{datetime.date.today().isoformat()}'
@@ -213,7 +264,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         'command': 'python benchmarks/loop.py ' + ' '.join(shlex.quote(a) for a in argv),
         'device': str(device), 'backend': backend, 'machine': machine_info(device),
         'settings': {k: getattr(args, k) for k in ('smoke', 'model', 'img_size', 'epochs', 'batch_size', 'workers',
-                                                   'variants')},
+                                                   'variants', 'pipelines')},
         'tcnn_default_workers': auto_workers(1), 'data': data, 'runs': rows, 'ratios': ratios(rows),
         'definitions': {'img_per_s': 'training images / training loop time, data wait included (metrics.jsonl '
                                      'img_per_s)',

@@ -317,13 +317,14 @@ def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
 
 
 def test_loop_benchmark_smoke_run(tmp_path):
-    """benchmarks/loop.py --smoke end to end: JPEGs generated, tcnn train under torchrun (gloo on the CPU) for the
-    T-CNN and its CNN, the run's own throughput numbers in the JSON, named after the device and the backend."""
+    """benchmarks/loop.py --smoke end to end: photo-like JPEGs generated, tcnn train under torchrun (gloo on the CPU)
+    for the T-CNN and its CNN on two data pipelines, the run's own throughput numbers in the JSON, named after the
+    device and the backend."""
     env = dict(os.environ, HF_HUB_OFFLINE='1')
     out, runs, data = tmp_path / 'out', tmp_path / 'runs', tmp_path / 'data'
     proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'loop.py'), '--smoke', '--out', str(out),
-                           '--runs', str(runs), '--data', str(data)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+                           '--runs', str(runs), '--data', str(data), '--pipelines', 'pil', 'device'], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = out.glob('*.json')
     assert path.name.startswith('cpu-loop-gloo-')
@@ -333,21 +334,23 @@ def test_loop_benchmark_smoke_run(tmp_path):
         assert key in res, key
     assert res['machine']['torch'] == torch.__version__ and res['backend'] == 'gloo' and res['device'] == 'cpu'
     assert res['data']['format'] == 'jpeg' and len(list(data.rglob('*.jpg'))) == 48 + 12
-    assert res['data']['mean_file_kib'] > 0
-    assert [r['variant'] for r in res['runs']] == ['tcnn', 'cnn']
+    assert res['data']['source'] == 'photos' and res['data']['mean_file_kib'] > 50  # ImageNet-size files
+    assert [(r['pipeline'], r['variant']) for r in res['runs']] == [('pil', 'tcnn'), ('pil', 'cnn'),
+                                                                     ('device', 'cnn'), ('device', 'tcnn')]
     for r in res['runs']:
         assert r['process_group'] == 'gloo' and r['state'] == 'finished' and r['workers'] == 2
         assert 'torchrun --standalone --nproc_per_node 1 -m tcnn.train' in r['command']
         assert ('--no-sa' in r['command']) == (r['variant'] == 'cnn')
+        assert f'--data-pipeline {r["pipeline"]}' in r['command'] and r['gpu_utilisation'] is None
         assert r['step_img_per_s'] >= r['img_per_s'] > 0 and math.isfinite(r['step_img_per_s'])
         assert 0 <= r['data_wait'] < 1 and r['wall_s'] > 0
         assert r['step_img_per_s'] == pytest.approx(r['img_per_s'] / (1 - r['data_wait']))  # the documented identity
         last = r['epochs'][-1]
         assert last['train_images'] / last['img_per_s'] <= last['epoch_time_s']  # the loop is part of the epoch
-        assert r['epochs'][-1]['train_images'] == 48 and (runs / f'{r["variant"]}-w2.log').is_file()
-    (ratio,) = res['ratios']
-    assert ratio['workers'] == 2 and all(math.isfinite(ratio[k]) and ratio[k] > 0 for k in ('loop', 'step'))
-    assert 'T-CNN / CNN with 2 workers' in proc.stdout
+        assert last['train_images'] == 48 and (runs / f'{r["variant"]}-{r["pipeline"]}-w2.log').is_file()
+    assert [(r['pipeline'], r['workers']) for r in res['ratios']] == [('device', 2), ('pil', 2)]
+    assert all(math.isfinite(r[k]) and r[k] > 0 for r in res['ratios'] for k in ('loop', 'step'))
+    assert 'T-CNN / CNN, device pipeline, 2 workers' in proc.stdout
 
 
 def test_first_calls_are_recorded_apart_from_the_timed_repeats():

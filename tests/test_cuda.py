@@ -241,16 +241,41 @@ def data_dir(tmp_path_factory):
                              val_per_class=4, size=64)
 
 
+@pytest.fixture(scope='module')
+def cnn_weights(tmp_path_factory):
+    """A resnet18d whose every block reaches the logits (a random-init timm ResNet zeroes the last BN of each
+    residual block, so its GPSA layers would change nothing and a training test would not test them)."""
+    path = tmp_path_factory.mktemp('cnn') / 'resnet18d.pth'
+    torch.save(_nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=3)).state_dict(), path)
+    return str(path)
+
+
+def _gpsa_args(data_dir, run, cnn_weights, **kwargs):
+    """``common``'s run on ``cnn_weights`` instead of a random init."""
+    args = [a for a in common(data_dir, run, **kwargs) if a != '--no-pretrained']
+    return args + ['--weights', cnn_weights]
+
+
+def _assert_gpsa_trained(out, run):
+    """The conversion was not vacuous and the GPSA layers' gates and localities moved in training."""
+    assert 'verified exact configuration' in out and 'vacuous' not in out
+    model = tcnn.load(str(run / 'last.pt'))
+    for _, layer in tcnn.gpsa_layers(model):
+        assert not torch.allclose(layer.gating, torch.ones_like(layer.gating))
+        assert not torch.allclose(layer.pos_locality, layer.pos_locality[0].expand_as(layer.pos_locality))
+
+
 @pytest.mark.parametrize('flags', [
     ['--amp', 'bf16', '--set', 'channels_last=true'],
     ['--amp', 'fp16', '--set', 'channels_last=true'],
     ['--amp', 'bf16', '--set', 'channels_last=true', '--compile'],
 ], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
-def test_train_one_epoch_on_cuda(data_dir, tmp_path, capsys, flags):
+def test_train_one_epoch_on_cuda(data_dir, cnn_weights, tmp_path, capsys, flags):
     run = tmp_path / 'run'
-    assert tcnn_train.main(common(data_dir, run, epochs=1, device='cuda') + flags) == 0
+    assert tcnn_train.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
     out = capsys.readouterr().out
     assert 'device cuda' in out
+    _assert_gpsa_trained(out, run)
     (row,) = metrics(run)
     assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
     assert row['train_images'] == 24 and row['val_images'] == 12
@@ -260,7 +285,7 @@ def test_train_one_epoch_on_cuda(data_dir, tmp_path, capsys, flags):
     print(f'\n{" ".join(flags)}: train loss {row["train_loss"]:.4f}, val loss {row["val_loss"]:.4f}')
 
 
-def test_cuda_graph_training_and_eval_match_eager(data_dir, tmp_path, capsys):
+def test_cuda_graph_training_and_eval_match_eager(data_dir, cnn_weights, tmp_path, capsys):
     """``--compile reduce-overhead`` on cuda in bf16: CUDA graphs are recorded (no skip), 3 updates train to the
     eager run's losses, and ``tcnn eval --compile reduce-overhead`` scores the checkpoint as eager evaluation does
     (its last batch of 4 runs eagerly)."""
@@ -269,8 +294,10 @@ def test_cuda_graph_training_and_eval_match_eager(data_dir, tmp_path, capsys):
     rows = {}
     for mode in ([], ['--compile', 'reduce-overhead']):
         run = tmp_path / f'run{len(mode)}'
-        args = common(data_dir, run, epochs=1) + ['--device', 'cuda', '--amp', 'bf16', '--batch-size', '8', *mode]
+        args = _gpsa_args(data_dir, run, cnn_weights, epochs=1) + ['--device', 'cuda', '--amp', 'bf16',
+                                                                    '--batch-size', '8', *mode]
         assert tcnn_train.main(args) == 0, capsys.readouterr().err
+        _assert_gpsa_trained(capsys.readouterr().out, run)
         (rows[len(mode)],) = metrics(run)
     assert counters['inductor']['cudagraph_skips'] == 0, 'the compiled run fell back to launching kernels'
     eager, graphed = rows[0], rows[2]
@@ -340,3 +367,69 @@ def test_robustness_evaluate_on_cuda_and_cpu_agree(tmp_path):
     results = {dev: scoring.evaluate({'m': model}, 'imagenet', str(tmp_path / 'val'), batch_size=4, workers=0,
                                      progress=False, img_size=32, device=dev)['m'] for dev in ('cpu', 'cuda')}
     assert results['cuda']['top1'] == pytest.approx(results['cpu']['top1']) == pytest.approx(30.0)
+
+
+# ------------------------------------------------------------------------------------------------ data pipelines
+
+def _jpegs():
+    """Photo-like JPEGs of the kinds a dataset holds: 4:2:0 and 4:4:4 chroma, grayscale, progressive, odd sizes."""
+    from test_data_pipeline import _jpeg, _photo
+    img = _photo(120, 160)
+    return [_jpeg(img, quality=90), _jpeg(img, quality=95, subsampling=0), _jpeg(img.convert('L')),
+            _jpeg(img, progressive=True), _jpeg(_photo(77, 53, seed=3), quality=80)]
+
+
+def test_batch_decoding_on_cuda_is_close_to_pillows_pixels():
+    """nvjpeg's batch decode against libjpeg-turbo's (Pillow's): IDCT and chroma upsampling differ by a few levels;
+    a file that fails fails alone."""
+    from tcnn.data.decode import decode_batch
+    from test_data_pipeline import _tensor
+    files = _jpegs()
+    payloads = [_tensor(f) for f in files]
+    cpu, failed_cpu = decode_batch(payloads, 'cpu')
+    gpu, failed_gpu = decode_batch(payloads, 'cuda')
+    assert failed_cpu == failed_gpu == []
+    for a, b in zip(cpu, gpu):
+        assert b.device.type == 'cuda' and b.dtype == torch.uint8 and a.shape == b.shape
+        diff = (a.int() - b.cpu().int()).abs().float()
+        print(f'\nnvjpeg vs Pillow {tuple(a.shape)}: mean {diff.mean():.3f}, max {diff.max():.0f} levels')
+        assert diff.mean() < 1.0 and diff.max() <= 12
+    header_only = files[0][:files[0].index(b'\xff\xda')] + b'\xff\xd9'
+    images, failed = decode_batch([payloads[0], _tensor(header_only), payloads[1]], 'cuda')
+    assert failed == [1] and images[1] is None and images[0] is not None and images[2] is not None
+
+
+@pytest.mark.parametrize('setting', ['recipe', 'demo'])
+def test_batch_augment_on_cuda_matches_the_cpu(setting):
+    """The same parameters on both devices: the pixel ops are the same integer arithmetic; resizes and affine ops go
+    through float kernels whose rounding may differ (measured and printed)."""
+    import random
+    from tcnn.data.batch_augment import BatchAugment
+    from test_data_pipeline import _photo
+    from tcnn.data.decode import pil_to_tensor
+    kwargs = (dict(auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25, re_mode='const') if setting == 'recipe' else
+              dict(auto_augment=None, color_jitter=0.3, scale=(1.0, 1.0)))
+    augment = BatchAugment(64, interpolation='bicubic', **kwargs)
+    images = [pil_to_tensor(_photo(96 + 8 * (i % 3), 80 + 4 * (i % 5), seed=i)) for i in range(32)]
+    params = augment.draw_many([(random.Random(i), tuple(img.shape[1:])) for i, img in enumerate(images)])
+    cpu = augment(images, params)
+    gpu = augment([img.cuda() for img in images], params)
+    assert gpu.device.type == 'cuda' and gpu.shape == cpu.shape == (32, 3, 64, 64)
+    levels = ((gpu.cpu() - cpu) * torch.tensor(augment.std).view(1, 3, 1, 1) * 255).abs()
+    print(f'\n{setting}: cuda vs cpu, mean {levels.mean():.4f}, p99 {levels.flatten().quantile(0.99):.2f}, '
+          f'max {levels.max():.1f} levels')
+    assert levels.mean() < 0.25 and levels.flatten().quantile(0.99) <= 3
+
+
+@pytest.mark.parametrize('pipeline', ['device', 'resident'])
+def test_train_on_cuda_with_the_batched_pipelines(data_dir, cnn_weights, tmp_path, capsys, pipeline):
+    run = tmp_path / 'run'
+    args = _gpsa_args(data_dir, run, cnn_weights, epochs=2, device='cuda')
+    assert tcnn_train.main(args + ['--amp', 'bf16', '--set', 'channels_last=true', '--workers', '2',
+                                   '--data-pipeline', pipeline]) == 0
+    out = capsys.readouterr().out
+    assert f'data pipeline {pipeline} (asked for)' in out
+    _assert_gpsa_trained(out, run)
+    rows = metrics(run)
+    assert len(rows) == 2 and all(math.isfinite(r['train_loss']) and math.isfinite(r['val_loss']) for r in rows)
+    assert torch.load(run / 'last.pt', map_location='cpu', weights_only=True)['config']['data_pipeline'] == pipeline
