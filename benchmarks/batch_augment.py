@@ -13,7 +13,7 @@ one DataLoader worker runs it): batch 64 at 96 px (96 x 96 sources) and batch 25
 timing; drawing the parameters (``BatchAugment.draw``, in the loader workers) is timed on its own, per sample.
 Medians of interleaved repeats (wall clock), with one torch thread and with torch's default; "img/s/core" divides
 by the threads used (1 for PIL), on CUDA it is per GPU; "x PIL" is timm's time for the batch on one core over ours.
-Generated images.
+Generated images. The process keeps the memory it frees, as ``tcnn train``'s do (``tcnn.allocator``).
 """
 import argparse
 import datetime
@@ -33,6 +33,7 @@ from PIL import Image  # noqa: E402
 from timm.data import create_transform  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
+from tcnn.allocator import keep_freed_memory  # noqa: E402
 from tcnn.data.batch_augment import BatchAugment, BatchEval  # noqa: E402
 from tcnn.data.transforms import safe_augmentation  # noqa: E402
 
@@ -110,6 +111,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument('--save', action='store_true', help='write benchmarks/results/<device>-batch-augment-<date>'
                                                             '.json')
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as in tcnn train, whose processes run this code
     if args.quick:
         args.repeats = min(args.repeats, 2)
     devices = [torch.device(d) for d in (args.device or ['cpu'] + (['cuda'] if torch.cuda.is_available() else []))]

@@ -220,6 +220,10 @@ def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
     monkeypatch.setitem(train_data.RESIDENT_SHARE, 'cpu', 1e-12)
     assert train_data.resolve_pipeline(recipe, data, cfg, cpu) == ('device', 'the splits are too large to keep '
                                                                    'decoded')
+    # on a GPU, where nvjpeg against the PIL workers is not measured yet, a split too large to keep stays on PIL
+    monkeypatch.setattr(train_data, 'memory_budget', lambda device, share, processes: 0)
+    chosen, why = train_data.resolve_pipeline(recipe, data, cfg, torch.device('cuda'))
+    assert chosen == 'pil' and '--data-pipeline device decodes on the GPU' in why
     for asked in ('pil', 'device', 'resident'):
         assert train_data.resolve_pipeline(dataclasses.replace(recipe, data_pipeline=asked), data, cfg, cpu) == (
             asked, 'asked for')
