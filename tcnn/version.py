@@ -3,7 +3,7 @@ extensions). Free of imports, so the CLI can check an output path before torch l
 
 __all__ = ['__version__', 'FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'EXPORT_EXTENSIONS']
 
-__version__ = '0.6.0'
+__version__ = '0.7.0'
 FORMAT_NAME = 'tcnn'
 # The newest T-CNN file format this tcnn reads and writes. 3: grouped and depthwise GPSA layers stored per group
 # (tcnn 0.3). Files without such layers are written as version 2 (GPSA filters as (C_out, N_h, C_in), tcnn 0.2), which

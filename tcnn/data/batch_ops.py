@@ -30,6 +30,7 @@ Nothing here draws a random number except ``erase``, from generators seeded by i
 import functools
 from typing import List, Optional, Sequence, Tuple
 
+import PIL
 import torch
 import torch.nn.functional as F
 
@@ -102,12 +103,15 @@ def resize(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:
 def _first_pass(size_in: Sequence[int], size: Sequence[int]) -> Tuple[int, int]:
     """The size after Pillow's first resampling pass. Pillow resamples in two passes, each rounded to uint8 (and so
     clipping bicubic's overshoot), the horizontal one first; Pillow 13 runs the vertical one first when the width
-    grows and the height shrinks (measured: in 290 of 290 such sizes). Where both shrink it picks an order by a rule
-    not reproduced here (horizontal first in 2 of 3 measured sizes; the other order changes a level on a few % of
-    the pixels)."""
-    if size[1] > size_in[1] and size[0] < size_in[0]:
+    grows and the height shrinks (measured: in 290 of 290 such sizes; Pillow 10.4-12.1 horizontal first in them all).
+    Where both shrink Pillow 13 picks an order by a rule not reproduced here (horizontal first in 2 of 3 measured
+    sizes; the other order changes a level on a few % of the pixels)."""
+    if _VERTICAL_FIRST_WHEN_WIDENING and size[1] > size_in[1] and size[0] < size_in[0]:
         return size[0], size_in[1]
     return size_in[0], size[1]
+
+
+_VERTICAL_FIRST_WHEN_WIDENING = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (13, 0)
 
 
 def resize_float(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:

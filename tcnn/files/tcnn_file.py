@@ -3,7 +3,7 @@ as a validated dict, and rebuild the model from that dict.
 
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
-    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.6.0',  # version 3 when it holds grouped GPSA layers
+    {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.7.0',  # version 3 when it holds grouped GPSA layers
      'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.files.weights.create_cnn arguments
                 'weights': 'pretrained'},                # or 'random', 'file:NAME', None (weights.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
