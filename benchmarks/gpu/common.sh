@@ -65,3 +65,21 @@ pack() {  # pack NAME: $WORK's results JSONs to $OUT as they are, everything els
     rm -rf "$WORK"  # checkpoints and data of the runs: only what was packed comes back
     echo "packed into $OUT:"; ls -la "$OUT"
 }
+
+# A script with a time budget (first.sh, second.sh) sets BUDGET (seconds from its start) and defines pack_now (what it
+# has produced so far into $OUT); its steps are then:
+limit() {  # limit CAP RESERVE: CAP seconds, cut so that RESERVE seconds stay for the steps after it (0: no time)
+    local left=$((BUDGET - SECONDS - $2))
+    local t=$(($1 < left ? $1 : left))
+    echo $((t < 15 ? 0 : t))
+}
+
+timed_step() {  # timed_step NAME CAP RESERVE COMMAND...: step under the cut limit, then pack
+    local name=$1 t; t=$(limit "$2" "$3"); shift 3
+    if [ "$t" = 0 ]; then
+        echo "=== $name: skipped, no time left ($SECONDS s of $BUDGET)" | tee -a "$WORK/steps.log"
+    else
+        step "$name" timeout -k 10 "$t" "$@"
+    fi
+    pack_now
+}

@@ -42,12 +42,6 @@ PYTEST=("$PY" -m pytest -p no:cacheprovider -rfEs --durations=15 -v)
 PARALLEL=()  # the GPU tests in two processes, where pytest-xdist is there
 "$PY" -c 'import xdist' 2>/dev/null && [ "$SMOKE" != 1 ] && PARALLEL=(-n 2)
 
-limit() {  # limit CAP RESERVE: CAP seconds, cut so that RESERVE seconds stay for the steps after it (0: no time)
-    local left=$((BUDGET - SECONDS - $2))
-    local t=$(($1 < left ? $1 : left))
-    echo $((t < 15 ? 0 : t))
-}
-
 pack_now() {  # what is there so far into $OUT: the results JSONs as they are, the logs in one archive, a summary
     cp "$WORK"/results/*.json "$OUT"/ 2>/dev/null
     tar -czf "$OUT/.first-logs.tar.gz" -C "$WORK" --exclude='*.pt' --exclude='*.png' --exclude='*.jpg' \
@@ -59,16 +53,6 @@ pack_now() {  # what is there so far into $OUT: the results JSONs as they are, t
         grep -h -E 'ratio|first call|goal |steady epoch|estimated' "$WORK"/eager.log "$WORK"/compiled.log \
             "$WORK"/demo_epoch.log 2>/dev/null
     } > "$OUT/first-summary.txt"
-}
-
-timed_step() {  # timed_step NAME CAP RESERVE COMMAND...: step under the cut limit, then pack
-    local name=$1 t; t=$(limit "$2" "$3"); shift 3
-    if [ "$t" = 0 ]; then
-        echo "=== $name: skipped, no time left ($SECONDS s of $BUDGET)" | tee -a "$WORK/steps.log"
-    else
-        step "$name" timeout -k 10 "$t" "$@"
-    fi
-    pack_now
 }
 
 # ---- phase 1: tests, the NCCL run and the compile-cache warm-up at once (nothing here is timed)

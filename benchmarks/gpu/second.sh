@@ -47,12 +47,6 @@ PARALLEL=()
 "$PY" -c 'import xdist' 2>/dev/null && [ "$SMOKE" != 1 ] && PARALLEL=(-n 2)
 PHOTO_DIR=/tmp/tcnn-photos  # local disk, outside the tree; reused by a later call on the same machine
 
-limit() {  # limit CAP RESERVE: CAP seconds, cut so that RESERVE seconds stay for the steps after it (0: no time)
-    local left=$((BUDGET - SECONDS - $2))
-    local t=$(($1 < left ? $1 : left))
-    echo $((t < 15 ? 0 : t))
-}
-
 pack_now() {  # what is there so far into $OUT: results JSONs as they are, the logs in one archive, a summary
     cp "$WORK"/results/*.json "$OUT"/ 2>/dev/null
     tar -czf "$OUT/.second-logs.tar.gz" -C "$WORK" --exclude='*.pt' --exclude='*.png' --exclude='*.jpg' \
@@ -64,16 +58,6 @@ pack_now() {  # what is there so far into $OUT: results JSONs as they are, the l
         grep -h -E '^\| |T-CNN / CNN|steady epoch|estimated' "$WORK"/loader.log "$WORK"/loop.log \
             "$WORK"/demo_epoch.log 2>/dev/null
     } > "$OUT/second-summary.txt"
-}
-
-timed_step() {  # timed_step NAME CAP RESERVE COMMAND...: step under the cut limit, then pack
-    local name=$1 t; t=$(limit "$2" "$3"); shift 3
-    if [ "$t" = 0 ]; then
-        echo "=== $name: skipped, no time left ($SECONDS s of $BUDGET)" | tee -a "$WORK/steps.log"
-    else
-        step "$name" timeout -k 10 "$t" "$@"
-    fi
-    pack_now
 }
 
 # ---- phase 1: the GPU tests, the resume tests and the data at once (nothing here is timed)
