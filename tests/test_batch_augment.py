@@ -759,3 +759,16 @@ def test_the_benchmark_runs(capsys):
     assert bench.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
     out = capsys.readouterr().out
     assert 'batched train' in out and 'timm PIL train' in out and 'x PIL' in out
+
+
+def test_whole_image_crops_of_a_stacked_batch_are_one_copy():
+    """The demo's setting (scale (1, 1) on images of the output size): a (B, 3, H, W) batch goes through the
+    one-copy path and gives what the same images as a list give (one resize each); a single crop that is not the
+    whole image sends the batch back to the per-image path, with the same result as the list."""
+    augment = BatchAugment(24, scale=(1.0, 1.0), auto_augment=None, color_jitter=0.3, interpolation='bicubic')
+    batch = torch.randint(0, 256, (6, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    params = augment.draw_many([(random.Random(i), (24, 24)) for i in range(6)])
+    assert bool((params['crop'] == torch.tensor([0, 0, 24, 24])).all())
+    assert torch.equal(augment(batch, params), augment(list(batch), params))
+    params['crop'][2] = torch.tensor([1, 2, 20, 21])
+    assert torch.equal(augment(batch, params), augment(list(batch), params))

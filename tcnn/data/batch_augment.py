@@ -501,6 +501,7 @@ class BatchAugment:
                 device.
             params: ``draw``'s dicts collated to ``(B, ...)`` (on the CPU or that device).
         """
+        stacked = images if isinstance(images, Tensor) and images.dim() == 4 else None
         images, device = _stack(images)
         p = {k: v.cpu() for k, v in params.items()}
         n, size = len(images), self.img_size
@@ -514,19 +515,28 @@ class BatchAugment:
         step = max(1, CPU_CHUNK_ELEMENTS // (3 * size * size)) if chunked else n
         for lo in range(0, n, step):
             chunk = {k: v[lo:lo + step] for k, v in p.items()}
-            self._augment(images[lo:lo + step], chunk, result[lo:lo + step])
+            self._augment(images[lo:lo + step], chunk, result[lo:lo + step],
+                          None if stacked is None else stacked[lo:lo + step])
         if self.re_prob > 0:
             boxes = [[tuple(b) for b in image_boxes if b[2] > 0 and b[3] > 0] for image_boxes in p['re_box'].tolist()]
             ops.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
         return result
 
-    def _augment(self, images: List[Tensor], p: Dict[str, Tensor], result: Tensor) -> None:
-        """Crop, flip, RandAugment, ColorJitter and normalise ``images`` into ``result``."""
+    def _augment(self, images: List[Tensor], p: Dict[str, Tensor], result: Tensor,
+                 stacked: Optional[Tensor] = None) -> None:
+        """Crop, flip, RandAugment, ColorJitter and normalise ``images`` (also given as one ``(n, 3, H, W)`` tensor,
+        ``stacked``, when they came so) into ``result``."""
         n, size = len(images), self.img_size
-        # RandomResizedCropAndInterpolation: each crop has its own size, so one resize per image
-        out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
-        for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
-            out[i] = ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
+        # RandomResizedCropAndInterpolation: each crop has its own size, so one resize per image; where every crop is
+        # a whole image of the output size (the demo's scale (1, 1) on its 96 px data), PIL's same-size resize is a
+        # copy: one copy of the batch instead of one per image
+        whole = torch.tensor([0, 0, size, size], dtype=p['crop'].dtype)
+        if stacked is not None and tuple(stacked.shape[-2:]) == (size, size) and bool((p['crop'] == whole).all()):
+            out = stacked.clone()
+        else:
+            out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
+            for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
+                out[i] = ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
         self._apply(out, p['flip'].nonzero().view(-1), ops.hflip)
         # RandAugment: per layer, each op once on the images that drew it
         for layer in range(self.num_layers):
