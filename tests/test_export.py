@@ -27,7 +27,7 @@ from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
 from tcnn.layers.gpsa import GPSA
-from tcnn.files.weights import create_cnn
+from tcnn.files.sources import create_cnn
 from tcnn.files.integrity import check_finite_outputs
 
 SIZE = 64

@@ -16,7 +16,8 @@ def test_save_load_and_export_import_no_dataset_code():
     out = _fresh_python(
         'import sys\n'
         'import tcnn\n'
-        'import tcnn.files.tcnn_file, tcnn.files.loading, tcnn.files.weights\n'  # tcnn.save, tcnn.load
+        'import tcnn.files.tcnn_file, tcnn.files.loading\n'  # tcnn.save, tcnn.load
+        'import tcnn.files.weights, tcnn.files.sources\n'
         'import tcnn.export.pipeline, tcnn.export.backbone\n'  # tcnn.export.export and every format module
         'assert tcnn.save and tcnn.load and tcnn.export.export\n'
         'print(sorted(m for m in sys.modules if m.startswith("tcnn.data")))\n')

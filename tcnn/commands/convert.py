@@ -120,7 +120,7 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
 
 
 def _num_classes(model: 'nn.Module') -> Optional[int]:
-    from ..files.weights import classifier_layer, dense_num_classes, model_task
+    from ..files.sources import classifier_layer, dense_num_classes, model_task
     if model_task(model):
         return dense_num_classes(model)  # box predictors and per-pixel convs: not the last nn.Linear
     if isinstance(getattr(model, 'num_classes', None), int):
@@ -178,7 +178,7 @@ def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
 def list_stages(args: argparse.Namespace) -> int:
     """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
     from ..convert.stages import default_input_size, list_stages as stage_rows
-    from ..files.weights import create_cnn, source_model_name
+    from ..files.sources import create_cnn, source_model_name
 
     source = source_model_name(args.model)
     cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes,
@@ -216,9 +216,10 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
     """``tcnn convert t_MODEL --weights PATH``: the T-CNN file of a T-CNN's state dict (``torch.save(t_model
     .state_dict())``, timm's clean_checkpoint.py, a checkpoint of timm's train.py), loaded strictly into ``t_MODEL``
     as its GPSA layers show it (stages, qk_dim); nothing to convert or verify."""
-    from ..files import tcnn_file as tio
+    from ..files import tcnn_file
     from ..files.loading import model_from_state_dict
-    from ..files.weights import gpsa_layer_names, load_state_dict_file, source_model_name
+    from ..files.sources import source_model_name
+    from ..files.weights import gpsa_layer_names, load_state_dict_file
 
     stages = parse_stages(args.stages)
     kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
@@ -230,7 +231,7 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
                         f'--out {args.out}`')
     t_model = model_from_state_dict(args.model, state_dict, where=args.weights, num_classes=args.num_classes,
                                     kwargs=kwargs)
-    tio.save(t_model, args.out)
+    tcnn_file.save(t_model, args.out)
     config = t_model.tcnn_config
     classes = _num_classes(t_model)
     lines = _layer_lines(t_model)
@@ -268,10 +269,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from ..files import tcnn_file as tio
+    from ..files import tcnn_file
     from ..convert.transform import reparameterize
-    from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
-    from ..files.weights import source_model_name
+    from ..files.sources import CLI_HINT, WeightsUnavailableError, create_cnn, source_model_name
 
     source = source_model_name(args.model)
     if source is not None and args.weights:
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
                                      input_size=input_size, tol=args.tol)
         bar.update()
         bar.set_description(steps[2])
-        tio.save(t_model, path)
+        tcnn_file.save(t_model, path)
         bar.update()
     _print_summary(args, cnn, t_model, path, time.perf_counter() - start)
     return 0

@@ -78,7 +78,7 @@ def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
         raise TcnnError(f'model file not found: {spec}')
     if use_ema:
         raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
-    from ..files.weights import WeightsUnavailableError, create_cnn
+    from ..files.sources import WeightsUnavailableError, create_cnn
     try:
         return create_cnn(spec, pretrained=True)
     except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round

@@ -57,7 +57,7 @@ def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
     """The model to export: the file's, or with ``--backbone`` the ResNet of a torchvision detection or segmentation
     model (``tcnn.export.backbone_trunk``); a detection or segmentation model itself is one line naming why not."""
     from ..export.backbone import backbone_trunk
-    from ..files.weights import model_task
+    from ..files.sources import model_task
     task = model_task(model)
     name = (getattr(model, 'tcnn_source', None) or {}).get('model', type(model).__name__)
     if args.backbone:

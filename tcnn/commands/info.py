@@ -33,7 +33,7 @@ def _cnn_parameters(d: Dict[str, Any]) -> int:
     """Parameters of the source CNN, rebuilt without weights on the meta device (exact for grouped convs too)."""
     import torch
 
-    from ..files.weights import create_cnn
+    from ..files.sources import create_cnn
     source = d['source']
     with torch.device('meta'):
         cnn = create_cnn(source['model'], pretrained=False, num_classes=d.get('num_classes'),
