@@ -25,6 +25,7 @@ ORDER: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('timm models', ('tcnn.models',)),
     ('deployment', ('tcnn.export', 'tcnn.flops')),
     ('analysis', ('tcnn.analysis',)),
+    ('runtime', ('tcnn.runtime',)),
     ('training', ('tcnn.train',)),
     ('evaluation', ('tcnn.evaluation',)),
     ('command line', ('tcnn.commands', 'tcnn.cli', 'tcnn.__main__')),

@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..errors import TcnnError
-from ..train.compiling import COMPILE_HELP, compile_mode
+from ..runtime.compiling import COMPILE_HELP, compile_mode
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.config import check_image_options
     from ..errors import check_number
     from ..paths import check_output_file
-    from ..train.distributed import resolve_device
+    from ..runtime.devices import resolve_device
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
     # ImageNet-C pass and its results
     check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from ..data.config import check_image_options
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
 from ..files.integrity import nonfinite_output_error
-from ..train.compiling import CompiledForward, compile_mode
-from ..train.distributed import resolve_device
+from ..runtime.compiling import CompiledForward, compile_mode
+from ..runtime.devices import resolve_device
 from .suites import (ALEXNET_ERRORS, BENCHMARK_CORRUPTIONS, CORRUPTION_CATEGORIES, EXTRA_CORRUPTIONS, RELEASE_IMAGES,
                      SEVERITIES, LabelSpace, Resolution, SuiteData, check_suite, eval_data_config, image_counts,
                      label_space, num_outputs, resolution_policy, scan_suite)
@@ -93,7 +93,7 @@ def evaluate(
         amp: Run the models under bfloat16 autocast.
         progress: Show tqdm progress bars.
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
-        compile: A ``torch.compile`` mode (``tcnn.train.compiling.COMPILE_MODES``) for the full batches of each model;
+        compile: A ``torch.compile`` mode (``tcnn.runtime.compiling.COMPILE_MODES``) for the full batches of each model;
             None: eager.
 
     Returns:

@@ -8,7 +8,7 @@ import difflib
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .compiling import COMPILE_HELP
+from ..runtime.compiling import COMPILE_HELP
 from .recipe import LOG_BACKENDS, PIPELINES, RECIPE_KEYS
 
 __all__ = ['FLAGS', 'ALIASES', 'TIMM_FLAGS', 'add_arguments', 'flag_overrides', 'unknown_argument_message']
