@@ -45,6 +45,7 @@ from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
 from ..paths import check_output_file
 from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
+from .safetensors_header import METADATA_KEY
 from .sources import (classifier_layer, create_cnn, dense_num_classes, dense_source_kwargs, model_task, record_source,
                       source_model_name, split_model_name, torchvision_task, transformed_model_name)
 from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, error_reason, file_head,
@@ -55,7 +56,6 @@ __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS'
            'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY',
            'unwrap_model', 'safetensors_tensors', 'safetensors_error']
 
-_METADATA_KEY = 'tcnn'
 # The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
 # training checkpoint's model_file) and 'ema_checksums' in a training checkpoint (a Hub folder's model.safetensors has
 # its own, tcnn.files.hub_folder.HUB_CHECKSUMS_KEY). Files without them (tcnn 0.3.x) load unchecked.
@@ -536,7 +536,7 @@ def safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.
 def _save_safetensors(d: Dict[str, Any], path: str) -> None:
     settings = {k: v for k, v in d.items() if k != 'state_dict'}
     # 'format': 'pt' is the safetensors convention for torch tensors; our settings go under 'tcnn'.
-    metadata = {'format': 'pt', _METADATA_KEY: json.dumps(settings)}
+    metadata = {'format': 'pt', METADATA_KEY: json.dumps(settings)}
     save_file(safetensors_tensors(d['state_dict']), path, metadata=metadata)
 
 
@@ -590,11 +590,11 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
         raise TcnnError(safetensors_error(path, e)) from e
-    if _METADATA_KEY not in metadata:
+    if METADATA_KEY not in metadata:
         raise NotTcnnFileError(f'{path} is a safetensors file without T-CNN settings (a plain state_dict?): '
                                f'convert it with `tcnn convert MODEL --weights {path} --out FILE`')
     try:
-        settings = json.loads(metadata[_METADATA_KEY])
+        settings = json.loads(metadata[METADATA_KEY])
     except json.JSONDecodeError as e:
         raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata ({e})') from e
     if not isinstance(settings, dict):
