@@ -114,11 +114,11 @@ def test_bad_weight_files_are_rejected_clearly(tmp_path):
 
 def test_eval_offline_names_its_own_fix(monkeypatch):
     """tcnn eval has no --weights/--no-pretrained: its wording of the same error points at a model file."""
-    from tcnn.commands.eval import load_model
+    from tcnn.commands.arguments import load_model
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     monkeypatch.setattr('tcnn.files.sources._cached_timm_file', lambda cfg: None)
     with pytest.raises(WeightsUnavailableError) as info:
-        load_model('resnet18d')  # offline: must fail fast
+        load_model('resnet18d', names=True)  # offline: must fail fast
     assert str(info.value).endswith(': give a model file instead (a CNN saved with tcnn.save, a tcnn convert '
                                     'file or a checkpoint)')
     assert '--weights' not in str(info.value) and 'pretrained=False' not in str(info.value)

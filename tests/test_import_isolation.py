@@ -33,7 +33,8 @@ def test_save_load_and_export_import_no_dataset_code():
     (['--out', 'OUT/m.onnx', '--aoti'], '--aoti compiles an AOTInductor package'),
     (['--out', 'OUT/m.onnx', '--opset', '12', '--exporter', 'torchscript'], 'writes opsets 13-20'),
     (['--out', 'OUT/m.onnx', '--tol', 'nan'], '--tol must be a finite number'),
-    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size takes N or HxW'),
+    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size must be >= 1, got 0'),
+    (['--out', 'OUT/m.onnx', '--img-size', '64x'], '--img-size takes N or HxW'),
 ])
 def test_export_argument_errors_do_not_import_torch(tmp_path, args, message):
     """The options are checked once, by ``tcnn.export.options`` (torch-free until they are valid), before the model

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ..files.safetensors_header import read_tcnn_settings
 from ..gpsa_parameters import HEAD_PARAMETERS, summary_of_values
-from .arguments import size_text
+from .arguments import add_use_ema, size_text
 
 if TYPE_CHECKING:  # torch loads only once a file is to be read
     import torch.nn as nn
@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('file', metavar='FILE',
                         help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save) or a training '
                              'checkpoint (last.pt / best.pt)')
-    parser.add_argument('--use-ema', action='store_true',
-                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
+    add_use_ema(parser)
     parser.add_argument('--heads', action='store_true', help='also list every head: gate, alpha, span, centre')
     parser.add_argument('--json', action='store_true', help='print everything as one JSON object')
 

@@ -51,11 +51,12 @@ def _check_gpu_count(name: str, world: int, local_rank: int, local_world: Option
 
 
 def resolve_device(name: Optional[Union[str, 'torch.device']] = None, world: int = 1, local_rank: int = 0,
-                   local_world: Optional[int] = None) -> 'torch.device':
+                   local_world: Optional[int] = None, *, what: str = 'device') -> 'torch.device':
     """The device a process computes on: ``None``/``'auto'`` is the GPU when there is one, else the CPU; ``'cuda'``
-    under torchrun is the GPU of the local rank. A device this machine lacks is a one-line error naming the fix."""
+    under torchrun is the GPU of the local rank. A device this machine lacks is a one-line error naming the fix;
+    ``what`` names the setting in the message for a name that is no device (``'--device'``)."""
     import torch
-    name = default_device() if name is None or name == 'auto' else str(check_device(name, 'device'))
+    name = default_device() if name is None or name == 'auto' else str(check_device(name, what))
     if not name.startswith('cuda'):
         return torch.device(name)
     if not torch.cuda.is_available():
