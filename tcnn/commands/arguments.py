@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from ..errors import TcnnError
 from ..paths import HUB_PREFIXES, check_input_file
-from ..runtime.devices import DEVICE_HELP
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -58,6 +57,7 @@ def add_img_size(parser: 'argparse._ActionsContainer', of: str, default: str) ->
 def add_device(parser: argparse.ArgumentParser, default: str = 'auto') -> None:
     """``--device``: where the model runs (``tcnn.runtime.devices.DEVICE_HELP``); ``auto`` unless a command has a
     reason for another default (``tcnn demo``'s, the CPU its documented numbers were measured on)."""
+    from ..runtime.devices import DEVICE_HELP  # here: the commands without --device (tcnn info) skip its import
     parser.add_argument('--device', default=default, metavar='DEVICE', help=f'{DEVICE_HELP} (default {default})')
 
 
