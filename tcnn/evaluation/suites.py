@@ -13,9 +13,9 @@ shows the results.
 
 Resolution: by default each model runs at its test size and crop (``test_input_size``/``test_crop_pct`` of its
 ``pretrained_cfg`` where it has them, else its input size and crop), as timm's ``validate.py`` does; ``'model'``
-takes the models' own input size (timm's *training* size for many pretrained CNNs), a size (N, or (H, W)) one size
-for all.
-ImageNet-C stays at 224 px, crop 1, unless its size is asked for. Every result records its size and crop.
+takes the models' own input size (timm's *training* size for many pretrained CNNs), a size in pixels (N, or (H, W))
+one size for all. ImageNet-C stays at 224 px, crop 1, unless its size is asked for. Every result records its size
+and crop.
 
 Labels: class folders named by ImageNet-1k wnids are mapped to ImageNet-1k indices when the model has 1000 outputs
 (so a folder holding only some classes is scored correctly); otherwise the sorted folder order is the label order
