@@ -39,7 +39,7 @@ import tcnn.layers.depthwise as dw  # noqa: E402
 import tcnn.layers.gpsa  # noqa: E402
 from tcnn import export as tex  # noqa: E402
 from tcnn.export.options import require_onnx  # noqa: E402
-from tcnn.files.weights import create_cnn  # noqa: E402
+from tcnn.files.sources import create_cnn  # noqa: E402
 
 from benchmarks.measure import interleaved_times, paired_ratio  # noqa: E402
 from benchmarks.report import load_average, machine_info, write_json  # noqa: E402

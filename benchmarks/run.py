@@ -24,7 +24,7 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from benchmarks import report, suites  # noqa: E402
-from tcnn.train.compiling import COMPILE_MODES  # noqa: E402
+from tcnn.runtime.compiling import COMPILE_MODES  # noqa: E402
 from benchmarks.paper import paper_figures  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results')

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tcnn
-from tcnn.train.compiling import begin_step, compile_model, uses_cuda_graphs
+from tcnn.runtime.compiling import begin_step, compile_model, uses_cuda_graphs
 from tcnn.layers.gpsa import GPSA
 
 from .measure import count_flops, interleaved_times, op_profile, paired_ratio, peak_memory, synchronize, \
@@ -43,7 +43,7 @@ class Settings:
     preset: str = 'full'  # 'smoke', 'quick' or 'full': which models, sizes and repeats (run.py's presets)
     amp: bool = False
     channels_last: bool = False
-    compile: Optional[str] = None  # a torch.compile mode (tcnn.train.compiling.COMPILE_MODES); None: eager
+    compile: Optional[str] = None  # a torch.compile mode (tcnn.runtime.compiling.COMPILE_MODES); None: eager
     models: List[str] = dataclasses.field(default_factory=lambda: ['resnet50d', 'resnetrs50'])
     sizes: List[int] = dataclasses.field(default_factory=lambda: [160, 224, 320])
     batch_sizes: List[int] = dataclasses.field(default_factory=lambda: [4])

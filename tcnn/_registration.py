@@ -11,7 +11,7 @@ offline costs"). Registering eagerly would make ``import tcnn``, and every ``tcn
 timm's import; the hook is one small finder. timm has no plug-in entry points for models to register through
 instead.
 
-The registry modules import only timm and tcnn modules that import no timm (``tcnn.files.weights``, ``tcnn.errors``):
+The registry modules import only timm and tcnn modules that import no timm (``tcnn.files.sources``, ``tcnn.errors``):
 the hook may fire while a tcnn module that imports timm is half-imported (``import tcnn.convert`` first, then timm), and
 a registry that imported such a module would find it incomplete. ``tests/test_registration.py`` imports each of those
 modules first, then timm, with warnings as errors.

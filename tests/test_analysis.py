@@ -352,6 +352,10 @@ def test_inspect_command(t_cnn, tmp_path, capsys):
         _assert_png(out / f)
     assert not (out / 'attention_img0.png').exists()  # --images-dir images count for the nonlocality only
     assert 'layer4.1.conv2' in capsys.readouterr().out
+    # --img-size takes what it takes in every command: N or HxW
+    assert main(['inspect', path, '--image', images[1], '--img-size', '64x48', '--out', str(tmp_path / 'hw')]) == 0
+    summary = json.loads((tmp_path / 'hw' / 'summary.json').read_text())
+    assert summary['data_config']['input_size'] == [3, 64, 48] and summary['layers']['layer4.1.conv2']['grid'] == [2, 2]
     # a plain CNN has nothing to inspect; a bad query is a one-line error
     plain = tcnn.save(timm.create_model('resnet18d', num_classes=3), str(tmp_path / 'cnn.pt'))
     assert main(['inspect', plain, '--out', str(out)]) == 2

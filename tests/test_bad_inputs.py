@@ -153,7 +153,7 @@ def _api_cases():
     from tcnn.evaluation import plots
     from tcnn.data.config import data_config
     from tcnn.data.images import denormalize, find_images, load_images
-    from tcnn.files import weights as hub
+    from tcnn.files.sources import create_cnn
     from tcnn.evaluation import scoring, suites, tables
     nan, inf = float('nan'), float('inf')
     conv = nn.Conv2d(4, 4, 3, padding=1)
@@ -255,8 +255,8 @@ def _api_cases():
         ('load path', lambda c, t, x, p: tcnn.load(None), TypeError, 'path must be a file path'),
         ('load map_location', lambda c, t, x, p: tcnn.load(tcnn.save(t, str(p / 'm.pt')), map_location=5),
          TypeError, 'map_location must be a device name or torch.device, got int'),
-        ('create_cnn name', lambda c, t, x, p: hub.create_cnn(None), TypeError, 'name must be a model name'),
-        ('create_cnn num_classes', lambda c, t, x, p: hub.create_cnn('resnet18d', pretrained=False, num_classes=-1),
+        ('create_cnn name', lambda c, t, x, p: create_cnn(None), TypeError, 'name must be a model name'),
+        ('create_cnn num_classes', lambda c, t, x, p: create_cnn('resnet18d', pretrained=False, num_classes=-1),
          ValueError, 'num_classes must be >= 0, got -1'),
     ]
 
@@ -486,7 +486,7 @@ def test_info_reads_stored_counts_without_building_the_model(tmp_path):
     import warnings
     import tcnn
     from tcnn.commands import info
-    from tcnn.files.weights import create_cnn
+    from tcnn.files.sources import create_cnn
     cnn = create_cnn('resnet26d', pretrained=False, num_classes=5, cardinality=4, base_width=16)  # grouped convs
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')

@@ -12,7 +12,7 @@ import torch
 
 import tcnn
 from tcnn.cli import main
-from tcnn.files.weights import create_cnn
+from tcnn.files.sources import create_cnn
 
 
 def _run(argv, capsys):

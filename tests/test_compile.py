@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import tcnn
-import tcnn.train.compiling as compiling
+from tcnn.runtime import compiling
 import tcnn.evaluation.scoring
 import tcnn.train.launch as tcnn_train
 from tcnn.cli import main

@@ -11,8 +11,8 @@ import torch
 
 import tcnn
 from tcnn.cli import main
-from tcnn.files import tcnn_file as tio
-from tcnn.files.weights import create_cnn
+from tcnn.files import tcnn_file
+from tcnn.files.sources import create_cnn
 
 torchvision = pytest.importorskip('torchvision', reason='torchvision builds the detection and segmentation models')
 
@@ -60,7 +60,7 @@ def test_round_trip(name, kwargs, ext, tmp_path):
                                              else 'backbone.layer4')]
     path = tmp_path / f'{name}{ext}'
     tcnn.save(t_model, path)
-    d = tio.read(str(path))
+    d = tcnn_file.read(str(path))
     assert d['source']['model'] == f'torchvision:{name}' and d['num_classes'] == 7
     assert d['source']['kwargs'] == {**kwargs, **({'aux_loss': False} if name == 'deeplabv3_resnet50' else {})}
     loaded = tcnn.load(path)
@@ -102,25 +102,25 @@ def test_save_records_how_to_rebuild():
     t_model = _convert(_pretrained_style_detector(4))
     with pytest.raises(tcnn.TcnnError, match=r"cannot tell which torchvision builder made this FasterRCNN: .*"
                                              r"model.tcnn_source = \{'model': 'torchvision:NAME'"):
-        tio.model_to_dict(t_model)
+        tcnn_file.model_to_dict(t_model)
     t_model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
     with pytest.raises(tcnn.TcnnError, match=r'would rebuild transform.max_size = 1333, it is 128'):
-        tio.model_to_dict(t_model)
+        tcnn_file.model_to_dict(t_model)
     t_model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn_v2', 'kwargs': SMALL}
     with pytest.raises(tcnn.TcnnError, match=r'would rebuild other weights \(missing'):
-        tio.model_to_dict(t_model)
+        tcnn_file.model_to_dict(t_model)
     t_model.tcnn_source = {'model': 'torchvision:fcn_resnet50', 'kwargs': {}}
     with pytest.raises(tcnn.TcnnError, match=r"names 'torchvision:fcn_resnet50' \(segmentation model\)"):
-        tio.model_to_dict(t_model)
+        tcnn_file.model_to_dict(t_model)
     t_model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': dict(SMALL)}
-    d = tio.model_to_dict(t_model)
+    d = tcnn_file.model_to_dict(t_model)
     assert d['num_classes'] == 4 and d['data_config'] == {}  # the detector resizes and normalises itself
     assert d['source']['kwargs'] == dict(SMALL, frozen_batchnorm=0.0)
     images = _images(1)
     with torch.no_grad():
-        _assert_same_outputs(t_model(images), tio.model_from_dict(d)(images))
+        _assert_same_outputs(t_model(images), tcnn_file.model_from_dict(d)(images))
     with pytest.raises(tcnn.TcnnError, match=r'the weights do not fit the rebuilt model: .*shape mismatch'):
-        tio.model_from_dict(dict(d, num_classes=5))
+        tcnn_file.model_from_dict(dict(d, num_classes=5))
 
 
 def test_cli_convert_info_export(tmp_path, capsys):

@@ -392,6 +392,13 @@ def test_resolution_policies_and_imagenet_c_stays_at_224_under_img_size(cnn_and_
         assert report['suites']['imagenet-a']['results'][name]['img_size'] == 64
     assert report['suites']['imagenet-a']['resolution'] == 64
     assert _row(printed, 'ImageNet-C input').count('224 px, crop 1.0') == 2
+    # --img-size takes what it takes in every command: N or HxW
+    report, printed, _ = _eval_cli(root, files, capsys, '--img-size', '64x48')
+    for name in ('CNN', 'T-CNN'):
+        assert report['suites']['imagenet-a']['results'][name]['data_config']['input_size'] == [3, 64, 48]
+        assert report['suites']['imagenet-a']['results'][name]['img_size'] == [64, 48]
+    assert report['suites']['imagenet-a']['resolution'] == [64, 48]
+    assert _row(printed, 'ImageNet-A input').count('64x48 px') == 2
     # asked explicitly, ImageNet-C runs at another size
     report, _, _ = _eval_cli(root, files, capsys, '--imagenet-c-size', '96')
     assert {r['img_size'] for r in report['suites']['imagenet-c']['results'].values()} == {96}

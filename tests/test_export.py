@@ -27,7 +27,7 @@ from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
 from tcnn.layers.gpsa import GPSA
-from tcnn.files.weights import create_cnn
+from tcnn.files.sources import create_cnn
 from tcnn.files.integrity import check_finite_outputs
 
 SIZE = 64
@@ -286,7 +286,8 @@ def small_file(family_files):
     (['--out', 'OUT/m.onnx', '--opset', '21', '--exporter', 'torchscript'],
      '--opset 21: the torchscript exporter writes opsets 13-20; --exporter dynamo writes it'),
     (['--out', 'OUT/blocker/m.onnx'], 'is a file, so'),
-    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size takes N or HxW'),
+    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size must be >= 1, got 0'),
+    (['--out', 'OUT/m.onnx', '--img-size', '64x'], '--img-size takes N or HxW'),
     (['--out', 'OUT/m.onnx', '--tol', 'nan'], '--tol must be a finite number'),
 ])
 def test_bad_options(small_file, tmp_path, capsys, args, message):

@@ -16,7 +16,7 @@ from timm.data import resolve_data_config
 
 import tcnn
 import tcnn.export.metadata
-from tcnn.files import tcnn_file as tio
+from tcnn.files import tcnn_file
 from tcnn.cli import main
 
 from imagegen import SHAPES, make_image_folder
@@ -125,7 +125,7 @@ def test_class_names_travel_with_the_model(run, tmp_path, capsys):
     assert d['label_names'] == CLASSES  # the training folder's class order
     loaded = tcnn.load(str(run[1] / 'best.pt'))
     assert list(loaded.pretrained_cfg['label_names']) == CLASSES
-    assert tio.read(tcnn.save(loaded, str(tmp_path / 'again.pt')))['label_names'] == CLASSES
+    assert tcnn_file.read(tcnn.save(loaded, str(tmp_path / 'again.pt')))['label_names'] == CLASSES
     out = tmp_path / 'published'
     assert main(['publish', str(run[1]), '--out', str(out)]) == 0
     config = json.load(open(out / 'config.json'))

@@ -14,6 +14,7 @@ import tcnn.train.distributed as tcnn_distributed
 import tcnn.train.launch as tcnn_train
 from tcnn.convert.verify import full_precision_matmul
 from tcnn.errors import TcnnError
+from tcnn.runtime.devices import resolve_device
 
 from devices import DEVICE
 from test_convert import _nontrivial_batchnorm
@@ -101,13 +102,13 @@ def test_rank_zero_fails_too_so_the_error_is_printed(gpus, monkeypatch, tmp_path
 def test_enough_gpus_and_single_process_devices(gpus, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     _torchrun_env(monkeypatch, rank=1, world=2)
-    assert tcnn_distributed.resolve_device('auto', 2, 1, 2) == torch.device('cuda', 1) == gpus[-1]
-    assert tcnn_distributed.resolve_device('cuda:1', 1, 0) == torch.device('cuda', 1) == gpus[-1]
+    assert resolve_device('auto', 2, 1, 2) == torch.device('cuda', 1) == gpus[-1]
+    assert resolve_device('cuda:1', 1, 0) == torch.device('cuda', 1) == gpus[-1]
     with pytest.raises(TcnnError, match=r'^device cuda:2 requested but this machine has 2 GPUs \(cuda:0 to cuda:1\): '
                                         'pass one of them or --device cpu$'):
-        tcnn_distributed.resolve_device('cuda:2', 1, 0)
+        resolve_device('cuda:2', 1, 0)
     # --device cpu: any number of processes
-    assert tcnn_distributed.resolve_device('cpu', 2, 5, 2) == torch.device('cpu')
+    assert resolve_device('cpu', 2, 5, 2) == torch.device('cpu')
     assert len(gpus) == 2
 
 

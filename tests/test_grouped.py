@@ -10,10 +10,10 @@ import torch.nn as nn
 import torchvision
 
 import tcnn
-from tcnn.files import tcnn_file as tio
+from tcnn.files import tcnn_file
 from tcnn.errors import InvalidArgumentError
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
-from tcnn.files.weights import create_cnn
+from tcnn.files.sources import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
 from nontrivial import away_from_exact, nontrivial as _nontrivial_norms
@@ -245,7 +245,7 @@ def test_file_with_dense_grouped_filters_loads_dense(tmp_path, layout):
     cnn = _grouped_cnn()
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
     names = [n for n, _ in tcnn.gpsa_layers(t_cnn)]
-    d = tio.model_to_dict(t_cnn)
+    d = tcnn_file.model_to_dict(t_cnn)
     old_state = _old_dense_state_dict(t_cnn, layout)
     path = str(tmp_path / 'old.pt')
     torch.save(dict(d, state_dict=old_state), path)
@@ -267,7 +267,7 @@ def test_file_with_dense_grouped_filters_loads_dense(tmp_path, layout):
     assert _rel_err(ref, out) < 1e-5
     assert _rel_err(cnn(x), out) > 1e-3  # the fine-tuned off-diagonal blocks count: it is not the grouped CNN
     # the CNN's parameter count is still the grouped CNN's, and the file saves and loads again as it is
-    assert tio.model_to_dict(loaded)['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
+    assert tcnn_file.model_to_dict(loaded)['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
     again = str(tmp_path / 'again.safetensors')
     tcnn.save(loaded, again)
     with torch.no_grad():
@@ -284,11 +284,11 @@ def test_new_grouped_files_round_trip_grouped(tmp_path):
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64))
     path = str(tmp_path / 'new.pt')
     tcnn.save(t_cnn, path)
-    d = tio.read(path)
+    d = tcnn_file.read(path)
     state = d['state_dict']
     assert state['layer4.0.conv2.proj_weight'].shape == (256, 9, 8)
     # format version 3: tcnn 0.2 (version 2) refuses the file with 'upgrade tcnn' instead of a shape error
-    assert d['version'] == tio.FORMAT_VERSION == 3
+    assert d['version'] == tcnn_file.FORMAT_VERSION == 3
     loaded = tcnn.load(path)
     assert all(m.groups == 32 for _, m in tcnn.gpsa_layers(loaded))
     x = torch.randn(2, 3, 64, 64)

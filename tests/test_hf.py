@@ -23,7 +23,7 @@ from timm.models import save_for_hf
 
 import tcnn
 import tcnn.evaluation.model_card
-import tcnn.files.weights
+import tcnn.files.sources
 from imagegen import make_image_folder
 from nontrivial import nontrivial, varied_heads
 from tcnn.cli import main
@@ -318,7 +318,7 @@ def converted_file(tmp_path_factory) -> tuple:
     cnn = nontrivial(timm.create_model('resnet18d', num_classes=10, zero_init_last=False))
     weights = root / 'my-resnet18d.pth'
     torch.save(cnn.state_dict(), weights)
-    source = tcnn.files.weights.create_cnn('resnet18d', weights=str(weights), num_classes=10)
+    source = tcnn.files.sources.create_cnn('resnet18d', weights=str(weights), num_classes=10)
     model = _moved(tcnn.reparameterize(source, stages=[3, 4], input_size=(3, 64, 64)))
     path = root / 't_resnet18d.safetensors'
     tcnn.save(model, str(path))
@@ -427,7 +427,7 @@ def test_publish_bad_input(converted_file, tmp_path, capsys):
     plain = tmp_path / 'cnn.safetensors'
     tcnn.save(timm.create_model('resnet10t'), str(plain))
     tv = tmp_path / 'tv.pt'
-    tv_cnn = tcnn.files.weights.create_cnn('torchvision:resnet18', pretrained=False)
+    tv_cnn = tcnn.files.sources.create_cnn('torchvision:resnet18', pretrained=False)
     tcnn.save(tcnn.reparameterize(tv_cnn, verify=False), str(tv))
     busy = tmp_path / 'busy'
     busy.mkdir()

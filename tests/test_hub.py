@@ -8,14 +8,14 @@ import timm
 import torch
 
 from tcnn.errors import TcnnError
-from tcnn.files.weights import CLI_HINT, PYTHON_HINT, WeightsUnavailableError, clean_state_dict, create_cnn, \
-    load_state_dict_file
+from tcnn.files.sources import CLI_HINT, PYTHON_HINT, WeightsUnavailableError, create_cnn
+from tcnn.files.weights import clean_state_dict, load_state_dict_file
 
 
 def test_offline_pretrained_fails_fast_and_names_the_python_fix(monkeypatch):
     """From Python the message names arguments (pretrained=False, weights=PATH, ...), not the CLI's flags."""
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    monkeypatch.setattr('tcnn.files.sources._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     start = time.perf_counter()
     with pytest.raises(WeightsUnavailableError) as info:
         create_cnn('resnet18d', pretrained=True)  # offline: must fail fast
@@ -45,7 +45,7 @@ def test_unreachable_host_fails_fast(monkeypatch):
     # no HF_HUB_OFFLINE: the short connection probe must stop us before timm's ~50 s of retries
     monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
     monkeypatch.setenv('HF_ENDPOINT', 'http://127.0.0.1:9')  # discard port: nothing listens
-    monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)
+    monkeypatch.setattr('tcnn.files.sources._cached_timm_file', lambda cfg: None)
     start = time.perf_counter()
     with pytest.raises(TcnnError, match='offline'):
         create_cnn('resnet18d', pretrained=True)  # offline: must fail fast
@@ -114,11 +114,11 @@ def test_bad_weight_files_are_rejected_clearly(tmp_path):
 
 def test_eval_offline_names_its_own_fix(monkeypatch):
     """tcnn eval has no --weights/--no-pretrained: its wording of the same error points at a model file."""
-    from tcnn.commands.eval import load_model
+    from tcnn.commands.arguments import load_model
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)
+    monkeypatch.setattr('tcnn.files.sources._cached_timm_file', lambda cfg: None)
     with pytest.raises(WeightsUnavailableError) as info:
-        load_model('resnet18d')  # offline: must fail fast
+        load_model('resnet18d', names=True)  # offline: must fail fast
     assert str(info.value).endswith(': give a model file instead (a CNN saved with tcnn.save, a tcnn convert '
                                     'file or a checkpoint)')
     assert '--weights' not in str(info.value) and 'pretrained=False' not in str(info.value)

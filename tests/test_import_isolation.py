@@ -16,7 +16,8 @@ def test_save_load_and_export_import_no_dataset_code():
     out = _fresh_python(
         'import sys\n'
         'import tcnn\n'
-        'import tcnn.files.tcnn_file, tcnn.files.loading, tcnn.files.weights\n'  # tcnn.save, tcnn.load
+        'import tcnn.files.tcnn_file, tcnn.files.loading\n'  # tcnn.save, tcnn.load
+        'import tcnn.files.weights, tcnn.files.sources\n'
         'import tcnn.export.pipeline, tcnn.export.backbone\n'  # tcnn.export.export and every format module
         'assert tcnn.save and tcnn.load and tcnn.export.export\n'
         'print(sorted(m for m in sys.modules if m.startswith("tcnn.data")))\n')
@@ -32,7 +33,8 @@ def test_save_load_and_export_import_no_dataset_code():
     (['--out', 'OUT/m.onnx', '--aoti'], '--aoti compiles an AOTInductor package'),
     (['--out', 'OUT/m.onnx', '--opset', '12', '--exporter', 'torchscript'], 'writes opsets 13-20'),
     (['--out', 'OUT/m.onnx', '--tol', 'nan'], '--tol must be a finite number'),
-    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size takes N or HxW'),
+    (['--out', 'OUT/m.onnx', '--img-size', '0'], '--img-size must be >= 1, got 0'),
+    (['--out', 'OUT/m.onnx', '--img-size', '64x'], '--img-size takes N or HxW'),
 ])
 def test_export_argument_errors_do_not_import_torch(tmp_path, args, message):
     """The options are checked once, by ``tcnn.export.options`` (torch-free until they are valid), before the model

@@ -217,7 +217,7 @@ def test_timm_train_checkpoints_of_a_cnn_load(tmp_path, capsys):
     path = str(tmp_path / 'model_best.pth.tar')
     _train_checkpoint(cnn, 'resnet18d', path)
     assert torch.equal(tcnn.load(path)(_x()), cnn(_x()))
-    assert torch.equal(tcnn.files.weights.create_cnn('resnet18d', weights=path).eval()(_x()), cnn(_x()))
+    assert torch.equal(tcnn.files.sources.create_cnn('resnet18d', weights=path).eval()(_x()), cnn(_x()))
     out = str(tmp_path / 't.pt')
     assert main(['convert', 'resnet18d', '--weights', path, '--out', out, '--img-size', '64']) == 0
     assert 'verified' in capsys.readouterr().out
@@ -265,7 +265,7 @@ def test_other_pickled_classes_are_still_refused(tmp_path, capsys):
         path = str(tmp_path / f'c{i}.pth.tar')
         torch.save({'state_dict': cnn.state_dict(), 'arch': 'resnet18d', 'args': _train_args('resnet18d'),
                     'epoch': 1, 'version': 2, 'extra': extra}, path)
-        for load in (lambda: tcnn.load(path), lambda: tcnn.files.weights.create_cnn('resnet18d', weights=path),
+        for load in (lambda: tcnn.load(path), lambda: tcnn.files.sources.create_cnn('resnet18d', weights=path),
                      lambda: timm.create_model('t_resnet18d', pretrained=True,
                                                pretrained_cfg_overlay=dict(file=path))):
             with pytest.raises(TcnnError, match='holds pickled Python objects other than tensors'):

@@ -13,10 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import tcnn
-from tcnn.files import tcnn_file as tio
+from tcnn.files import tcnn_file
 from tcnn.files import run_folder
 from tcnn.errors import TcnnError
-from tcnn.files.weights import create_cnn
+from tcnn.files.sources import create_cnn
 
 
 def _x(size: int = 64, chans: int = 3) -> torch.Tensor:
@@ -71,7 +71,7 @@ def test_round_trip_identical_outputs(t_model, tmp_path, ext):
 
 def test_version_1_file_with_2d_filters_loads(t_model, tmp_path):
     # tcnn 0.1.0 wrote format version 1, with each GPSA filter as conv.weight.reshape(C_out, -1) ([c][h] order).
-    d = tio.model_to_dict(t_model)
+    d = tcnn_file.model_to_dict(t_model)
     old = {}
     for k, v in d['state_dict'].items():
         if k.endswith('proj_weight'):
@@ -91,7 +91,7 @@ def test_pt_file_is_a_plain_dict(t_model, tmp_path):
     d = torch.load(path, weights_only=True)
     state_dict = d.pop('state_dict')
     # no grouped GPSA layers: format version 2, which tcnn 0.2 reads too
-    assert d['format'] == 'tcnn' and d['version'] == tio.PLAIN_FORMAT_VERSION == 2
+    assert d['format'] == 'tcnn' and d['version'] == tcnn_file.PLAIN_FORMAT_VERSION == 2
     assert d['source'] == {'model': 'resnet18d', 'kwargs': {'zero_init_last': False, 'drop_path_rate': 0.05},
                            'weights': 'random'}
     assert d['conversion']['stages'] == ['layer3', 'layer4'] and d['conversion']['qk_dim'] == 16
@@ -114,12 +114,12 @@ def test_safetensors_holds_the_same_settings(t_model, tmp_path):
 
 
 def test_model_from_dict_is_the_inverse(t_model):
-    d = tio.model_to_dict(t_model, data_config={'input_size': (3, 160, 160), 'crop_pct': 1.0})
-    model = tio.model_from_dict(d)
+    d = tcnn_file.model_to_dict(t_model, data_config={'input_size': (3, 160, 160), 'crop_pct': 1.0})
+    model = tcnn_file.model_from_dict(d)
     with torch.no_grad():
         assert torch.equal(model(_x()), t_model(_x()))
     assert model.pretrained_cfg['input_size'] == (3, 160, 160) and model.pretrained_cfg['crop_pct'] == 1.0
-    assert tio.model_to_dict(nn.DataParallel(t_model))['source'] == d['source']  # wrappers are unwrapped
+    assert tcnn_file.model_to_dict(nn.DataParallel(t_model))['source'] == d['source']  # wrappers are unwrapped
 
 
 def test_plain_cnn_round_trip(tmp_path):
@@ -147,10 +147,10 @@ def test_registry_and_timm_models_round_trip(tmp_path):
         with torch.no_grad():
             assert torch.equal(loaded(_x()), model(_x()))
         assert loaded.num_classes == model.num_classes
-    assert tio.read(str(tmp_path / 'registry.safetensors'))['source'] == \
+    assert tcnn_file.read(str(tmp_path / 'registry.safetensors'))['source'] == \
         {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}, 'weights': 'random'}
     default_tag = timm.models.get_pretrained_cfg('resnet18d').tag
-    assert tio.read(str(tmp_path / 'timm.safetensors'))['source'] == {'model': f'resnet18d.{default_tag}',
+    assert tcnn_file.read(str(tmp_path / 'timm.safetensors'))['source'] == {'model': f'resnet18d.{default_tag}',
                                                                       'kwargs': {'drop_rate': 0.2}, 'weights': None}
 
 
@@ -160,7 +160,7 @@ def test_torchvision_round_trip(tmp_path):
                                 verify=False).eval()
     path = str(tmp_path / 'tv.pt')
     tcnn.save(model, path)
-    d = tio.read(path)
+    d = tcnn_file.read(path)
     assert d['source']['model'] == 'torchvision:resnet18'
     # the eval transform of torchvision's weights (bilinear), not timm's generic default (bicubic)
     assert d['data_config']['interpolation'] == 'bilinear' and d['data_config']['input_size'] == [3, 224, 224]
@@ -173,13 +173,14 @@ def test_torchvision_round_trip(tmp_path):
 def test_training_checkpoint(t_model, tmp_path):
     """OUTPUT/last.pt of tcnn train: the model is under 'model_file'."""
     path = tmp_path / 'last.pt'
-    torch.save({'model_file': tio.model_to_dict(t_model), 'ema': None, 'optimizer': {'state': {}}, 'scheduler': {},
-                'scaler': None, 'epoch': 4, 'rng': {}, 'config': {'lr': 1e-4}, 'best_top1': 51.5}, path)
+    torch.save({'model_file': tcnn_file.model_to_dict(t_model), 'ema': None, 'optimizer': {'state': {}},
+                'scheduler': {}, 'scaler': None, 'epoch': 4, 'rng': {}, 'config': {'lr': 1e-4}, 'best_top1': 51.5},
+               path)
     loaded = tcnn.load(str(path))
     with torch.no_grad():
         assert torch.equal(loaded(_x()), t_model(_x()))
-    assert tio.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
-    assert tio.read(str(path))['recipe'] == {'lr': 1e-4}  # the run's recipe, for tcnn publish's model card
+    assert tcnn_file.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
+    assert tcnn_file.read(str(path))['recipe'] == {'lr': 1e-4}  # the run's recipe, for tcnn publish's model card
 
 
 @pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
@@ -233,7 +234,7 @@ def test_save_rejects_what_it_cannot_store(t_model, tmp_path):
 
 def _write(path, kind: str, t_model: nn.Module) -> str:
     """Files that are not loadable T-CNN files."""
-    good = tio.model_to_dict(t_model)
+    good = tcnn_file.model_to_dict(t_model)
     if kind == 'junk':
         path.write_bytes(os.urandom(4096))
     elif kind == 'empty':
@@ -252,7 +253,7 @@ def _write(path, kind: str, t_model: nn.Module) -> str:
     elif kind == 'other_format':
         torch.save(dict(good, format='something-else'), path)
     elif kind == 'future_version':
-        torch.save(dict(good, version=tio.FORMAT_VERSION + 1), path)
+        torch.save(dict(good, version=tcnn_file.FORMAT_VERSION + 1), path)
     elif kind == 'missing_weight':
         torch.save(dict(good, state_dict={k: v for k, v in list(good['state_dict'].items())[1:]}), path)
     return str(path)
@@ -296,8 +297,8 @@ def test_training_checkpoint_ema_weights(t_model, tmp_path):
     with torch.no_grad():
         assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
         assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))
-    assert tio.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
-    assert tio.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
+    assert tcnn_file.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
+    assert tcnn_file.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
     no_ema = str(tmp_path / 'no_ema.pt')
     run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=None, epoch=3), no_ema)
     model_file = tcnn.save(t_model, str(tmp_path / 't.safetensors'))

@@ -17,7 +17,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Lowest first: a module may import its own concept and the concepts above it in this list, never one below.
 ORDER: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('foundations', ('tcnn', 'tcnn.errors', 'tcnn.version', 'tcnn.paths', 'tcnn.atomic', 'tcnn.allocator',
-                     'tcnn.compat', 'tcnn._registration')),
+                     'tcnn.compat', 'tcnn._registration', 'tcnn.gpsa_parameters')),
     ('the layer', ('tcnn.layers',)),
     ('conversion', ('tcnn.convert',)),
     ('data', ('tcnn.data',)),
@@ -25,6 +25,7 @@ ORDER: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('timm models', ('tcnn.models',)),
     ('deployment', ('tcnn.export', 'tcnn.flops')),
     ('analysis', ('tcnn.analysis',)),
+    ('runtime', ('tcnn.runtime',)),
     ('training', ('tcnn.train',)),
     ('evaluation', ('tcnn.evaluation',)),
     ('command line', ('tcnn.commands', 'tcnn.cli', 'tcnn.__main__')),

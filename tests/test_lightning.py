@@ -137,7 +137,7 @@ def test_tcnn_convert_reads_a_lightning_checkpoint_of_a_cnn(cnn_checkpoint, tmp_
         # the exact configuration up to float32 rounding: max abs difference measured 6.0e-7 (logits of order 1)
         torch.testing.assert_close(t_model(x), cnn(x), rtol=0, atol=3e-6)
     torch.testing.assert_close(t_model.layer4[0].conv2.conv_filter(), cnn.layer4[0].conv2.weight, rtol=0, atol=0)
-    model = tcnn.files.weights.create_cnn('resnet18d', weights=path)  # tcnn's Python path: the same weights
+    model = tcnn.files.sources.create_cnn('resnet18d', weights=path)  # tcnn's Python path: the same weights
     for (k, v), (k2, v2) in zip(model.state_dict().items(), cnn.state_dict().items()):
         assert k == k2 and torch.equal(v, v2), k
 

@@ -201,7 +201,7 @@ def test_convert_command_other_family(tmp_path, capsys):
 
 def test_torchvision_file_round_trip():
     """A torchvision T-CNN other than a ResNet (classifier.1, not fc) saves with its class count and rebuilds."""
-    from tcnn.files.weights import classifier_layer, create_cnn
+    from tcnn.files.sources import classifier_layer, create_cnn
     cnn = nontrivial(create_cnn('torchvision:efficientnet_b0', pretrained=False, num_classes=7))
     name, head = classifier_layer(cnn)
     assert name == 'classifier.1' and head.out_features == 7

@@ -23,7 +23,7 @@ from timm.optim import create_optimizer_v2
 
 import tcnn
 import tcnn.models.create
-import tcnn.files.weights
+import tcnn.files.sources
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
@@ -333,7 +333,7 @@ def _source_cnn(name: str = 'resnet18d') -> nn.Module:
 
 def test_pretrained_offline_fails_fast(monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr(tcnn.files.weights, '_cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    monkeypatch.setattr(tcnn.files.sources, '_cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     start = time.perf_counter()
     with pytest.raises(TcnnError, match=r'pretrained=False.*pretrained_cfg_overlay=dict\(file=PATH\)') as info:
         timm.create_model('t_resnet18d', pretrained=True)  # offline: asserts the fast failure, downloads nothing
@@ -351,7 +351,7 @@ def test_pretrained_converts_source_weights(monkeypatch):
         asked.append((name, pretrained, kwargs))
         return cnn
 
-    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', fake_create_cnn)
+    monkeypatch.setattr(tcnn.models.create, 'create_cnn', fake_create_cnn)
     model = timm.create_model(
         't_resnet18d.ra4_e3600_r224_in1k', pretrained=True).eval()  # offline: stubbed source weights
     assert asked == [('resnet18d.ra4_e3600_r224_in1k', True, {})]
@@ -423,7 +423,7 @@ def test_grouped_source_converts_exactly(monkeypatch):
     """ResNeXt's grouped 3x3 convs become grouped GPSA layers (the filter stored per group, as the conv stores it):
     still the CNN exactly."""
     cnn = _source_cnn('seresnext26d_32x4d')
-    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', lambda name, **kwargs: cnn)
+    monkeypatch.setattr(tcnn.models.create, 'create_cnn', lambda name, **kwargs: cnn)
     model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()  # offline: a local file
     x = _x(1, 96)
     with torch.no_grad(), exact_configuration(model):
@@ -486,7 +486,7 @@ def test_family_pretrained_converts_source_weights(monkeypatch, name):
     """pretrained=True converts the source's weights (stubbed: no download): in the exact configuration the T-CNN is
     the CNN; a new class count re-initialises the head (ConvNeXt head.fc, EfficientNet classifier) only."""
     cnn = nontrivial(timm.create_model(name))
-    monkeypatch.setattr(tcnn.files.weights, 'create_cnn', lambda source, **kwargs: cnn)
+    monkeypatch.setattr(tcnn.models.create, 'create_cnn', lambda source, **kwargs: cnn)
     model = timm.create_model(f't_{name}', pretrained=True).eval()  # offline: stubbed source weights
     x = _x(2, 64)
     with torch.no_grad(), exact_configuration(model):

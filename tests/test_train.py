@@ -708,9 +708,9 @@ def test_cli_error_is_one_line(tmp_path):
 
 def test_offline_pretrained_names_the_train_flags(data_dir, tmp_path, monkeypatch, capsys):
     """tcnn train without the pretrained weights (offline): one line naming its flags, not the Python arguments that
-    the same error from tcnn.files.weights names."""
+    the same error from tcnn.files.sources names."""
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
-    monkeypatch.setattr('tcnn.files.weights._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
+    monkeypatch.setattr('tcnn.files.sources._cached_timm_file', lambda cfg: None)  # whatever this machine has cached
     from tcnn.cli import main
     args = [a for a in common(data_dir, tmp_path / 'out', epochs=1) if a != '--no-pretrained']
     assert main(['train', *args]) == 2  # offline: asserts the fast failure, downloads nothing

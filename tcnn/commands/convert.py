@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 from ..errors import TcnnError, check_conversion_settings, check_number
 from ..paths import check_output_file
 from ..version import EXTENSIONS
-from .arguments import file_size_text, in_chans, parse_img_size, parse_model_kwargs
+from .arguments import (add_img_size, add_out, add_use_ema, file_size_text, input_size, parse_img_size,
+                        parse_model_kwargs)
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
@@ -34,9 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'models: torchvision:fasterrcnn_resnet50_fpn, torchvision:fcn_resnet50, ...); a T-CNN '
                              'name (t_resnet50d) with --weights holding that T-CNN\'s state dict makes a T-CNN file of '
                              'it')
-    parser.add_argument('--out', '-o', metavar='FILE',
-                        help='output T-CNN file: .pt (plain dict, torch.load(weights_only=True)) or .safetensors '
-                             '(required unless --list-stages)')
+    add_out(parser, 'the T-CNN file to write: .pt (a plain dict, torch.load(weights_only=True)) or .safetensors '
+                    '(required unless --list-stages)')
     parser.add_argument('--list-stages', action='store_true',
                         help='print the stages of MODEL (random init, offline) with their k x k convs, channels, '
                              'token grid at the pretrained input size (or --img-size), whether they convert exactly, '
@@ -48,9 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               'prefixes handled) instead of the pretrained weights; its '
                               'head sets the class count')
     weights.add_argument('--no-pretrained', action='store_true', help='random init (no weights needed)')
-    parser.add_argument('--use-ema', action='store_true',
-                        help='load the EMA weights of --weights (state_dict_ema/model_ema) instead of its raw '
-                             'state_dict (as timm\'s validate.py --use-ema)')
+    add_use_ema(parser)  # of --weights
     parser.add_argument('--num-classes', type=int, metavar='N',
                         help='classifier size (default: the head of --weights, else the model\'s); a checkpoint head '
                              'of another size is dropped for a new random one, with a warning')
@@ -73,9 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--qk-dim', type=int, metavar='D',
                         help='per-head query/key width of the content attention (default C_in // heads; for a grouped '
                              'conv the group width C_in // groups if smaller)')
-    parser.add_argument('--img-size', metavar='SIZE',
-                        help='input size of the equivalence check: N or HxW (default: the model\'s pretrained input '
-                             'size)')
+    add_img_size(parser, 'of the equivalence check and of the --list-stages grids',
+                 "the model's pretrained input size")
     parser.add_argument('--no-verify', action='store_true', help='skip the numerical equivalence check')
     parser.add_argument('--tol', type=float, default=1e-4,
                         help='largest accepted relative logits error in the exact configuration (default 1e-4)')
@@ -120,7 +117,7 @@ def _layer_lines(t_model: 'nn.Module') -> List[str]:
 
 
 def _num_classes(model: 'nn.Module') -> Optional[int]:
-    from ..files.weights import classifier_layer, dense_num_classes, model_task
+    from ..files.sources import classifier_layer, dense_num_classes, model_task
     if model_task(model):
         return dense_num_classes(model)  # box predictors and per-pixel convs: not the last nn.Linear
     if isinstance(getattr(model, 'num_classes', None), int):
@@ -178,16 +175,17 @@ def _grid_text(grid: Optional[Tuple[int, int]]) -> str:
 def list_stages(args: argparse.Namespace) -> int:
     """``--list-stages``: the stage table of ``list_stages`` for a random-init MODEL (nothing downloaded)."""
     from ..convert.stages import default_input_size, list_stages as stage_rows
-    from ..files.weights import create_cnn, source_model_name
+    from ..files.sources import create_cnn, source_model_name
 
     source = source_model_name(args.model)
     cnn = create_cnn(source or args.model, pretrained=False, num_classes=args.num_classes,
                      **parse_model_kwargs(args.model_kwargs))
-    rows = stage_rows(cnn, parse_img_size(args.img_size, in_chans(cnn)))
+    size = input_size(parse_img_size(args.img_size), cnn)
+    rows = stage_rows(cnn, size)
     if not rows:
         raise TcnnError(f'{args.model} has no known stages (no ResNet layer1-4, timm feature_info or '
                         'features/stages/blocks container): name modules or patterns with --stages')
-    size = parse_img_size(args.img_size, in_chans(cnn)) or default_input_size(cnn)
+    size = size or default_input_size(cnn)
     header = ('stage', 'level', 'channels', 'grid', 'tokens', 'k x k convs', 'exact')
     notes: Dict[str, List[str]] = {}  # reason -> the convs it applies to (one note per reason)
     table = []
@@ -216,9 +214,10 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
     """``tcnn convert t_MODEL --weights PATH``: the T-CNN file of a T-CNN's state dict (``torch.save(t_model
     .state_dict())``, timm's clean_checkpoint.py, a checkpoint of timm's train.py), loaded strictly into ``t_MODEL``
     as its GPSA layers show it (stages, qk_dim); nothing to convert or verify."""
-    from ..files import tcnn_file as tio
+    from ..files import tcnn_file
     from ..files.loading import model_from_state_dict
-    from ..files.weights import gpsa_layer_names, load_state_dict_file, source_model_name
+    from ..files.sources import source_model_name
+    from ..files.weights import gpsa_layer_names, load_state_dict_file
 
     stages = parse_stages(args.stages)
     kwargs = {k: v for k, v in (('stages', stages), ('qk_dim', args.qk_dim)) if v is not None}
@@ -230,7 +229,7 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
                         f'--out {args.out}`')
     t_model = model_from_state_dict(args.model, state_dict, where=args.weights, num_classes=args.num_classes,
                                     kwargs=kwargs)
-    tio.save(t_model, args.out)
+    tcnn_file.save(t_model, args.out)
     config = t_model.tcnn_config
     classes = _num_classes(t_model)
     lines = _layer_lines(t_model)
@@ -246,7 +245,7 @@ def state_dict_file(args: argparse.Namespace, start: float) -> int:
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.list_stages:
-        parse_img_size(args.img_size, 3)
+        parse_img_size(args.img_size)
         return list_stages(args)
     if not args.out:
         raise TcnnError('--out FILE is required (or --list-stages to list the stages of MODEL)')
@@ -258,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         check_number(args.num_classes, '--num-classes', ge=0, integer=True)
     if args.use_ema and not args.weights:
         raise TcnnError('--use-ema reads the EMA weights of a checkpoint: give it with --weights PATH')
-    parse_img_size(args.img_size, 3)
+    size = parse_img_size(args.img_size)
     model_kwargs = parse_model_kwargs(args.model_kwargs)
     flags = {'pretrained': '--no-pretrained', 'weights': '--weights PATH', 'weights_backbone': '--weights PATH',
              'num_classes': '--num-classes N', 'use_ema': '--use-ema'}
@@ -268,10 +267,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from ..files import tcnn_file as tio
+    from ..files import tcnn_file
     from ..convert.transform import reparameterize
-    from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
-    from ..files.weights import source_model_name
+    from ..files.sources import CLI_HINT, WeightsUnavailableError, create_cnn, source_model_name
 
     source = source_model_name(args.model)
     if source is not None and args.weights:
@@ -292,15 +290,14 @@ def run(args: argparse.Namespace) -> int:
             raise e.with_hint(CLI_HINT) from None
         bar.update()
         bar.set_description(steps[1])
-        input_size = parse_img_size(args.img_size, in_chans(cnn))
         with warnings.catch_warnings():  # a vacuous check is reported in the summary below
             warnings.filterwarnings('ignore', message='the replaced layers do not influence')
             t_model = reparameterize(cnn, stages=stages, locality_strength=args.locality_strength,
                                      gating_init=args.gating_init, qk_dim=args.qk_dim, verify=not args.no_verify,
-                                     input_size=input_size, tol=args.tol)
+                                     input_size=input_size(size, cnn), tol=args.tol)
         bar.update()
         bar.set_description(steps[2])
-        tio.save(t_model, path)
+        tcnn_file.save(t_model, path)
         bar.update()
     _print_summary(args, cnn, t_model, path, time.perf_counter() - start)
     return 0

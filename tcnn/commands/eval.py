@@ -9,12 +9,12 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..errors import TcnnError
-from ..train.compiling import COMPILE_HELP, compile_mode
+from ..runtime.compiling import COMPILE_HELP, compile_mode
+from .arguments import (MODEL_FILE_EXTENSIONS, add_device, add_img_size, add_out, add_use_ema, load_model,
+                        parse_img_size)
 
 if TYPE_CHECKING:  # torch loads in run(), after the flags are checked
     import torch.nn as nn
-
-MODEL_FILE_EXTENSIONS = ('.pt', '.pth', '.safetensors', '.bin', '.ckpt')
 
 
 def _resolution(text: str):
@@ -40,9 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--data', nargs='+', required=True, metavar='DIR',
                         help='data directory per suite: imagenet DIR/<class>/<img>, imagenet-c '
                              'DIR/<corruption>/<1-5>/<class>/<img>, imagenet-a/-r DIR/<wnid>/<img>')
-    parser.add_argument('--use-ema', action='store_true',
-                        help='evaluate the EMA weights of the training checkpoints given (tcnn train --model-ema) '
-                             'instead of their raw weights; every MODEL must then be such a checkpoint')
+    add_use_ema(parser)  # of every MODEL
     parser.add_argument('--names', nargs='+', metavar='NAME', help='column names of the models (default: file names)')
     size = parser.add_mutually_exclusive_group()
     size.add_argument('--resolution', type=_resolution, default=None, metavar='test|model|N',
@@ -50,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            'and crop where its pretrained config has one, else its input size, as timm\'s '
                            'validate.py), model (each model\'s own input size and crop: timm\'s training size for '
                            'many pretrained CNNs), or N pixels for every model')
-    size.add_argument('--img-size', type=int, metavar='N', help='the same as --resolution N')
+    add_img_size(size, 'of imagenet, imagenet-a and imagenet-r for every model, as --resolution N',
+                 "each model's test size, --resolution test")
     parser.add_argument('--imagenet-c-size', type=_resolution, default=None, metavar='N',
                         help='input size of imagenet-c (default 224: its corruptions are defined at that size; '
                              '--resolution and --img-size leave it alone), or test/model; its centre crop is always '
@@ -60,30 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'test crop)')
     parser.add_argument('--batch-size', type=int, default=64, metavar='N', help='images per batch (default 64)')
     parser.add_argument('--workers', type=int, metavar='N', help='data loading processes (default min(8, CPUs))')
-    parser.add_argument('--device', help='cuda, cuda:1, cpu, ... (default: cuda when available)')
+    add_device(parser)
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
     parser.add_argument('--compile', nargs='?', const='default', metavar='MODE', help=COMPILE_HELP)
-    parser.add_argument('--out', metavar='JSON', help='write the results as JSON here (and a markdown table beside it)')
+    add_out(parser, 'the .json file to write the results to, and a markdown table beside it (default: print the table '
+                    'only)')
     parser.add_argument('--markdown', metavar='MD', help='markdown table path (default: --out with .md)')
     parser.add_argument('--no-progress', action='store_true', help='no progress bars')
-
-
-def load_model(spec: str, use_ema: bool = False) -> 'nn.Module':
-    """A model from a file (``tcnn.load``: T-CNN file or training checkpoint, its EMA weights with ``use_ema``) or a
-    pretrained model name."""
-    if os.path.exists(spec):
-        from ..files import loading
-        return loading.load(spec, map_location='cpu', ema=use_ema)
-    if spec.endswith(MODEL_FILE_EXTENSIONS) or os.sep in spec:
-        raise TcnnError(f'model file not found: {spec}')
-    if use_ema:
-        raise TcnnError(f'--use-ema reads the EMA weights of training checkpoints; {spec} is a model name')
-    from ..files.weights import WeightsUnavailableError, create_cnn
-    try:
-        return create_cnn(spec, pretrained=True)
-    except WeightsUnavailableError as e:  # tcnn eval has no --weights/--no-pretrained: a file is its way round
-        raise e.with_hint('give a model file instead (a CNN saved with tcnn.save, a tcnn convert file '
-                          'or a checkpoint)') from None
 
 
 def column_names(specs: Sequence[str], names: Sequence[str] = None) -> List[str]:
@@ -116,16 +98,17 @@ def run(args: argparse.Namespace) -> int:
     from ..data.config import check_image_options
     from ..errors import check_number
     from ..paths import check_output_file
-    from ..train.distributed import resolve_device
+    from ..runtime.devices import resolve_device
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
     # ImageNet-C pass and its results
-    check_image_options(args.img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
-    resolution = args.img_size if args.img_size is not None else args.resolution
+    img_size = parse_img_size(args.img_size)
+    check_image_options(img_size, args.crop_pct, names=('--img-size', '--crop-pct'))
+    resolution = img_size if img_size is not None else args.resolution
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
     compile_mode(args.compile, '--compile')
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
-    resolve_device(args.device)
+    resolve_device(args.device, what='--device')
     if args.out:
         check_output_file(args.out, '--out', ('.json',))
     if args.markdown:
@@ -135,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     names = column_names(args.models, args.names)
     # scan every folder before loading models: a layout mistake should cost seconds, not a model load
     data = {suite: suites.scan_suite(suite, d) for suite, d in zip(args.suite, args.data)}
-    models: Dict[str, nn.Module] = {name: load_model(spec, args.use_ema) for name, spec in zip(names, args.models)}
+    models: Dict[str, nn.Module] = {name: load_model(spec, use_ema=args.use_ema, names=True)
+                                    for name, spec in zip(names, args.models)}
 
     weights = {'weights': 'ema'} if args.use_ema else {}
     report = {'format': 'tcnn-eval', 'version': 2,

@@ -10,9 +10,8 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import TcnnError
-from ..paths import HUB_PREFIXES, check_input_file
 from ..version import EXPORT_EXTENSIONS
-from .arguments import in_chans, parse_img_size, size_text
+from .arguments import add_img_size, add_out, check_model_file, input_size, load_model, parse_img_size, size_text
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -25,15 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save), a training '
                              'checkpoint (last.pt / best.pt of tcnn train) or a Hub folder (tcnn publish: its path, '
                              'local-dir:PATH or hf-hub:ORG/NAME)')
-    parser.add_argument('--out', '-o', metavar='OUT', required=True,
-                        help='output file: .onnx (checked in onnxruntime), .pt2 (torch.export archive, checked with '
-                             'torch.export.load; with --aoti an AOTInductor package) or .pte (ExecuTorch, XNNPACK, '
-                             'batch 1; checked in ExecuTorch\'s runtime)')
+    add_out(parser, 'the file to write: .onnx (checked in onnxruntime), .pt2 (torch.export archive, checked with '
+                    'torch.export.load; with --aoti an AOTInductor package) or .pte (ExecuTorch, XNNPACK, batch 1; '
+                    'checked in ExecuTorch\'s runtime)', required=True)
     parser.add_argument('--aoti', action='store_true',
                         help='compile the .pt2 with AOTInductor (a package for torch._inductor.aoti_load_package), '
                              'checked with its input checks on (AOTI_RUNTIME_CHECK_INPUTS=1)')
-    parser.add_argument('--img-size', metavar='SIZE',
-                        help='input size of the trace and the check: N or HxW (default: the file\'s data config)')
+    add_img_size(parser, 'of the trace and of the check', "the file's data config")
     parser.add_argument('--dynamic-size', action='store_true',
                         help='dynamic height and width too (checked at a second size, +32 px); default: only the '
                              'batch is dynamic')
@@ -57,7 +54,7 @@ def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
     """The model to export: the file's, or with ``--backbone`` the ResNet of a torchvision detection or segmentation
     model (``tcnn.export.backbone_trunk``); a detection or segmentation model itself is one line naming why not."""
     from ..export.backbone import backbone_trunk
-    from ..files.weights import model_task
+    from ..files.sources import model_task
     task = model_task(model)
     name = (getattr(model, 'tcnn_source', None) or {}).get('model', type(model).__name__)
     if args.backbone:
@@ -77,12 +74,11 @@ def _exportable(model: 'nn.Module', args: argparse.Namespace) -> 'nn.Module':
 
 def run(args: argparse.Namespace) -> int:
     # the checks first: a mistake costs no model load and no export
-    if not (args.file.startswith(HUB_PREFIXES) or os.path.isdir(args.file)):  # a Hub folder is checked as it loads
-        check_input_file(args.file, 'T-CNN file')
+    check_model_file(args.file, 'T-CNN file')
     extension = os.path.splitext(args.out)[1]
     if args.exporter and extension.lower() in EXPORT_EXTENSIONS and extension.lower() != '.onnx':
         raise TcnnError(f'--exporter applies to .onnx files; a {extension} file is written by torch.export')
-    parse_img_size(args.img_size, 3)
+    size = parse_img_size(args.img_size)
     from ..export.options import check_export_options
     options = check_export_options(args.out, args.exporter or 'dynamo', args.opset, args.aoti, args.dynamic_size,
                                    args.tol, names=('--out', '--tol'))
@@ -90,14 +86,12 @@ def run(args: argparse.Namespace) -> int:
     from ..convert.settings import gpsa_layers
     from ..export.metadata import INPUT_NAME, OUTPUT_NAME
     from ..export.pipeline import export_checked
-    from ..files import loading
 
-    model = loading.load(args.file)
-    model = _exportable(model, args)
+    model = _exportable(load_model(args.file, 'T-CNN file'), args)
     if not gpsa_layers(model):
         raise TcnnError(f'{args.file} holds a plain CNN (no GPSA layers), not a T-CNN: convert it first, '
                         '`tcnn convert MODEL --weights WEIGHTS --out FILE`')
-    size = parse_img_size(args.img_size, in_chans(model))
+    size = input_size(size, model)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', module=r'torch\.(onnx|export|_export|fx)')  # exporters' progress notes
         report = export_checked(model, options, input_size=size)

@@ -2,12 +2,12 @@
 data config, parameter counts, and per GPSA layer the gates sigmoid(lambda) and spans 1/alpha (T-CNN Fig. 4)."""
 import argparse
 import json
-import math
 import os
-import struct
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from .arguments import size_text
+from ..files.safetensors_header import read_tcnn_settings
+from ..gpsa_parameters import HEAD_PARAMETERS, summary_of_values
+from .arguments import add_use_ema, size_text
 
 if TYPE_CHECKING:  # torch loads only once a file is to be read
     import torch.nn as nn
@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('file', metavar='FILE',
                         help='a T-CNN file (.pt/.pth/.safetensors from tcnn convert / tcnn.save) or a training '
                              'checkpoint (last.pt / best.pt)')
-    parser.add_argument('--use-ema', action='store_true',
-                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
+    add_use_ema(parser)
     parser.add_argument('--heads', action='store_true', help='also list every head: gate, alpha, span, centre')
     parser.add_argument('--json', action='store_true', help='print everything as one JSON object')
 
@@ -33,7 +32,7 @@ def _cnn_parameters(d: Dict[str, Any]) -> int:
     """Parameters of the source CNN, rebuilt without weights on the meta device (exact for grouped convs too)."""
     import torch
 
-    from ..files.weights import create_cnn
+    from ..files.sources import create_cnn
     source = d['source']
     with torch.device('meta'):
         cnn = create_cnn(source['model'], pretrained=False, num_classes=d.get('num_classes'),
@@ -41,26 +40,20 @@ def _cnn_parameters(d: Dict[str, Any]) -> int:
     return _count(cnn)
 
 
-# the GPSA parameters the gates and spans come from (tcnn.layers.gpsa.GPSA)
-_HEAD_PARAMS = ('gating', 'pos_locality', 'pos_centers')
-_SOFTPLUS_BETA = 5.0  # tcnn.layers.gpsa.SOFTPLUS_BETA: alpha = softplus(pos_locality, beta=5)
-# safetensors dtype -> (struct code, bytes); BF16 is the upper half of a float32
-_SAFETENSORS_FLOATS = {'F64': ('d', 8), 'F32': ('f', 4), 'F16': ('e', 2), 'BF16': ('H', 2)}
-
-
 def collect(path: str, ema: bool = False) -> Dict[str, Any]:
     """Everything ``tcnn info`` shows, as a JSON-ready dict; ``ema``: from the EMA weights of a training checkpoint.
 
     Files written by this tcnn store their parameter counts, so the gates and spans are computed from the stored
-    parameters without building the model: timm is not imported, nor torch for a ``.safetensors`` file. Older files
-    (and anything unexpected) take the full path: rebuild the model, load its weights, count.
+    parameters without building the model: timm is not imported, nor torch for a ``.safetensors`` file (its header
+    and those few tensors are read as bytes). Older files (and anything unexpected) take the full path: rebuild the
+    model, load its weights, count.
     """
-    d = _read_safetensors_settings(path) if path.lower().endswith('.safetensors') and not ema else None
+    d = read_tcnn_settings(path, HEAD_PARAMETERS) if path.lower().endswith('.safetensors') and not ema else None
     if d is None:
-        from ..files import tcnn_file as tio
-        d = tio.read(path, ema=ema)
-        values = {k: v.float().tolist() for k, v in d['state_dict'].items() if k.endswith(_HEAD_PARAMS)}
-        d = dict(d, head_values=values)
+        from ..files import tcnn_file
+        d = tcnn_file.read(path, ema=ema)
+        values = {k: v.float().tolist() for k, v in d['state_dict'].items() if k.endswith(HEAD_PARAMETERS)}
+        d = dict(d, tensor_values=values)
     layers = _layers_from_values(d)
     if layers is None or not _valid_counts(d.get('parameters')):
         return _collect_by_rebuilding(path, ema)
@@ -83,11 +76,11 @@ def _info(path: str, d: Dict[str, Any], parameters: Dict[str, int], layers: Dict
 
 def _collect_by_rebuilding(path: str, ema: bool = False) -> Dict[str, Any]:
     """``collect`` for files without stored counts: rebuild the T-CNN (and the CNN, on the meta device)."""
-    from ..files import tcnn_file as tio
     from ..convert.settings import gpsa_summary
+    from ..files import tcnn_file
 
-    d = tio.read(path, ema=ema)
-    model = tio.model_from_dict(d, map_location=None, where=path)
+    d = tcnn_file.read(path, ema=ema)
+    model = tcnn_file.model_from_dict(d, map_location=None, where=path)
     total = _count(model)
     cnn = _cnn_parameters(d) if d['conversion'] else total
     return _info(path, d, {'total': total, 'cnn': cnn, 'self_attention': total - cnn}, gpsa_summary(model))
@@ -98,72 +91,18 @@ def _valid_counts(counts: Any) -> bool:
                                             for k in ('total', 'cnn'))
 
 
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-def _softplus(x: float, beta: float) -> float:
-    return (max(beta * x, 0.0) + math.log1p(math.exp(-abs(beta * x)))) / beta
-
-
 def _layers_from_values(d: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``tcnn.convert.settings.gpsa_summary`` computed from the stored GPSA parameters (``d['head_values']``), or
-    None when they do not fit the file's conversion settings."""
-    conversion, values = d.get('conversion'), d.get('head_values') or {}
+    """``tcnn.gpsa_summary`` of the file's GPSA layers, computed from their stored parameters
+    (``d['tensor_values']``), or None when those do not fit the file's conversion settings."""
+    conversion, values = d.get('conversion'), d.get('tensor_values') or {}
     summary: Dict[str, Any] = {}
     for name in (conversion or {}).get('layers', []):
-        gating, raw, centers = (values.get(f'{name}.{p}') for p in _HEAD_PARAMS)
+        gating, raw, centers = (values.get(f'{name}.{p}') for p in HEAD_PARAMETERS)
         if not (isinstance(gating, list) and isinstance(raw, list) and isinstance(centers, list)
                 and gating and len(gating) == len(raw) == len(centers)):
             return None
-        gate = [_sigmoid(g) for g in gating]
-        alpha = [_softplus(r, _SOFTPLUS_BETA) for r in raw]
-        span = [1.0 / a for a in alpha]
-        sigma = [1.0 / math.sqrt(2.0 * a) for a in alpha]
-        summary[name] = {'gate': gate, 'alpha': alpha, 'span': span, 'sigma': sigma, 'center': centers,
-                         'gate_mean': sum(gate) / len(gate), 'span_mean': sum(span) / len(span),
-                         'sigma_mean': sum(sigma) / len(sigma)}
+        summary[name] = summary_of_values(gating, raw, centers)
     return summary
-
-
-def _read_safetensors_settings(path: str) -> Optional[Dict[str, Any]]:
-    """The T-CNN settings of a ``.safetensors`` file and its GPSA head parameters (``'head_values'``), read from the
-    header and those few tensors without torch; None when the file is anything but a well-formed T-CNN file of
-    this format (the full path then reports what is wrong)."""
-    from ..version import FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION
-    try:
-        with open(path, 'rb') as f:
-            (size,) = struct.unpack('<Q', f.read(8))
-            if size > 100 * 2 ** 20:
-                return None
-            header = json.loads(f.read(size))
-            settings = json.loads(header.get('__metadata__', {}).get('tcnn', 'null'))
-            if not (isinstance(settings, dict) and settings.get('format') == FORMAT_NAME
-                    and settings.get('version') in (PLAIN_FORMAT_VERSION, FORMAT_VERSION)
-                    and isinstance(settings.get('source'), dict)):
-                return None
-            values = {}
-            for name, entry in header.items():
-                if name.endswith(_HEAD_PARAMS) and entry.get('dtype') in _SAFETENSORS_FLOATS:
-                    values[name] = _read_floats(f, 8 + size, entry)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
-        return None
-    return dict(settings, head_values=values)
-
-
-def _read_floats(f, data_start: int, entry: Dict[str, Any]) -> List[Any]:
-    """One small float tensor of a safetensors file as (nested) Python lists."""
-    code, width = _SAFETENSORS_FLOATS[entry['dtype']]
-    begin, end = entry['data_offsets']
-    f.seek(data_start + begin)
-    raw = f.read(end - begin)
-    flat = list(struct.unpack(f'<{len(raw) // width}{code}', raw))
-    if entry['dtype'] == 'BF16':
-        flat = [struct.unpack('<f', struct.pack('<I', v << 16))[0] for v in flat]
-    shape = entry['shape']
-    if len(shape) == 2:  # pos_centers: (N_h, 2)
-        return [flat[i * shape[1]:(i + 1) * shape[1]] for i in range(shape[0])]
-    return flat
 
 
 def _m(n: int) -> str:

@@ -10,13 +10,14 @@ import os
 from typing import List, Optional, Tuple
 
 from ..atomic import atomic_write_text
-from ..errors import TcnnError, check_device, check_number
+from ..errors import TcnnError, check_number
+from .arguments import add_device, add_img_size, add_out, add_use_ema, load_model, parse_img_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('model', metavar='FILE', help='a T-CNN file (tcnn convert) or a training checkpoint')
-    parser.add_argument('--use-ema', action='store_true',
-                        help='the EMA weights of a training checkpoint (tcnn train --model-ema), not the raw ones')
+    parser.add_argument('model', metavar='FILE', help='a T-CNN file (tcnn convert), a training checkpoint or a Hub '
+                                                      'folder (tcnn publish)')
+    add_use_ema(parser)
     parser.add_argument('--image', nargs='+', default=[], metavar='IMG',
                         help='images to draw the attention maps of (and to measure the nonlocality on)')
     parser.add_argument('--images-dir', metavar='DIR', help='a folder of images (searched recursively) to average '
@@ -28,13 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='seed of the --images-dir sample (default 0; printed and stored in summary.json)')
     parser.add_argument('--query', metavar='Y,X', help='query pixel (row, column) in the model input image after '
                                                        'resizing/cropping (default: the centre)')
-    parser.add_argument('--img-size', type=int, metavar='N',
-                        help='input resolution (default: the model\'s eval resolution)')
+    add_img_size(parser, 'of the images, resized and centre-cropped to it', "the model's eval size")
     parser.add_argument('--parts', default='mixed,content,positional',
                         help='attention parts to draw, comma-separated (default mixed,content,positional)')
     parser.add_argument('--batch-size', type=int, default=32, metavar='N', help='images per batch for the nonlocality')
-    parser.add_argument('--device', default='cpu', help='cpu (default), cuda, ...')
-    parser.add_argument('--out', required=True, metavar='DIR', help='output folder')
+    add_device(parser)
+    add_out(parser, 'the folder to write summary.json and the figures to', folder=True, required=True)
 
 
 def parse_query(text: Optional[str]) -> Optional[Tuple[float, float]]:
@@ -67,34 +67,32 @@ def _figure_names(paths: List[str]) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data.config import check_image_options, data_config
+    from ..data.config import data_config
     from ..data.images import denormalize, load_images
-    from ..files import loading
     from ..convert.settings import gpsa_layers
     from ..analysis import heads
     from ..paths import check_output_dir, output_dir
+    from ..runtime.devices import resolve_device
     query = parse_query(args.query)
     parts = _parts(args.parts)
-    check_image_options(args.img_size, None, names=('--img-size', '--crop-pct'))
+    size = parse_img_size(args.img_size)
     check_number(args.max_images, '--max-images', ge=1, integer=True)
     check_number(args.seed, '--seed', integer=True)
     check_number(args.batch_size, '--batch-size', ge=1, integer=True)
-    check_device(args.device, '--device')
+    device = resolve_device(args.device, what='--device')
     check_output_dir(args.out, '--out')
-    if not os.path.exists(args.model):
-        raise TcnnError(f'model file not found: {args.model}')
-    model = loading.load(args.model, map_location='cpu', ema=args.use_ema)
+    model = load_model(args.model, use_ema=args.use_ema)
     try:
-        model.to(args.device).eval()
+        model.to(device).eval()
     except RuntimeError as e:
         raise TcnnError(f'cannot use device {args.device!r}: {str(e).splitlines()[0]}') from e
     if not gpsa_layers(model):
         raise TcnnError(f'{args.model} has no GPSA layer (a plain CNN, e.g. the no-SA baseline): nothing to inspect')
-    cfg = data_config(model, args.img_size)
+    cfg = data_config(model, size)
 
     extra, sample = _sample(args) if args.images_dir else ([], None)
     all_paths = list(args.image) + [p for p in extra if p not in args.image]
-    batches = (load_images(all_paths[i:i + args.batch_size], cfg).to(args.device)
+    batches = (load_images(all_paths[i:i + args.batch_size], cfg).to(device)
                for i in range(0, len(all_paths), args.batch_size))
     summary = heads.summarize(model, batches if all_paths else None)
     summary.update({'source': os.path.abspath(args.model), 'weights': 'ema' if args.use_ema else 'raw',
@@ -103,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     maps = None
     if args.image:  # before writing anything: a --query outside the image must not leave half the figures
-        x = load_images(args.image, cfg).to(args.device)
+        x = load_images(args.image, cfg).to(device)
         maps = heads.attention_maps(model, x, query)
         images = denormalize(x.cpu(), cfg)
     with output_dir(args.out):

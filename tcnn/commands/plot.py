@@ -2,14 +2,15 @@
 import argparse
 import os
 
+from .arguments import add_out
+
 
 FIGURE_SUFFIXES = ('.png', '.pdf', '.svg')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('run', metavar='RUN_DIR', help='a tcnn train output folder (or its metrics.jsonl)')
-    parser.add_argument('--out', metavar='PATH',
-                        help='figure path, .png/.pdf/.svg (default RUN_DIR/curves.png)')
+    add_out(parser, 'the figure to write, .png/.pdf/.svg (default RUN_DIR/curves.png)')
     parser.add_argument('--title', help='figure title (default: the run folder name)')
 
 

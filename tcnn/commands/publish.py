@@ -11,7 +11,7 @@ import os
 import re
 
 from ..errors import TcnnError
-from .arguments import file_size_text
+from .arguments import add_out, file_size_text
 
 __all__ = ['add_arguments', 'run', 'REPO_ID']
 
@@ -23,9 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='a T-CNN file (tcnn convert, tcnn.save), a training checkpoint (RUN/best.pt, '
                              'RUN/last.pt) or a tcnn train run folder (its best.pt, else last.pt; the card then '
                              'shows the recipe and the metrics)')
-    parser.add_argument('--out', '-o', metavar='DIR', required=True,
-                        help='the Hub folder to write: config.json, model.safetensors, README.md (a new or empty '
-                             'folder, or one tcnn publish wrote before, which is replaced)')
+    add_out(parser, 'the Hub folder to write: config.json, model.safetensors, README.md (a new or empty folder, or one '
+                    'tcnn publish wrote before, which is replaced)', folder=True, required=True)
     parser.add_argument('--push', metavar='ORG/NAME',
                         help="also upload to the Hugging Face Hub with timm's push_to_hf_hub (network and a token: "
                              '`hf auth login` or HF_TOKEN); the card is uploaded when the repo has no README.md yet')

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import check_module
+from ..gpsa_parameters import layer_summary
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 
 __all__ = ['StageSpec', 'ConversionSettings', 'CONVERSION_KEYS', 'gpsa_layers', 'gpsa_summary', 'exact_configuration']
@@ -63,13 +64,7 @@ def gpsa_summary(model: nn.Module) -> Dict[str, Dict[str, Any]]:
     summary = {}
     for name, layer in gpsa_layers(model):
         gate, alpha = layer.gate(), layer.locality_strength()
-        sigma = torch.rsqrt(2.0 * alpha)
-        summary[name] = {
-            'gate': gate.tolist(), 'alpha': alpha.tolist(), 'span': (1.0 / alpha).tolist(), 'sigma': sigma.tolist(),
-            'center': layer.pos_centers.float().tolist(),
-            'gate_mean': gate.mean().item(), 'span_mean': (1.0 / alpha).mean().item(),
-            'sigma_mean': sigma.mean().item(),
-        }
+        summary[name] = layer_summary(gate.tolist(), alpha.tolist(), layer.pos_centers.float().tolist())
     return summary
 
 

@@ -3,12 +3,12 @@ asks for it: T-CNN files store it, exported files carry it, evaluation and the C
 overrides it with its recipe (``tcnn.train.data``). Nothing here opens a dataset: saving and exporting a model import
 this module only.
 """
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch.nn as nn
 from timm.data import resolve_data_config
 
-from ..errors import check_number
+from ..errors import check_number, check_size
 
 
 __all__ = ['DATA_CONFIG_KEYS', 'data_config', 'dense_data_config', 'check_image_options']
@@ -17,8 +17,8 @@ __all__ = ['DATA_CONFIG_KEYS', 'data_config', 'dense_data_config', 'check_image_
 DATA_CONFIG_KEYS = ('input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode')
 
 
-def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Optional[float] = None,
-                use_test_size: bool = False) -> Dict[str, Any]:
+def data_config(model: nn.Module, img_size: Optional[Union[int, Tuple[int, int]]] = None,
+                crop_pct: Optional[float] = None, use_test_size: bool = False) -> Dict[str, Any]:
     """The eval preprocessing of ``model`` (``DATA_CONFIG_KEYS``): the one place tcnn asks for it.
 
     timm's ``resolve_data_config`` reads the model's ``pretrained_cfg`` (``tcnn.load`` puts a T-CNN file's stored
@@ -27,7 +27,7 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
 
     Args:
         model: The model itself (not a DDP wrapper: ``tcnn.save`` unwraps before asking).
-        img_size: Square input resolution instead of the model's.
+        img_size: Input size instead of the model's: N (square) or ``(H, W)``, as timm's ``img_size``.
         crop_pct: Centre-crop fraction instead of the model's.
         use_test_size: The model's test size and crop (``test_input_size``, ``test_crop_pct`` of its
             ``pretrained_cfg``, as timm's ``validate.py`` uses by default) where it has them, instead of its
@@ -44,7 +44,8 @@ def data_config(model: nn.Module, img_size: Optional[int] = None, crop_pct: Opti
     config = {k: config[k] for k in DATA_CONFIG_KEYS if k in config}
     config.setdefault('crop_mode', 'center')
     if img_size is not None:
-        config['input_size'] = (3, int(img_size), int(img_size))
+        height, width = img_size if isinstance(img_size, (tuple, list)) else (img_size, img_size)
+        config['input_size'] = (3, int(height), int(width))
     if crop_pct is not None:
         config['crop_pct'] = float(crop_pct)
     return config
@@ -85,11 +86,13 @@ def dense_data_config(name: str) -> Dict[str, Any]:
             'std': tuple(transform.std)}
 
 
-def check_image_options(img_size: Optional[int], crop_pct: Optional[float],
+def check_image_options(img_size: Optional[Union[int, Tuple[int, int]]], crop_pct: Optional[float],
                         names: Tuple[str, str] = ('img_size', 'crop_pct')) -> None:
-    """An input resolution (a positive int) and a centre-crop fraction in (0, 1], each optional; ``names`` are the
-    arguments (or flags) named in messages."""
-    if img_size is not None:
+    """An input size (a positive int, or a pair of them: height and width) and a centre-crop fraction in (0, 1], each
+    optional; ``names`` are the arguments (or flags) named in messages."""
+    if isinstance(img_size, (tuple, list)):
+        check_size(img_size, names[0], 2, what='(H, W)')
+    elif img_size is not None:
         check_number(img_size, names[0], ge=1, integer=True)
     if crop_pct is not None:
         check_number(crop_pct, names[1], gt=0, le=1)

@@ -1,14 +1,16 @@
 """``tcnn demo``: the whole method end to end on a generated task, offline (see ``tcnn.demo``)."""
 import argparse
 
+from ..commands.arguments import add_device, add_out
 from ..errors import InvalidArgumentError, check_device, check_number
 from .plan import PLANS
 
+DEFAULT_OUT = 'tcnn-demo'
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--out', default='tcnn-demo', metavar='DIR',
-                        help='output folder (default ./tcnn-demo); run the same command again to continue an '
-                             'interrupted demo')
+    add_out(parser, f'the folder to write the demo to (default ./{DEFAULT_OUT}); run the same command again to '
+                    'continue an interrupted demo', folder=True)
     parser.add_argument('--quick', action='store_true',
                         help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): '
                              '--plan quick')
@@ -20,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--seeds', type=int, metavar='N',
                         help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default '
                              '2; 1 with --quick); --seeds 6 measures the distribution that docs/demo.md documents')
-    parser.add_argument('--device', default='cpu', help='cpu (default), cuda, cuda:1, ...')
+    # The CPU unless asked: the default plan's schedule and the distribution its report places each number in
+    # (docs/demo.md) were measured on CPU cores; a GPU is one flag away (--device auto or cuda)
+    add_device(parser, default='cpu')
     parser.add_argument('--workers', type=int, metavar='N',
                         help='data-loading processes per training run (default: none for a one-thread run, else '
                              'sized to the machine)')
@@ -37,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
         check_number(args.workers, '--workers', ge=0, integer=True)
     if args.jobs is not None:
         check_number(args.jobs, '--jobs', ge=1, integer=True)
-    check_device(args.device, '--device')
+    from ..runtime.devices import default_device
+    # the training processes are given a device by name: 'auto' is resolved here, once for all of them
+    device = default_device() if args.device == 'auto' else args.device
+    check_device(device, '--device')
     if args.quick and args.plan not in (None, 'quick'):
         raise InvalidArgumentError(f'--quick is --plan quick: give one of --quick and --plan {args.plan}')
     plan = 'quick' if args.quick else args.plan or 'default'
@@ -46,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from . import DemoStopped, run_demo
     keep_freed_memory()  # its own evaluations, and (through the environment) the training processes it starts
     try:
-        run_demo(args.out, plan=plan, seeds=args.seeds, device=args.device,
+        run_demo(args.out or DEFAULT_OUT, plan=plan, seeds=args.seeds, device=device,
                  workers=args.workers, jobs=args.jobs, progress=not args.no_progress)
     except DemoStopped as e:
         print(f'tcnn demo: {e}', file=sys.stderr)

@@ -17,7 +17,7 @@ import torch
 from ..atomic import atomic_write_text
 from ..convert.transform import reparameterize
 from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
-from ..files import loading, tcnn_file as tio
+from ..files import loading, tcnn_file
 from ..paths import check_output_dir
 from ..files import run_folder
 from . import synthetic
@@ -49,7 +49,7 @@ def _train_argv(ctx: Context, name: str, seed: int, epochs: int, lr: float, extr
 def _export(ctx: Context, name: str) -> str:
     """The run's final weights as a model file (``tcnn.save`` of ``tcnn.load(last.pt)``)."""
     path = ctx.model_file(name)
-    tio.save(loading.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
+    tcnn_file.save(loading.load(os.path.join(ctx.run_dir(name), run_folder.LAST_CHECKPOINT)), path)
     return path
 
 
@@ -62,7 +62,7 @@ def _verify_conversion(ctx: Context, seed: int) -> Dict[str, Any]:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         t_cnn = reparameterize(cnn, input_size=(3, IMG_SIZE, IMG_SIZE))
-    tio.save(t_cnn, ctx.model_file(run_name(seed, 'init-t-cnn')))
+    tcnn_file.save(t_cnn, ctx.model_file(run_name(seed, 'init-t-cnn')))
     rep = t_cnn.tcnn_report
     report = dataclasses.asdict(rep)
     report['seed'] = seed

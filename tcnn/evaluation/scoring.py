@@ -7,7 +7,7 @@ one pass over the images, which is what dominates the cost of ImageNet-C (3.75 M
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -20,8 +20,8 @@ from tqdm import tqdm
 from ..data.config import check_image_options
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module, check_number
 from ..files.integrity import nonfinite_output_error
-from ..train.compiling import CompiledForward, compile_mode
-from ..train.distributed import resolve_device
+from ..runtime.compiling import CompiledForward, compile_mode
+from ..runtime.devices import resolve_device
 from .suites import (ALEXNET_ERRORS, BENCHMARK_CORRUPTIONS, CORRUPTION_CATEGORIES, EXTRA_CORRUPTIONS, RELEASE_IMAGES,
                      SEVERITIES, LabelSpace, Resolution, SuiteData, check_suite, eval_data_config, image_counts,
                      label_space, num_outputs, resolution_policy, scan_suite)
@@ -66,7 +66,7 @@ def evaluate(
         suite: str,
         root: str,
         *,
-        img_size: Optional[int] = None,
+        img_size: Optional[Union[int, Tuple[int, int]]] = None,
         crop_pct: Optional[float] = None,
         resolution: Resolution = None,
         batch_size: int = 64,
@@ -83,17 +83,17 @@ def evaluate(
         models: Name -> model (a T-CNN, a CNN, any ImageNet-style classifier).
         suite: ``'imagenet'``, ``'imagenet-c'``, ``'imagenet-a'`` or ``'imagenet-r'``.
         root: The suite's data directory.
-        img_size: Input resolution in pixels for every model (an explicit ask, also for ImageNet-C).
+        img_size: Input size in pixels for every model, N or (H, W) (an explicit ask, also for ImageNet-C).
         crop_pct: Centre-crop fraction; default the model's test crop (1.0 for ImageNet-C).
         resolution: Instead of ``img_size``, the policy: ``'test'`` (default; ImageNet-C: 224 px) or ``'model'``
-            (see ``tcnn.evaluation.suites.eval_data_config``), or a size in pixels.
+            (see ``tcnn.evaluation.suites.eval_data_config``), or a size in pixels (N or (H, W)).
         batch_size: Images per batch.
         workers: DataLoader worker processes; default ``min(8, cpu count)``.
         device: ``'cuda'``, ``'cpu'``, ...; default CUDA when available.
         amp: Run the models under bfloat16 autocast.
         progress: Show tqdm progress bars.
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
-        compile: A ``torch.compile`` mode (``tcnn.train.compiling.COMPILE_MODES``) for the full batches of each model;
+        compile: A ``torch.compile`` mode (``tcnn.runtime.compiling.COMPILE_MODES``) for the full batches of each model;
             None: eager.
 
     Returns:
@@ -149,7 +149,8 @@ def evaluate(
         loader = DataLoader(_Images(data, create_transform(**cfg, is_training=False)),
                             batch_size=batch_size, shuffle=False, num_workers=workers,
                             pin_memory=dev.type == 'cuda', persistent_workers=False)
-        desc = f'{suite} [{", ".join(names)}] {cfg["input_size"][-1]}px'
+        height, width = cfg['input_size'][-2:]
+        desc = f'{suite} [{", ".join(names)}] {height if height == width else f"{height}x{width}"}px'
         try:
             for x, cls, group in tqdm(loader, desc=desc, disable=not progress, unit='batch', dynamic_ncols=True):
                 x = x.to(dev, non_blocking=True)

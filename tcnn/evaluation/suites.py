@@ -13,8 +13,9 @@ shows the results.
 
 Resolution: by default each model runs at its test size and crop (``test_input_size``/``test_crop_pct`` of its
 ``pretrained_cfg`` where it has them, else its input size and crop), as timm's ``validate.py`` does; ``'model'``
-takes the models' own input size (timm's *training* size for many pretrained CNNs), an integer one size for all.
-ImageNet-C stays at 224 px, crop 1, unless its size is asked for. Every result records its size and crop.
+takes the models' own input size (timm's *training* size for many pretrained CNNs), a size in pixels (N, or (H, W))
+one size for all. ImageNet-C stays at 224 px, crop 1, unless its size is asked for. Every result records its size
+and crop.
 
 Labels: class folders named by ImageNet-1k wnids are mapped to ImageNet-1k indices when the model has 1000 outputs
 (so a folder holding only some classes is scored correctly); otherwise the sorted folder order is the label order
@@ -33,7 +34,7 @@ import torch.nn as nn
 from ..convert.verify import eval_mode
 from ..data.config import check_image_options, data_config
 from ..data.images import IMAGE_EXTENSIONS
-from ..errors import InvalidArgumentError, TcnnError, check_module, check_number
+from ..errors import InvalidArgumentError, TcnnError, check_module, check_number, check_size
 
 __all__ = ['SUITES', 'SEVERITIES', 'SUITE_TITLES', 'CORRUPTION_CATEGORIES', 'BENCHMARK_CORRUPTIONS',
            'EXTRA_CORRUPTIONS', 'ALEXNET_ERRORS', 'IMAGENET_C_SIZE', 'RESOLUTION_POLICIES', 'RELEASE_IMAGES',
@@ -46,7 +47,7 @@ IMAGENET_C_SIZE = 224
 # 'test': the model's test size and crop where its pretrained_cfg has them (timm validate.py's default), else its
 # input size; 'model': its input size and crop (timm's training size for many pretrained CNNs).
 RESOLUTION_POLICIES = ('test', 'model')
-Resolution = Union[str, int, None]
+Resolution = Union[str, int, Tuple[int, int], None]  # a policy or a size: N, or (H, W)
 # Images of the released ImageNet-A and ImageNet-R: fewer means a subset, which the outputs say.
 RELEASE_IMAGES = {'imagenet-a': 7500, 'imagenet-r': 30000}
 
@@ -313,18 +314,22 @@ def label_space(suite: str, classes: Sequence[str], n_outputs: int) -> LabelSpac
 
 
 def check_resolution(resolution: Resolution, name: str = 'resolution') -> Resolution:
-    """``resolution`` if it is ``None``, ``'test'``, ``'model'`` or a positive integer (pixels)."""
+    """``resolution`` if it is ``None``, ``'test'``, ``'model'`` or a size in pixels: a positive integer, or a pair of
+    them (height, width)."""
     if resolution is None or (isinstance(resolution, str) and resolution in RESOLUTION_POLICIES):
         return resolution
     if isinstance(resolution, str):
         raise InvalidArgumentError(f'{name} must be {" or ".join(RESOLUTION_POLICIES)} or a size in pixels, got '
                                    f'{resolution!r}')
+    if isinstance(resolution, (tuple, list)):
+        return check_size(resolution, name, 2, what='(H, W)')
     return check_number(resolution, name, ge=1, integer=True)
 
 
-def resolution_policy(suite: str, resolution: Resolution = None, img_size: Optional[int] = None) -> Union[str, int]:
-    """The resolution a suite runs at: ``img_size`` (pixels) if given, else ``resolution``, else the suite's
-    default (``'test'``; 224 px for ImageNet-C, whose corruptions are defined at that size)."""
+def resolution_policy(suite: str, resolution: Resolution = None,
+                      img_size: Optional[Union[int, Tuple[int, int]]] = None) -> Resolution:
+    """The resolution a suite runs at: ``img_size`` (pixels: N or (H, W)) if given, else ``resolution``, else the
+    suite's default (``'test'``; 224 px for ImageNet-C, whose corruptions are defined at that size)."""
     check_suite(suite)
     check_resolution(resolution)
     check_image_options(img_size, None)
@@ -336,7 +341,7 @@ def resolution_policy(suite: str, resolution: Resolution = None, img_size: Optio
     return chosen
 
 
-def eval_data_config(model: nn.Module, suite: str, img_size: Optional[int] = None,
+def eval_data_config(model: nn.Module, suite: str, img_size: Optional[Union[int, Tuple[int, int]]] = None,
                      crop_pct: Optional[float] = None, resolution: Resolution = None) -> Dict[str, Any]:
     """timm eval data config of ``model`` on ``suite`` under a resolution policy (see ``resolution_policy``).
 

@@ -34,8 +34,8 @@ from ..version import __version__
 from . import run_folder
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
 from .tcnn_file import model_from_dict, read, safetensors_error, safetensors_tensors, unwrap_model
-from .weights import (check_map_location, error_reason, gpsa_layer_names, hub_unreachable, source_model_name,
-                      split_model_name, state_dict_misfit, transformed_model_name)
+from .sources import hub_unreachable, source_model_name, split_model_name, transformed_model_name
+from .weights import check_map_location, error_reason, gpsa_layer_names, state_dict_misfit
 
 __all__ = ['HUB_CONFIG', 'HUB_WEIGHTS', 'HUB_CHECKSUMS_KEY', 'CONFIG_KEY', 'check_architecture',
            'load_folder', 'verify_hub_weights', 'timm_location', 'folder_config', 'check_folder_weights',

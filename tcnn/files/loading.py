@@ -24,9 +24,10 @@ from ..errors import TcnnError
 from ..paths import HUB_PREFIXES
 from .hub_folder import load_folder
 from .tcnn_file import model_from_dict, read_raw, validated
-from .weights import (GPSA_KEY, check_path, checkpoint_num_classes, classifier_names, clean_state_dict, create_cnn,
-                      gpsa_layer_names, model_keys, record_source, source_model_name, state_dict_misfit,
-                      strip_wrapper_prefix, transformed_model_name)
+from .sources import (classifier_names, create_cnn, model_keys, record_source, source_model_name,
+                      transformed_model_name)
+from .weights import (GPSA_KEY, check_path, checkpoint_num_classes, clean_state_dict, gpsa_layer_names,
+                      state_dict_misfit, strip_wrapper_prefix)
 
 __all__ = ['load', 'timm_checkpoint_arch', 'tcnn_state_dict_settings', 'model_from_state_dict']
 

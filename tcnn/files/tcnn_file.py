@@ -4,7 +4,7 @@ as a validated dict, and rebuild the model from that dict.
 ``FILE.pt`` is a plain dict, readable with ``torch.load(path, weights_only=True)``::
 
     {'format': 'tcnn', 'version': 2, 'tcnn_version': '0.7.0',  # version 3 when it holds grouped GPSA layers
-     'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.files.weights.create_cnn arguments
+     'source': {'model': 'resnet50d', 'kwargs': {...},   # tcnn.files.sources.create_cnn arguments
                 'weights': 'pretrained'},                # or 'random', 'file:NAME', None (weights.record_source)
      'conversion': {'architecture', 'stages', 'layers', 'locality_strength', 'gating_init', 'qk_dim'} or None,
      'data_config': {'input_size', 'interpolation', 'mean', 'std', 'crop_pct', 'crop_mode',
@@ -45,17 +45,17 @@ from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
 from ..paths import check_output_file
 from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
-from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, classifier_layer, create_cnn,
-                      dense_num_classes, dense_source_kwargs, error_reason, file_head, gpsa_layer_names,
-                      load_torch_file, model_task, record_source, source_model_name, split_model_name,
-                      state_dict_misfit, torchvision_task, transformed_model_name)
+from .safetensors_header import METADATA_KEY
+from .sources import (classifier_layer, create_cnn, dense_num_classes, dense_source_kwargs, model_task, record_source,
+                      source_model_name, split_model_name, torchvision_task, transformed_model_name)
+from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, error_reason, file_head,
+                      gpsa_layer_names, load_torch_file, state_dict_misfit)
 
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
            'read_raw', 'check_dict', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of',
            'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY',
            'unwrap_model', 'safetensors_tensors', 'safetensors_error']
 
-_METADATA_KEY = 'tcnn'
 # The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
 # training checkpoint's model_file) and 'ema_checksums' in a training checkpoint (a Hub folder's model.safetensors has
 # its own, tcnn.files.hub_folder.HUB_CHECKSUMS_KEY). Files without them (tcnn 0.3.x) load unchecked.
@@ -94,7 +94,7 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def _source_of(model: nn.Module) -> Dict[str, Any]:
-    """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.files.weights.create_cnn`` and the ``t_*``
+    """How to rebuild the architecture: ``model.tcnn_source`` (set by ``tcnn.files.sources.create_cnn`` and the ``t_*``
     registry), else the timm architecture name and factory kwargs that timm records."""
     source = getattr(model, 'tcnn_source', None)
     task = model_task(model)
@@ -104,14 +104,14 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
         return {'model': source['model'], 'kwargs': dict(source.get('kwargs') or {}), 'weights': source.get('weights')}
     if task:
         raise TcnnError(f'cannot tell which torchvision builder made this {type(model).__name__}: create it with '
-                        f"tcnn.files.weights.create_cnn('torchvision:NAME', pretrained=False, num_classes=N, **kwargs) "
+                        f"tcnn.files.sources.create_cnn('torchvision:NAME', pretrained=False, num_classes=N, **kwargs) "
                         f"or set model.tcnn_source = {{'model': 'torchvision:NAME', 'kwargs': {{...}}}} (the builder's "
                         f'arguments, e.g. min_size; NAME e.g. {_builder_example(model)})')
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     arch = cfg.get('architecture')
     if not arch:
         raise TcnnError(f'cannot tell which architecture this {type(model).__name__} is: create it with '
-                        'tcnn.files.weights.create_cnn (or timm.create_model), or set model.tcnn_source = '
+                        'tcnn.files.sources.create_cnn (or timm.create_model), or set model.tcnn_source = '
                         '{"model": NAME, "kwargs": {...}}')
     if source_model_name(arch) is not None:
         raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
@@ -131,7 +131,7 @@ def _builder_example(model: nn.Module) -> str:
 
 def _dense_source(model: nn.Module, source: Dict[str, Any], task: str) -> Dict[str, Any]:
     """The source of a torchvision detection or segmentation model: its ``tcnn_source`` with what its modules
-    show (``tcnn.files.weights.dense_source_kwargs``)."""
+    show (``tcnn.files.sources.dense_source_kwargs``)."""
     name = source.get('model')
     if torchvision_task(name) != task:
         found = torchvision_task(name)
@@ -170,7 +170,7 @@ def _check_rebuilds(model: nn.Module, d: Dict[str, Any]) -> None:
     arguments = ', '.join(f'{k}={v!r}' for k, v in dict(num_classes=d['num_classes'], **source['kwargs']).items())
     built = f'{source["model"]}({arguments})'
     fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}} to the builder and arguments that "
-           'made it (or build it with tcnn.files.weights.create_cnn)')
+           'made it (or build it with tcnn.files.sources.create_cnn)')
     misfit = state_dict_misfit(rebuilt, model.state_dict())
     if misfit:
         raise TcnnError(f'cannot save this {type(model).__name__}: {built} would rebuild other weights ({misfit}); '
@@ -484,7 +484,7 @@ def pretrained_cfg_of(cfg: Dict[str, Any], d: Dict[str, Any], where: str) -> Dic
     The source's test size (timm's ``use_test_size``) stays only where the file does not say otherwise: files of
     this tcnn store their test size, and a training checkpoint of tcnn 0.3 (which did not) holds the data config
     its run validated with. The source's tag, license and notes go when the weights did not come from timm's
-    published ones (``tcnn.files.weights.record_source``).
+    published ones (``tcnn.files.sources.record_source``).
     """
     cfg = dict(cfg)
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in (d.get('data_config') or {}).items()}
@@ -536,7 +536,7 @@ def safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.
 def _save_safetensors(d: Dict[str, Any], path: str) -> None:
     settings = {k: v for k, v in d.items() if k != 'state_dict'}
     # 'format': 'pt' is the safetensors convention for torch tensors; our settings go under 'tcnn'.
-    metadata = {'format': 'pt', _METADATA_KEY: json.dumps(settings)}
+    metadata = {'format': 'pt', METADATA_KEY: json.dumps(settings)}
     save_file(safetensors_tensors(d['state_dict']), path, metadata=metadata)
 
 
@@ -590,11 +590,11 @@ def _read_safetensors(path: str, map_location: Union[str, torch.device, None]) -
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own SafetensorError and OSError / ValueError
         raise TcnnError(safetensors_error(path, e)) from e
-    if _METADATA_KEY not in metadata:
+    if METADATA_KEY not in metadata:
         raise NotTcnnFileError(f'{path} is a safetensors file without T-CNN settings (a plain state_dict?): '
                                f'convert it with `tcnn convert MODEL --weights {path} --out FILE`')
     try:
-        settings = json.loads(metadata[_METADATA_KEY])
+        settings = json.loads(metadata[METADATA_KEY])
     except json.JSONDecodeError as e:
         raise TcnnError(f'{path}: corrupt T-CNN settings in the safetensors metadata ({e})') from e
     if not isinstance(settings, dict):

@@ -10,7 +10,7 @@ one), with pretrained configs that copy the source's tags, input sizes, normalis
 arXiv:2106.05795, fine-tunes at the source's data config), minus the weight locations: there are no converted weights
 to download. Instead
 
-* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.weights.create_cnn``, which
+* ``pretrained=True`` converts the source's pretrained weights on the fly (``tcnn.files.sources.create_cnn``, which
   fails within seconds offline);
 * ``pretrained_cfg_overlay=dict(file=PATH)`` loads a T-CNN file (``tcnn.save``), a training checkpoint, or a plain
   checkpoint of the source CNN (converted on the fly); ``checkpoint_path=PATH`` loads a T-CNN file with timm's own
@@ -27,7 +27,7 @@ source's class (``tcnn.models.create``, which each entrypoint imports when calle
 
 This module is the registry only, and light on purpose: it is imported while timm itself is being imported
 (``tcnn._registration``), possibly from inside a tcnn module that is half-imported at that moment, so at module level
-it imports timm and ``tcnn.files.weights`` (the ``t_`` names; no tcnn module that imports timm) and nothing else of
+it imports timm and ``tcnn.files.sources`` (the ``t_`` names; no tcnn module that imports timm) and nothing else of
 tcnn.
 """
 import dataclasses
@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch.nn as nn
 from timm.models import generate_default_cfgs, get_arch_pretrained_cfgs, is_model, list_models, register_model
 
-from ..files.weights import T_PREFIX, transformed_model_name
+from ..files.sources import T_PREFIX, transformed_model_name
 
 __all__ = ['Family', 'FAMILIES', 'SOURCE_MODELS']
 

@@ -34,10 +34,12 @@ from timm.models import build_model_with_cfg, get_pretrained_cfg, model_entrypoi
 from timm.models.resnet import ResNet
 
 from ..errors import TcnnError
-from ..files import weights as hub, tcnn_file as io
+from ..files import tcnn_file
 from ..files.hub_folder import check_folder_weights, folder_config, timm_location
 from ..files.loading import tcnn_state_dict_settings
-from ..files.weights import T_PREFIX, record_source, transformed_model_name
+from ..files.sources import (T_PREFIX, classifier_names, create_cnn, file_weights_origin, record_source,
+                            transformed_model_name)
+from ..files.weights import checkpoint_head, checkpoint_num_classes, gpsa_layer_names, load_state_dict_file
 from ..layers.gpsa import GPSA, match_grouped_storage
 from ..convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
 from ..convert.stages import resolve_stages
@@ -200,8 +202,8 @@ def _state_dict_weights(path: str, state_dict: Dict[str, torch.Tensor], source: 
     """A plain checkpoint: the source CNN's weights (converted by the filter), or a T-CNN's state dict, whose GPSA
     layers show its conversion settings."""
     defaults = {'num_classes': head[1]} if head is not None else {}
-    if not hub.gpsa_layer_names(state_dict):
-        return SuppliedWeights(state_dict, origin=hub.file_weights_origin(path), cfg_defaults=defaults)
+    if not gpsa_layer_names(state_dict):
+        return SuppliedWeights(state_dict, origin=file_weights_origin(path), cfg_defaults=defaults)
     given = {k: conversion[k] for k in ('stages', 'qk_dim') if conversion.get(k) is not None}
     found = tcnn_state_dict_settings(transformed_model_name(source), state_dict, path,
                                      head[1] if head is not None else num_classes, dict(given))
@@ -238,17 +240,17 @@ def _tcnn_file_weights(path: str, d: Dict[str, Any], source: str, conversion: Di
 def _file_weights(path: str, source: str, conversion: Dict[str, Any], num_classes: Optional[int]) -> SuppliedWeights:
     """Weights from ``pretrained_cfg_overlay['file']``: a T-CNN file / training checkpoint, or a plain checkpoint.
 
-    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.files.weights.create_cnn`` (the
+    The class count is the file's head's unless ``num_classes`` is given, as in ``tcnn.files.sources.create_cnn`` (the
     same helper, ``checkpoint_num_classes``: a dropped head is one warning); timm's loader then drops a head whose size
     differs from the count recorded in the pretrained config."""
     try:
-        d = io.read(path)
+        d = tcnn_file.read(path)
         state_dict = d['state_dict']
-    except io.NotTcnnFileError:
-        d, state_dict = None, hub.load_state_dict_file(path)
-    classifiers = hub.classifier_names(source)
-    hub.checkpoint_num_classes(state_dict, classifiers, num_classes, where=path)
-    head = hub.checkpoint_head(state_dict, classifiers)
+    except tcnn_file.NotTcnnFileError:
+        d, state_dict = None, load_state_dict_file(path)
+    classifiers = classifier_names(source)
+    checkpoint_num_classes(state_dict, classifiers, num_classes, where=path)
+    head = checkpoint_head(state_dict, classifiers)
     if d is None:
         return _state_dict_weights(path, state_dict, source, conversion, head, num_classes)
     return _tcnn_file_weights(path, d, source, conversion, head)
@@ -263,7 +265,7 @@ def _supplied_weights(source: str, tag: Optional[str], cfg: Dict[str, Any], over
     if cfg.get('file'):
         return _file_weights(cfg['file'], source, conversion, num_classes)
     name = f'{source}.{tag}' if tag else source
-    return SuppliedWeights(hub.create_cnn(name, pretrained=True).state_dict(), origin='pretrained')
+    return SuppliedWeights(create_cnn(name, pretrained=True).state_dict(), origin='pretrained')
 
 
 def _model_args(model: nn.Module, arch_kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -356,8 +358,8 @@ def create_transformed(variant: str, source: str, family_feature_cfg: Dict[str, 
     if file_dict is not None:  # a T-CNN file's records (test size, class names, weights' origin), as tcnn.load reads
         if kwargs.get('num_classes') not in (None, file_dict['num_classes']):  # a new head: the file's names go
             file_dict = dict(file_dict, num_classes=kwargs['num_classes'], label_names=None)
-        model.pretrained_cfg = model.default_cfg = io.pretrained_cfg_of(model.pretrained_cfg, file_dict,
-                                                                        cfg['file'])
+        model.pretrained_cfg = model.default_cfg = tcnn_file.pretrained_cfg_of(model.pretrained_cfg, file_dict,
+                                                                               cfg['file'])
     if not features:
         record_source(model, f'{source}.{tag}' if tag else source, model.num_classes, arch_kwargs, weights_origin)
         model._model_args = _model_args(model, arch_kwargs)

@@ -8,7 +8,8 @@ import difflib
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .compiling import COMPILE_HELP
+from ..runtime.compiling import COMPILE_HELP
+from ..runtime.devices import DEVICE_HELP
 from .recipe import LOG_BACKENDS, PIPELINES, RECIPE_KEYS
 
 __all__ = ['FLAGS', 'ALIASES', 'TIMM_FLAGS', 'add_arguments', 'flag_overrides', 'unknown_argument_message']
@@ -31,7 +32,7 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--img-size', 'img_size', {'type': int, 'metavar': 'PX'}),
     ('--workers', 'workers', {'type': int, 'metavar': 'N'}),
     ('--data-pipeline', 'data_pipeline', {'choices': PIPELINES, 'metavar': 'WHERE'}),
-    ('--device', 'device', {'metavar': 'DEV'}),
+    ('--device', 'device', {'metavar': 'DEVICE', 'help': DEVICE_HELP}),
     ('--amp', 'amp', {'nargs': '?', 'const': 'bf16', 'choices': ('auto', 'bf16', 'fp16', 'none'), 'metavar': 'MODE'}),
     ('--deterministic', 'deterministic', {'action': 'store_const', 'const': True}),
     ('--no-sa', 'no_sa', {'action': 'store_const', 'const': True}),

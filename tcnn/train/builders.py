@@ -22,7 +22,7 @@ from ..data.batch_augment import BatchAugment
 from ..data.encoded import BatchFinisher, CollateAndFinish, DeviceLoader, EncodedDataset, collate_encoded
 from ..data.resident import ResidentLoader, ResidentSplit
 from ..errors import TcnnError
-from ..files.weights import CLI_HINT, WeightsUnavailableError, create_cnn
+from ..files.sources import CLI_HINT, WeightsUnavailableError, create_cnn
 from ..layers.gpsa import GPSA
 from .distributed import DistContext, ignore_stop_signals
 from .recipe import Recipe, auto_workers
@@ -140,7 +140,7 @@ def _stream_loaders(r: Recipe, train_set, val_set, ctx: DistContext, log: Callab
 # ---------------------------------------------------------------------------------------------------- model
 
 def create_model(recipe: Recipe, num_classes: int) -> nn.Module:
-    """The run's CNN (``tcnn.files.weights.create_cnn``) with the data's class count and the recipe's drop path."""
+    """The run's CNN (``tcnn.files.sources.create_cnn``) with the data's class count and the recipe's drop path."""
     kwargs = {}
     if recipe.drop_path_rate > 0:
         kwargs['drop_path_rate'] = recipe.drop_path_rate

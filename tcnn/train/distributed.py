@@ -1,4 +1,5 @@
-"""Where a training process runs and how the processes agree: torchrun set-up, reductions, RNG state, stop requests.
+"""How the processes of a training run agree: torchrun set-up, reductions, RNG state, stop requests (the device each
+process computes on: ``tcnn.runtime.devices``).
 
 One process (``tcnn train``) or N processes under ``torchrun`` (NCCL on GPU, gloo on CPU) run the same code; these
 helpers are the identity in a single process. Under ``torchrun`` a process group exists even for one process
@@ -9,13 +10,13 @@ import os
 import random
 import signal
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import TcnnError, check_device
+from ..runtime.devices import resolve_device
 
 __all__ = ['DistContext', 'setup_distributed', 'cleanup_distributed', 'is_distributed', 'world_size',
            'all_reduce_sum', 'gather', 'launched_by_torchrun', 'rng_state', 'set_rng_state', 'seed_all',
@@ -41,50 +42,6 @@ class DistContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def _check_gpu_count(name: str, world: int, local_rank: int, local_world: Optional[int], index: int) -> None:
-    """One line naming the fix instead of CUDA's "invalid device ordinal" when this process's GPU does not exist.
-
-    Every process of a node checks the node's process count (``LOCAL_WORLD_SIZE``, set by torchrun), not only its own
-    GPU: rank 0, the only one that prints errors, has a GPU of its own and would otherwise wait for the failed ranks.
-    """
-    count = torch.cuda.device_count()
-    gpus = f'{count} GPU' + ('' if count == 1 else 's')
-    if world == 1:
-        if index >= count:
-            valid = 'cuda:0' if count == 1 else f'cuda:0 to cuda:{count - 1}'
-            raise TcnnError(f'device {name} requested but this machine has {gpus} ({valid}): pass one of them or '
-                            '--device cpu')
-        return
-    if local_world is not None and local_world > count:
-        what = f'{local_world} processes on this node need {local_world} GPUs'
-    elif local_rank >= count:
-        what = f'process LOCAL_RANK={local_rank} needs cuda:{local_rank}'
-    else:
-        return
-    processes = 'process' if count == 1 else 'processes'
-    raise TcnnError(f'{what} but this machine has {gpus}: start at most {count} {processes} per node '
-                    f'(torchrun --nproc_per_node {count}) or pass --device cpu')
-
-
-def resolve_device(name: Optional[Union[str, torch.device]] = None, world: int = 1, local_rank: int = 0,
-                   local_world: Optional[int] = None) -> torch.device:
-    """The device a process computes on: ``None``/``'auto'`` is the GPU when there is one, else the CPU; ``'cuda'``
-    under torchrun is the GPU of the local rank. A device this machine lacks is a one-line error naming the fix."""
-    name = 'auto' if name is None or name == 'auto' else str(check_device(name, 'device'))
-    if name == 'auto':
-        name = 'cuda' if torch.cuda.is_available() else 'cpu'
-    if not name.startswith('cuda'):
-        return torch.device(name)
-    if not torch.cuda.is_available():
-        raise TcnnError(f'device {name} requested but CUDA is not available: use device cpu')
-    # under torchrun each process takes the GPU of its local rank; alone, cuda:N means GPU N
-    index = local_rank if world > 1 or name == 'cuda' else torch.device(name).index or 0
-    _check_gpu_count(name, world, local_rank, local_world, index)
-    device = torch.device('cuda', index)
-    torch.cuda.set_device(device)
-    return device
 
 
 def launched_by_torchrun() -> bool:

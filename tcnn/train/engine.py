@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from .compiling import CompiledForward, begin_step
-from .distributed import all_reduce_sum, start_workers, world_size
 from ..errors import TcnnError
+from ..runtime.compiling import CompiledForward, begin_step
+from .distributed import all_reduce_sum, start_workers, world_size
 from .optim import group_lrs
 
 __all__ = ['NonFiniteLossError', 'EpochPosition', 'UpdateStep', 'ForwardPass', 'EpochPlan', 'train_one_epoch',
@@ -140,7 +140,7 @@ class ForwardPass:
             move, labels as targets.
         autocast: Returns the autocast context of a forward pass (timm's ``amp_autocast``).
         compile_mode: The ``torch.compile`` mode of the training model (None: eager); under a CUDA-graph mode every
-            training forward starts a new CUDA-graph step (``tcnn.train.compiling.begin_step``).
+            training forward starts a new CUDA-graph step (``tcnn.runtime.compiling.begin_step``).
     """
     device: torch.device
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]] = None

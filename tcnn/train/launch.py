@@ -4,7 +4,7 @@
 A run, in order: resolve the recipe (``tcnn.train.recipe``) and, with ``--resume``, the checkpoint
 (``tcnn.train.resume``); set up torch.distributed from the torchrun environment (``tcnn.train.distributed``); open the
 datasets (which fixes the number of classes); build the ``Trainer`` (``tcnn.train.trainer``): create the CNN
-(``tcnn.files.weights.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the exact
+(``tcnn.files.sources.create_cnn``) and reparameterise it (``tcnn.reparameterize_``, verified in the exact
 configuration) unless ``no_sa``, or later for ``reparam_epoch``, build the loaders with the model's preprocessing
 (``tcnn.train.builders``); then train epoch by epoch (``tcnn.train.engine``). Only rank 0 writes, through
 ``tcnn.files.run_folder.RunFolder``: ``OUTPUT/config.yaml``, ``OUTPUT/metrics.jsonl`` (one JSON object per epoch),

@@ -21,8 +21,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
-from .compiling import COMPILE_MODES, compile_mode
 from ..errors import TcnnError
+from ..runtime.compiling import COMPILE_MODES, compile_mode
 
 __all__ = ['Recipe', 'RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'PIPELINES', 'load_recipe',
            'parse_set', 'apply_overrides', 'validate_recipe', 'resolve_recipe', 'fit_warmup', 'mark_absolute_lrs',

@@ -21,8 +21,8 @@ from ..data.readers import class_names, num_images
 from ..errors import TcnnError
 from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from ..files.tcnn_file import model_from_dict
+from ..runtime.compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
-from .compiling import CompiledForward, compile_model, uses_cuda_graphs
 from .dashboards import Dashboards
 from .data import TrainingData, batched_augmentation, build_transforms, recipe_data_config, resolve_pipeline
 from .distributed import (DistContext, StopRequest, all_reduce_sum, gather, rng_state, seed_all, set_deterministic,

@@ -11,7 +11,7 @@ compiles as ``default`` does.
 The rules of CUDA graph trees (PyTorch's "CUDAGraph Trees" notes) that the callers follow: a replay overwrites the
 outputs of the previous replay of its graph, so each step starts with ``begin_step`` and nothing keeps an output
 past its step (metrics are summed into tensors of their own or read with ``.item()``); gradients accumulated over
-several backward passes must live outside the graph pool (``engine.UpdateStep.keep_grads``).
+several backward passes must live outside the graph pool (``tcnn.train.engine.UpdateStep.keep_grads``).
 
 Torch-free at import: the recipe check and the commands' argument errors answer before torch loads.
 """

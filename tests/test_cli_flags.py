@@ -1,0 +1,120 @@
+"""The flags that several ``tcnn`` commands share mean the same in each (issue 48): one definition each in
+``tcnn.commands.arguments`` (``--out``, ``--use-ema``, ``--img-size``, ``--device``; ``tcnn train``'s ``--device``
+from the same help), one parser of ``--img-size``, one way to read the model a command names."""
+import argparse
+from typing import Dict
+
+import pytest
+import timm
+import torch
+
+import tcnn
+from tcnn.cli import COMMANDS, build_parser, main
+from tcnn.commands.arguments import IMG_SIZE_HELP, USE_EMA_HELP, input_size, load_model, parse_img_size
+from tcnn.errors import TcnnError
+from tcnn.runtime.devices import DEVICE_HELP
+from tcnn.train.recipe import Recipe
+
+SHARED = ('--out', '--use-ema', '--img-size', '--device')
+
+
+def _flags(command: str) -> Dict[str, argparse.Action]:
+    """The options of ``tcnn COMMAND``, by every spelling."""
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {opt: action for action in sub.choices[command]._actions for opt in action.option_strings}
+
+
+def _having(flag: str) -> Dict[str, argparse.Action]:
+    return {command: flags[flag] for command in COMMANDS for flags in [_flags(command)] if flag in flags}
+
+
+def _shape(action: argparse.Action) -> tuple:
+    """What a flag takes and gives, whatever its help: the same for one meaning."""
+    return (type(action).__name__, tuple(action.option_strings), action.dest, action.type, action.nargs, action.const,
+            action.choices)
+
+
+def test_every_shared_flag_is_defined_once():
+    having = {flag: _having(flag) for flag in SHARED}
+    assert set(having['--out']) == {'demo', 'convert', 'inspect', 'plot', 'eval', 'publish', 'export'}
+    assert set(having['--use-ema']) == {'convert', 'info', 'inspect', 'eval'}
+    assert set(having['--img-size']) == {'convert', 'train', 'inspect', 'eval', 'export'}
+    assert set(having['--device']) == {'demo', 'train', 'inspect', 'eval'}
+    for flag, actions in having.items():
+        shapes = {command: _shape(action) for command, action in actions.items() if command != 'train'}
+        assert len(set(shapes.values())) == 1, (flag, shapes)
+
+
+def test_out():
+    for command, action in _having('--out').items():
+        assert action.option_strings == ['--out', '-o'] and action.default is None, command  # the help says it
+        assert action.metavar == ('DIR' if 'folder' in action.help else 'OUT'), (command, action.help)
+
+
+def test_use_ema():
+    for command, action in _having('--use-ema').items():
+        assert (action.help, action.default, action.const) == (USE_EMA_HELP, False, True), command
+
+
+def test_img_size():
+    for command, action in _having('--img-size').items():
+        if command == 'train':  # a recipe key: one side, the recipe's img_size (the same N as the others')
+            assert action.type is int and 'recipe key img_size' in action.help
+            continue
+        assert action.type is None and action.metavar == 'SIZE' and action.default is None, command
+        assert action.help.startswith(IMG_SIZE_HELP + ' of '), (command, action.help)
+    assert [parse_img_size(t) for t in (None, '224', '160x192', '160X192', '160,192', '64x64')] == [
+        None, 224, (160, 192), (160, 192), (160, 192), 64]
+    for text, message in (('big', 'takes N or HxW'), ('8x', 'takes N or HxW'), ('1x2x3', 'takes N or HxW'),
+                          ('0', 'must be >= 1, got 0'), ('-5', 'must be >= 1, got -5'), ('64x0', 'must be >= 1')):
+        with pytest.raises(TcnnError, match=message):
+            parse_img_size(text)
+    gray = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3))
+    assert input_size(None, gray) is None
+    assert input_size(64, gray) == (1, 64, 64) and input_size((64, 80), gray) == (1, 64, 80)
+
+
+def test_device():
+    defaults = {}
+    for command, action in _having('--device').items():
+        assert action.metavar == 'DEVICE' and action.help.startswith(DEVICE_HELP), (command, action.help)
+        defaults[command] = action.default
+    # train's default is its recipe's; demo's is the CPU its documented numbers were measured on
+    assert defaults == {'train': None, 'eval': 'auto', 'inspect': 'auto', 'demo': 'cpu'}
+    assert Recipe().device == 'auto'
+
+
+@pytest.mark.parametrize('command', ['eval', 'inspect', 'demo'])
+def test_device_errors_are_one_line(command, tmp_path, capsys):
+    argv = {'eval': ['eval', 'm.pt', '--suite', 'imagenet', '--data', str(tmp_path)],
+            'inspect': ['inspect', 'm.pt', '--out', str(tmp_path / 'out')],
+            'demo': ['demo', '--out', str(tmp_path / 'demo')]}[command]
+    assert main(argv + ['--device', 'tpu']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device 'tpu' is not a device" in err[0], err
+    assert not (tmp_path / 'out').exists() and not (tmp_path / 'demo').exists()
+
+
+def test_one_way_to_read_a_model(tmp_path):
+    """tcnn eval, inspect and export read the model a user names with one helper: a file (tcnn.load, its EMA weights
+    with --use-ema) or a Hub folder, a missing or empty file one line; a model name only where names are allowed."""
+    torch.manual_seed(0)
+    cnn = timm.create_model('resnet10t', num_classes=3).eval()
+    path = tcnn.save(cnn, str(tmp_path / 'cnn.pt'))
+    loaded = load_model(path)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert not loaded.training and torch.equal(loaded(x), cnn(x))
+    with pytest.raises(TcnnError, match='holds no EMA weights'):
+        load_model(path, use_ema=True)
+    (tmp_path / 'empty.pt').write_bytes(b'')
+    for spec, what, message in ((str(tmp_path / 'missing.pt'), 'model file', 'model file not found'),
+                                (str(tmp_path / 'empty.pt'), 'T-CNN file', 'T-CNN file .* is empty'),
+                                (str(tmp_path), 'model file', 'folder without config.json'),
+                                (f'local-dir:{tmp_path / "nowhere"}', 'model file', 'Hub folder not found'),
+                                ('resnet18d', 'model file', 'model file not found: resnet18d')):
+        with pytest.raises(TcnnError, match=message):
+            load_model(spec, what)
+    with pytest.raises(TcnnError, match='resnet18d is a model name'):
+        load_model('resnet18d', use_ema=True, names=True)
