@@ -152,3 +152,32 @@ def test_an_earlier_releases_run_resumes(release, tmp_path, capsys):
     assert ckpt['config'] == expected
     assert (run / 'config.yaml').read_text() == dump_recipe(expected)
     assert load_recipe(str(run / 'config.yaml')) == expected
+
+
+# ----------------------------------------------------------------- the recipes line by line (issue 47, mutants)
+
+# The paper's fine-tuning recipes (T-CNN, arXiv:2106.05795, section 3, Tables 1 and 5; docs/train.md): per model the
+# source CNN, the fine-tuning resolution and the stochastic depth, and the settings they share. Written out here, not
+# read from the files, so that a changed value in a bundled recipe fails.
+PAPER_RECIPES = {
+    't_resnet50_rs': ('resnetrs50', 224, 0.1), 't_resnet101_rs': ('resnetrs101', 224, 0.1),
+    't_resnet152_rs': ('resnetrs152', 320, 0.2), 't_resnet200_rs': ('resnetrs200', 320, 0.2),
+    't_resnet270_rs': ('resnetrs270', 320, 0.2), 't_resnet350_rs': ('resnetrs350', 320, 0.2),
+    't_resnet50_d': ('resnet50d', 320, 0.1), 't_resnet101_d': ('resnet101d', 384, 0.1),
+    't_resnet152_d': ('resnet152d', 384, 0.2), 't_resnet200_d': ('resnet200d', 384, 0.2),
+}
+PAPER_SHARED = dict(
+    stages=None, locality_strength=1.0, gating_init=1.0, pretrained=True, epochs=50, opt='adamw', weight_decay=0.05,
+    lr=1e-4, gating_lr=0.1, lr_base_batch=1024, scale_lr=True, batch_size=128, accum_steps=1, sched='cosine',
+    warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-6, aa='rand-m9-mstd0.5-inc1', interpolation='bicubic', reprob=0.25,
+    remode='pixel', mixup=0.8, cutmix=1.0, mixup_prob=1.0, mixup_switch_prob=0.5, smoothing=0.1, amp='auto',
+    workers=None)
+
+
+def test_bundled_recipes_are_the_papers():
+    assert bundled_recipes() == sorted(PAPER_RECIPES)
+    for name, (model, img_size, drop_path) in PAPER_RECIPES.items():
+        recipe = resolve_recipe(name)
+        assert (recipe.model, recipe.img_size, recipe.drop_path_rate) == (model, img_size, drop_path), name
+        assert {k: getattr(recipe, k) for k in PAPER_SHARED} == PAPER_SHARED, name
+        assert load_recipe(name).keys() == {*PAPER_SHARED, 'model', 'img_size', 'drop_path_rate'}, name
