@@ -328,8 +328,9 @@ def test_late_reparameterisation_groups():
     from tcnn.train.optim import add_gpsa_groups, create_optimizer
     from tcnn.train.recipe import Recipe
     torch.manual_seed(0)
-    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
-                              torch.nn.Conv2d(8, 8, 3, padding=1, bias=False), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    nn = torch.nn
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                        nn.Flatten(), nn.Linear(8, 2))
     opt = create_optimizer(cnn, Recipe(weight_decay=0.03), 2e-4, 0.3)
     cnn(torch.randn(2, 3, 1, 1)).sum().backward()
     opt.step()
