@@ -292,6 +292,8 @@ def test_create_optimizer_from_the_recipe():
         g = groups[name]
         assert (g['lr'], g['weight_decay'], g['eps'], g['betas']) == (lr, wd, 1e-7, (0.8, 0.95)), name
     assert math.isclose(groups['gating']['lr_scale'], 1500) and groups['gating']['initial_lr'] == 2e-4
+    # the defaults of a group added later without its own (e.g. by a callback) are the run's
+    assert (opt.defaults['lr'], opt.defaults['weight_decay']) == (2e-4, 0.03)
     separate = create_optimizer(model, recipe, 2e-4, 0.3, gpsa_separate=True)
     assert [g['name'] for g in separate.param_groups] == ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay',
                                                           'gating']
@@ -302,18 +304,20 @@ def test_create_optimizer_from_the_recipe():
     assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]['momentum'] == 0.7
 
 
-def test_create_scheduler_warm_up_then_cosine_per_update():
-    """Linear warm-up from warmup_lr over warmup_epochs, the peak when it ends, then
-    ``min_lr + (peak - min_lr) (1 + cos(pi t / T)) / 2`` over the remaining updates (T-CNN section 3), the gates at
-    lr_scale times it."""
+@pytest.mark.parametrize('sched', ['cosine', 'poly'])
+def test_create_scheduler_warm_up_then_decay_per_update(sched):
+    """Linear warm-up from warmup_lr over warmup_epochs, the peak when it ends, then the recipe's decay over the
+    remaining updates t < T: cosine ``min_lr + (peak - min_lr) (1 + cos(pi t / T)) / 2`` (T-CNN section 3) or timm's
+    poly ``min_lr + (peak - min_lr) (1 - t / T) ** 0.1``; the gates at lr_scale times it."""
     from tcnn.train.optim import create_optimizer, create_scheduler
     from tcnn.train.recipe import Recipe
-    recipe = Recipe(epochs=5, warmup_epochs=1, sched='cosine')
+    recipe = Recipe(epochs=5, warmup_epochs=1, sched=sched)
     opt = create_optimizer(_tiny_t_cnn(), recipe, 1e-3, 0.5)
-    scheduler = create_scheduler(opt, recipe, 4, warmup_lr=1e-5, min_lr=2e-5)
+    scheduler = create_scheduler(opt, recipe, 4, warmup_lr=3e-6, min_lr=2e-5)
     peak, low, total = 1e-3, 2e-5, 16  # 4 epochs of 4 updates after the warm-up
-    expected = [1e-5 + (peak - 1e-5) * u / 4 for u in range(4)]
-    expected += [low + (peak - low) * (1 + math.cos(math.pi * t / total)) / 2 for t in range(total)]
+    decay = {'cosine': lambda t: (1 + math.cos(math.pi * t / total)) / 2, 'poly': lambda t: (1 - t / total) ** 0.1}
+    expected = [3e-6 + (peak - 3e-6) * u / 4 for u in range(4)]
+    expected += [low + (peak - low) * decay[sched](t) for t in range(total)]
     for update, lr in enumerate(expected):
         scheduler.step_update(update)
         lrs = group_lrs(opt)
@@ -350,9 +354,14 @@ def test_late_reparameterisation_groups():
         assert groups[name]['lr'] == groups[name]['initial_lr'] == 2e-4, name
     assert [groups[n]['weight_decay'] for n in ('gpsa_decay', 'gpsa_no_decay', 'gating')] == [0.03, 0.0, 0.0]
     assert math.isclose(groups['gating']['lr_scale'], 1500)
-    # without an initial_lr (no scheduler has run), the new groups start at the base group's lr
+    # a scheduler mid-warm-up: the new groups start at the base groups' initial lr, not at its current lr
+    opt = torch.optim.AdamW([{'params': [cnn[0].weight], 'group_name': 'decay', 'lr': 5e-6, 'initial_lr': 5e-4},
+                             {'params': [torch.nn.Parameter(torch.zeros(1))], 'group_name': 'no_decay', 'lr': 1.0}])
+    add_gpsa_groups(opt, cnn, [opt.param_groups[1]['params'][0]], weight_decay=0.03, lr=2e-4, gating_lr=0.3)
+    assert [g['lr'] for g in opt.param_groups] == [5e-6, 5e-4, 5e-4, 5e-4]  # the emptied group is gone
+    # without an initial_lr (no scheduler has run), at the base group's lr; a removed weight without state is fine
     opt = torch.optim.AdamW([{'params': [cnn[0].weight], 'group_name': 'decay', 'lr': 5e-4}])
-    add_gpsa_groups(opt, cnn, [], weight_decay=0.03, lr=2e-4, gating_lr=0.3)
+    add_gpsa_groups(opt, cnn, [torch.nn.Parameter(torch.zeros(1))], weight_decay=0.03, lr=2e-4, gating_lr=0.3)
     assert [g['lr'] for g in opt.param_groups] == [5e-4] * 4
 
 
@@ -400,6 +409,11 @@ def test_param_groups_defaults_arguments_and_roles():
     bare = _by_name(tcnn.param_groups(layer))
     assert _names(layer, bare['gating']) == {'gating'}
     assert _names(layer, bare['no_decay']) == {'proj_bias', 'pos_centers', 'pos_locality'}
+    separate = {g['name']: (g['lr'], g['weight_decay']) for g in tcnn.param_groups(model, lr=2e-4, weight_decay=0.03,
+                                                                                   gpsa_separate=True)}
+    # the groups' own values (no optimiser default fills them in); the conv weight is exempt: no 'decay' group
+    assert separate == {'no_decay': (2e-4, 0.0), 'gpsa_decay': (2e-4, 0.03), 'gpsa_no_decay': (2e-4, 0.0),
+                        'gating': (0.2, 0.0)}
     only = tcnn.param_groups(model, only_gpsa=True)
     assert [g['name'] for g in only] == ['gpsa_decay', 'gpsa_no_decay', 'gating']
     assert set().union(*(_names(model, g) for g in only)) == {f'2.{n}' for n, _ in layer.named_parameters()}
