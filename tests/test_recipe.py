@@ -236,6 +236,7 @@ def test_validate_recipe_combinations():
     validate_recipe(dataclasses.replace(ok, absolute_lrs=['min_lr', 'lr']))
     assert fails(batch_size=3) == 'mixup/cutmix need an even batch_size, got 3'
     assert fails(batch_size=3, mixup=0.0) == 'mixup/cutmix need an even batch_size, got 3'  # cutmix alone
+    assert fails(batch_size=3, cutmix=0.0) == 'mixup/cutmix need an even batch_size, got 3'  # mixup alone
     for odd_ok in (dict(mixup=0.0, cutmix=0.0), dict(mixup_prob=0.0)):
         validate_recipe(dataclasses.replace(ok, batch_size=3, **odd_ok))
     for bad in ([0.0, 1.0], [0.5, 0.4], [0.5, 1.1], [0.5], ['a', 1.0]):
@@ -275,14 +276,24 @@ def test_values_are_coerced_and_checked_against_the_schema():
     assert fails(mean=[0.5, float('nan'), 0.5]) == ("recipe key 'mean' in here must hold finite numbers, got "
                                                     "[0.5, nan, 0.5]")
     assert fails(amp='fp8') == "recipe key 'amp' in here must be one of auto, bf16, fp16, none, got 'fp8'"
+    assert fails(interpolation='lanczos') == ("recipe key 'interpolation' in here must be one of bilinear, bicubic, "
+                                              "nearest, random, null, got 'lanczos'")
+    # where the values come from, by default: code (from_dict), the command line (apply_overrides)
+    assert _error(lambda: Recipe.from_dict({'lr': 'x'})) == "recipe key 'lr' in the recipe must be float, got 'x'"
+    assert _error(lambda: apply_overrides(base, {'lr': 'x'})) == \
+        "recipe key 'lr' in the command line must be float, got 'x'"
+    over = Recipe.from_dict({'lr': 2e-4}, base=Recipe(epochs=7, warmup_epochs=1))
+    assert (over.lr, over.epochs, over.warmup_epochs) == (2e-4, 7, 1)
     assert fails(lrr=1) == "unknown recipe key 'lrr' in here (did you mean lr?); keys are listed in docs/train.md"
     assert fails(zzzz=1) == "unknown recipe key 'zzzz' in here; keys are listed in docs/train.md"
+    assert fails(mixup_pob=1) == ("unknown recipe key 'mixup_pob' in here (did you mean mixup_prob or mixup_mode or "
+                                  "mixup?); keys are listed in docs/train.md")  # the 3 closest of 4
     assert apply_overrides(base, {}) == base
 
 
 def test_parse_set():
-    assert parse_set(['lr=3e-4', 'stages=[3, 4]', ' warmup-epochs =2', 'crop_pct=']) == {
-        'lr': 3e-4, 'stages': [3, 4], 'warmup_epochs': 2, 'crop_pct': None}
+    assert parse_set(['lr=3e-4', 'stages=[3, 4]', ' warmup-epochs =2', 'crop_pct=', 'data=/d/a=b']) == {
+        'lr': 3e-4, 'stages': [3, 4], 'warmup_epochs': 2, 'crop_pct': None, 'data': '/d/a=b'}  # the first '=' splits
     for bad in ('lr', '=3'):
         assert _error(lambda: parse_set([bad])) == f'--set expects KEY=VALUE, got {bad!r}'
     assert _error(lambda: parse_set(['lr=[1'])) == "--set lr: cannot read value '[1'"
@@ -294,6 +305,9 @@ def test_load_recipe_files_and_their_bases(tmp_path):
     (tmp_path / 'a.yaml').write_text('base: b.yaml\nlr: 2.0e-4\n')
     (tmp_path / 'b.yaml').write_text('lr: 1.0e-3\nepochs: 7\n')
     assert load_recipe(str(tmp_path / 'a.yaml')) == {'lr': 2e-4, 'epochs': 7}
+    (tmp_path / 'typo.yaml').write_text('base: b.yaml\nepochs: many\n')
+    assert _error(lambda: load_recipe(str(tmp_path / 'typo.yaml'))) == \
+        f"recipe key 'epochs' in {tmp_path / 'typo.yaml'} must be int, got 'many'"
     (tmp_path / 'empty.yaml').write_text('')
     assert load_recipe(str(tmp_path / 'empty.yaml')) == {}
     (tmp_path / 'loop.yaml').write_text('base: loop.yaml\n')
@@ -331,13 +345,23 @@ def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
     assert resolve_recipe(str(path), {'epochs': 4}, ['warmup_epochs=1']).warmup_epochs == 1  # the user's own
     with pytest.raises(TcnnError, match='warmup_epochs 5 must be smaller than epochs 4'):
         resolve_recipe(str(path), {'epochs': 4, 'warmup_epochs': 5})  # explicit: never changed
+    with pytest.raises(TcnnError, match='warmup_epochs 4 must be smaller than epochs 4'):
+        resolve_recipe(str(path), {'epochs': 4}, ['warmup_epochs=4'])  # explicit by --set too
+    notes = []
+    assert resolve_recipe(str(path), notes=notes).warmup_epochs == 5 and notes == []  # nothing to note
+    # the file alone may be invalid: the overrides make the recipe that is checked
+    path.write_text('epochs: 3\nwarmup_epochs: 5\n')
+    assert resolve_recipe(str(path), sets=['epochs=10']).epochs == 10
     planned = Recipe(epochs=10, warmup_epochs=5)
     for epochs, fitted in ((5, 3), (1, 0), (9, 5)):  # floor(5 * e / 10 + 0.5), at most e - 1
         run = dataclasses.replace(planned, epochs=epochs)
         assert fit_warmup(run, planned, False)[0].warmup_epochs == (fitted if epochs <= 5 else 5), epochs
     for unchanged in (dataclasses.replace(planned, epochs=10), dataclasses.replace(planned, epochs=0),
-                      dataclasses.replace(planned, epochs=12)):
+                      dataclasses.replace(planned, epochs=12), dataclasses.replace(planned, epochs=8),
+                      dataclasses.replace(planned, epochs=12, warmup_epochs=12)):
         assert fit_warmup(unchanged, planned, False) == (unchanged, None)
+    long_warm_up = Recipe(epochs=10, warmup_epochs=12)  # not shortened: the run is as long as the recipe's
+    assert fit_warmup(long_warm_up, long_warm_up, False) == (long_warm_up, None)
     assert fit_warmup(dataclasses.replace(planned, epochs=4), planned, True)[1] is None
     marked = mark_absolute_lrs(Recipe(absolute_lrs=['min_lr', 'bogus']), ['lr', 'batch_size'])
     assert marked.absolute_lrs == ['lr', 'min_lr', 'bogus']
@@ -362,6 +386,8 @@ def test_auto_workers(monkeypatch):
     from tcnn.train.recipe import auto_workers
     monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
     assert [auto_workers(), auto_workers(2), auto_workers(0), auto_workers(1, cap=3)] == [8, 3, 8, 3]
+    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+    assert auto_workers() == 8  # at most 8 by default
     monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: {0}, raising=False)
     assert auto_workers() == 0
     monkeypatch.delattr(recipe_module.os, 'sched_getaffinity', raising=False)
