@@ -367,6 +367,13 @@ def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
     assert marked.absolute_lrs == ['lr', 'min_lr', 'bogus']
 
 
+def test_the_schema_carries_the_help_lines():
+    """``tcnn train --help`` and docs/train.md read each key's help line off the schema."""
+    assert RECIPE_KEYS['epochs'].help == 'fine-tuning epochs (SM C also reports 10 and 20)'
+    assert RECIPE_KEYS['amp'].help.startswith('mixed precision: auto (bf16 on GPU, none on CPU)')
+    assert all(isinstance(key.help, str) and key.help for key in RECIPE_KEYS.values())
+
+
 def test_dump_to_dict_and_scaled_lrs():
     from tcnn.train.recipe import scaled_lrs
     recipe = Recipe(opt_betas=(0.8, 0.9), lr=2e-4, absolute_lrs=['min_lr'])
