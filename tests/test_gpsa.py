@@ -446,6 +446,40 @@ def test_kept_values_stay_few_and_off_the_state_dict():
     assert set(layer.state_dict()) == {n for n, _ in layer.named_parameters()}
 
 
+def test_keep_holds_the_newest_eight_and_remakes_stale_ones():
+    """``keep``'s bookkeeping against a hand-run least-recently-made list: a value is made once while its parameters
+    keep their version, made again (and counted newest) when one changes, and the 9th new key drops the oldest."""
+    from tcnn.layers.kept_values import MAX_KEPT, keep
+    assert MAX_KEPT == 8
+    layer, param = nn.Module(), nn.Parameter(torch.zeros(1))
+    made = []
+
+    def make(key):
+        made.append(key)
+        return torch.full((1,), float(len(made)))
+    for k in range(8):
+        keep(layer, (k,), (param,), lambda k=k: make(k))
+    assert list(layer._kept_values) == [(k,) for k in range(8)]
+    assert keep(layer, (0,), (param,), lambda: make('again')).item() == 1.0 and len(made) == 8  # kept: not made
+    with torch.no_grad():
+        param.add_(1)  # a new version: every value is stale
+    assert keep(layer, (0,), (param,), lambda: make(0)).item() == 9.0  # made again, now the newest
+    keep(layer, (8,), (param,), lambda: make(8))
+    assert list(layer._kept_values) == [(k,) for k in (2, 3, 4, 5, 6, 7, 0, 8)]  # (1,) was the oldest
+
+
+def test_nothing_is_kept_inside_functorch_transforms():
+    """A kept tensor would escape the transform (``may_keep``): under ``torch.func.grad`` the layer keeps nothing, in
+    eval mode too, and gives autograd's input gradient."""
+    layer = GPSA(4, 4, 3, padding=1).eval()
+    x = torch.randn(2, 4, 5, 5)
+    grad = torch.func.grad(lambda inp: layer(inp).square().sum())(x)
+    assert not layer.__dict__.get('_kept_values')
+    x.requires_grad_(True)
+    layer(x).square().sum().backward()
+    torch.testing.assert_close(grad, x.grad)
+
+
 def test_functional_call_uses_its_own_parameters():
     """torch.func.functional_call swaps the parameters for one call: nothing kept for the layer's own is used."""
     layer = GPSA(8, 8, 3, padding=1, gating_init=0.0).eval()
