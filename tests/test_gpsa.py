@@ -468,6 +468,24 @@ def test_keep_holds_the_newest_eight_and_remakes_stale_ones():
     assert list(layer._kept_values) == [(k,) for k in (2, 3, 4, 5, 6, 7, 0, 8)]  # (1,) was the oldest
 
 
+def test_frozen_layer_gives_input_gradients_after_inference_mode():
+    """A frozen layer (no parameter requires grad: a feature extractor, saliency maps) keeps its positional terms in
+    eval mode also when its input requires grad; kept after a call under ``torch.inference_mode``, they must be
+    ordinary tensors, which autograd may save (an inference tensor cannot be), and the input gradient the float64
+    formulas' (``tests/formulas.py``)."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(4, 4, 3, padding=1), value_noise=0.2).eval().requires_grad_(False)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.inference_mode():
+        layer(x)
+    x.requires_grad_(True)
+    layer(x).square().sum().backward()
+    x64 = x.detach().double().requires_grad_(True)
+    _reference_gpsa(layer, x64).square().sum().backward()
+    # relative to the largest component: 2.8e-7 to 5.2e-7 over seeds 0-4 (float32 against float64), 2x that here
+    assert ((x.grad.double() - x64.grad).abs().max() / x64.grad.abs().max()).item() < 1.1e-6
+
+
 def test_nothing_is_kept_inside_functorch_transforms():
     """A kept tensor would escape the transform (``may_keep``): under ``torch.func.grad`` the layer keeps nothing, in
     eval mode too, and gives autograd's input gradient."""
