@@ -359,7 +359,7 @@ def test_exact_configuration_restores_every_parameter_when_it_fails_part_way(mon
     _assert_as_it_was(t_cnn, state)
 
 
-@pytest.mark.parametrize('where', ['content-only gates', 'exact forward', 'float64 recheck', 'cnn forward'])
+@pytest.mark.parametrize('where', ['content-only-gates', 'exact-forward', 'float64-recheck', 'cnn-forward'])
 def test_check_equivalence_leaves_both_models_as_they_were_when_it_fails(monkeypatch, where):
     """Each step of ``check_equivalence`` that changes a model, failing part-way: the content-only gates set on the
     first layers only (inside the exact configuration), the T-CNN's forward in the exact configuration, the float64
@@ -369,16 +369,16 @@ def test_check_equivalence_leaves_both_models_as_they_were_when_it_fails(monkeyp
     states = _state(cnn), _state(t_cnn)
     layer = tcnn.gpsa_layers(t_cnn)[2][1]
     tol = 1e-4
-    if where == 'content-only gates':
+    if where == 'content-only-gates':
         _fail_on(monkeypatch, layer, 'set_gating', lambda value: value == -EXACT_GATING)
-    elif where == 'exact forward':
+    elif where == 'exact-forward':
         _fail_on(monkeypatch, layer, 'forward', lambda x: bool(layer.gate().min() == 1.0))
-    elif where == 'float64 recheck':
+    elif where == 'float64-recheck':
         tol = 1e-30  # missed in float32: measured again in float64, where the layer fails
         _fail_on(monkeypatch, layer, 'forward', lambda x: x.dtype == torch.float64)
     else:
         _fail_on(monkeypatch, cnn.layer3, 'forward')
-    with pytest.raises(tcnn.TcnnError if where == 'cnn forward' else RuntimeError, match='on purpose'):
+    with pytest.raises(tcnn.TcnnError if where == 'cnn-forward' else RuntimeError, match='on purpose'):
         tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 64, 64), tol=tol)
     _assert_as_it_was(cnn, states[0])
     _assert_as_it_was(t_cnn, states[1])
@@ -393,14 +393,14 @@ def test_check_equivalence_keeps_every_module_mode():
     _assert_as_it_was(t_cnn, states[1])
 
 
-@pytest.mark.parametrize('where', ['third conversion', 'verification forward'])
+@pytest.mark.parametrize('where', ['third-conversion', 'verification-forward'])
 def test_failed_in_place_conversion_leaves_the_cnn_as_it_was(monkeypatch, where):
     """``reparameterize_`` failing after the first convs were swapped (a GPSA layer that cannot be built) or while
     verifying: the convs, parameters, modes and attributes are the CNN's again."""
     from tcnn.layers.gpsa import GPSA
     cnn, _ = _frozen_norm_models()
     state = _state(cnn)
-    if where == 'third conversion':
+    if where == 'third-conversion':
         calls, from_conv = [], GPSA.from_conv
 
         def third_fails(conv, *args, **kwargs):
