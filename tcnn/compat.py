@@ -6,6 +6,7 @@ on torch 2.5.1 and the full suite on the newest torch). Importing this module on
 something else (a file that does not load, a model that does not convert).
 """
 import re
+import sys
 from typing import Any, Dict, Tuple
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from .errors import TcnnError
 
 __all__ = ['MIN_TORCH', 'DYNAMO_ONNX_TORCH', 'DYNAMIC_SIZE_TORCH', 'AOTI_TORCH', 'torch_version', 'require_torch',
-           'is_exporting', 'rename_onnx_axes', 'rename_ir_axes']
+           'is_exporting', 'is_dtensor', 'rename_onnx_axes', 'rename_ir_axes']
 
 MIN_TORCH = (2, 5)
 
@@ -50,6 +51,14 @@ else:
         torch.compile does (``is_compiling``): both then get what an exporter needs (plain-op forms that hold at every
         batch size), which equal the eager forms up to float rounding."""
         return torch.compiler.is_compiling()
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a ``torch.distributed.tensor.DTensor`` (the parameters of FSDP2's ``fully_shard`` and of
+    tensor parallelism; public since torch 2.5). A DTensor exists only once its module is imported, so this imports
+    nothing (0.3 s on first import) and is False on a torch built without distributed support."""
+    module = sys.modules.get('torch.distributed.tensor')
+    return module is not None and isinstance(tensor, getattr(module, 'DTensor', ()))
 
 
 def rename_onnx_axes(onnx_program: Any, names: Dict[str, str]) -> None:

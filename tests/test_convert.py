@@ -1,5 +1,6 @@
 """reparameterize / check_equivalence on whole timm and torchvision ResNets (random weights, no network)."""
 import warnings
+from typing import Tuple
 
 import pytest
 import timm
@@ -292,3 +293,192 @@ def test_a_second_conversion_is_refused_at_once():
     assert [n for n, _ in tcnn.gpsa_layers(t_cnn)] == before and t_cnn.tcnn_config['stages'] == ['layer4']
     both = tcnn.reparameterize(cnn, stages=['layer3', 'layer4'], verify=False)  # the way that works
     assert both.tcnn_config['stages'] == ['layer3', 'layer4'] and len(tcnn.gpsa_layers(both)) == 8
+
+
+# ----------------------------------------------------------------------------- a failed call leaves the model as it was
+# Every function that changes a model temporarily (exact_configuration, check_equivalence, reparameterize_'s
+# verification, the stage probe, capture_gpsa_inputs) puts it back on every exit path: each test makes the change fail
+# part-way and compares every parameter and buffer bit for bit, their objects, and every module's train/eval mode.
+
+def _frozen_norm_models() -> Tuple[nn.Module, nn.Module]:
+    """A small CNN and its T-CNN (resnet18d, 4 GPSA layers) in training mode with one stage in eval mode (frozen
+    norms; layer2 in the CNN, layer1 in the T-CNN), the T-CNN at per-head gates, localities and centres of its own: a
+    mode or value restored wrongly shows."""
+    from nontrivial import varied_heads
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
+    t_cnn = varied_heads(tcnn.reparameterize(cnn, input_size=(3, 64, 64))).train()
+    t_cnn.layer1.eval()
+    cnn.train().layer2.eval()
+    return cnn, t_cnn
+
+
+def _state(model: nn.Module) -> dict:
+    return {'tensors': {n: (t, t.detach().clone()) for n, t in [*model.named_parameters(), *model.named_buffers()]},
+            'parameters': set(model.named_parameters()),
+            'modes': {n: m.training for n, m in model.named_modules()},
+            'modules': {n: m for n, m in model.named_modules()}}
+
+
+def _assert_as_it_was(model: nn.Module, state: dict) -> None:
+    now = dict([*model.named_parameters(), *model.named_buffers()])
+    assert now.keys() == state['tensors'].keys()
+    assert set(model.named_parameters()) == state['parameters']  # the same objects: an optimiser keeps its state
+    for name, (_, value) in state['tensors'].items():
+        assert now[name].dtype == value.dtype and torch.equal(now[name], value), name
+    assert {n: m.training for n, m in model.named_modules()} == state['modes']
+    assert all(m is state['modules'][n] for n, m in model.named_modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _fail_on(monkeypatch, layer: nn.Module, method: str, when=lambda *a: True) -> None:
+    """Make ``layer.method`` raise (where ``when(*args)``), after the layers before it were changed."""
+    original = getattr(layer, method)
+
+    def failing(*args, **kwargs):
+        if when(*args):
+            raise RuntimeError(f'{method} failed on purpose')
+        return original(*args, **kwargs)
+    monkeypatch.setattr(layer, method, failing)
+
+
+def test_exact_configuration_restores_every_parameter_when_it_fails_part_way(monkeypatch):
+    """The third layer fails after its alpha and lambda were set and before its centres (as FSDP2's DTensor parameters
+    did: ``fill_`` went through, ``pos_centers.copy_`` raised): the first layers stay in the exact configuration
+    (alpha 50, lambda 40) unless every value is put back."""
+    _, t_cnn = _frozen_norm_models()
+    state = _state(t_cnn)
+    _fail_on(monkeypatch, tcnn.gpsa_layers(t_cnn)[2][1], 'kernel_centers')
+    with pytest.raises(RuntimeError, match='on purpose'):
+        with tcnn.exact_configuration(t_cnn):
+            pytest.fail('entered')
+    _assert_as_it_was(t_cnn, state)
+    monkeypatch.undo()
+    with pytest.raises(KeyError), tcnn.exact_configuration(t_cnn):  # a raise inside the block
+        raise KeyError('inside')
+    _assert_as_it_was(t_cnn, state)
+
+
+@pytest.mark.parametrize('where', ['content-only-gates', 'exact-forward', 'float64-recheck', 'cnn-forward'])
+def test_check_equivalence_leaves_both_models_as_they_were_when_it_fails(monkeypatch, where):
+    """Each step of ``check_equivalence`` that changes a model, failing part-way: the content-only gates set on the
+    first layers only (inside the exact configuration), the T-CNN's forward in the exact configuration, the float64
+    recheck (both models converted to float64 when a layer's forward fails), the CNN's forward in eval mode."""
+    from tcnn.layers.gpsa import EXACT_GATING
+    cnn, t_cnn = _frozen_norm_models()
+    states = _state(cnn), _state(t_cnn)
+    layer = tcnn.gpsa_layers(t_cnn)[2][1]
+    tol = 1e-4
+    if where == 'content-only-gates':
+        _fail_on(monkeypatch, layer, 'set_gating', lambda value: value == -EXACT_GATING)
+    elif where == 'exact-forward':
+        _fail_on(monkeypatch, layer, 'forward', lambda x: bool(layer.gate().min() == 1.0))
+    elif where == 'float64-recheck':
+        tol = 1e-30  # missed in float32: measured again in float64, where the layer fails
+        _fail_on(monkeypatch, layer, 'forward', lambda x: x.dtype == torch.float64)
+    else:
+        _fail_on(monkeypatch, cnn.layer3, 'forward')
+    with pytest.raises(tcnn.TcnnError if where == 'cnn-forward' else RuntimeError, match='on purpose'):
+        tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 64, 64), tol=tol)
+    _assert_as_it_was(cnn, states[0])
+    _assert_as_it_was(t_cnn, states[1])
+
+
+def test_check_equivalence_keeps_every_module_mode():
+    """A model in training with frozen norms (eval mode) keeps them frozen after a check that ran it in eval mode."""
+    cnn, t_cnn = _frozen_norm_models()
+    states = _state(cnn), _state(t_cnn)
+    assert tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 64, 64)).max_rel_err < 1e-5
+    _assert_as_it_was(cnn, states[0])
+    _assert_as_it_was(t_cnn, states[1])
+
+
+@pytest.mark.parametrize('where', ['third-conversion', 'verification-forward'])
+def test_failed_in_place_conversion_leaves_the_cnn_as_it_was(monkeypatch, where):
+    """``reparameterize_`` failing after the first convs were swapped (a GPSA layer that cannot be built) or while
+    verifying: the convs, parameters, modes and attributes are the CNN's again."""
+    from tcnn.layers.gpsa import GPSA
+    cnn, _ = _frozen_norm_models()
+    state = _state(cnn)
+    if where == 'third-conversion':
+        calls, from_conv = [], GPSA.from_conv
+
+        def third_fails(conv, *args, **kwargs):
+            calls.append(conv)
+            if len(calls) == 3:
+                raise RuntimeError('from_conv failed on purpose')
+            return from_conv(conv, *args, **kwargs)
+        monkeypatch.setattr(GPSA, 'from_conv', third_fails)
+    else:
+        _fail_on(monkeypatch, cnn.layer4, 'forward', lambda x: any(isinstance(m, GPSA) for m in cnn.modules()))
+    with pytest.raises(RuntimeError, match='on purpose'):
+        tcnn.reparameterize_(cnn, input_size=(3, 64, 64))
+    _assert_as_it_was(cnn, state)
+    assert 'tcnn_config' not in cnn.__dict__ and 'tcnn_report' not in cnn.__dict__
+
+
+def test_probes_remove_their_hooks_and_restore_modes_when_the_forward_fails(monkeypatch):
+    """The stage probe (``probe_stages``) and ``capture_gpsa_inputs`` run the model in eval mode with hooks: a
+    forward that fails leaves neither hooks nor changed modes."""
+    from tcnn.analysis.heads import capture_gpsa_inputs
+    from tcnn.convert.stages import probe_stages
+    _, t_cnn = _frozen_norm_models()
+    state = _state(t_cnn)
+    _fail_on(monkeypatch, t_cnn.layer4, 'forward')
+    with pytest.raises(tcnn.TcnnError, match='on purpose'):
+        probe_stages(t_cnn, ['layer3', 'layer4'], (3, 64, 64))
+    _assert_as_it_was(t_cnn, state)
+    with pytest.raises(RuntimeError, match='on purpose'):
+        capture_gpsa_inputs(t_cnn, torch.randn(1, 3, 64, 64))
+    _assert_as_it_was(t_cnn, state)
+
+
+def _fully_shard():
+    """FSDP2's ``fully_shard`` (public in torch.distributed.fsdp from torch 2.6, torch.distributed._composable.fsdp in
+    2.5), or a skip where this torch has no distributed support."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip('this torch has no torch.distributed')
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    return dist, fully_shard
+
+
+def test_fsdp2_sharded_layers_train_and_are_refused_in_one_line():
+    """FSDP2 on the CPU (gloo, one rank, an in-process store: no network): the sharded T-CNN's forward and backward
+    give the unsharded one's numbers, and what reads or sets per-head values (which a DTensor holds one shard of per
+    rank) refuses DTensor parameters in one line naming the fix, changing nothing (README, "Python API")."""
+    import copy
+    dist, fully_shard = _fully_shard()
+    from tcnn.layers.gpsa import GPSA
+    torch.manual_seed(0)
+    plain = nn.Sequential(GPSA.from_conv(nn.Conv2d(8, 8, 3, padding=1)), nn.ReLU(),
+                          GPSA.from_conv(nn.Conv2d(8, 8, 3, padding=1)))
+    x = torch.randn(2, 8, 6, 6)
+    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(plain)
+        fully_shard(sharded)
+        out, ref = sharded(x), plain(x)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        torch.testing.assert_close(sharded[0].gating.grad.full_tensor(), plain[0].gating.grad, rtol=0, atol=0)
+        before = {n: p.full_tensor().clone() for n, p in sharded.named_parameters()}
+        calls = {
+            'gpsa_summary': lambda: tcnn.gpsa_summary(sharded),
+            'set_gating': lambda: sharded[2].set_gating(3.0),
+            'set_locality_strength': lambda: sharded[2].set_locality_strength(3.0),
+            'exact_configuration': lambda: tcnn.exact_configuration(sharded).__enter__(),
+            'check_equivalence': lambda: tcnn.check_equivalence(plain, sharded, input_size=(8, 6, 6)),
+        }
+        for what, call in calls.items():
+            with pytest.raises(tcnn.TcnnError, match='unsharded model') as info:
+                call()
+            assert str(info.value).startswith(what) and '\n' not in str(info.value)
+        for n, p in sharded.named_parameters():
+            assert torch.equal(p.full_tensor(), before[n]), n
+    finally:
+        dist.destroy_process_group()

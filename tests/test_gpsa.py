@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
 
 from benchmarks.measure import OperatorCount
+from formulas import gpsa_formula as _reference_gpsa
 from nontrivial import away_from_exact
 
 CASES = [
@@ -50,61 +51,6 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     ref, out = conv(x), gpsa(x)
     assert out.shape == ref.shape
     assert _rel_err(ref, out) < 1e-5
-
-
-def _dense_blocks(blocks: torch.Tensor, groups: int) -> torch.Tensor:
-    """A grouped weight ``(O, ..., C_in / g)`` as the dense block-diagonal ``(O, ..., C_in)``: output ``o`` reads the
-    input channels of group ``o // (O / g)`` (``nn.Conv2d``'s groups)."""
-    o, cg = blocks.shape[0], blocks.shape[-1]
-    dense = blocks.new_zeros(*blocks.shape[:-1], cg * groups)
-    for g in range(groups):
-        rows = slice(g * o // groups, (g + 1) * o // groups)
-        dense[rows, ..., g * cg:(g + 1) * cg] = blocks[rows]
-    return dense
-
-
-def _reference_gpsa(gpsa: GPSA, x: torch.Tensor) -> torch.Tensor:
-    """The layer written out from the papers' formulas alone, in float64, from its parameters (nothing of the layer's
-    own code: no positional_attention, no separable softmax, no skipped padding, dense matrices for groups).
-
-    * positional attention (T-CNN, arXiv:2106.05795, eqs. 3-4; ConViT, arXiv:2103.10697, eq. 5):
-      ``softmax_k(v_pos^h . r_qk)`` with ``r_qk = (|delta|^2, delta_1, delta_2)``, ``delta = key - query`` and
-      ``v_pos^h = -alpha_h (1, -2 Delta^h_1, -2 Delta^h_2)``, ``alpha_h = softplus(raw_h, beta=5)`` (T-CNN footnote 1),
-      over every key of the padded grid;
-    * content attention ``softmax(Q_h K_h^T / sqrt(d))`` (T-CNN eq. 1) over the same keys;
-    * gating ``(1 - sigmoid(lambda_h)) content + sigmoid(lambda_h) positional`` (T-CNN eq. 7, ConViT eq. 8);
-    * ``out = sum_h A_h X W_val W_out^h + bias`` (T-CNN eqs. 5-6).
-    """
-    p = {name: t.detach().double() for name, t in gpsa.named_parameters()}
-    x = x.double()
-    mode = 'constant' if gpsa.padding_mode == 'zeros' else gpsa.padding_mode
-    (ph, pw), (ay, ax), (sy, sx) = gpsa.padding, gpsa.anchor, gpsa.stride
-    h_out, w_out = gpsa.output_size(x.shape[-2], x.shape[-1])
-    x_pad = F.pad(x, (pw, pw, ph, ph), mode=mode)
-    hp, wp = x_pad.shape[-2:]
-    keys = x_pad.flatten(2)  # (B, C, N_k), row-major over the padded grid
-    queries = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].flatten(2)  # (B, C, N_q)
-    # positions in padded coordinates: keys every pixel, queries where the conv's window is anchored
-    key_pos = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing='ij'), -1).reshape(-1, 2)
-    query_pos = torch.stack(torch.meshgrid(torch.arange(h_out) * sy + ay, torch.arange(w_out) * sx + ax,
-                                           indexing='ij'), -1).reshape(-1, 2)
-    delta = (key_pos[None] - query_pos[:, None]).double()  # (N_q, N_k, 2)
-    r = torch.cat([delta.square().sum(-1, keepdim=True), delta], dim=-1)  # (N_q, N_k, 3)
-    alpha = torch.log1p(torch.exp(5 * p['pos_locality'])) / 5
-    v_pos = -alpha[:, None] * torch.cat([torch.ones_like(alpha)[:, None], -2 * p['pos_centers']], dim=-1)  # (N_h, 3)
-    positional = torch.einsum('hr,qkr->hqk', v_pos, r).softmax(-1)
-    n_h, d = gpsa.num_heads, gpsa.qk_dim
-    q = torch.einsum('oc,bcn->bon', p['q_weight'], queries).unflatten(1, (n_h, d))
-    k = torch.einsum('oc,bcn->bon', p['k_weight'], keys).unflatten(1, (n_h, d))
-    content = (torch.einsum('bhdq,bhdk->bhqk', q, k) / d ** 0.5).softmax(-1)
-    gate = 1 / (1 + torch.exp(-p['gating']))[:, None, None]
-    attn = (1 - gate) * content + gate * positional  # (B, N_h, N_q, N_k)
-    values = torch.einsum('oc,bck->bko', _dense_blocks(p['v_weight'], gpsa.groups), keys)  # X W_val
-    heads = torch.einsum('bhqk,bkc->bhcq', attn, values)  # A_h X W_val, (B, N_h, C_in, N_q)
-    out = torch.einsum('ohc,bhcq->boq', _dense_blocks(p['proj_weight'], gpsa.groups), heads)  # sum_h ... W_out^h
-    if gpsa.proj_bias is not None:
-        out = out + p['proj_bias'][:, None]
-    return out.view(x.shape[0], -1, h_out, w_out)
 
 
 @pytest.mark.parametrize('kernel,stride,padding,dilation,mode,size,channels_last', [
@@ -498,6 +444,58 @@ def test_kept_values_stay_few_and_off_the_state_dict():
             layer(torch.randn(1, 4, size, size + 1))
     assert 0 < len(layer._kept_values) <= 8
     assert set(layer.state_dict()) == {n for n, _ in layer.named_parameters()}
+
+
+def test_keep_holds_the_newest_eight_and_remakes_stale_ones():
+    """``keep``'s bookkeeping against a hand-run least-recently-made list: a value is made once while its parameters
+    keep their version, made again (and counted newest) when one changes, and the 9th new key drops the oldest."""
+    from tcnn.layers.kept_values import MAX_KEPT, keep
+    assert MAX_KEPT == 8
+    layer, param = nn.Module(), nn.Parameter(torch.zeros(1))
+    made = []
+
+    def make(key):
+        made.append(key)
+        return torch.full((1,), float(len(made)))
+    for k in range(8):
+        keep(layer, (k,), (param,), lambda k=k: make(k))
+    assert list(layer._kept_values) == [(k,) for k in range(8)]
+    assert keep(layer, (0,), (param,), lambda: make('again')).item() == 1.0 and len(made) == 8  # kept: not made
+    with torch.no_grad():
+        param.add_(1)  # a new version: every value is stale
+    assert keep(layer, (0,), (param,), lambda: make(0)).item() == 9.0  # made again, now the newest
+    keep(layer, (8,), (param,), lambda: make(8))
+    assert list(layer._kept_values) == [(k,) for k in (2, 3, 4, 5, 6, 7, 0, 8)]  # (1,) was the oldest
+
+
+def test_frozen_layer_gives_input_gradients_after_inference_mode():
+    """A frozen layer (no parameter requires grad: a feature extractor, saliency maps) keeps its positional terms in
+    eval mode also when its input requires grad; kept after a call under ``torch.inference_mode``, they must be
+    ordinary tensors, which autograd may save (an inference tensor cannot be), and the input gradient the float64
+    formulas' (``tests/formulas.py``)."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(4, 4, 3, padding=1), value_noise=0.2).eval().requires_grad_(False)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.inference_mode():
+        layer(x)
+    x.requires_grad_(True)
+    layer(x).square().sum().backward()
+    x64 = x.detach().double().requires_grad_(True)
+    _reference_gpsa(layer, x64).square().sum().backward()
+    # relative to the largest component: 2.8e-7 to 5.2e-7 over seeds 0-4 (float32 against float64), 2x that here
+    assert ((x.grad.double() - x64.grad).abs().max() / x64.grad.abs().max()).item() < 1.1e-6
+
+
+def test_nothing_is_kept_inside_functorch_transforms():
+    """A kept tensor would escape the transform (``may_keep``): under ``torch.func.grad`` the layer keeps nothing, in
+    eval mode too, and gives autograd's input gradient."""
+    layer = GPSA(4, 4, 3, padding=1).eval()
+    x = torch.randn(2, 4, 5, 5)
+    grad = torch.func.grad(lambda inp: layer(inp).square().sum())(x)
+    assert not layer.__dict__.get('_kept_values')
+    x.requires_grad_(True)
+    layer(x).square().sum().backward()
+    torch.testing.assert_close(grad, x.grad)
 
 
 def test_functional_call_uses_its_own_parameters():

@@ -364,3 +364,163 @@ def test_truncated_safetensors_files_are_named(t_model, published, tmp_path):
             f.truncate(100)
         with pytest.raises(TcnnError, match=f'{file} is truncated \\(100 bytes: its header alone takes'):
             load()
+
+
+# ------------------------------------------------------------------ the promises line by line (issue 47, mutants)
+# Each expected value is computed by hand or by an independent routine (zlib over the tensor's bytes, struct-packed
+# headers): the messages are what a user reads, so their words are part of the promise.
+
+FIX = 'the file is corrupt (re-download or re-save it)'
+
+
+def test_checksums_are_zlib_crc32_of_the_stored_bytes():
+    """One CRC-32 per tensor over its row-major bytes, as zlib computes it (an empty tensor: CRC-32 of no bytes, 0);
+    a non-contiguous tensor is checked over the bytes it would be stored with."""
+    import zlib
+    t = torch.arange(12, dtype=torch.float32).view(3, 4)
+    tensors = {'a': t, 'b': t.t(), 'e': torch.empty(0), 'h': torch.tensor([1.5], dtype=torch.float16)}
+    expected = {'a': zlib.crc32(t.numpy().tobytes()), 'b': zlib.crc32(t.t().contiguous().numpy().tobytes()),
+                'e': 0, 'h': zlib.crc32(b'\x00\x3e')}  # float16 1.5 = 0x3e00, little-endian
+    assert tensor_checksums(tensors) == {'algorithm': 'crc32', 'tensors': expected}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_checksums_of_gpu_tensors_are_those_of_their_bytes():
+    t = torch.arange(6, dtype=torch.float32)
+    assert tensor_checksums({'a': t.cuda()}) == tensor_checksums({'a': t})
+
+
+def test_names_text():
+    from tcnn.files.integrity import names_text
+    assert names_text(['a', 'b', 'c']) == 'a, b, c'
+    assert names_text(['a', 'b', 'c', 'd', 'e']) == 'a, b, c (and 2 more)'
+    assert names_text(['a', 'b'], most=1) == 'a (and 1 more)'
+
+
+@pytest.mark.parametrize('checksums,algorithm', [
+    (['crc32'], None),  # not a dict
+    ({'algorithm': 'md5', 'tensors': None}, "'md5'"),  # stored correct values below, of another algorithm
+    ({'algorithm': 'crc32', 'tensors': ['a']}, "'crc32'"),  # tensors not a dict
+    ({'algorithm': 'crc32', 'tensors': {'a': True}}, "'crc32'"),  # a bool is not a checksum
+    ({'algorithm': 'crc32', 'tensors': {'a': '123'}}, "'crc32'"),
+])
+def test_unreadable_checksums_are_named(checksums, algorithm):
+    from tcnn.files.integrity import verify_checksums
+    tensors = {'a': torch.ones(2)}
+    if isinstance(checksums, dict) and checksums['tensors'] is None:
+        checksums = dict(checksums, tensors=tensor_checksums(tensors)['tensors'])
+    with pytest.raises(CorruptFileError) as e:
+        verify_checksums(tensors, checksums, 'f.pt')
+    assert str(e.value) == f'f.pt: its tensor checksums are unreadable (algorithm {algorithm}): {FIX}'
+
+
+def test_added_and_lost_tensors_are_named():
+    from tcnn.files.integrity import verify_checksums
+    tensors = {'a': torch.ones(2), 'b': torch.zeros(3)}
+    checksums = tensor_checksums(tensors)
+    verify_checksums(tensors, checksums, 'f.pt')  # the same tensors: nothing to say
+    verify_checksums(tensors, None, 'f.pt')  # a file without checksums: nothing checked
+    with pytest.raises(CorruptFileError) as e:
+        verify_checksums(dict(tensors, c=torch.ones(1)), checksums, 'f.pt')
+    assert str(e.value) == f'f.pt: its tensors differ from those its checksums list (unexpected c): {FIX}'
+    with pytest.raises(CorruptFileError) as e:
+        verify_checksums({'c': torch.ones(1), 'b': tensors['b']}, checksums, 'f.pt')
+    assert str(e.value) == f'f.pt: its tensors differ from those its checksums list (missing a; unexpected c): {FIX}'
+    with pytest.raises(CorruptFileError) as e:
+        verify_checksums(dict(tensors, a=torch.full((2,), 2.0)), checksums, 'f.pt')
+    assert str(e.value) == f'f.pt: the tensor a does not match its checksum: {FIX}'
+
+
+def _safetensors_bytes(header_length: int, rest: bytes = b'') -> bytes:
+    import struct
+    return struct.pack('<Q', header_length) + rest
+
+
+def _layout(header: str, data: int = 0) -> bytes:
+    """A safetensors file's bytes: the header's length (8 bytes, little-endian), the header, ``data`` zero bytes."""
+    return _safetensors_bytes(len(header), header.encode() + b'\0' * data)
+
+
+ONE = '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'  # 54 bytes
+
+
+@pytest.mark.parametrize('content,expected', [
+    (b'1234', 'truncated (4 bytes: not even the 8-byte header length of a safetensors file)'),
+    # a length of 2**64 - 1 (eight 0xff bytes): not a length (safetensors' limit is 100 MiB)
+    (b'\xff' * 16, 'corrupt (not a safetensors file: its first 8 bytes are no header length)'),
+    (_safetensors_bytes(100 * 2 ** 20 + 1, b'{}'),
+     'corrupt (not a safetensors file: its first 8 bytes are no header length)'),
+    (_safetensors_bytes(100 * 2 ** 20, b'{}'), f'truncated (10 bytes: its header alone takes {8 + 100 * 2 ** 20})'),
+    (_safetensors_bytes(3, b'{}'), 'truncated (10 bytes: its header alone takes 11)'),
+    (_layout('{]'), 'corrupt (its header is not a safetensors header: JSONDecodeError)'),
+    (_layout('[]'), 'corrupt (its header is not a safetensors header: AttributeError)'),
+    (_layout('{}'), None),  # no tensors: the header is the whole file
+    (_layout(ONE, 8), None),
+    (_layout(ONE, 9), None),  # bytes after the last tensor's: not damage
+    (_layout(ONE, 4), 'truncated (66 of its 70 bytes)'),
+    (_layout(ONE), 'truncated (62 of its 70 bytes)'),
+])
+def test_safetensors_damage_from_the_layout(tmp_path, content, expected):
+    from tcnn.files.integrity import safetensors_damage
+    path = tmp_path / 'f.safetensors'
+    path.write_bytes(content)
+    assert safetensors_damage(str(path)) == expected
+
+
+def test_safetensors_damage_of_real_files(tmp_path):
+    from safetensors.torch import save_file
+    from tcnn.files.integrity import safetensors_damage
+    for tensors in ({}, {'a': torch.ones(3)}):
+        path = str(tmp_path / 'f.safetensors')
+        save_file(tensors, path)
+        assert safetensors_damage(path) is None
+    size = os.path.getsize(path)
+    with open(path, 'r+b') as f:
+        f.truncate(size - 4)
+    assert safetensors_damage(path) == f'truncated ({size - 4} of its {size} bytes)'
+
+
+def _with_nonfinite(names) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    with torch.no_grad():
+        for name in names:
+            dict([*model.named_parameters(), *model.named_buffers()])[name].view(-1)[0] = float('nan')
+    return model
+
+
+def test_nonfinite_messages():
+    from tcnn.files.integrity import nonfinite_kind, nonfinite_output_error, nonfinite_text, nonfinite_tensors
+    assert nonfinite_kind(1, 0) == 'NaN' and nonfinite_kind(0, 2) == 'inf' and nonfinite_kind(3, 1) == 'NaN and inf'
+    assert nonfinite_kind(0, 0) == 'non-finite'
+    assert nonfinite_tensors(_with_nonfinite(['0.bias', '1.running_var'])) == ['0.bias', '1.running_var']
+    assert nonfinite_text(_with_nonfinite([])) == (
+        'its parameters and buffers are all finite: the computation overflows (reduced precision? try without --amp) '
+        'or the input holds non-finite values')
+    assert nonfinite_text(_with_nonfinite(['0.weight'])) == (
+        'its parameter holds non-finite values (0.weight): the weights are damaged; re-download or re-train')
+    assert nonfinite_text(_with_nonfinite(['0.weight', '0.bias', '1.weight', '1.running_mean'])) == (
+        '4 of its parameters hold non-finite values (0.weight, 0.bias, 1.weight (and 1 more)): the weights are '
+        'damaged; re-download or re-train')
+    error = nonfinite_output_error('m.pt', _with_nonfinite(['0.bias']), 3, 10, 0, 3, what='features', of='crops')
+    assert str(error) == ('m.pt computes non-finite features (inf) on 3 of 10 crops: its parameter holds non-finite '
+                          'values (0.bias): the weights are damaged; re-download or re-train')
+    assert str(error.renamed('other')).startswith('other computes non-finite features (inf)')
+    import pickle
+    copy = pickle.loads(pickle.dumps(error))  # errors cross process boundaries (evaluation workers)
+    assert type(copy) is type(error) and (copy.name, copy.detail) == (error.name, error.detail)
+
+
+def test_check_finite_outputs():
+    from tcnn.files.integrity import check_finite_outputs
+    check_finite_outputs(torch.ones(2, 3), _with_nonfinite(['0.bias']), 'cannot export m')  # finite: no error
+    with pytest.raises(TcnnError) as e:
+        check_finite_outputs(torch.tensor([1.0, float('inf')]), _with_nonfinite([]), 'cannot export m')
+    assert str(e.value) == ('cannot export m: the model computes non-finite logits (NaN or infinity); its parameters '
+                            'and buffers are all finite, so the computation overflows (e.g. float16 range or extreme '
+                            'inputs)')
+    with pytest.raises(TcnnError) as e:
+        check_finite_outputs(torch.tensor([float('nan')]), _with_nonfinite(['0.weight', '1.bias']), 'cannot export m')
+    assert str(e.value) == ('cannot export m: the model computes non-finite logits (NaN or infinity); 2 of its '
+                            'parameters/buffers hold NaN or infinite values (0.weight, 1.bias): the weights are '
+                            'damaged (a corrupted file or a diverged training run); use an earlier checkpoint or '
+                            'reconvert')

@@ -352,3 +352,31 @@ def test_ema_flags_of_info_inspect_and_eval(t_model, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and 'EMA weights' in err[0], err
+
+
+# ---------------------------------------------------------------- save's arguments (issue 47, mutmut's sample)
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_save_stores_the_given_data_config_and_label_names(t_model, tmp_path, ext):
+    """What ``save`` is given reaches the file, read back by ``tcnn.load``: an overridden crop and the class names."""
+    names = [f'class {i}' for i in range(10)]
+    path = tcnn.save(t_model, str(tmp_path / f'm{ext}'), data_config={'crop_pct': 0.8125}, label_names=names)
+    d = tio.read(path)
+    assert d['data_config']['crop_pct'] == d['data_config']['test_crop_pct'] == 0.8125
+    assert d['label_names'] == names
+
+
+def test_save_names_its_arguments(t_model, tmp_path):
+    for call, message in (
+            (lambda: tcnn.save(None, str(tmp_path / 'm.pt')), 'model must be a torch.nn.Module, got None'),
+            (lambda: tcnn.save(t_model, str(tmp_path / 'm.pt'), data_config=[1]),
+             'data_config must be a dict or None, got list')):
+        with pytest.raises(TcnnError) as e:
+            call()
+        assert str(e.value) == message
+    folder = tmp_path / 'folder.pt'
+    folder.mkdir()
+    with pytest.raises(TcnnError) as e:
+        tcnn.save(t_model, str(folder))
+    assert str(e.value) == f'path {folder} is a folder; give a file name'
+    assert os.listdir(tmp_path) == ['folder.pt']

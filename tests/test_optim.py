@@ -265,3 +265,155 @@ def test_dense_value_matrix_is_decayed_like_the_papers_linear(t_resnet):
     assert layer.no_weight_decay() == {'pos_centers', 'pos_locality', 'gating'}  # no bias, dense W_val
     assert 'layer4.0.conv1.v_weight' in decayed and 'layer4.0.conv1.pos_centers' not in decayed
     assert _timm_decayed(t_resnet) == decayed
+
+
+# ---------------------------------------------------------------- what tcnn train builds (issue 47, mutants)
+# tcnn.train's optimiser, schedule and late-reparameterisation groups, checked against hand-computed values.
+
+def _tiny_t_cnn() -> torch.nn.Module:
+    """A conv, a BN and one GPSA layer: every group kind, in a model that builds in milliseconds."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                               tcnn.GPSA.from_conv(torch.nn.Conv2d(8, 8, 3, padding=1)))
+
+
+def test_create_optimizer_from_the_recipe():
+    from tcnn.train.optim import create_optimizer
+    from tcnn.train.recipe import Recipe
+    model = _tiny_t_cnn()
+    recipe = Recipe(opt='adamw', opt_eps=1e-7, opt_betas=[0.8, 0.95], weight_decay=0.03)
+    opt = create_optimizer(model, recipe, 2e-4, 0.3)
+    assert type(opt) is torch.optim.AdamW
+    groups = _by_name(opt.param_groups)
+    assert [g['name'] for g in opt.param_groups] == ['decay', 'no_decay', 'gating']
+    assert _names(model, groups['decay']) == {'0.weight', '2.q_weight', '2.k_weight', '2.v_weight', '2.proj_weight'}
+    assert _names(model, groups['gating']) == {'2.gating'}
+    for name, (lr, wd) in {'decay': (2e-4, 0.03), 'no_decay': (2e-4, 0.0), 'gating': (0.3, 0.0)}.items():
+        g = groups[name]
+        assert (g['lr'], g['weight_decay'], g['eps'], g['betas']) == (lr, wd, 1e-7, (0.8, 0.95)), name
+    assert math.isclose(groups['gating']['lr_scale'], 1500) and groups['gating']['initial_lr'] == 2e-4
+    # the defaults of a group added later without its own (e.g. by a callback) are the run's
+    assert (opt.defaults['lr'], opt.defaults['weight_decay']) == (2e-4, 0.03)
+    separate = create_optimizer(model, recipe, 2e-4, 0.3, gpsa_separate=True)
+    assert [g['name'] for g in separate.param_groups] == ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay',
+                                                          'gating']
+    assert _names(model, _by_name(separate.param_groups)['decay']) == {'0.weight'}
+    plain = create_optimizer(model, Recipe(opt_eps=None, opt_betas=None), 1e-4, 0.1).param_groups[0]
+    assert (plain['eps'], plain['betas']) == (1e-8, (0.9, 0.999))  # AdamW's own defaults
+    sgd = create_optimizer(model, Recipe(opt='sgd', momentum=0.7, opt_eps=None), 1e-4, 0.1)
+    assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]['momentum'] == 0.7
+
+
+@pytest.mark.parametrize('sched', ['cosine', 'poly'])
+def test_create_scheduler_warm_up_then_decay_per_update(sched):
+    """Linear warm-up from warmup_lr over warmup_epochs, the peak when it ends, then the recipe's decay over the
+    remaining updates t < T: cosine ``min_lr + (peak - min_lr) (1 + cos(pi t / T)) / 2`` (T-CNN section 3) or timm's
+    poly ``min_lr + (peak - min_lr) (1 - t / T) ** 0.1``; the gates at lr_scale times it."""
+    from tcnn.train.optim import create_optimizer, create_scheduler
+    from tcnn.train.recipe import Recipe
+    recipe = Recipe(epochs=5, warmup_epochs=1, sched=sched)
+    opt = create_optimizer(_tiny_t_cnn(), recipe, 1e-3, 0.5)
+    scheduler = create_scheduler(opt, recipe, 4, warmup_lr=3e-6, min_lr=2e-5)
+    peak, low, total = 1e-3, 2e-5, 16  # 4 epochs of 4 updates after the warm-up
+    decay = {'cosine': lambda t: (1 + math.cos(math.pi * t / total)) / 2, 'poly': lambda t: (1 - t / total) ** 0.1}
+    expected = [3e-6 + (peak - 3e-6) * u / 4 for u in range(4)]
+    expected += [low + (peak - low) * decay[sched](t) for t in range(total)]
+    for update, lr in enumerate(expected):
+        scheduler.step_update(update)
+        lrs = group_lrs(opt)
+        assert math.isclose(lrs['lr'], lr, rel_tol=1e-9), update
+        assert math.isclose(lrs['gating_lr'], 500 * lr, rel_tol=1e-9), update
+
+
+def test_late_reparameterisation_groups():
+    """``add_gpsa_groups``: the replaced conv weights leave the optimiser with their state, no group is left empty,
+    and the GPSA parameters join in three groups at the base groups' initial lr (the scheduler sets it), gates at
+    lr_scale = gating_lr / lr, weight decay on the decay group only."""
+    from tcnn.train.optim import add_gpsa_groups, create_optimizer
+    from tcnn.train.recipe import Recipe
+    torch.manual_seed(0)
+    nn = torch.nn
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                        nn.Flatten(), nn.Linear(8, 2))
+    opt = create_optimizer(cnn, Recipe(weight_decay=0.03), 2e-4, 0.3)
+    cnn(torch.randn(2, 3, 1, 1)).sum().backward()
+    opt.step()
+    removed = [cnn[2].weight]
+    assert cnn[2].weight in opt.state
+    tcnn.reparameterize_(cnn, stages='2', verify=False)
+    add_gpsa_groups(opt, cnn, removed, weight_decay=0.03, lr=2e-4, gating_lr=0.3)
+    held = [p for g in opt.param_groups for p in g['params']]
+    assert not any(p is removed[0] for p in held) and removed[0] not in opt.state
+    assert all(g['params'] for g in opt.param_groups)
+    assert len(held) == len({id(p) for p in held}) == len(list(cnn.parameters()))
+    groups = {g['name']: g for g in opt.param_groups}
+    assert [g['name'] for g in opt.param_groups] == ['decay', 'no_decay', 'gpsa_decay', 'gpsa_no_decay', 'gating']
+    assert _names(cnn, groups['gpsa_decay']) == {'2.q_weight', '2.k_weight', '2.v_weight', '2.proj_weight'}
+    assert _names(cnn, groups['gpsa_no_decay']) == {'2.pos_centers', '2.pos_locality'}
+    for name in ('gpsa_decay', 'gpsa_no_decay', 'gating'):
+        assert groups[name]['lr'] == groups[name]['initial_lr'] == 2e-4, name
+    assert [groups[n]['weight_decay'] for n in ('gpsa_decay', 'gpsa_no_decay', 'gating')] == [0.03, 0.0, 0.0]
+    assert math.isclose(groups['gating']['lr_scale'], 1500)
+    # a scheduler mid-warm-up: the new groups start at the base groups' initial lr, not at its current lr
+    opt = torch.optim.AdamW([{'params': [cnn[0].weight], 'group_name': 'decay', 'lr': 5e-6, 'initial_lr': 5e-4},
+                             {'params': [torch.nn.Parameter(torch.zeros(1))], 'group_name': 'no_decay', 'lr': 1.0}])
+    add_gpsa_groups(opt, cnn, [opt.param_groups[1]['params'][0]], weight_decay=0.03, lr=2e-4, gating_lr=0.3)
+    assert [g['lr'] for g in opt.param_groups] == [5e-6, 5e-4, 5e-4, 5e-4]  # the emptied group is gone
+    # without an initial_lr (no scheduler has run), at the base group's lr; a removed weight without state is fine
+    opt = torch.optim.AdamW([{'params': [cnn[0].weight], 'group_name': 'decay', 'lr': 5e-4}])
+    add_gpsa_groups(opt, cnn, [torch.nn.Parameter(torch.zeros(1))], weight_decay=0.03, lr=2e-4, gating_lr=0.3)
+    assert [g['lr'] for g in opt.param_groups] == [5e-4] * 4
+
+
+def test_apply_group_settings_after_a_resume():
+    from tcnn.train.optim import apply_group_settings
+    groups = tcnn.param_groups(_tiny_t_cnn(), lr=1e-4, weight_decay=0.05, lr_scale=True, gpsa_separate=True)
+    opt = torch.optim.AdamW(groups)
+    del opt.param_groups[0]['name']  # a checkpoint of tcnn 0.5.1 or earlier
+    apply_group_settings(opt, lr=3e-4, gating_lr=0.6, weight_decay=0.02)
+    for g in opt.param_groups:
+        assert g['name'] == g['group_name'] and g['initial_lr'] == 3e-4
+        assert g['weight_decay'] == (0.02 if g['group_name'] in ('decay', 'gpsa_decay') else 0.0), g['name']
+    assert math.isclose(_by_name(opt.param_groups)['gating']['lr_scale'], 2000)
+
+
+def test_group_lrs_reads_the_first_base_and_gating_groups():
+    p = [torch.nn.Parameter(torch.zeros(1)) for _ in range(4)]
+    opt = torch.optim.SGD([{'params': [p[0]], 'group_name': 'gating', 'lr': 0.5},
+                           {'params': [p[1]], 'group_name': 'decay', 'lr': 0.1},
+                           {'params': [p[2]], 'group_name': 'no_decay', 'lr': 0.2},
+                           {'params': [p[3]], 'group_name': 'gating', 'lr': 0.7}])
+    assert group_lrs(opt) == {'lr': 0.1, 'gating_lr': 0.5}
+    assert group_lrs(torch.optim.SGD([p[1]], lr=0.3)) == {'lr': 0.3, 'gating_lr': None}
+
+
+def test_param_groups_defaults_arguments_and_roles():
+    """The paper's defaults (lr 1e-4, weight decay 0.05, gates at 1000 x lr), the messages of bad arguments, a model's
+    own ``no_weight_decay()`` names, frozen parameters left out (the others all kept), a bare GPSA layer's roles, and
+    ``only_gpsa`` (what late reparameterisation adds)."""
+    model = _tiny_t_cnn()
+    groups = _by_name(tcnn.param_groups(model))
+    assert [(g['lr'], g['weight_decay']) for g in groups.values()] == [(1e-4, 0.05), (1e-4, 0.0), (0.1, 0.0)]
+    for bad, message in ((dict(model=None), 'model must be a torch.nn.Module, got None'),
+                         (dict(gating_lr=0), 'gating_lr must be > 0'), (dict(gating_lr=-1.0), 'gating_lr must be > 0')):
+        with pytest.raises(tcnn.TcnnError, match=message):
+            tcnn.param_groups(**{'model': model, **bad})
+    model.no_weight_decay = lambda: {'0.weight'}  # a 4-D weight the model exempts (timm's contract)
+    model[0].bias.requires_grad_(False)
+    model[1].weight.requires_grad_(False)
+    groups = _by_name(tcnn.param_groups(model))
+    assert _names(model, groups['decay']) == {'2.q_weight', '2.k_weight', '2.v_weight', '2.proj_weight'}
+    assert _names(model, groups['no_decay']) == {'0.weight', '1.bias', '2.proj_bias', '2.pos_centers',
+                                                 '2.pos_locality'}
+    layer = model[2]
+    bare = _by_name(tcnn.param_groups(layer))
+    assert _names(layer, bare['gating']) == {'gating'}
+    assert _names(layer, bare['no_decay']) == {'proj_bias', 'pos_centers', 'pos_locality'}
+    separate = {g['name']: (g['lr'], g['weight_decay']) for g in tcnn.param_groups(model, lr=2e-4, weight_decay=0.03,
+                                                                                   gpsa_separate=True)}
+    # the groups' own values (no optimiser default fills them in); the conv weight is exempt: no 'decay' group
+    assert separate == {'no_decay': (2e-4, 0.0), 'gpsa_decay': (2e-4, 0.03), 'gpsa_no_decay': (2e-4, 0.0),
+                        'gating': (0.2, 0.0)}
+    only = tcnn.param_groups(model, only_gpsa=True)
+    assert [g['name'] for g in only] == ['gpsa_decay', 'gpsa_no_decay', 'gating']
+    assert set().union(*(_names(model, g) for g in only)) == {f'2.{n}' for n, _ in layer.named_parameters()}

@@ -21,6 +21,8 @@ from torch.utils._pytree import tree_leaves
 
 from tcnn.layers.gpsa import GPSA
 
+from formulas import gpsa_formula
+
 LOW = (torch.bfloat16, torch.float16)
 HIGH = (torch.float32, torch.float64)
 
@@ -274,28 +276,72 @@ def test_channels_last_kept_through_the_layer(name, amp_dtype):
     assert plain.is_contiguous()  # and NCHW stays NCHW
 
 
+# the parameters of the attention's terms that a layer keeps for inference (tcnn.layers.kept_values)
+KEPT_FROM = ('pos_centers', 'pos_locality', 'gating')
+
+
 @pytest.mark.parametrize('amp_dtype', AMP_DTYPES)
 @pytest.mark.parametrize('optimizer', ['adamw', 'adamw-foreach', 'adamw-fused'])
 def test_kept_values_follow_a_training_step_in_eval_mode(optimizer, amp_dtype):
     """A layer that stays in eval mode (frozen norms, a training loop that never calls ``train()``) and is evaluated
     under ``no_grad`` between steps: the kept positional terms must not outlive the step. A fused optimizer writes
     the parameters without bumping their version counters (torch 2.14: ``AdamW(fused=True)``, which GPU training
-    uses), so the version check alone would keep them; a forward with gradients drops them."""
+    uses), so the version check alone would keep them; a forward with gradients drops them.
+
+    The reference is independent of the layer's code and of what it keeps: the papers' formulas in float64
+    (``tests/formulas.py``) at the parameters after the step, which the output must meet within the autocast
+    tolerance, while the same formulas at the positional parameters of before the step are more than 3 tolerances
+    away (so a stale output cannot pass); and a new copy of the layer, which has kept nothing, must give the same bits.
+    Each forward runs in its own autocast region, as training loops run them: autocast keeps its low-precision copies
+    of the parameters until the region closes, so a forward after ``opt.step()`` inside the region that ran the
+    training forward reads the weights of before the step, whatever the layer keeps."""
     kwargs = {'adamw': {'foreach': False}, 'adamw-foreach': {'foreach': True}, 'adamw-fused': {'fused': True}}
     layer, x = _layer('dense', 'random')
     layer.eval()
     try:
-        opt = torch.optim.AdamW(layer.parameters(), lr=0.05, **kwargs[optimizer])
+        opt = torch.optim.AdamW(layer.parameters(), lr=0.2, **kwargs[optimizer])
     except RuntimeError as e:  # fused AdamW on the CPU came with torch 2.4
         pytest.skip(f'{optimizer} on the CPU: {e}')
+    with torch.no_grad(), torch.autocast('cpu', dtype=amp_dtype):
+        before = layer(x)  # keeps the positional terms and gates
+    old = {n: getattr(layer, n).detach().double().clone() for n in KEPT_FROM}
     with torch.autocast('cpu', dtype=amp_dtype):
-        with torch.no_grad():
-            before = layer(x)
-        layer(x).float().square().mean().backward()
-        opt.step()
-        with torch.no_grad():
-            after = layer(x)
-        with torch.enable_grad():
-            fresh = layer(x).detach()
+        loss = layer(x).float().square().mean()
+    loss.backward()
+    opt.step()
+    with torch.no_grad(), torch.autocast('cpu', dtype=amp_dtype):
+        after = layer(x)
+        twin = copy.deepcopy(layer).eval()(x)  # eval() drops what the copy kept: computed afresh
+    for n in KEPT_FROM:  # the step moved them: they have gradients in eval mode
+        assert not torch.equal(getattr(layer, n).double(), old[n]), n
+    fresh, stale = gpsa_formula(layer, x), gpsa_formula(layer, x, old)
+    tolerance = TOLERANCE[('dense', 'random', amp_dtype)][1]
+    assert _rms_rel(stale, fresh) > 3 * tolerance
+    assert _rms_rel(after, fresh) < tolerance
     assert not torch.equal(after, before)
-    torch.testing.assert_close(after, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(after, twin, rtol=0, atol=0)
+
+
+# Largest relative error (max |g - g64| / max |g64| per parameter) of the float32 gradients below against the float64
+# formulas' over seeds 0-4 (torch 2.14, 2026-11-27), and the tolerance, 2x it.
+GRADIENT_TOLERANCE = {'dense': (1.17e-6, 2.4e-6), 'grouped': (3.78e-7, 7.6e-7), 'depthwise-k7': (4.88e-7, 9.8e-7)}
+
+
+@pytest.mark.parametrize('name', list(GRADIENT_TOLERANCE))
+def test_layer_trained_in_eval_mode_gets_positional_gradients(name):
+    """Training in eval mode (frozen norms) after an inference call has kept the positional terms: a forward with
+    gradients must still give the gates lambda, the locality strengths and the centres their gradients (T-CNN trains
+    them, section 3), those of the papers' formulas in float64 (``tests/formulas.py``). Kept terms are made without
+    gradients, so a layer that used them here would leave these three untrained."""
+    layer, x = _layer(name, 'random')
+    layer.eval()
+    with torch.no_grad():
+        layer(x)
+    layer(x).square().mean().backward()
+    leaves = {n: getattr(layer, n).detach().double().requires_grad_() for n in KEPT_FROM}
+    gpsa_formula(layer, x, leaves).square().mean().backward()
+    for n in KEPT_FROM:
+        grad, ref = getattr(layer, n).grad, leaves[n].grad
+        assert grad is not None, n
+        err = ((grad.double() - ref).abs().max() / ref.abs().max()).item()
+        assert err < GRADIENT_TOLERANCE[name][1], (n, err)

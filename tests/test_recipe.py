@@ -152,3 +152,253 @@ def test_an_earlier_releases_run_resumes(release, tmp_path, capsys):
     assert ckpt['config'] == expected
     assert (run / 'config.yaml').read_text() == dump_recipe(expected)
     assert load_recipe(str(run / 'config.yaml')) == expected
+
+
+# ----------------------------------------------------------------- the recipes line by line (issue 47, mutants)
+
+# The paper's fine-tuning recipes (T-CNN, arXiv:2106.05795, section 3, Tables 1 and 5; docs/train.md): per model the
+# source CNN, the fine-tuning resolution and the stochastic depth, and the settings they share. Written out here, not
+# read from the files, so that a changed value in a bundled recipe fails.
+PAPER_RECIPES = {
+    't_resnet50_rs': ('resnetrs50', 224, 0.1), 't_resnet101_rs': ('resnetrs101', 224, 0.1),
+    't_resnet152_rs': ('resnetrs152', 320, 0.2), 't_resnet200_rs': ('resnetrs200', 320, 0.2),
+    't_resnet270_rs': ('resnetrs270', 320, 0.2), 't_resnet350_rs': ('resnetrs350', 320, 0.2),
+    't_resnet50_d': ('resnet50d', 320, 0.1), 't_resnet101_d': ('resnet101d', 384, 0.1),
+    't_resnet152_d': ('resnet152d', 384, 0.2), 't_resnet200_d': ('resnet200d', 384, 0.2),
+}
+PAPER_SHARED = dict(
+    stages=None, locality_strength=1.0, gating_init=1.0, pretrained=True, epochs=50, opt='adamw', weight_decay=0.05,
+    lr=1e-4, gating_lr=0.1, lr_base_batch=1024, scale_lr=True, batch_size=128, accum_steps=1, sched='cosine',
+    warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-6, aa='rand-m9-mstd0.5-inc1', interpolation='bicubic', reprob=0.25,
+    remode='pixel', mixup=0.8, cutmix=1.0, mixup_prob=1.0, mixup_switch_prob=0.5, smoothing=0.1, amp='auto',
+    workers=None)
+
+
+def test_bundled_recipes_are_the_papers():
+    assert bundled_recipes() == sorted(PAPER_RECIPES)
+    for name, (model, img_size, drop_path) in PAPER_RECIPES.items():
+        recipe = resolve_recipe(name)
+        assert (recipe.model, recipe.img_size, recipe.drop_path_rate) == (model, img_size, drop_path), name
+        assert {k: getattr(recipe, k) for k in PAPER_SHARED} == PAPER_SHARED, name
+        assert load_recipe(name).keys() == {*PAPER_SHARED, 'model', 'img_size', 'drop_path_rate'}, name
+
+
+def _error(call) -> str:
+    with pytest.raises(TcnnError) as e:
+        call()
+    return _one_line(e.value)
+
+
+# written out here (not read from tcnn.train.recipe): the keys each range check covers
+POSITIVE = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_batch', 'img_size',
+            'locality_strength', 'model_ema_decay', 'log_every')
+NON_NEGATIVE = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_decay', 'mixup', 'cutmix', 'recount',
+                'reparam_epoch', 'num_classes', 'eval_img_size', 'qk_dim', 'clip_grad')
+UNIT_INTERVAL = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
+
+
+def test_validate_recipe_ranges_at_their_bounds():
+    from tcnn.train.recipe import validate_recipe
+    ok = Recipe(epochs=10, warmup_epochs=0)
+    for key in POSITIVE:
+        assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: 0}))) == \
+            f"recipe key '{key}' must be > 0, got 0"
+        validate_recipe(dataclasses.replace(ok, **{key: 2}))
+    for key in NON_NEGATIVE:
+        assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: -1}))) == \
+            f"recipe key '{key}' must be >= 0, got -1"
+        validate_recipe(dataclasses.replace(ok, **{key: 0}))
+    for key in UNIT_INTERVAL:
+        for bad in (-0.5, 1.5):
+            assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: bad}))) == \
+                f"recipe key '{key}' must be in [0, 1], got {bad}"
+        for good in (0.0, 1.0):
+            validate_recipe(dataclasses.replace(ok, **{key: good}))
+
+
+def test_validate_recipe_combinations():
+    from tcnn.train.recipe import validate_recipe
+    ok = Recipe(epochs=10, warmup_epochs=2)
+
+    def fails(**kw) -> str:
+        return _error(lambda: validate_recipe(dataclasses.replace(ok, **kw)))
+    assert fails(reparam_epoch=3, no_sa=True) == ('reparam_epoch (late reparameterisation) and no_sa (no '
+                                                  'self-attention) exclude each other')
+    assert fails(reparam_epoch=10) == ('reparam_epoch 10 must be smaller than epochs 10 (it is the number of CNN '
+                                       'epochs before the conversion)')
+    validate_recipe(dataclasses.replace(ok, reparam_epoch=9))
+    assert fails(warmup_epochs=10) == ('warmup_epochs 10 must be smaller than epochs 10 (the decay follows the '
+                                       'warm-up): set a shorter one with --set warmup_epochs=N')
+    validate_recipe(dataclasses.replace(ok, warmup_epochs=9))
+    for bad in (['lr', 'epochs'], ['lr', 'lr']):
+        assert fails(absolute_lrs=bad) == ("recipe key 'absolute_lrs' lists learning-rate keys (lr, gating_lr, "
+                                           f"warmup_lr, min_lr) once each, got {bad!r}")
+    validate_recipe(dataclasses.replace(ok, absolute_lrs=['min_lr', 'lr']))
+    assert fails(batch_size=3) == 'mixup/cutmix need an even batch_size, got 3'
+    assert fails(batch_size=3, mixup=0.0) == 'mixup/cutmix need an even batch_size, got 3'  # cutmix alone
+    assert fails(batch_size=3, cutmix=0.0) == 'mixup/cutmix need an even batch_size, got 3'  # mixup alone
+    for odd_ok in (dict(mixup=0.0, cutmix=0.0), dict(mixup_prob=0.0)):
+        validate_recipe(dataclasses.replace(ok, batch_size=3, **odd_ok))
+    for bad in ([0.0, 1.0], [0.5, 0.4], [0.5, 1.1], [0.5], ['a', 1.0]):
+        assert fails(scale=bad) == f"recipe key 'scale' must be [low, high] with 0 < low <= high <= 1, got {bad!r}"
+    for good in ([1.0, 1.0], [0.08, 1.0], [1, 1]):
+        validate_recipe(dataclasses.replace(ok, scale=good))
+    for key in ('mean', 'std'):
+        for bad in ([0.5, 0.5], [0.5, 'a', 0.5]):
+            assert fails(**{key: bad}) == f"recipe key '{key}' must be a list of 3 numbers, got {bad!r}"
+        validate_recipe(dataclasses.replace(ok, **{key: [0.5, 1, 0.5]}))
+    assert fails(device='tpu') == "device must be auto, cpu, cuda or cuda:N, got 'tpu'"
+    for device in ('auto', 'cpu', 'cuda', 'cuda:1'):
+        assert validate_recipe(dataclasses.replace(ok, device=device)).device == device
+    assert fails(log='mlflow') == "recipe key 'log' takes tensorboard, wandb or none, got 'mlflow'"
+    for log, backends in (('wandb', ['wandb']), (['wandb', 'tensorboard', 'wandb'], ['tensorboard', 'wandb']),
+                          ('none', []), (['none'], [])):
+        assert validate_recipe(dataclasses.replace(ok, log=log)).log == backends
+    for compile, mode in ((True, 'default'), (False, False), ('max-autotune', 'max-autotune')):
+        assert validate_recipe(dataclasses.replace(ok, compile=compile)).compile == mode
+
+
+def test_values_are_coerced_and_checked_against_the_schema():
+    from tcnn.train.recipe import apply_overrides
+    base = Recipe()
+
+    def fails(**kw) -> str:
+        return _error(lambda: apply_overrides(base, kw, 'here'))
+    coerced = apply_overrides(base, {'lr': '3e-4', 'min_lr': 0, 'epochs': 3.0, 'crop_pct': None})
+    assert (coerced.lr, coerced.min_lr, coerced.epochs, coerced.crop_pct) == (3e-4, 0.0, 3, None)
+    assert type(coerced.min_lr) is float and type(coerced.epochs) is int
+    assert fails(epochs=3.5) == "recipe key 'epochs' in here must be int, got 3.5"
+    assert fails(epochs=True) == "recipe key 'epochs' in here must be int, got True"
+    assert fails(lr=True) == "recipe key 'lr' in here must be float, got True"
+    assert fails(lr='fast') == "recipe key 'lr' in here must be float, got 'fast'"
+    assert fails(crop_pct='x') == "recipe key 'crop_pct' in here must be float or null, got 'x'"
+    assert fails(lr=float('inf')) == "recipe key 'lr' in here must be a finite number, got inf"
+    assert fails(mean=[0.5, float('nan'), 0.5]) == ("recipe key 'mean' in here must hold finite numbers, got "
+                                                    "[0.5, nan, 0.5]")
+    assert fails(amp='fp8') == "recipe key 'amp' in here must be one of auto, bf16, fp16, none, got 'fp8'"
+    assert fails(interpolation='lanczos') == ("recipe key 'interpolation' in here must be one of bilinear, bicubic, "
+                                              "nearest, random, null, got 'lanczos'")
+    # where the values come from, by default: code (from_dict), the command line (apply_overrides)
+    assert _error(lambda: Recipe.from_dict({'lr': 'x'})) == "recipe key 'lr' in the recipe must be float, got 'x'"
+    assert _error(lambda: apply_overrides(base, {'lr': 'x'})) == \
+        "recipe key 'lr' in the command line must be float, got 'x'"
+    over = Recipe.from_dict({'lr': 2e-4}, base=Recipe(epochs=7, warmup_epochs=1))
+    assert (over.lr, over.epochs, over.warmup_epochs) == (2e-4, 7, 1)
+    assert fails(lrr=1) == "unknown recipe key 'lrr' in here (did you mean lr?); keys are listed in docs/train.md"
+    assert fails(zzzz=1) == "unknown recipe key 'zzzz' in here; keys are listed in docs/train.md"
+    assert fails(mixup_pob=1) == ("unknown recipe key 'mixup_pob' in here (did you mean mixup_prob or mixup_mode or "
+                                  "mixup?); keys are listed in docs/train.md")  # the 3 closest of 4
+    assert apply_overrides(base, {}) == base
+
+
+def test_parse_set():
+    assert parse_set(['lr=3e-4', 'stages=[3, 4]', ' warmup-epochs =2', 'crop_pct=', 'data=/d/a=b']) == {
+        'lr': 3e-4, 'stages': [3, 4], 'warmup_epochs': 2, 'crop_pct': None, 'data': '/d/a=b'}  # the first '=' splits
+    for bad in ('lr', '=3'):
+        assert _error(lambda: parse_set([bad])) == f'--set expects KEY=VALUE, got {bad!r}'
+    assert _error(lambda: parse_set(['lr=[1'])) == "--set lr: cannot read value '[1'"
+    assert _error(lambda: parse_set(['lr='])) == "recipe key 'lr' in --set must be float, got None"
+
+
+def test_load_recipe_files_and_their_bases(tmp_path):
+    from tcnn.train.recipe import find_recipe
+    (tmp_path / 'a.yaml').write_text('base: b.yaml\nlr: 2.0e-4\n')
+    (tmp_path / 'b.yaml').write_text('lr: 1.0e-3\nepochs: 7\n')
+    assert load_recipe(str(tmp_path / 'a.yaml')) == {'lr': 2e-4, 'epochs': 7}
+    (tmp_path / 'typo.yaml').write_text('base: b.yaml\nepochs: many\n')
+    assert _error(lambda: load_recipe(str(tmp_path / 'typo.yaml'))) == \
+        f"recipe key 'epochs' in {tmp_path / 'typo.yaml'} must be int, got 'many'"
+    (tmp_path / 'empty.yaml').write_text('')
+    assert load_recipe(str(tmp_path / 'empty.yaml')) == {}
+    (tmp_path / 'loop.yaml').write_text('base: loop.yaml\n')
+    loop = str(tmp_path / 'loop.yaml')
+    assert _error(lambda: load_recipe(loop)) == f'recipe {loop} includes itself through "base"'
+    (tmp_path / 'list.yaml').write_text('- lr\n')
+    assert _error(lambda: load_recipe(str(tmp_path / 'list.yaml'))) == \
+        f'recipe {tmp_path / "list.yaml"} must be a mapping of key: value, got list'
+    (tmp_path / 'bad.yaml').write_text('lr: [1\n')
+    assert _error(lambda: load_recipe(str(tmp_path / 'bad.yaml'))).startswith(
+        f'cannot parse recipe {tmp_path / "bad.yaml"}: while parsing a flow sequence')
+    missing = str(tmp_path / 'none.yaml')
+    assert _error(lambda: load_recipe(missing)) == f'recipe file not found: {missing}'
+    (tmp_path / 'broken_base.yaml').write_text('base: none.yaml\n')
+    assert _error(lambda: load_recipe(str(tmp_path / 'broken_base.yaml'))) == f'recipe file not found: {missing}'
+    bundled = os.path.join(BUNDLED_DIR, 't_resnet50_rs.yaml')
+    assert find_recipe('t_resnet50_rs') == find_recipe('t_resnet50_rs.yaml') == bundled
+    assert find_recipe(missing) == missing  # a path: loading it says it is missing
+    assert _error(lambda: find_recipe('t_resnet9')) == (
+        f"recipe 't_resnet9' is neither a file nor a bundled recipe ({', '.join(sorted(PAPER_RECIPES))})")
+
+
+def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
+    from tcnn.train.recipe import fit_warmup, mark_absolute_lrs
+    path = tmp_path / 'r.yaml'
+    path.write_text('epochs: 10\nwarmup_epochs: 5\nlr: 2.0e-4\nmin_lr: 3.0e-6\n')
+    notes = []
+    recipe = resolve_recipe(str(path), {'lr': 5e-4, 'epochs': 4}, ['min_lr=1e-5', 'gating_lr=0.2'], notes)
+    assert (recipe.lr, recipe.min_lr, recipe.gating_lr, recipe.epochs) == (5e-4, 1e-5, 0.2, 4)
+    assert recipe.absolute_lrs == ['lr', 'gating_lr', 'min_lr']
+    # 5 of 10 epochs warm up: a 4-epoch run keeps the fraction, round(5 * 4 / 10) = 2
+    assert recipe.warmup_epochs == 2 and notes == [
+        'warm-up shortened from 5 to 2 epochs for a 4-epoch run (the recipe warms up 5 of 10 epochs); choose another '
+        'with --set warmup_epochs=N']
+    assert resolve_recipe(str(path), {'epochs': 4}, ['warmup_epochs=1']).warmup_epochs == 1  # the user's own
+    with pytest.raises(TcnnError, match='warmup_epochs 5 must be smaller than epochs 4'):
+        resolve_recipe(str(path), {'epochs': 4, 'warmup_epochs': 5})  # explicit: never changed
+    with pytest.raises(TcnnError, match='warmup_epochs 4 must be smaller than epochs 4'):
+        resolve_recipe(str(path), {'epochs': 4}, ['warmup_epochs=4'])  # explicit by --set too
+    notes = []
+    assert resolve_recipe(str(path), notes=notes).warmup_epochs == 5 and notes == []  # nothing to note
+    # the file alone may be invalid: the overrides make the recipe that is checked
+    path.write_text('epochs: 3\nwarmup_epochs: 5\n')
+    assert resolve_recipe(str(path), sets=['epochs=10']).epochs == 10
+    planned = Recipe(epochs=10, warmup_epochs=5)
+    for epochs, fitted in ((5, 3), (1, 0), (9, 5)):  # floor(5 * e / 10 + 0.5), at most e - 1
+        run = dataclasses.replace(planned, epochs=epochs)
+        assert fit_warmup(run, planned, False)[0].warmup_epochs == (fitted if epochs <= 5 else 5), epochs
+    for unchanged in (dataclasses.replace(planned, epochs=10), dataclasses.replace(planned, epochs=0),
+                      dataclasses.replace(planned, epochs=12), dataclasses.replace(planned, epochs=8),
+                      dataclasses.replace(planned, epochs=12, warmup_epochs=12)):
+        assert fit_warmup(unchanged, planned, False) == (unchanged, None)
+    long_warm_up = Recipe(epochs=10, warmup_epochs=12)  # not shortened: the run is as long as the recipe's
+    assert fit_warmup(long_warm_up, long_warm_up, False) == (long_warm_up, None)
+    assert fit_warmup(dataclasses.replace(planned, epochs=4), planned, True)[1] is None
+    marked = mark_absolute_lrs(Recipe(absolute_lrs=['min_lr', 'bogus']), ['lr', 'batch_size'])
+    assert marked.absolute_lrs == ['lr', 'min_lr', 'bogus']
+
+
+def test_the_schema_carries_the_help_lines():
+    """``tcnn train --help`` and docs/train.md read each key's help line off the schema."""
+    assert RECIPE_KEYS['epochs'].help == 'fine-tuning epochs (SM C also reports 10 and 20)'
+    assert RECIPE_KEYS['amp'].help.startswith('mixed precision: auto (bf16 on GPU, none on CPU)')
+    assert all(isinstance(key.help, str) and key.help for key in RECIPE_KEYS.values())
+
+
+def test_dump_to_dict_and_scaled_lrs():
+    from tcnn.train.recipe import scaled_lrs
+    recipe = Recipe(opt_betas=(0.8, 0.9), lr=2e-4, absolute_lrs=['min_lr'])
+    plain = recipe.to_dict()
+    assert list(plain) == list(RECIPE_KEYS) and plain['opt_betas'] == [0.8, 0.9]
+    text = dump_recipe(recipe)
+    assert text.splitlines()[0] == 'model: resnet50d' and yaml.safe_load(text) == plain
+    assert dump_recipe({'lr': 0.5, 'other': 1, 'epochs': 3}) == '{epochs: 3, lr: 0.5}\n'  # field order, known keys
+    assert scaled_lrs(recipe, 2048) == {'factor': 2.0, 'lr': 4e-4, 'gating_lr': 0.2, 'warmup_lr': 2e-6,
+                                        'min_lr': 1e-6}
+    assert scaled_lrs(dataclasses.replace(recipe, scale_lr=False), 2048) == {
+        'factor': 1.0, 'lr': 2e-4, 'gating_lr': 0.1, 'warmup_lr': 1e-6, 'min_lr': 1e-6}
+
+
+def test_auto_workers(monkeypatch):
+    from tcnn.train import recipe as recipe_module
+    from tcnn.train.recipe import auto_workers
+    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
+    assert [auto_workers(), auto_workers(2), auto_workers(0), auto_workers(1, cap=3)] == [8, 3, 8, 3]
+    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+    assert auto_workers() == 8  # at most 8 by default
+    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: {0}, raising=False)
+    assert auto_workers() == 0
+    monkeypatch.delattr(recipe_module.os, 'sched_getaffinity', raising=False)
+    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: 5)
+    assert auto_workers() == 4
+    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: None)
+    assert auto_workers() == 0

@@ -124,11 +124,11 @@ def capture_gpsa_inputs(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Te
     _check_images(x, 'x')
     inputs: Dict[str, torch.Tensor] = {}
     handles = []
-    for name, layer in layers:
-        def hook(_module, args, _name=name):
-            inputs[_name] = args[0].detach()
-        handles.append(layer.register_forward_pre_hook(hook))
-    try:
+    try:  # the hooks and the modes are undone on every exit path
+        for name, layer in layers:
+            def hook(_module, args, _name=name):
+                inputs[_name] = args[0].detach()
+            handles.append(layer.register_forward_pre_hook(hook))
         with eval_mode(model):
             model(x.to(_model_device(model)))
     finally:

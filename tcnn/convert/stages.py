@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from ..errors import InvalidArgumentError, TcnnError, check_module, check_size
 from ..layers.gpsa import GPSA
-from .settings import StageSpec
+from .settings import StageSpec, eval_mode
 
 __all__ = ['ConversionError', 'STAGE_NAMES', 'model_name', 'default_input_size', 'stage_candidates', 'probe_stages',
            'stage_levels', 'default_stage', 'resolve_stages', 'StageRow', 'list_stages', 'stage_convs',
@@ -146,21 +146,21 @@ def probe_stages(
                            'level': _level(input_size[-2] / output.shape[-2])}
         return record
 
-    handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in names]
     param = next(model.parameters(), None)
     x = torch.randn(1, *input_size, generator=torch.Generator().manual_seed(0))
     if param is not None:
         x = x.to(device=param.device, dtype=param.dtype)
-    was_training = model.training
-    try:
-        model.eval()(x)
+    handles = []
+    try:  # the hooks and every module's mode are undone on every exit path
+        handles.extend(model.get_submodule(n).register_forward_hook(hook(n)) for n in names)
+        with eval_mode(model):
+            model(x)
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as e:  # an image smaller than the network's strides, a wrong channel count
         raise InvalidArgumentError(f'input_size {tuple(input_size)} does not fit {model_name(model)}: '
                                    f'{" ".join(str(e).split())[:200]}') from e
     finally:
-        model.train(was_training)
         for h in handles:
             h.remove()
     return found

@@ -51,28 +51,33 @@ def reparameterize_(
     stage_names = resolve_stages(model, s.stages)
     targets = stage_convs(model, stage_names)
     source_name = model_name(model)
-    convs = {}
-    for name, conv in targets:
-        model.set_submodule(name, GPSA.from_conv(conv, s.locality_strength, s.gating_init, qk_dim=s.qk_dim))
-        convs[name] = conv
-    reclassed = adopt_fusion(model)  # RepVGG/MobileOne blocks: timm's reparameterize_model keeps the GPSA layers
-    model.tcnn_config = {
-        'architecture': source_name,
-        'layers': list(convs),
-        **dataclasses.asdict(dataclasses.replace(s, stages=stage_names, locality_strength=float(s.locality_strength),
-                                                 gating_init=float(s.gating_init))),
-    }
-    if verify:
-        try:
+    convs, reclassed = {}, []
+    old_config = model.__dict__.get('tcnn_config')
+    try:  # a failed conversion or check, a bad input_size: the caller's model is left as it was
+        for name, conv in targets:
+            model.set_submodule(name, GPSA.from_conv(conv, s.locality_strength, s.gating_init, qk_dim=s.qk_dim))
+            convs[name] = conv
+        # RepVGG/MobileOne blocks: timm's reparameterize_model keeps the GPSA layers
+        reclassed = adopt_fusion(model)
+        model.tcnn_config = {
+            'architecture': source_name,
+            'layers': list(convs),
+            **dataclasses.asdict(dataclasses.replace(s, stages=stage_names,
+                                                     locality_strength=float(s.locality_strength),
+                                                     gating_init=float(s.gating_init))),
+        }
+        if verify:
             model.tcnn_report = verify_conversion(model, convs, tuple(input_size or default_input_size(model)), tol,
                                                   args)
-        except BaseException:  # a failed check or a bad input_size: leave the caller's model as it was
-            for name, conv in convs.items():
-                model.set_submodule(name, conv)
-            for block, cls in reclassed:
-                block.__class__ = cls
-            del model.tcnn_config
-            raise
+    except BaseException:
+        for name, conv in convs.items():
+            model.set_submodule(name, conv)
+        for block, cls in reclassed:
+            block.__class__ = cls
+        model.__dict__.pop('tcnn_config', None)
+        if old_config is not None:
+            model.tcnn_config = old_config
+        raise
     return model
 
 

@@ -16,12 +16,14 @@ import torch.nn as nn
 
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_device, check_module, check_number, \
     check_size
-from ..layers.gpsa import EXACT_GATING
-from .settings import exact_configuration, gpsa_layers
+from ..layers.gpsa import EXACT_GATING, GPSA
+from .settings import eval_mode, exact_configuration, gpsa_layers, restore_modes, restored_parameters, \
+    unsharded_gpsa_layers
 from .stages import ConversionError, default_input_size, model_name
 
 __all__ = ['DEFAULT_TOLERANCE', 'EquivalenceReport', 'check_equivalence', 'check_example_inputs', 'check_inputs',
-           'eval_mode', 'full_precision_matmul', 'output_errors', 'verify_conversion', 'RECHECK_DTYPES']
+           'eval_mode', 'restore_modes', 'full_precision_matmul', 'output_errors', 'verify_conversion',
+           'RECHECK_DTYPES']
 
 DEFAULT_TOLERANCE = 1e-4
 # Below the default tolerance, even content-only attention in place of every conv would pass the check: it proves
@@ -88,17 +90,6 @@ class EquivalenceReport:
 
 
 @contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Temporarily put ``model`` in eval mode (BN running statistics, no dropout); its train/eval mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
-@contextlib.contextmanager
 def full_precision_matmul() -> Iterator[None]:
     """Float32 matmuls and cuDNN convolutions in true float32 (TF32 off) inside the block; the previous switches after.
 
@@ -108,10 +99,10 @@ def full_precision_matmul() -> Iterator[None]:
     """
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision('highest')
     try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision('highest')
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
@@ -197,25 +188,23 @@ def check_example_inputs(example_inputs: Any) -> Tuple[Any, ...]:
 
 @contextlib.contextmanager
 def _content_only(model: nn.Module) -> Iterator[nn.Module]:
-    """Temporarily make every GPSA layer attend by content only (gate ~0): a function far from the conv."""
-    saved = [(layer, layer.gating.clone()) for _, layer in gpsa_layers(model)]
-    for layer, _ in saved:
-        layer.set_gating(-EXACT_GATING)
-    try:
+    """Temporarily make every GPSA layer attend by content only (gate ~0): a function far from the conv. The gates
+    are restored on every exit path, a failure part-way through setting them included."""
+    layers = [layer for _, layer in gpsa_layers(model)]
+    with restored_parameters(layers, GPSA.gating_params):
+        for layer in layers:
+            layer.set_gating(-EXACT_GATING)
         yield model
-    finally:
-        with torch.no_grad():
-            for layer, gating in saved:
-                layer.gating.copy_(gating)
 
 
 @contextlib.contextmanager
 def _convs_restored(model: nn.Module, convs: Dict[str, nn.Module]) -> Iterator[nn.Module]:
-    """Temporarily put the original convs back in place of their GPSA layers: the model is the CNN again."""
+    """Temporarily put the original convs back in place of their GPSA layers: the model is the CNN again. The GPSA
+    layers are back on every exit path, a failure part-way through the swap included."""
     layers = {name: model.get_submodule(name) for name in convs}
-    for name, conv in convs.items():
-        model.set_submodule(name, conv)
     try:
+        for name, conv in convs.items():
+            model.set_submodule(name, conv)
         yield model
     finally:
         for name, layer in layers.items():
@@ -319,7 +308,7 @@ def check_equivalence(
             the fix), or a ``t_cnn`` without GPSA layers.
     """
     check_module(cnn, 'cnn')
-    if not gpsa_layers(check_module(t_cnn, 't_cnn')):
+    if not unsharded_gpsa_layers(check_module(t_cnn, 't_cnn'), 'check_equivalence'):
         raise TcnnError('t_cnn has no GPSA layer, so there is nothing to compare: pass the T-CNN made by '
                         'tcnn.reparameterize(cnn)')
     args = check_inputs(input_size, example_inputs)

@@ -86,10 +86,11 @@ from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
 from .kept_values import KEPT_ATTRIBUTE, forget, is_exporting, keep, may_keep
 from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
 from .projections import add_bias, output_projection, project, queries_are_tokens
-from ..errors import InvalidArgumentError, InvalidTypeError, check_number
+from .. import compat
+from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
-           'match_grouped_storage']
+           'match_grouped_storage', 'check_unsharded']
 
 # Locality strength and gate of the exact configuration (alpha >= 30 and lambda >= 20 suffice in float32).
 # With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(40) = 1 - 4e-18 rounds to 1.0 in
@@ -127,6 +128,20 @@ def locality_to_raw(alpha: float) -> float:
     """Inverse of ``softplus(raw, beta=5)``: the raw parameter value that gives locality strength ``alpha``."""
     check_number(alpha, 'locality_strength', gt=0)
     return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
+
+
+def check_unsharded(layer: nn.Module, what: str, name: str = '') -> None:
+    """Raise a one-line ``TcnnError`` when the positional or gating parameters of GPSA ``layer`` (``name`` in its
+    model) are DTensors: FSDP2's ``fully_shard`` (or tensor parallelism) split them over the ranks. Training steps run
+    on them as on plain tensors, but what reads or sets the per-head values (``what``: ``gpsa_summary``,
+    ``set_gating``, ``exact_configuration``, ``check_equivalence``) would see or write one rank's shard: it is refused
+    before it changes anything, with the fix."""
+    if any(compat.is_dtensor(getattr(layer, n)) for n in GPSA.positional_params + GPSA.gating_params):
+        where = f' ({name})' if name else ''
+        raise TcnnError(f'{what} does not take FSDP2-sharded (DTensor) parameters, as the GPSA layer{where} has: call '
+                        f'it on the unsharded model (before fully_shard, or on a copy that loaded the full state dict '
+                        f'of torch.distributed.checkpoint.state_dict.get_model_state_dict(model, '
+                        f'options=StateDictOptions(full_state_dict=True)))')
 
 
 def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
@@ -275,6 +290,7 @@ class GPSA(nn.Module):
     @torch.no_grad()
     def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
         """Set alpha (> 0) of every head (a float, or a ``(N_h,)`` tensor)."""
+        check_unsharded(self, 'set_locality_strength')
         _check_per_head(alpha, 'locality_strength', self.num_heads)
         if isinstance(alpha, torch.Tensor):
             raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
@@ -285,6 +301,7 @@ class GPSA(nn.Module):
     @torch.no_grad()
     def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
         """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
+        check_unsharded(self, 'set_gating')
         _check_per_head(gating, 'gating', self.num_heads)
         if isinstance(gating, torch.Tensor):
             self.gating.copy_(gating.to(self.gating).reshape(self.gating.shape))

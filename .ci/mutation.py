@@ -1,0 +1,211 @@
+"""Mutation testing of one module with the test files that own it (issue 47; scores and method: docs/tests.md).
+
+    pip install -e '.[mutation]'                 # mutmut, a dev-only extra (not part of 'test')
+    nice -n 19 python .ci/mutation.py integrity  # one module; several names run one after the other
+    python .ci/mutation.py --list                # the modules, their files and owning tests
+    python .ci/mutation.py --report integrity    # the counts and every survivor of the last run, without running
+    nice -n 19 python .ci/mutation.py --recheck recipe  # the last run's survivors again, one fresh process each
+
+mutmut 3 copies the source tree into ``mutants/`` of the folder it runs in and runs pytest there. Each module runs in
+its own copy of the repository, ``mutants/<module>/`` (ignored by git), whose ``pyproject.toml`` is the repository's
+``[tool.mutmut]`` plus the module (``only_mutate``) and its test files (``pytest_add_cli_args_test_selection``): a
+module's run neither sees nor overwrites another's results, and its stats run collects its own tests only. The
+copy's ``tests/conftest.py`` puts the copy first on ``sys.path``, so the tests import the mutated ``tcnn``.
+
+mutmut switches a mutant on inside functions that run after the tests started (its trampolines read which mutant is
+active), so a mutant in code that runs while ``tcnn`` is imported (the recipe's schema: ``Recipe``'s fields and
+``RECIPE_KEYS`` are built by functions at import) is never active and survives whatever the tests check. ``--recheck``
+tests every survivor of the last run the plain way: the mutant written into the copy's source (``mutmut apply``),
+the module's owning tests as they are now run in a new process (``pytest -x``, at most 15 minutes), the source
+restored; a survivor that fails there counts as killed (``recheck.json`` beside the run). It also tells which
+survivors the tests written since the run kill, without a new run.
+
+A survivor is killed by a test, or listed as equivalent in docs/tests.md ("Equivalent mutants": one line each, the
+mutant's name in backquotes and why it cannot change behaviour); the report counts those lines as equivalent.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / 'mutants'
+DOC = ROOT / 'docs' / 'tests.md'
+
+# module -> (files mutated, test files that own them, extra pytest arguments)
+MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
+    'integrity': (['tcnn/files/integrity.py'], ['tests/test_integrity.py'], []),
+    'optim': (['tcnn/train/optim.py'], ['tests/test_optim.py'], []),
+    # less the resumed training runs of earlier releases (18 s a mutant): test_the_recipe_of_an_earlier_releases_
+    # checkpoint_loads reads the same recipes without training
+    'recipe': (['tcnn/train/recipe.py'], ['tests/test_recipe.py'], ['-k', 'not run_resumes']),
+    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_io.py', 'tests/test_integrity.py'], []),
+    # TorchScript cannot compile mutmut's trampolines (``*args``): the layers run with PYTORCH_JIT=0 (``jit.script``
+    # returns the module itself, so the scripting tests compare eager with eager), less the tests that read a
+    # TorchScript graph or count dynamo's graph breaks, which mutmut's trampolines add
+    'layers': (['tcnn/layers/*'], ['tests/test_gpsa.py', 'tests/test_precision.py', 'tests/test_depthwise.py',
+                                  'tests/test_grouped.py'],
+               ['-k', 'not written_without_beta and not without_graph_breaks']),
+    'convert': (['tcnn/convert/*'], ['tests/test_convert.py', 'tests/test_stages.py'], []),
+}
+# environment of every run: offline (no test downloads), TorchScript off (see 'layers')
+ENV = {'HF_HUB_OFFLINE': '1', 'PYTORCH_JIT': '0'}
+
+# mutmut's exit codes -> status (mutmut.stats.status_by_exit_code)
+STATUS = {1: 'killed', 3: 'killed', 0: 'survived', 5: 'no tests', 33: 'no tests', 34: 'skipped', 36: 'timeout',
+          -24: 'timeout', 24: 'timeout', 152: 'timeout', 255: 'timeout', 37: 'caught by type check', None: 'not run'}
+COPIED = ('tcnn', 'tests', 'benchmarks', 'recipes', 'setup.cfg', 'pyproject.toml', 'README.md', 'docs', '.ci')
+
+
+def equivalent_mutants() -> Dict[str, str]:
+    """The mutants docs/tests.md lists as equivalent (``| `name` | why |`` rows), with the reason."""
+    if not DOC.exists():
+        return {}
+    rows = re.findall(r'^\| `(tcnn\.[^`]+__mutmut_\d+)` \| (.+?) \|$', DOC.read_text(encoding='utf-8'), re.M)
+    return dict(rows)
+
+
+def prepare(module: str) -> Path:
+    """A fresh copy of the repository for ``module`` (the previous one's results are dropped), its config set."""
+    files, tests, pytest_args = MODULES[module]
+    work = WORK / module
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '.pytest_cache')
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, work / name, symlinks=True, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, work / name)
+    config = (work / 'pyproject.toml').read_text(encoding='utf-8')
+    extra = f'only_mutate = {json.dumps(files)}\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n'
+    config = config.replace('[tool.mutmut]\n', '[tool.mutmut]\n' + extra, 1)
+    shared = re.search(r'^pytest_add_cli_args = (.*)$', config, re.M)
+    args = json.loads(shared.group(1)) + pytest_args
+    config = config.replace(shared.group(0), f'pytest_add_cli_args = {json.dumps(args)}')
+    (work / 'pyproject.toml').write_text(config, encoding='utf-8')
+    return work
+
+
+def run(module: str, max_children: int, only: Sequence[str] = ()) -> float:
+    """Run mutmut on ``module`` in its copy (``only``: mutant name patterns, e.g. ``tcnn.layers.positional.*``, to
+    measure a sample); returns the wall time (s). Its output goes to ``mutmut.log`` there."""
+    work = prepare(module)
+    start = time.monotonic()
+    with open(work / 'mutmut.log', 'w') as log:
+        code = mutmut(work, 'run', '--max-children', str(max_children), *only, stdout=log, stderr=subprocess.STDOUT)
+    elapsed = time.monotonic() - start
+    (work / 'wall_time_s').write_text(f'{elapsed:.0f}\n')
+    if code:
+        print(f'{module}: mutmut exited {code}; see {work / "mutmut.log"}', file=sys.stderr)
+    return elapsed
+
+
+def mutmut(work: Path, *args: str, **kwargs) -> int:
+    """mutmut's command line in ``work`` (its cli from its module, not ``python -m mutmut``, which it warns re-executes
+    ``mutmut.__main__``)."""
+    return subprocess.call([sys.executable, '-c', 'import sys; from mutmut.__main__ import cli; sys.exit(cli())',
+                            *args], cwd=work, env=dict(os.environ, **ENV), **kwargs)
+
+
+def recheck(module: str) -> Dict[str, str]:
+    """Every survivor (and 'no tests' mutant) of ``module``'s last run once more, the plain way (module docstring):
+    ``{mutant: 'killed' | 'survived' | 'timeout'}``, also written to ``recheck.json`` beside the run."""
+    files, tests, pytest_args = MODULES[module]
+    work = WORK / module
+    # the tests as they are now: a survivor of the run may have a test since
+    shutil.rmtree(work / 'tests')
+    shutil.copytree(ROOT / 'tests', work / 'tests', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    sources = sorted({p for pattern in files for p in work.glob(pattern) if p.suffix == '.py'})
+    outcome = {}
+    for name, (status, _) in sorted(results(module, rechecked=False).items()):
+        if status not in ('survived', 'no tests', 'equivalent'):
+            continue
+        for path in sources:
+            shutil.copy2(ROOT / path.relative_to(work), path)
+        if mutmut(work, 'apply', name, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+            outcome[name] = 'not applied'
+            continue
+        try:
+            code = subprocess.call([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *tests,
+                                    *pytest_args], cwd=work, env=dict(os.environ, **ENV), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, timeout=900)
+            outcome[name] = 'survived' if code == 0 else 'killed'
+        except subprocess.TimeoutExpired:
+            outcome[name] = 'timeout'
+    for path in sources:
+        shutil.copy2(ROOT / path.relative_to(work), path)
+    (work / 'recheck.json').write_text(json.dumps(outcome, indent=1) + '\n')
+    return outcome
+
+
+def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]:
+    """``{mutant: (status, seconds)}`` of the last run of ``module`` (mutmut's ``.meta`` files); survivors listed as
+    equivalent in docs/tests.md count as ``equivalent``, those ``--recheck`` killed as ``killed (fresh process)``."""
+    equivalent = equivalent_mutants()
+    again = WORK / module / 'recheck.json'
+    again = json.loads(again.read_text()) if rechecked and again.exists() else {}
+    out = {}
+    for meta in sorted((WORK / module / 'mutants').rglob('*.py.meta')):
+        data = json.loads(meta.read_text(encoding='utf-8'))
+        durations = data.get('durations_by_key', {})
+        for name, code in data['exit_code_by_key'].items():
+            status = STATUS.get(code, 'suspicious')
+            if status in ('survived', 'no tests') and again.get(name) == 'killed':
+                status = 'killed (fresh process)'
+            elif status in ('survived', 'no tests') and name in equivalent:
+                status = 'equivalent'
+            out[name] = (status, durations.get(name, 0.0))
+    return out
+
+
+def report(module: str) -> Dict[str, object]:
+    """Counts by status, the run's wall time and the survivors of ``module``'s last run."""
+    res = results(module)
+    counts = Counter(status for status, _ in res.values())
+    wall, again = WORK / module / 'wall_time_s', WORK / module / 'recheck_time_s'
+    return {'module': module, 'files': MODULES[module][0], 'tests': MODULES[module][1], 'mutants': len(res),
+            'counts': dict(counts), 'wall_time_s': float(wall.read_text()) if wall.exists() else None,
+            'recheck_time_s': float(again.read_text()) if again.exists() else None,
+            'survivors': sorted(n for n, (s, _) in res.items() if s in ('survived', 'no tests', 'suspicious',
+                                                                           'timeout'))}
+
+
+def main(argv: Sequence[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('modules', nargs='*', help=f'of {", ".join(MODULES)}')
+    parser.add_argument('--list', action='store_true', help='the modules, their files and owning tests')
+    parser.add_argument('--report', action='store_true', help="the last run's counts and survivors, without running")
+    parser.add_argument('--recheck', action='store_true', help="the last run's survivors, one fresh process each")
+    parser.add_argument('--only', nargs='+', default=(), metavar='PATTERN',
+                        help='run only these mutants (name patterns: a sample, to measure the time per mutant)')
+    parser.add_argument('--max-children', type=int, default=1, help='mutants tested at once (default 1)')
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (files, tests, pytest_args) in MODULES.items():
+            print(f'{name}: {" ".join(files)} <- {" ".join(tests + pytest_args)}')
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown or not args.modules:
+        parser.error(f'name modules of {", ".join(MODULES)}' + (f' (unknown: {", ".join(unknown)})' if unknown else ''))
+    for module in args.modules:
+        if args.recheck:
+            start = time.monotonic()
+            recheck(module)
+            (WORK / module / 'recheck_time_s').write_text(f'{time.monotonic() - start:.0f}\n')
+        elif not args.report:
+            run(module, args.max_children, args.only)
+        print(json.dumps(report(module), indent=1))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
