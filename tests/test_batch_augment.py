@@ -288,6 +288,30 @@ def test_color_jitter_ops_against_torchvision(name):
     assert v2.max() <= max_v2 and pil.mean() <= mean_pil, (v2.max(), pil.mean(), pil.max())
 
 
+@pytest.mark.parametrize('active', [(True, True, True, True), (True, True, True, False), (False, False, True, False)])
+def test_color_jitter_in_place_on_floats_is_torchvisions_chain(active):
+    """The batch's ColorJitter (float images holding uint8 values, the images of one order together, in place on
+    one slice) against torchvision v2's uint8 ops chained per image in that image's order: bit-equal, on noise images (every
+    clamp reached) and on photos, with factors beyond ColorJitter's usual ranges."""
+    g = torch.Generator().manual_seed(11)
+    noise = torch.randint(0, 256, (40, 3, 20, 24), dtype=torch.uint8, generator=g)
+    photos = torch.stack([_tensor(a)[:, :20, :24] for a in IMAGES])
+    images = torch.cat([noise, photos])
+    n = len(images)
+    factors = torch.stack([torch.rand(n, generator=g) * 2.0, torch.rand(n, generator=g) * 2.0,
+                           torch.rand(n, generator=g) * 2.0, torch.rand(n, generator=g) - 0.5], dim=1)
+    factors[:4, :3] = torch.tensor([0.0, 1.0, 2.0, 1.5]).view(4, 1)  # the blends' ends and a brightening
+    orders = torch.stack([torch.randperm(4, generator=g) for _ in range(n)])
+    ours = ops.color_jitter(images, factors, orders, active, out=torch.empty(images.shape))
+    fns = (TF2.adjust_brightness, TF2.adjust_contrast, TF2.adjust_saturation, TF2.adjust_hue)
+    for i in range(n):
+        x = images[i]
+        for f in orders[i].tolist():
+            if active[f]:
+                x = fns[f](x, float(factors[i, f]))
+        assert torch.equal(ours[i], x.float()), i
+
+
 @pytest.mark.parametrize('mode', ['const', 'rand', 'pixel'])
 def test_random_erasing_against_timms_erase(mode):
     """The box timm's ``_erase`` picks, given to ours: 'const' is bit-equal; the noise modes fill the same box with

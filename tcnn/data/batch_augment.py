@@ -338,11 +338,14 @@ class BatchAugment:
     def _draw_crop(self, rng: random.Random, height: int, width: int) -> Tuple[int, int, int, int]:
         """``RandomResizedCropAndInterpolation.get_params``: 10 attempts, then the centre crop of the ratio range."""
         area = width * height
+        # random.uniform(a, b) is a + (b - a) * random(), written out: the same numbers without a call per draw (the
+        # demo's whole-image scale fails all ten tries, twenty draws per sample)
+        (s_lo, s_hi), (r_lo, r_hi), draw, exp, sqrt = self.scale, self.log_ratio, rng.random, math.exp, math.sqrt
         for _ in range(10):
-            target_area = rng.uniform(*self.scale) * area
-            aspect_ratio = math.exp(rng.uniform(*self.log_ratio))
-            w = int(round(math.sqrt(target_area * aspect_ratio)))
-            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            target_area = (s_lo + (s_hi - s_lo) * draw()) * area
+            aspect_ratio = exp(r_lo + (r_hi - r_lo) * draw())
+            w = int(round(sqrt(target_area * aspect_ratio)))
+            h = int(round(sqrt(target_area / aspect_ratio)))
             if w <= width and h <= height:
                 return rng.randint(0, height - h), rng.randint(0, width - w), h, w
         in_ratio = width / height
@@ -414,7 +417,9 @@ class BatchAugment:
     def _draw_values(self, rng: random.Random, size: Tuple[int, int]) -> Tuple[Any, ...]:
         """One sample's parameters as plain values, in the order of ``PARAMS``: every random number from ``rng``, in
         timm's order (crop, its interpolation, flip, RandAugment, ColorJitter, erasing and its seed)."""
-        height, width = (int(check_number(s, 'size', ge=1, integer=True)) for s in size)
+        height, width = size
+        if not (type(height) is int and type(width) is int and height >= 1 and width >= 1):  # the checks' fast path
+            height, width = (int(check_number(s, 'size', ge=1, integer=True)) for s in size)
         top, left, h, w = self._draw_crop(rng, height, width)
         interp = rng.choice((BILINEAR, BICUBIC)) if self.interp_code < 0 else self.interp_code
         flip = self.hflip > 0 and rng.random() < self.hflip
@@ -546,14 +551,12 @@ class BatchAugment:
                     chosen = (column == k).nonzero().view(-1)
                     self._apply(out, chosen, functools.partial(self._rand_augment_op, self.ra_ops[k]),
                                 p['ra_arg'][chosen, layer], p['ra_interp'][chosen, layer])
-        # ColorJitter: at each of the four steps, each component on the images whose order puts it there
-        jitter = (ops.adjust_brightness, ops.adjust_contrast, ops.adjust_saturation, ops.adjust_hue)
-        for step in range(4):
-            for f, fn in enumerate(jitter):
-                if self.jitter[f] is not None:
-                    chosen = (p['cj_order'][:, step] == f).nonzero().view(-1)
-                    self._apply(out, chosen, fn, p['cj_factor'][chosen, f])
-        ops.normalize(out, self.mean, self.std, out=result)
+        active = [r is not None for r in self.jitter]
+        if any(active):  # ColorJitter on the float batch the normalisation then reads (uint8 values, exactly)
+            ops.color_jitter(out, p['cj_factor'], p['cj_order'], active, out=result)
+            ops.normalize(result, self.mean, self.std, out=result)
+        else:
+            ops.normalize(out, self.mean, self.std, out=result)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(img_size={self.img_size}, scale={self.scale}, ratio={self.ratio}, '

@@ -28,6 +28,7 @@ calls it once and scatters the result back. Each mirrors what timm's transform r
 Nothing here draws a random number except ``erase``, from generators seeded by its caller.
 """
 import functools
+import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import PIL
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 __all__ = ['INTERPOLATIONS', 'resize', 'resize_float', 'hflip', 'invert', 'posterize', 'solarize', 'solarize_add',
            'autocontrast', 'equalize', 'grayscale', 'blend', 'color', 'contrast', 'brightness', 'sharpness', 'affine',
            'rotate', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'adjust_brightness', 'adjust_contrast',
-           'adjust_saturation', 'adjust_hue', 'normalize', 'erase']
+           'adjust_saturation', 'adjust_hue', 'color_jitter', 'normalize', 'erase']
 
 # Interpolation codes of the parameter tensors (``tcnn.data.batch_augment``): an index into this tuple.
 INTERPOLATIONS = ('nearest', 'bilinear', 'bicubic')
@@ -443,34 +444,65 @@ def _gray_v2(images: Tensor) -> Tensor:
     return gray.to(torch.int16).float()  # floor: the values are >= 0 (and torch's floor_ is the slower op)
 
 
-def _blend_v2(images: Tensor, other: Tensor, ratio: Tensor) -> Tensor:
-    """torchvision v2's ``_blend``: ``image.mul(ratio).add_(other, alpha=1 - ratio)`` in float32, clamped, truncated
-    to uint8 (``1 - ratio`` in double first, as torchvision computes its ``alpha``).
+def _blend_v2_(x: Tensor, other: Tensor, ratio: Tensor) -> Tensor:
+    """torchvision v2's ``_blend`` in place on float32 images ``x`` (uint8 values): ``x.mul(ratio).add_(other,
+    alpha=1 - ratio)`` in float32, clamped (``1 - ratio`` in double first, as torchvision computes its ``alpha``);
+    the caller truncates.
 
     torch's vectorised ``add_`` with ``alpha`` is a fused multiply-add (one rounding), which a per-image ``alpha``
     tensor cannot call; ``addcmul_`` runs the same fused kernel (measured: bit-equal to torchvision, where an unfused
     float32 add differs by one level on 0.2% of saturation's pixels).
     """
-    r = _column(ratio, images, torch.float64)
-    out = images.float().mul_(r.float())
-    out.addcmul_(other, (1.0 - r).float())
-    return _to_uint8(out.clamp_(0, 255))
+    r = _column(ratio, x, torch.float64)
+    x.mul_(r.float())
+    if other.shape[-2:] != x.shape[-2:]:
+        # contrast's per-image mean: addcmul_ with two broadcast (n, 1, 1, 1) operands takes torch's strided loop
+        # (7x the time of one full-size operand on the CPU); the same values spread over (n, 1, H, W) do not
+        other = other.expand(*other.shape[:-2], *x.shape[-2:]).contiguous()
+    return x.addcmul_(other, (1.0 - r).float()).clamp_(0, 255)
+
+
+def _brightness_(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision's ``adjust_brightness`` in place on float32 images (uint8 values), clamped; the caller
+    truncates."""
+    return x.mul_(_column(factor, x, torch.float32)).clamp_(0, 255)
+
+
+def _contrast_(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision's ``adjust_contrast`` in place on float32 images (uint8 values): a blend with the mean of the
+    floored grayscale; the caller truncates."""
+    return _blend_v2_(x, _gray_v2(x).mean(dim=(-3, -2, -1), keepdim=True), factor)
+
+
+def _saturation_(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision's ``adjust_saturation`` in place on float32 images (uint8 values): a blend with the floored
+    grayscale; the caller truncates."""
+    return _blend_v2_(x, _gray_v2(x), factor)
+
+
+def _hue_(x: Tensor, factor: Tensor) -> Tensor:
+    """torchvision's ``adjust_hue`` of float32 images ``x`` (uint8 values, left unchanged): to [0, 1], HSV, hue
+    shifted modulo 1, back to RGB, scaled as ``to_dtype(scale=True)`` scales (``* (255 + 1 - 1e-3)``); the caller
+    truncates."""
+    hsv = _rgb_to_hsv(x.mul(1.0 / 255))
+    h, s, v = hsv.unbind(dim=-3)
+    h = h.add(_column(factor, x, torch.float32).view(-1, 1, 1)).remainder_(1.0)
+    return _hsv_to_rgb(torch.stack((h, s, v), dim=-3)).mul_(255 + 1.0 - 1e-3)
 
 
 def adjust_brightness(images: Tensor, factor: Tensor) -> Tensor:
     """torchvision's ``adjust_brightness`` on uint8 tensors."""
-    return _to_uint8((images.float() * _column(factor, images, torch.float32)).clamp_(0, 255))
+    return _to_uint8(_brightness_(images.float(), factor))
 
 
 def adjust_contrast(images: Tensor, factor: Tensor) -> Tensor:
     """torchvision's ``adjust_contrast`` on uint8 tensors: a blend with the mean of the floored grayscale."""
-    mean = _gray_v2(images).mean(dim=(-3, -2, -1), keepdim=True)
-    return _blend_v2(images, mean, factor)
+    return _to_uint8(_contrast_(images.float(), factor))
 
 
 def adjust_saturation(images: Tensor, factor: Tensor) -> Tensor:
     """torchvision's ``adjust_saturation`` on uint8 tensors: a blend with the floored grayscale."""
-    return _blend_v2(images, _gray_v2(images), factor)
+    return _to_uint8(_saturation_(images.float(), factor))
 
 
 def _rgb_to_hsv(image: Tensor) -> Tensor:
@@ -516,12 +548,45 @@ def _hsv_to_rgb(img: Tensor) -> Tensor:
 def adjust_hue(images: Tensor, factor: Tensor) -> Tensor:
     """torchvision's ``adjust_hue`` on uint8 tensors: to float in [0, 1], HSV, hue shifted modulo 1, back to RGB and
     to uint8 as ``to_dtype(scale=True)`` does (``* (255 + 1 - 1e-3)``, truncated)."""
-    x = images.float().mul_(1.0 / 255)
-    hsv = _rgb_to_hsv(x)
-    h, s, v = hsv.unbind(dim=-3)
-    h = h.add(_column(factor, images, torch.float32).view(-1, 1, 1)).remainder_(1.0)
-    rgb = _hsv_to_rgb(torch.stack((h, s, v), dim=-3))
-    return _to_uint8(rgb.mul_(255 + 1.0 - 1e-3))
+    return _to_uint8(_hue_(images.float(), factor))
+
+
+def color_jitter(images: Tensor, factors: Tensor, orders: Tensor, active: Sequence[bool], out: Tensor) -> Tensor:
+    """torchvision's ``ColorJitter`` (v2's uint8 tensor ops, each result truncated to uint8 as the next one reads it)
+    of uint8 images ``(n, 3, H, W)``, written into ``out`` as float32 holding the uint8 values.
+
+    Args:
+        images: The uint8 images.
+        factors: ``(n, 4)`` brightness, contrast, saturation and hue factors.
+        orders: ``(n, 4)`` each image's order of the four (a permutation of 0-3).
+        active: Which of the four are on.
+        out: float32 ``(n, 3, H, W)``.
+
+    An image's steps depend on its order only: the batch is gathered by order (as uint8, the cheap copy), converted
+    to float once, each order's images go through their steps together on one slice, in place, and the batch is
+    scattered back into ``out``. A float image holding uint8 values is as exact as the uint8 one (every op casts to
+    float32 first, and the truncating cast is a floor of values >= 0), without two casts per op.
+    """
+    steps = (_brightness_, _contrast_, _saturation_, _hue_)
+    keys = [tuple(f for f in order if active[f]) for order in orders.tolist()]
+    perm = sorted(range(len(keys)), key=keys.__getitem__)  # stable: an order's images keep their batch order
+    identity = perm == list(range(len(perm)))
+    index = torch.tensor(perm, device=images.device)
+    block = out.copy_(images) if identity else images.index_select(0, index).float()
+    factors = factors.to(device=images.device, dtype=torch.float64)
+    factors = factors if identity else factors.index_select(0, index.to(factors.device))
+    lo = 0
+    for key, run in itertools.groupby(keys[i] for i in perm):
+        hi = lo + sum(1 for _ in run)
+        view = block[lo:hi]
+        for f in key:
+            if f == 3:  # the only step not in place: HSV needs the unchanged RGB
+                view.copy_(_hue_(view, factors[lo:hi, f]))
+            else:
+                steps[f](view, factors[lo:hi, f])
+            view.floor_()  # uint8's truncating cast of values >= 0 (trunc_ is 15x slower on the CPU)
+        lo = hi
+    return out if identity else out.index_copy_(0, index, block)
 
 
 # ------------------------------------------------------------------------------------------ normalise and erase
@@ -529,10 +594,10 @@ def adjust_hue(images: Tensor, factor: Tensor) -> Tensor:
 
 def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float], out: Optional[Tensor] = None) -> Tensor:
     """torchvision's ``ToTensor`` then ``Normalize``: ``(x / 255 - mean) / std`` in float32, the same ops (into
-    ``out`` if given)."""
+    ``out`` if given; ``out=images``: in place on float images)."""
     m = torch.tensor(mean, dtype=torch.float32, device=images.device).view(-1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32, device=images.device).view(-1, 1, 1)
-    x = images.float() if out is None else out.copy_(images)
+    x = images.float() if out is None else out if out is images else out.copy_(images)
     return x.div_(255).sub_(m).div_(s)
 
 
