@@ -10,6 +10,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
 
 from benchmarks.measure import OperatorCount
@@ -238,7 +239,7 @@ def test_locality_strength_is_softplus_beta_5_written_without_beta(dtype):
                      torch.tensor([locality_to_raw(1.0), locality_to_raw(EXACT_LOCALITY), 4.0, 3.9999, 4.0001],
                                   dtype=dtype)])
     ours_raw, ref_raw = raw.clone().requires_grad_(), raw.clone().requires_grad_()
-    ours, ref = softplus_beta_5(ours_raw), F.softplus(ref_raw, beta=5.0)
+    ours, ref = softplus_beta_5(ours_raw), F.softplus(ref_raw, beta=SOFTPLUS_BETA)  # its literal 5.0 is the beta
     assert torch.equal(ours, ref)
     grad = torch.randn_like(ref)
     ours.backward(grad)

@@ -88,6 +88,7 @@ from .positional import axis_offsets, kernel_centers, outer, output_size, positi
 from .projections import add_bias, output_projection, project, queries_are_tokens
 from .. import compat
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from ..gpsa_parameters import SOFTPLUS_BETA
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
            'match_grouped_storage', 'check_unsharded']
@@ -98,7 +99,6 @@ __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade
 # so the layer is the conv up to matmul rounding in either precision.
 EXACT_LOCALITY = 50.0
 EXACT_GATING = 40.0
-SOFTPLUS_BETA = 5.0
 
 _PairInt = Union[int, Tuple[int, int]]
 
@@ -150,6 +150,8 @@ def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
     torch's own kernel, ``raw`` where ``5 * raw > 20`` (its threshold) and ``log1p(exp(5 * raw)) / 5`` below: outputs
     bitwise equal to ``F.softplus(raw, beta=5)``, gradients within 3 ulp (the 1/5 and the 5 apply in two steps).
     Eager mode keeps ``F.softplus`` (one kernel instead of five)."""
+    # 5.0 is SOFTPLUS_BETA written as a literal: TorchScript compiles no global float (tests/test_gpsa.py holds the two
+    # to each other)
     scaled = raw * 5.0
     return torch.where(scaled > 20.0, raw, F.softplus(scaled) / 5.0)
 
@@ -385,7 +387,7 @@ class GPSA(nn.Module):
         raw = at_least_float32(self.pos_locality)
         if not torch.jit.is_scripting():
             if not is_exporting() and not torch.compiler.is_compiling():
-                return F.softplus(raw, beta=5.0)  # eager: one kernel (SOFTPLUS_BETA, a literal for TorchScript)
+                return F.softplus(raw, beta=SOFTPLUS_BETA)  # eager: one kernel
         return softplus_beta_5(raw)
 
     def span(self) -> torch.Tensor:
