@@ -25,7 +25,7 @@ class SdpaGPSA(GPSA):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c = x.shape[0], x.shape[1]
         h_out, w_out = self.output_size(x.shape[-2], x.shape[-1])
-        x_pad = pad(x, self.padding, self.padding_mode)
+        x_pad = pad(x, self.geometry)
         ay, ax = self.anchor
         sy, sx = self.stride
         x_q = x_pad[:, :, ay::sy, ax::sx][:, :, :h_out, :w_out].reshape(b, c, h_out * w_out)
@@ -44,8 +44,8 @@ class SdpaGPSA(GPSA):
         heads = torch.lerp(content, positional, gate)
         # Per query the N_h head outputs one after the other, [q][h][c] as in GPSA.forward, and its projection.
         heads = heads.transpose(1, 2).reshape(b, h_out * w_out * self.num_heads, c)
-        out = output_projection(heads, self.proj_weight, self.proj_bias, num_heads=self.num_heads, in_chs=self.in_chs,
-                                out_chs=self.out_chs, groups=self.groups, b=b, n_q=h_out * w_out)  # (B, N_q, C_out)
+        out = output_projection(heads, self.proj_weight, self.proj_bias, self.geometry, in_chs=self.in_chs,
+                                out_chs=self.out_chs, b=b, n_q=h_out * w_out)  # (B, N_q, C_out)
         return out.transpose(1, 2).reshape(b, self.out_chs, h_out, w_out)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Sequence
 
 __all__ = ['SOFTPLUS_BETA', 'HEAD_PARAMETERS', 'gate', 'locality_strength', 'layer_summary', 'summary_of_values']
 
-SOFTPLUS_BETA = 5.0  # T-CNN footnote 1 (tcnn.layers.gpsa.SOFTPLUS_BETA, which the layer's forward uses)
+SOFTPLUS_BETA = 5.0  # T-CNN footnote 1; the one copy: the layer (tcnn.layers.gpsa) imports it from here
 # The parameters of a GPSA layer (tcnn.layers.gpsa.GPSA) that its gates, spans and centres come from: a state dict
 # holds them under LAYER.gating, LAYER.pos_locality and LAYER.pos_centers
 HEAD_PARAMETERS = ('gating', 'pos_locality', 'pos_centers')

@@ -10,6 +10,8 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tcnn.gpsa_parameters import SOFTPLUS_BETA
+from tcnn.layers.geometry import Geometry
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
 
 from benchmarks.measure import OperatorCount
@@ -238,7 +240,7 @@ def test_locality_strength_is_softplus_beta_5_written_without_beta(dtype):
                      torch.tensor([locality_to_raw(1.0), locality_to_raw(EXACT_LOCALITY), 4.0, 3.9999, 4.0001],
                                   dtype=dtype)])
     ours_raw, ref_raw = raw.clone().requires_grad_(), raw.clone().requires_grad_()
-    ours, ref = softplus_beta_5(ours_raw), F.softplus(ref_raw, beta=5.0)
+    ours, ref = softplus_beta_5(ours_raw), F.softplus(ref_raw, beta=SOFTPLUS_BETA)  # its literal 5.0 is the beta
     assert torch.equal(ours, ref)
     grad = torch.randn_like(ref)
     ours.backward(grad)
@@ -532,14 +534,33 @@ def test_forward_launches_few_kernels(stride):
 
 def test_layer_functions_name_their_arguments():
     """The layer reads by named calls: no function or method of ``tcnn.layers`` takes more than six positional
-    arguments (``self``, ``cls`` excluded); a layer's geometry is passed by keyword (``project(x, ..., stride=...)``).
+    arguments, nor, a constructor aside, more than eight in all (``self``, ``cls`` excluded): a layer's geometry travels
+    as one ``Geometry`` (``project(x, ..., geometry, qk_dim=...)``), not as loose arguments (issue 48).
     """
     folder = pathlib.Path(__file__).resolve().parents[1] / 'tcnn' / 'layers'
     too_many = []
     for path in sorted(folder.glob('*.py')):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ('self', 'cls')]
-                if len(names) > 6:
-                    too_many.append(f'{path.name}:{node.lineno} {node.name}({", ".join(names)})')
-    assert len(list(folder.glob('*.py'))) >= 6 and not too_many, too_many
+                args = node.args
+                names = [a.arg for a in args.posonlyargs + args.args if a.arg not in ('self', 'cls')]
+                every = names + [a.arg for a in args.kwonlyargs] + [a.arg for a in (args.vararg, args.kwarg) if a]
+                if len(names) > 6 or (len(every) > 8 and node.name != '__init__'):
+                    too_many.append(f'{path.name}:{node.lineno} {node.name}({", ".join(every)})')
+    assert len(list(folder.glob('*.py'))) >= 7 and not too_many, too_many
+
+
+def test_geometry_is_made_once_and_matches_the_attributes():
+    """``GPSA.geometry`` is the layer's one frozen ``Geometry``, its fields the layer's attributes of the same names;
+    TorchScript keeps it with its field names (the class annotates the attribute)."""
+    layer = GPSA(8, 16, (5, 3), stride=(2, 1), padding=(2, 1), dilation=(1, 2), padding_mode='reflect', groups=4)
+    geometry = layer.geometry
+    assert isinstance(geometry, Geometry)
+    assert geometry == Geometry(kernel_size=(5, 3), stride=(2, 1), padding=(2, 1), dilation=(1, 2), anchor=(2, 2),
+                                padding_mode='reflect', groups=4, num_heads=15)
+    assert all(getattr(layer, name) == value for name, value in geometry._asdict().items())
+    with pytest.raises(AttributeError):
+        geometry.stride = (1, 1)  # frozen
+    scripted = torch.jit.script(layer)
+    assert scripted.geometry == geometry and scripted.stride == (2, 1)
+    assert copy.deepcopy(layer).geometry == geometry

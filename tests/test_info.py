@@ -37,7 +37,7 @@ def t_model() -> torch.nn.Module:
 
 def test_the_parameters_meaning_is_the_layers():
     """gate = sigmoid(lambda), alpha = softplus(raw, beta=5): the torch-free functions compute what the layer does."""
-    assert gpsa_parameters.SOFTPLUS_BETA == gpsa_module.SOFTPLUS_BETA
+    assert gpsa_module.SOFTPLUS_BETA is gpsa_parameters.SOFTPLUS_BETA  # one copy: the layer imports it
     x = torch.tensor(VALUES, dtype=torch.float64)
     assert [gpsa_parameters.gate(v) for v in VALUES] == pytest.approx(torch.sigmoid(x).tolist(), rel=1e-15, abs=0)
     softplus = F.softplus(x, beta=gpsa_module.SOFTPLUS_BETA).tolist()

@@ -7,10 +7,12 @@ of score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7
 
 Precision: the attention runs in ``promote_types(dtype, float32)`` (``at_least_float32``).
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from .geometry import Geometry
 
 __all__ = ['at_least_float32', 'attention_dtype', 'content_scores', 'content_attention', 'real_key_content_attention',
            'padded_keys_logit']
@@ -49,16 +51,16 @@ def content_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tens
     return out.view(b, nh, n_q, n_k)
 
 
-def content_attention(scores: torch.Tensor, num_heads: int, height: int, width: int, padding: Tuple[int, int],
-                      padding_mode: str) -> torch.Tensor:
-    """Content attention ``(B, N_h, N_q, H_pad, W_pad)`` from ``content_scores``, softmax over the padded grid.
+def content_attention(scores: torch.Tensor, geometry: Geometry, height: int, width: int) -> torch.Tensor:
+    """Content attention ``(B, N_h, N_q, H_pad, W_pad)`` from ``content_scores`` of an input of ``height x width``,
+    softmax over the grid padded as ``geometry`` pads it.
 
     With zero padding ``k`` holds the real pixels only: a zero key scores exactly 0, so the scores of the
     padded keys are filled in as zeros before the softmax (the same result as projecting the padded input).
     """
-    ph, pw = padding
+    (ph, pw), num_heads = geometry.padding, geometry.num_heads
     scores = at_least_float32(scores)  # (B, N_h, N_q, N_k)
-    if padding_mode == 'zeros':
+    if geometry.padding_mode == 'zeros':
         scores = scores.view(scores.shape[0], num_heads, scores.shape[2], height, width)
         if ph > 0 or pw > 0:
             scores = F.pad(scores, (pw, pw, ph, ph))
@@ -87,13 +89,13 @@ def real_key_content_attention(scores: torch.Tensor, log_pad: Optional[torch.Ten
     return content.unflatten(-1, (height, width))
 
 
-def padded_keys_logit(height: int, width: int, padding: Tuple[int, int], padding_mode: str, device: torch.device,
-            dtype: torch.dtype) -> Optional[torch.Tensor]:
+def padded_keys_logit(height: int, width: int, geometry: Geometry, device: torch.device,
+                      dtype: torch.dtype) -> Optional[torch.Tensor]:
     """The logit ``log(n_pad)`` ``(1, 1, 1, 1)`` of the one key that stands for the ``n_pad`` zero-padded keys
-    of the content softmax (``real_key_content_attention``); None without zero padding (decided from the layer's
-    attributes only, for FX)."""
-    ph, pw = padding
-    if padding_mode != 'zeros' or (ph == 0 and pw == 0):
+    of the content softmax (``real_key_content_attention``) of an input of ``height x width``; None without zero
+    padding (decided from the layer's ``geometry`` only, for FX)."""
+    ph, pw = geometry.padding
+    if geometry.padding_mode != 'zeros' or (ph == 0 and pw == 0):
         return None
     n_pad = (height + 2 * ph) * (width + 2 * pw) - height * width
     return _log_count(n_pad, device, dtype)

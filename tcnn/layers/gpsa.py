@@ -70,8 +70,10 @@ Reading the forward: ``GPSA.forward`` is the equations in order, each step a cal
 eq. 4 and the gates; ``_attention_terms``, or ``_kept_attention_terms`` in eager mode), ``_content_attention``, the
 gated mixture (eq. 7, ``_lerp``), ``_value_product`` (the values and the output projection, eqs. 5-6). Which of its
 three paths runs (eager, TorchScript, exporters and tracers) is decided once per call, by ``_forward_path``, whose
-docstring says why each exists; everything else is the same code on all three. No function of ``tcnn.layers`` takes
-more than six positional arguments: a layer's geometry is passed by keyword.
+docstring says why each exists; everything else is the same code on all three. A layer's geometry (kernel, stride,
+padding, dilation, anchor, padding mode, groups, heads) is one frozen ``Geometry`` (``tcnn.layers.geometry``), made
+once in the constructor and passed whole: no function of ``tcnn.layers`` but a constructor takes more than eight
+parameters.
 """
 import math
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
@@ -83,11 +85,13 @@ import torch.nn.functional as F
 from .content import (at_least_float32, attention_dtype, content_attention, content_scores, padded_keys_logit,
                       real_key_content_attention)
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
+from .geometry import Geometry, conv_geometry
 from .kept_values import KEPT_ATTRIBUTE, forget, is_exporting, keep, may_keep
 from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
-from .projections import add_bias, output_projection, project, queries_are_tokens
+from .projections import add_bias, output_projection, project
 from .. import compat
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
+from ..gpsa_parameters import SOFTPLUS_BETA
 
 __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
            'match_grouped_storage', 'check_unsharded']
@@ -98,7 +102,6 @@ __all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade
 # so the layer is the conv up to matmul rounding in either precision.
 EXACT_LOCALITY = 50.0
 EXACT_GATING = 40.0
-SOFTPLUS_BETA = 5.0
 
 _PairInt = Union[int, Tuple[int, int]]
 
@@ -150,6 +153,8 @@ def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
     torch's own kernel, ``raw`` where ``5 * raw > 20`` (its threshold) and ``log1p(exp(5 * raw)) / 5`` below: outputs
     bitwise equal to ``F.softplus(raw, beta=5)``, gradients within 3 ulp (the 1/5 and the 5 apply in two steps).
     Eager mode keeps ``F.softplus`` (one kernel instead of five)."""
+    # 5.0 is SOFTPLUS_BETA written as a literal: TorchScript compiles no global float (tests/test_gpsa.py holds the two
+    # to each other)
     scaled = raw * 5.0
     return torch.where(scaled > 20.0, raw, F.softplus(scaled) / 5.0)
 
@@ -162,8 +167,11 @@ class GPSA(nn.Module):
     Parameters: ``q_weight``, ``k_weight`` ``(N_h * qk_dim, C_in)``; ``v_weight`` ``(C_in, C_in // groups)``
     (``W_val``, block-diagonal); ``proj_weight`` ``(C_out, N_h, C_in // groups)`` (``W_out^h``: per head its tap of
     the conv filter) and ``proj_bias``; per head ``pos_centers`` ``(N_h, 2)``, ``pos_locality`` (raw alpha) and
-    ``gating`` (lambda). Attention runs in ``promote_types(dtype, float32)``. The design and its measurements: the
-    module header and ``docs/benchmarks.md`` ("Design choices of the GPSA layer").
+    ``gating`` (lambda). Attention runs in ``promote_types(dtype, float32)``. The geometry is one frozen ``geometry``
+    (``tcnn.layers.geometry.Geometry``), made here and passed whole to the layer's functions; its fields are also
+    attributes (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``anchor``, ``padding_mode``, ``groups``,
+    ``num_heads``). The design and its measurements: the module header and ``docs/benchmarks.md`` ("Design choices
+    of the GPSA layer").
 
     Args:
         in_chs: Input channels C_in.
@@ -194,6 +202,8 @@ class GPSA(nn.Module):
     # values kept from call to call in eager mode (``tcnn.layers.kept_values``): plain Python, never part of a
     # TorchScript module
     __jit_ignored_attributes__ = [KEPT_ATTRIBUTE]
+    # annotated for TorchScript, which otherwise types the attribute as a plain tuple, without its field names
+    geometry: Geometry
 
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
@@ -237,20 +247,19 @@ class GPSA(nn.Module):
         check_number(gating_init, 'gating_init')
         self.in_chs = in_chs
         self.out_chs = out_chs
-        self.kernel_size = (kh, kw)
-        self.stride = _pair(stride, 'stride', ge=1)
-        self.padding = _pair(padding, 'padding', ge=0)
-        self.dilation = _pair(dilation, 'dilation', ge=1)
-        self.padding_mode = padding_mode
-        self.num_heads = kh * kw
-        self.groups = groups
+        # what the computation reads, passed whole to the functions of tcnn.layers; made once, never changed
+        self.geometry = conv_geometry((kh, kw), _pair(stride, 'stride', ge=1), _pair(padding, 'padding', ge=0),
+                                      _pair(dilation, 'dilation', ge=1), padding_mode, groups)
+        # its fields as attributes too (nn.Conv2d's names, and ``anchor``: the query position inside the receptive
+        # field, in padded coordinates, the centre tap for odd kernels), for readers: plain attributes, not
+        # properties, as a scripted module shows TorchScript's properties to Python as property objects
+        (self.kernel_size, self.stride, self.padding, self.dilation, self.anchor, self.padding_mode, self.groups,
+         self.num_heads) = self.geometry
         # groups of the source conv, for the source CNN's parameter count (conv_parameters): the same as groups,
         # except in a layer that match_grouped_storage rebuilt dense for a file with a dense filter
         self.conv_groups = groups
         self.qk_dim = int(qk_dim) if qk_dim is not None else max(min(in_chs // self.num_heads, in_chs // groups), 1)
         self.scale = self.qk_dim ** -0.5
-        # Query (anchor) position inside the receptive field, in padded coordinates: the centre tap for odd kernels.
-        self.anchor = ((kh - 1) // 2 * self.dilation[0], (kw - 1) // 2 * self.dilation[1])
 
         qk_out = self.num_heads * self.qk_dim
         self.q_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
@@ -285,7 +294,7 @@ class GPSA(nn.Module):
 
     def kernel_centers(self) -> torch.Tensor:
         """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
-        return kernel_centers(self.kernel_size, self.dilation, self.anchor)
+        return kernel_centers(self.geometry)
 
     @torch.no_grad()
     def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
@@ -385,7 +394,7 @@ class GPSA(nn.Module):
         raw = at_least_float32(self.pos_locality)
         if not torch.jit.is_scripting():
             if not is_exporting() and not torch.compiler.is_compiling():
-                return F.softplus(raw, beta=5.0)  # eager: one kernel (SOFTPLUS_BETA, a literal for TorchScript)
+                return F.softplus(raw, beta=SOFTPLUS_BETA)  # eager: one kernel
         return softplus_beta_5(raw)
 
     def span(self) -> torch.Tensor:
@@ -417,7 +426,7 @@ class GPSA(nn.Module):
 
     def output_size(self, height: int, width: int) -> Tuple[int, int]:
         """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
-        return output_size(height, width, self.kernel_size, self.stride, self.padding, self.dilation)
+        return output_size(height, width, self.geometry)
 
     def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
         """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32 (float64 for a
@@ -426,15 +435,13 @@ class GPSA(nn.Module):
         Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
         """
         py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(),
-                                    self._offsets(height, width, device), height=height, width=width,
-                                    padding=self.padding, real_keys=False)
+                                    self._offsets(height, width, device), self.geometry, height=height, width=width,
+                                    real_keys=False)
         return outer(py, px).flatten(-2)
 
     def _offsets(self, height: int, width: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
         """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
-        return axis_offsets(height, width, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
-                            dilation=self.dilation, anchor=self.anchor, device=device,
-                            dtype=attention_dtype(self.pos_locality.dtype))
+        return axis_offsets(height, width, self.geometry, device=device, dtype=attention_dtype(self.pos_locality.dtype))
 
     def _positional_and_gate(self, height: int, width: int, dtype: torch.dtype,
                              offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -442,8 +449,7 @@ class GPSA(nn.Module):
         zero padding, whose padded values are zero), and the gate ``sigmoid(lambda)`` ``(N_h, 1, 1)``, both in
         ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
         py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
-                                    height=height, width=width, padding=self.padding,
-                                    real_keys=self.padding_mode == 'zeros')
+                                    self.geometry, height=height, width=width, real_keys=self.padding_mode == 'zeros')
         pos = outer(py, px).to(dtype).transpose(0, 1)
         return pos, self.gate().to(dtype)[:, None, None]
 
@@ -452,7 +458,7 @@ class GPSA(nn.Module):
         """The attention's terms that do not depend on the input's values, in ``dtype``: the logit ``log(n_pad)`` of
         the padded keys (``padded_keys_logit``) and ``_positional_and_gate``, computed on every call."""
         pos, gate = self._positional_and_gate(height, width, dtype, self._offsets(height, width, device))
-        return padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype), pos, gate
+        return padded_keys_logit(height, width, self.geometry, device, dtype), pos, gate
 
     @torch.jit.unused
     def _kept_attention_terms(self, height: int, width: int, device: torch.device,
@@ -470,7 +476,7 @@ class GPSA(nn.Module):
         offsets = keep(self, ('offsets', height, width, device, attention_dtype(self.pos_locality.dtype)), (),
                        lambda: self._offsets(height, width, device))
         log_pad = keep(self, ('log_pad', height, width, device, dtype), (),
-                       lambda: padded_keys_logit(height, width, self.padding, self.padding_mode, device, dtype))
+                       lambda: padded_keys_logit(height, width, self.geometry, device, dtype))
         params = (self.pos_locality, self.pos_centers, self.gating)
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             # a step may follow that bumps no version (a fused optimizer): what was kept is no longer trusted
@@ -485,10 +491,8 @@ class GPSA(nn.Module):
                  out_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``(B, N_h, N_q, d)`` at the ``out_size`` output positions, keys ``(B, N_h, d, N_k)`` and values
         ``X W_val`` ``(B, N_k, C_in)`` of input ``x`` (``tcnn.layers.projections.project``)."""
-        all_tokens = queries_are_tokens(self.kernel_size, self.stride, self.padding, self.dilation, self.anchor)
-        return project(x, self.q_weight, self.k_weight, self.v_weight, num_heads=self.num_heads, qk_dim=self.qk_dim,
-                       in_chs=self.in_chs, groups=self.groups, out_size=out_size, stride=self.stride,
-                       anchor=self.anchor, padding=self.padding, padding_mode=self.padding_mode, all_tokens=all_tokens)
+        return project(x, self.q_weight, self.k_weight, self.v_weight, self.geometry, qk_dim=self.qk_dim,
+                       in_chs=self.in_chs, out_size=out_size)
 
     def _content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
                            width: int) -> torch.Tensor:
@@ -497,7 +501,7 @@ class GPSA(nn.Module):
         real keys are returned (the padded ones normalise through ``log_pad``: ``real_key_content_attention``)."""
         if self.padding_mode == 'zeros':
             return real_key_content_attention(scores, log_pad, height, width)
-        return content_attention(scores, self.num_heads, height, width, self.padding, self.padding_mode).transpose(1, 2)
+        return content_attention(scores, self.geometry, height, width).transpose(1, 2)
 
     def _value_product(self, attn: torch.Tensor, v: torch.Tensor, scripted: bool, exporting: bool) -> torch.Tensor:
         """``sum_h A_h V W_out^h + bias`` (T-CNN eqs. 5-6): the mixed attention ``(B, N_q, N_h, keys_h, keys_w)``
@@ -512,8 +516,8 @@ class GPSA(nn.Module):
         b, n_q, n_k = attn.shape[0], attn.shape[1], attn.shape[-2] * attn.shape[-1]
         if self.groups != self.in_chs:
             heads = torch.bmm(attn.reshape(b, n_q * self.num_heads, n_k).to(v.dtype), v)
-            return output_projection(heads, self.proj_weight, self.proj_bias, num_heads=self.num_heads,
-                                     in_chs=self.in_chs, out_chs=self.out_chs, groups=self.groups, b=b, n_q=n_q)
+            return output_projection(heads, self.proj_weight, self.proj_bias, self.geometry, in_chs=self.in_chs,
+                                     out_chs=self.out_chs, b=b, n_q=n_q)
         attn = attn.reshape(b, n_q, self.num_heads * n_k)
         taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
         if exporting:
@@ -537,8 +541,7 @@ class GPSA(nn.Module):
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, _ = self._project(x, (h_out, w_out))
-        content = content_attention(content_scores(q, k, self.scale), self.num_heads, height, width, self.padding,
-                                    self.padding_mode).flatten(-2)
+        content = content_attention(content_scores(q, k, self.scale), self.geometry, height, width).flatten(-2)
         pos = self.positional_attention(height, width, x.device)
         mixed = torch.lerp(content, pos, self.gate()[:, None, None])
         key_size = [height + 2 * self.padding[0], width + 2 * self.padding[1]]

@@ -14,20 +14,22 @@ from typing import Tuple
 
 import torch
 
+from .geometry import Geometry
+
 __all__ = ['kernel_centers', 'output_size', 'axis_offsets', 'positional_factors', 'outer']
 
 
-def kernel_centers(kernel_size: Tuple[int, int], dilation: Tuple[int, int], anchor: Tuple[int, int]) -> torch.Tensor:
+def kernel_centers(geometry: Geometry) -> torch.Tensor:
     """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
-    kh, kw = kernel_size
+    (kh, kw), dilation, anchor = geometry.kernel_size, geometry.dilation, geometry.anchor
     ky = torch.arange(kh, dtype=torch.float32) * dilation[0] - anchor[0]
     kx = torch.arange(kw, dtype=torch.float32) * dilation[1] - anchor[1]
     return torch.stack(torch.meshgrid(ky, kx, indexing='ij'), dim=-1).reshape(-1, 2)
 
 
-def output_size(height: int, width: int, kernel_size: Tuple[int, int], stride: Tuple[int, int],
-                padding: Tuple[int, int], dilation: Tuple[int, int]) -> Tuple[int, int]:
+def output_size(height: int, width: int, geometry: Geometry) -> Tuple[int, int]:
     """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
+    kernel_size, stride, padding, dilation = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
     hp = height + 2 * padding[0]
     wp = width + 2 * padding[1]
     h_out = (hp - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
@@ -47,15 +49,16 @@ def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.devi
 torch.fx.wrap('_offsets')  # a leaf for FX: the sizes are the input's (FX before torch 2.9 cannot record arange)
 
 
-def axis_offsets(height: int, width: int, *, kernel_size: Tuple[int, int], stride: Tuple[int, int],
-                 padding: Tuple[int, int], dilation: Tuple[int, int], anchor: Tuple[int, int],
-                 device: torch.device, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-    """Key-minus-query offsets ``(H_out, H_pad)`` and ``(W_out, W_pad)`` in ``dtype``, and whether the two axes
-    have the same geometry (then both are the same tensor). Under FX tracing the sizes are symbolic: the axes are
-    then treated as different (no branch on the input's size)."""
+def axis_offsets(height: int, width: int, geometry: Geometry, *, device: torch.device,
+                 dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    """Key-minus-query offsets ``(H_out, H_pad)`` and ``(W_out, W_pad)`` in ``dtype`` for an input of ``height x
+    width``, and whether the two axes have the same geometry (then both are the same tensor). Under FX tracing the
+    sizes are symbolic: the axes are then treated as different (no branch on the input's size)."""
+    kernel_size, stride, padding, dilation = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
+    anchor = geometry.anchor
     hp = height + 2 * padding[0]
     wp = width + 2 * padding[1]
-    h_out, w_out = output_size(height, width, kernel_size, stride, padding, dilation)
+    h_out, w_out = output_size(height, width, geometry)
     dy = _offsets(hp, h_out, stride[0], anchor[0], device, dtype)
     if isinstance(height, int) and isinstance(width, int) and (
             height == width and padding[0] == padding[1] and stride[0] == stride[1] and anchor[0] == anchor[1]
@@ -65,18 +68,19 @@ def axis_offsets(height: int, width: int, *, kernel_size: Tuple[int, int], strid
 
 
 def positional_factors(alpha: torch.Tensor, centers: torch.Tensor, offsets: Tuple[torch.Tensor, torch.Tensor, bool],
-                       *, height: int, width: int, padding: Tuple[int, int],
+                       geometry: Geometry, *, height: int, width: int,
                        real_keys: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """Row and column factors ``(N_h, H_out, H_pad)``, ``(N_h, W_out, W_pad)`` of the separable softmax, from the
     heads' ``alpha`` ``(N_h,)``, their ``centers`` ``(2, N_h)`` and ``axis_offsets``; with ``real_keys``, their
-    columns of the unpadded input only (``H``, ``W``), still normalised over the padded axis.
+    columns of the unpadded input only (``H``, ``W``; ``geometry``'s padding cut off), still normalised over the
+    padded axis.
 
     The logit of key offset ``d`` from the query along one axis is ``-alpha_h (d - Delta_h)^2``. Where both axes
     have the same geometry (a square input and a symmetric conv, the usual case), the two factors are one softmax
     over a ``(2, N_h, n, k)`` tensor, cut to the real keys once and unbound: half the element-wise kernels
     forward and backward, the same values.
     """
-    ph, pw = padding
+    ph, pw = geometry.padding
     neg_alpha = -alpha[:, None, None]
     dy, dx, same_axes = offsets
     if same_axes:

@@ -4,51 +4,51 @@ projection that holds the conv's filter (T-CNN arXiv:2106.05795 eqs. 5-6).
 Computation is token-major (queries as rows), so that every projection is one GEMM over the whole batch: ``Q``,
 ``K`` and ``V = X W_val`` come from the ``(B * N, C_in)`` token matrix (``K`` and ``V`` in one GEMM), and the output
 projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the filter stored ``(C_out, N_h, C_in)``
-(why: ``tcnn.layers.gpsa``'s header). Every branch is decided from the layer's geometry and groups alone (plain ints,
-no data-dependent branch), so that FX traces these functions and TorchScript compiles them.
+(why: ``tcnn.layers.gpsa``'s header). Every branch is decided from the layer's ``Geometry`` and sizes alone (plain
+ints, no data-dependent branch), so that FX traces these functions and TorchScript compiles them.
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from .geometry import Geometry
+
 __all__ = ['pad', 'queries_are_tokens', 'query_tokens', 'project', 'grouped_values', 'output_projection',
            'add_bias']
 
 
-def pad(x: torch.Tensor, padding: Tuple[int, int], padding_mode: str) -> torch.Tensor:
-    """``x`` padded like the conv pads it (``padding_mode`` as in ``nn.Conv2d``)."""
-    ph, pw = padding
+def pad(x: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    """``x`` padded like the conv of ``geometry`` pads it (its padding and ``padding_mode``, as in ``nn.Conv2d``)."""
+    ph, pw = geometry.padding
     if ph == 0 and pw == 0:
         return x
-    mode = 'constant' if padding_mode == 'zeros' else padding_mode
+    mode = 'constant' if geometry.padding_mode == 'zeros' else geometry.padding_mode
     return F.pad(x, (pw, pw, ph, ph), mode=mode)
 
 
-def queries_are_tokens(kernel_size: Tuple[int, int], stride: Tuple[int, int], padding: Tuple[int, int],
-                       dilation: Tuple[int, int], anchor: Tuple[int, int]) -> bool:
+def queries_are_tokens(geometry: Geometry) -> bool:
     """Stride 1 and 'same' padding: every input pixel is a query (decided from the layer's geometry alone)."""
-    (sy, sx), (ay, ax), (ph, pw) = stride, anchor, padding
-    (kh, kw), (dy, dx) = kernel_size, dilation
+    (sy, sx), (ay, ax), (ph, pw) = geometry.stride, geometry.anchor, geometry.padding
+    (kh, kw), (dy, dx) = geometry.kernel_size, geometry.dilation
     return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)
 
 
-def query_tokens(x: torch.Tensor, tokens: torch.Tensor, *, out_size: Tuple[int, int], stride: Tuple[int, int],
-                 anchor: Tuple[int, int], padding: Tuple[int, int], padding_mode: str,
+def query_tokens(x: torch.Tensor, tokens: torch.Tensor, geometry: Geometry, *, out_size: Tuple[int, int],
                  all_tokens: bool) -> torch.Tensor:
     """Input tokens at the queries (the conv's output positions): ``(B, H_out * W_out, C_in)``; ``all_tokens``:
-    ``queries_are_tokens``.
+    ``queries_are_tokens(geometry)``.
 
     Decided from the layer's geometry alone (no data-dependent branch, so FX can trace it): when the padding
     does not exceed the anchor, every query lies on a real pixel, the first at ``anchor - padding``.
     """
     b, c, height, width = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
     h_out, w_out = out_size
-    (sy, sx), (ay, ax), (ph, pw) = stride, anchor, padding
+    (sy, sx), (ay, ax), (ph, pw) = geometry.stride, geometry.anchor, geometry.padding
     # the spatial axes are sliced after an ellipsis, not a ':' on the batch: torch 2.5's torch.export turns that ':'
     # into a guard on the batch size that no dynamic batch satisfies
     if ay < ph or ax < pw:  # queries on the border, in the padding: take them from the padded input
-        x_q = pad(x, padding, padding_mode)[..., ay::sy, ax::sx][..., :h_out, :w_out]
+        x_q = pad(x, geometry)[..., ay::sy, ax::sx][..., :h_out, :w_out]
         return x_q.flatten(2).transpose(1, 2)
     if all_tokens:
         return tokens
@@ -56,21 +56,21 @@ def query_tokens(x: torch.Tensor, tokens: torch.Tensor, *, out_size: Tuple[int, 
     return grid.reshape(b, h_out * w_out, c)
 
 
-def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, *,
-            num_heads: int, qk_dim: int, in_chs: int, groups: int, out_size: Tuple[int, int], stride: Tuple[int, int],
-            anchor: Tuple[int, int], padding: Tuple[int, int], padding_mode: str,
-            all_tokens: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Queries ``(B, N_h, N_q, d)``, keys ``(B, N_h, d, N_k)`` and values ``(B, N_k, C_in)`` of a GPSA layer
-    (its weights, heads, ``qk_dim`` ``d``, channels, groups and geometry; ``all_tokens``: ``queries_are_tokens``;
-    sizes as plain ints, not read from the weights, so that FX keeps them constants).
+def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
+            geometry: Geometry, *, qk_dim: int, in_chs: int,
+            out_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries ``(B, N_h, N_q, d)`` at the ``out_size`` output positions, keys ``(B, N_h, d, N_k)`` and values
+    ``(B, N_k, C_in)`` of a GPSA layer (its weights, ``geometry``, ``qk_dim`` ``d`` and channels; sizes as plain ints,
+    not read from the weights, so that FX keeps them constants).
 
     Keys and values are projected on the unpadded input (one GEMM for both). With zero padding they stay on the
     ``H x W`` real pixels (the padded ones are zero); otherwise they are padded to the full grid here, which is
     exact because a 1x1 projection without bias commutes with reflect/replicate/circular padding.
     """
     b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
-    nh, d = num_heads, qk_dim
+    nh, d, groups = geometry.num_heads, qk_dim, geometry.groups
     h_out, w_out = out_size
+    all_tokens = queries_are_tokens(geometry)
     # Token-major (B, H * W, C_in): a free view of a channels_last input, one copy of an NCHW one.
     tokens = x.flatten(2).transpose(1, 2).contiguous()
     if groups == 1 and all_tokens:
@@ -78,16 +78,14 @@ def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_w
         qkv = F.linear(tokens, torch.cat([q_weight, k_weight, v_weight]))
         q, kv = qkv.split([nh * d, nh * d + in_chs], dim=-1)
     else:
-        q_tokens = query_tokens(x, tokens, out_size=out_size, stride=stride, anchor=anchor, padding=padding,
-                                padding_mode=padding_mode, all_tokens=all_tokens)
+        q_tokens = query_tokens(x, tokens, geometry, out_size=out_size, all_tokens=all_tokens)
         q = F.linear(q_tokens, q_weight)  # (B, N_q, N_h * d)
         if groups == 1:
             kv = F.linear(tokens, torch.cat([k_weight, v_weight]))  # (B, H * W, N_h * d + C_in)
         else:
             kv = torch.cat([F.linear(tokens, k_weight), grouped_values(tokens, v_weight, in_chs, groups)], dim=-1)
-    if padding_mode != 'zeros':
-        kv = pad(kv.transpose(1, 2).view(b, kv.shape[-1], height, width), padding,
-                 padding_mode).flatten(2).transpose(1, 2)
+    if geometry.padding_mode != 'zeros':
+        kv = pad(kv.transpose(1, 2).view(b, kv.shape[-1], height, width), geometry).flatten(2).transpose(1, 2)
     # explicit sizes rather than -1 here and below: an empty batch has no size to infer
     q = q.view(b, h_out * w_out, nh, d).transpose(1, 2)
     # split, not slices: its backward writes the two gradients into one tensor (a slice's backward zero-fills a
@@ -109,15 +107,15 @@ def grouped_values(tokens: torch.Tensor, v_weight: torch.Tensor, in_chs: int, gr
     return v.transpose(0, 1).reshape(b, n, c)
 
 
-def output_projection(heads: torch.Tensor, proj_weight: torch.Tensor, proj_bias: Optional[torch.Tensor], *,
-                      num_heads: int, in_chs: int, out_chs: int, groups: int, b: int, n_q: int) -> torch.Tensor:
+def output_projection(heads: torch.Tensor, proj_weight: torch.Tensor, proj_bias: Optional[torch.Tensor],
+                      geometry: Geometry, *, in_chs: int, out_chs: int, b: int, n_q: int) -> torch.Tensor:
     """``sum_h heads_h W_out^h + bias`` (T-CNN eq. 5), ``heads`` ``(B, N_q * N_h, C_in)`` -> ``(B, N_q, C_out)``
-    with the filter ``proj_weight`` ``(C_out, N_h, C_in // groups)``; dense and grouped layers (depthwise ones:
-    ``GPSA._value_product`` with ``tcnn.layers.depthwise``)."""
-    if groups == 1:
+    with the filter ``proj_weight`` ``(C_out, N_h, C_in // groups)`` (heads and groups: ``geometry``'s); dense and
+    grouped layers (depthwise ones: ``GPSA._value_product`` with ``tcnn.layers.depthwise``)."""
+    if geometry.groups == 1:
         # one GEMM over all B * N_q queries with the filter as (C_out, N_h * C_in), a free view
-        return F.linear(heads.view(b, n_q, num_heads * in_chs), proj_weight.view(out_chs, -1), proj_bias)
-    nh, g, c = num_heads, groups, in_chs
+        return F.linear(heads.view(b, n_q, geometry.num_heads * in_chs), proj_weight.view(out_chs, -1), proj_bias)
+    nh, g, c = geometry.num_heads, geometry.groups, in_chs
     # grouped: per head one batched GEMM over the groups, (g, B * N_q, C_in / g) x (g, C_in / g, C_out / g),
     # accumulated over the heads. The heads are read in place (a head's groups are a strided batch); a single
     # GEMM over (h, c) needs a group-major copy of the whole heads tensor first, and is slower (docs/benchmarks.md,
