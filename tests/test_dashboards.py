@@ -17,9 +17,10 @@ from PIL import Image
 import tcnn.train.launch as tcnn_train
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 
-from imagegen import make_image_folder
-from test_train import assert_same_weights, interrupt_in_epoch, load, metrics, one_thread  # noqa: F401
+from test_train import assert_same_weights, interrupt_in_epoch, load, metrics
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 tensorboard_reader = pytest.importorskip('tensorboard.backend.event_processing.event_accumulator')
 wandb_proto = pytest.importorskip('wandb.proto.wandb_internal_pb2')
@@ -32,10 +33,7 @@ EPOCH_STEPS = [UPDATES * (e + 1) for e in range(EPOCHS)]
 UPDATE_TAGS = ['train/loss', 'train/lr', 'train/gating_lr', 'train/grad_norm', 'train/img_per_s', 'train/data_wait']
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=2, train_per_class=8,
-                             val_per_class=2, size=32)
+IMAGE_FOLDER = dict(num_classes=2, train_per_class=8, val_per_class=2, size=32)  # the data_dir fixture's
 
 
 @pytest.fixture

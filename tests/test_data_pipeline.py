@@ -25,8 +25,10 @@ from tcnn.train.builders import EpochSampler
 from tcnn.train.recipe import resolve_recipe
 
 from imagegen import draw_shape, make_image_folder
-from test_train import assert_same_weights, common, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import assert_same_weights, common, load, metrics, same_numbers
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 PAPER = resolve_recipe('t_resnet50_d')  # rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel), bicubic, mixup
 

@@ -16,7 +16,9 @@ import pytest
 import tcnn.train.launch as tcnn_train
 
 from imagegen import make_image_folder
-from test_train import _free_port, assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import _free_port, assert_same_weights, load, metrics, same_numbers
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMONS = ('munged', 'slurmctld', 'slurmd')

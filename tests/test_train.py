@@ -39,20 +39,7 @@ METRIC_KEYS = {'epoch', 'lr', 'gating_lr', 'train_loss', 'train_top1', 'val_loss
                'img_per_s', 'epoch_time_s', 'gpsa'}
 CHECKPOINT_KEYS = {'model_file', 'ema', 'optimizer', 'scheduler', 'scaler', 'epoch', 'rng', 'config', 'best_top1'}
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    # Several intra-op threads on a shared, loaded 2-core CI machine slow these tiny models down 10x or more.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
-                             val_per_class=4, size=64)
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 
 def common(data_dir, output, epochs=2, processes=1, device=None):

@@ -21,16 +21,14 @@ from tcnn.train.recipe import resolve_recipe
 
 from devices import DEVICE, process_group_backend
 from imagegen import make_image_folder
-from test_train import (_free_port, assert_same_weights, common, evaluate_checkpoint, load, metrics,  # noqa: F401
-                        one_thread, same_numbers)
+from test_train import _free_port, assert_same_weights, common, evaluate_checkpoint, load, metrics, same_numbers
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 UPDATES = 12  # 48 training images / batch 4
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=16,
-                             val_per_class=2, size=64)
+IMAGE_FOLDER = dict(num_classes=3, train_per_class=16, val_per_class=2, size=64)  # the data_dir fixture's
 
 
 @pytest.fixture(scope='module')

@@ -14,8 +14,10 @@ from tcnn.cli import main
 from tcnn.train.distributed import EXIT_PREEMPTED
 
 from imagegen import SHAPES, draw_shape
-from test_train import assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import assert_same_weights, load, metrics, same_numbers
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 pytest.importorskip('webdataset', reason='webdataset is not installed (pip install "tcnn[wds]")')
 
