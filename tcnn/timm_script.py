@@ -181,15 +181,15 @@ def tcnn_param_groups(factory: Callable[..., Any], gating_ratio: float = GATING_
 def _patched_factory(gating_ratio: float) -> Iterator[None]:
     """timm's ``create_optimizer_v2`` wrapped (``tcnn_param_groups``) where scripts import it from, and restored."""
     import timm.optim
-    import timm.optim._optim_factory as factory_module
-    original = factory_module.create_optimizer_v2
+    from timm.optim import _optim_factory
+    original = _optim_factory.create_optimizer_v2
     wrapped = tcnn_param_groups(original, gating_ratio)
     saved = timm.optim.create_optimizer_v2
-    timm.optim.create_optimizer_v2 = factory_module.create_optimizer_v2 = wrapped
+    timm.optim.create_optimizer_v2 = _optim_factory.create_optimizer_v2 = wrapped
     try:
         yield
     finally:
-        timm.optim.create_optimizer_v2, factory_module.create_optimizer_v2 = saved, original
+        timm.optim.create_optimizer_v2, _optim_factory.create_optimizer_v2 = saved, original
 
 
 def run_script(script: str, argv: Sequence[str], gating_ratio: float = GATING_LR_RATIO) -> None:

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 import tcnn
 from tcnn.runtime import compiling
 import tcnn.evaluation.scoring
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import Recipe, resolve_recipe
@@ -105,11 +105,11 @@ def compiled_runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp('compiled')
     with pytest.MonkeyPatch.context() as mp:
         marks = count_step_marks(mp)
-        assert tcnn_train.main(compiled_run(data_dir, root / 'whole')) == 0
+        assert launch.main(compiled_run(data_dir, root / 'whole')) == 0
     with pytest.MonkeyPatch.context() as mp:
         interrupt_in_epoch(mp, epoch=1)
-        assert tcnn_train.main(compiled_run(data_dir, root / 'resumed')) == 130
-    assert tcnn_train.main(['--resume', str(root / 'resumed'), '--no-progress']) == 0
+        assert launch.main(compiled_run(data_dir, root / 'resumed')) == 130
+    assert launch.main(['--resume', str(root / 'resumed'), '--no-progress']) == 0
     return root, len(marks)
 
 

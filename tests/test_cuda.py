@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import tcnn
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main
 from tcnn.layers.gpsa import GPSA
 
@@ -260,7 +260,7 @@ def _assert_gpsa_trained(out, run):
 ], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
 def test_train_one_epoch_on_cuda(data_dir, cnn_weights, tmp_path, capsys, flags):
     run = tmp_path / 'run'
-    assert tcnn_train.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
+    assert launch.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
     out = capsys.readouterr().out
     assert 'device cuda' in out
     _assert_gpsa_trained(out, run)
@@ -284,7 +284,7 @@ def test_cuda_graph_training_and_eval_match_eager(data_dir, cnn_weights, tmp_pat
         run = tmp_path / f'run{len(mode)}'
         args = _gpsa_args(data_dir, run, cnn_weights, epochs=1) + ['--device', 'cuda', '--amp', 'bf16',
                                                                     '--batch-size', '8', *mode]
-        assert tcnn_train.main(args) == 0, capsys.readouterr().err
+        assert launch.main(args) == 0, capsys.readouterr().err
         _assert_gpsa_trained(capsys.readouterr().out, run)
         (rows[len(mode)],) = metrics(run)
     assert counters['inductor']['cudagraph_skips'] == 0, 'the compiled run fell back to launching kernels'
@@ -412,7 +412,7 @@ def test_batch_augment_on_cuda_matches_the_cpu(setting):
 def test_train_on_cuda_with_the_batched_pipelines(data_dir, cnn_weights, tmp_path, capsys, pipeline):
     run = tmp_path / 'run'
     args = _gpsa_args(data_dir, run, cnn_weights, epochs=2, device='cuda')
-    assert tcnn_train.main(args + ['--amp', 'bf16', '--set', 'channels_last=true', '--workers', '2',
+    assert launch.main(args + ['--amp', 'bf16', '--set', 'channels_last=true', '--workers', '2',
                                    '--data-pipeline', pipeline]) == 0
     out = capsys.readouterr().out
     assert f'data pipeline {pipeline} (asked for)' in out

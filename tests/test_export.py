@@ -15,13 +15,13 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.layers.depthwise as dw
-import tcnn.export as tex
+import tcnn.export
 import tcnn.export.pipeline
 import tcnn.export.torch_export
 from tcnn.files import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
+from tcnn.layers import depthwise
 import torch_versions
 from helpers import images, rel_err
 from nontrivial import away_from_exact, nontrivial, varied_heads
@@ -74,7 +74,7 @@ def family_files(tmp_path_factory):
 
 def _check_onnx(path: str, model_file: str, size: int = SIZE, batches=(3,)) -> ort.InferenceSession:
     """Our own check of an exported file, at batches the command did not use: onnxruntime against the T-CNN."""
-    session = tex.onnx_session(path)
+    session = tcnn.export.onnx_session(path)
     assert session.get_inputs()[0].shape[0] == 'batch'  # a dynamic batch, named
     model = tcnn.load(model_file)
     for b in batches:
@@ -171,7 +171,7 @@ def test_api_report_and_metadata(tmp_path):
 
     import onnx
     model = _t_cnn('resnet10t')
-    report = tex.export(model, tmp_path / 'm.onnx', input_size=(3, 48, 48), exporter='torchscript')
+    report = tcnn.export.export(model, tmp_path / 'm.onnx', input_size=(3, 48, 48), exporter='torchscript')
     assert report.format == 'onnx' and report.exporter == 'torchscript' and report.opset == 17
     assert report.input_shape == ('batch', 3, 48, 48) and report.output_shape == ('batch', 1000)
     assert [(c.batch, c.height, c.width) for c in report.checks] == [(1, 48, 48), (5, 48, 48)]
@@ -189,14 +189,14 @@ def test_api_report_and_metadata(tmp_path):
 @pytest.mark.parametrize('fold', [False, True], ids=['eager-heads-first', 'eager-folded'])
 def test_traceable_product_equals_the_eager_one(monkeypatch, c_in, c_out, fold):
     if fold:  # the folded, chunked autograd function, in chunks of 8 channels
-        monkeypatch.setattr(dw, 'FOLD_MIN_ROW', 0)
-        monkeypatch.setattr(dw, 'CPU_CHUNK_ELEMENTS', 1)
-        monkeypatch.setattr(dw, 'MIN_CHUNK', 8)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'FOLD_MIN_ROW', 0)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'CPU_CHUNK_ELEMENTS', 1)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'MIN_CHUNK', 8)
     torch.manual_seed(0)
     attn = torch.rand(3, 6, 9, 5, dtype=torch.float64).softmax(-1).view(3, 6, 45)
     values, taps = torch.randn(3, 5, c_in, dtype=torch.float64), torch.randn(9, c_out, dtype=torch.float64)
-    assert dw.folding_pays(3, 6, 9, 5, c_out) == fold
-    eager, traceable = dw.attend_depthwise(attn, values, taps), dw.attend_traceable(attn, values, taps)
+    assert depthwise.folding_pays(3, 6, 9, 5, c_out) == fold
+    eager, traceable = depthwise.attend_depthwise(attn, values, taps), depthwise.attend_traceable(attn, values, taps)
     torch.testing.assert_close(traceable, _definition(attn, values, taps), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(traceable, eager, rtol=1e-12, atol=1e-12)
 
@@ -247,7 +247,7 @@ def test_eager_product_outside_exporters(monkeypatch):
 
     out, eager = gradients()
     assert out.grad_fn is not None
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', depthwise.attend_traceable)
     plain_out, plain = gradients()
     torch.testing.assert_close(out, plain_out, rtol=1e-12, atol=1e-12)
     assert len(eager) == len(plain) == 1 + len(list(layer.parameters()))
@@ -326,7 +326,8 @@ def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, c
     path = family_files('convnext_atto')
     out_path = tmp_path / 'm.onnx'
     out_path.write_bytes(b'previous export')
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable', lambda a, v, t: dw.attend_traceable(a, v, t) * 1.01)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable',
+                        lambda a, v, t: depthwise.attend_traceable(a, v, t) * 1.01)
     rc, out, err = _run(['export', path, '--out', str(out_path), '--img-size', str(SIZE), '--exporter', 'torchscript'],
                         capsys)
     assert rc == 2, err
@@ -355,7 +356,7 @@ def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, 
 def test_api_refuses_a_float64_model(tmp_path):
     model = _t_cnn('resnet10t').double()
     with pytest.raises(tcnn.errors.InvalidArgumentError, match='export takes a float32 model on the CPU'):
-        tex.export(model, tmp_path / 'm.pt2')
+        tcnn.export.export(model, tmp_path / 'm.pt2')
     assert os.listdir(tmp_path) == []
 
 
@@ -426,7 +427,7 @@ def test_the_options_are_checked_once(small_file, tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(options, 'check_export_options', counted)  # what the command imports when it runs
     rc, _, err = _run(['export', small_file, '--out', str(tmp_path / 'cli.pt2'), '--img-size', '32'], capsys)
     assert rc == 0 and calls == [str(tmp_path / 'cli.pt2')], (calls, err)
-    tex.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
+    tcnn.export.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
     assert calls == [str(tmp_path / 'cli.pt2'), str(tmp_path / 'api.pt2')]
 
 

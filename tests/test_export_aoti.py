@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.export as tex
+import tcnn.export
 from tcnn.export.pooling import FloorModePool2d
 from tcnn.cli import main
 
@@ -95,24 +95,24 @@ def test_aoti_package_with_a_dynamic_size_is_exact_at_odd_sizes(resnet_d_file, t
         assert f'batch 2 {size}x{size}' in out, out
     # our own check, at sizes and a batch the command did not use: what a user gets from torch's loader
     model = tcnn.load(resnet_d_file)
-    compiled = tex.load_aoti(out_path)
+    compiled = tcnn.export.load_aoti(out_path)
     for size in (40, 72, 33):
         x = images(3, size, seed=3)
         with torch.no_grad():
             assert rel_err(compiled(x), model(x)) < 1e-4, size
     with pytest.raises(Exception, match='expected: 3, but got: 4'):  # a wrong channel count is refused
         compiled(torch.randn(1, 4, SIZE, SIZE))
-    meta = json.loads(compiled.get_metadata()[tex.METADATA_KEY])  # the metadata travels in the package
+    meta = json.loads(compiled.get_metadata()[tcnn.export.METADATA_KEY])  # the metadata travels in the package
     assert meta['source'] == 'demo_resnet10' and meta['data_config']['input_size'] == [3, 96, 96]
 
 
 @torch_versions.AOTI
 def test_aoti_package_with_a_static_size_refuses_another_size(resnet_d_file, tmp_path):
     model = tcnn.load(resnet_d_file)
-    report = tex.export(model, tmp_path / 'model.pt2', input_size=(3, SIZE, SIZE), aoti=True)
+    report = tcnn.export.export(model, tmp_path / 'model.pt2', input_size=(3, SIZE, SIZE), aoti=True)
     assert report.format == 'aoti' and report.input_shape == ('batch', 3, SIZE, SIZE)
     assert [(c.batch, c.height) for c in report.checks] == [(1, SIZE), (5, SIZE)] and report.max_rel_err < 1e-5
-    compiled = tex.load_aoti(tmp_path / 'model.pt2')
+    compiled = tcnn.export.load_aoti(tmp_path / 'model.pt2')
     with torch.no_grad():
         assert rel_err(compiled(images(3, SIZE, seed=3)), model(images(3, SIZE, seed=3))) < 1e-5
     with pytest.raises(Exception, match='unmatched dim value at 2, expected: 64, but got: 96'):

@@ -21,7 +21,7 @@ import tcnn
 from helpers import images
 from imagegen import make_image_folder
 from nontrivial import nontrivial
-from tcnn.files import tcnn_file as tio
+from tcnn.files import tcnn_file
 from tcnn.files.hub_folder import HUB_CHECKSUMS_KEY
 from tcnn.files import run_folder
 from tcnn.cli import main
@@ -81,8 +81,8 @@ def test_a_flipped_byte_in_a_t_cnn_file_is_named(t_model, tmp_path, ext):
 def test_files_without_checksums_still_load(t_model, tmp_path):
     """Files of tcnn 0.3.x hold no checksums: loaded unchecked, no error."""
     path = str(tmp_path / 'old.pt')
-    d = tio.model_to_dict(t_model)
-    assert tio.CHECKSUMS_KEY not in d
+    d = tcnn_file.model_to_dict(t_model)
+    assert tcnn_file.CHECKSUMS_KEY not in d
     torch.save(d, path)
     assert torch.equal(tcnn.load(path)(images()), t_model(images()))
     old = str(tmp_path / 'old.safetensors')
@@ -91,7 +91,7 @@ def test_files_without_checksums_still_load(t_model, tmp_path):
     from safetensors import safe_open
     with safe_open(old, 'pt') as f:
         settings = json.loads(f.metadata()['tcnn'])
-    settings.pop(tio.CHECKSUMS_KEY)
+    settings.pop(tcnn_file.CHECKSUMS_KEY)
     save_file(load_file(old), old, metadata={'format': 'pt', 'tcnn': json.dumps(settings)})
     assert torch.equal(tcnn.load(old)(images()), t_model(images()))
 

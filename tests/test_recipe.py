@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.errors import TcnnError
 from tcnn.train.args import add_arguments
 from tcnn.train.recipe import (BUNDLED_DIR, RECIPE_KEYS, Recipe, bundled_recipes, dump_recipe, load_recipe, parse_set,
@@ -43,7 +43,7 @@ def test_a_misspelt_set_key_is_one_line_naming_the_key_and_the_fix():
 
 
 def test_a_misspelt_set_key_on_the_command_line(capsys):
-    assert tcnn_train.main(['--set', 'warmup_epoch=1', '--print-config']) == 2
+    assert launch.main(['--set', 'warmup_epoch=1', '--print-config']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown recipe key 'warmup_epoch' in --set (did you mean warmup_epochs " in err[0], err
 
@@ -144,7 +144,7 @@ def test_an_earlier_releases_run_resumes(release, tmp_path, capsys):
     run.mkdir()
     shutil.copy(os.path.join(FIXTURES, f'tcnn-{release}', 'run_last.pt'), run / 'last.pt')
     old = read_checkpoint(str(run / 'last.pt'))['config']
-    assert tcnn_train.main(['--resume', str(run), '--epochs', '2', '--set', f'data={data}']) == 0
+    assert launch.main(['--resume', str(run), '--epochs', '2', '--set', f'data={data}']) == 0
     assert 'resuming after epoch 1/2' in capsys.readouterr().out
     ckpt = read_checkpoint(str(run / 'last.pt'))
     assert ckpt['epoch'] == 1
@@ -389,16 +389,15 @@ def test_dump_to_dict_and_scaled_lrs():
 
 
 def test_auto_workers(monkeypatch):
-    from tcnn.train import recipe as recipe_module
     from tcnn.train.recipe import auto_workers
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
     assert [auto_workers(), auto_workers(2), auto_workers(0), auto_workers(1, cap=3)] == [8, 3, 8, 3]
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
     assert auto_workers() == 8  # at most 8 by default
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0}, raising=False)
     assert auto_workers() == 0
-    monkeypatch.delattr(recipe_module.os, 'sched_getaffinity', raising=False)
-    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: 5)
+    monkeypatch.delattr(os, 'sched_getaffinity', raising=False)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 5)
     assert auto_workers() == 4
-    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: None)
+    monkeypatch.setattr(os, 'cpu_count', lambda: None)
     assert auto_workers() == 0
