@@ -444,7 +444,7 @@ ONE = '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'  # 54 bytes
     (_safetensors_bytes(100 * 2 ** 20, b'{}'), f'truncated (10 bytes: its header alone takes {8 + 100 * 2 ** 20})'),
     (_safetensors_bytes(3, b'{}'), 'truncated (10 bytes: its header alone takes 11)'),
     (_layout('{]'), 'corrupt (its header is not a safetensors header: JSONDecodeError)'),
-    (_layout('[]'), 'corrupt (its header is not a safetensors header: AttributeError)'),
+    (_layout('[]'), 'corrupt (its header is not a safetensors header: ValueError)'),  # not a JSON object
     (_layout('{}'), None),  # no tensors: the header is the whole file
     (_layout(ONE, 8), None),
     (_layout(ONE, 9), None),  # bytes after the last tensor's: not damage
