@@ -105,8 +105,8 @@ def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
     add('--model', f't_{recipe.model}')
     if recipe.pretrained:
         add('--pretrained')
-    conversion = {k: getattr(recipe, k) for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim')
-                  if getattr(recipe, k) is not None}
+    plain = recipe.to_dict()  # stages=[3, 4] as a file writes it (the recipe holds a tuple)
+    conversion = {k: plain[k] for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim') if plain[k] is not None}
     if conversion and '--model-kwargs' not in given:
         flags.extend(['--model-kwargs', *[f'{k}={v!r}' for k, v in conversion.items()]])
     if recipe.scale_lr and '--lr' not in given:
@@ -122,7 +122,7 @@ def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
         add('--epochs', epochs - warmup)
         add('--warmup-prefix')
     add('--sched-on-updates')  # tcnn train steps its schedule per update
-    scaled = recipe.to_dict()
+    scaled = dict(plain)
     if recipe.scale_lr:  # train.py scales only --lr-base: the warm-up start and floor are scaled here
         batch = _int_flag(argv, ('-b', '--batch-size'), recipe.batch_size)
         batch *= _int_flag(argv, ('--grad-accum-steps',), recipe.accum_steps)

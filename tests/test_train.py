@@ -142,7 +142,7 @@ def test_recipe_precedence_and_coercion(tmp_path):
     recipe = load_recipe(str(path))
     assert recipe['lr'] == 2e-4 and recipe['model'] == 'resnetrs50' and recipe['epochs'] == 7  # PyYAML: '2e-4' str
     resolved = resolve_recipe(str(path), {'lr': 3e-4, 'epochs': 9}, ['lr=5e-4', 'stages=[3, 4]', 'qk_dim=null'])
-    assert resolved.lr == 5e-4 and resolved.epochs == 9 and resolved.stages == [3, 4]
+    assert resolved.lr == 5e-4 and resolved.epochs == 9 and resolved.stages == (3, 4)
     assert resolved.gating_lr == 0.1 and resolved.qk_dim is None
     assert list(Recipe().to_dict()) == list(RECIPE_KEYS)
 
@@ -177,16 +177,16 @@ def test_bad_set_items(item, message):
 def test_explicit_learning_rates_are_absolute():
     """As in timm, the batch rule scales a recipe's learning rates, never one the user typed (issue 25)."""
     recipe = resolve_recipe('t_resnet50_d', {'lr': 1e-3}, [])
-    assert recipe.absolute_lrs == ['lr']
+    assert recipe.absolute_lrs == ('lr',)
     lrs = scaled_lrs(recipe, global_batch=64)
     assert lrs['lr'] == 1e-3 and math.isclose(lrs['gating_lr'], 0.1 * 64 / 1024)  # not 6.25e-5
     assert math.isclose(lrs['warmup_lr'], 1e-6 * 64 / 1024)
     recipe = resolve_recipe(None, {}, ['gating_lr=0.5', 'min_lr=0'])
-    assert recipe.absolute_lrs == ['gating_lr', 'min_lr']
+    assert recipe.absolute_lrs == ('gating_lr', 'min_lr')
     lrs = scaled_lrs(recipe, global_batch=256)
     assert math.isclose(lrs['lr'], 2.5e-5) and lrs['gating_lr'] == 0.5 and lrs['min_lr'] == 0
     path = resolve_recipe('t_resnet50_d')  # a recipe's own values are scaled
-    assert path.absolute_lrs == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
+    assert path.absolute_lrs == () and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
     with pytest.raises(TcnnError, match="absolute_lrs"):
         resolve_recipe(None, {}, ['absolute_lrs=[momentum]'])
 

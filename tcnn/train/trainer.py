@@ -212,8 +212,8 @@ class Trainer:
                        ckpt.get('updates_per_epoch') == self.updates_per_epoch)
         self.position = self._restored_position(ckpt, same_layout)
         self.num_updates = self.start_epoch * self.updates_per_epoch + self.position.updates
-        old = ckpt['config']
-        if all(old.get(k) == getattr(r, k) for k in SCHEDULE_KEYS) and same_layout:
+        old, now = ckpt['config'], r.to_dict()  # both plain: the checkpoint's lists against the recipe's tuples
+        if all(old.get(k) == now[k] for k in SCHEDULE_KEYS) and same_layout:
             self.scheduler.load_state_dict(ckpt['scheduler'])
         else:
             self.log('note: the schedule or the global batch changed since the checkpoint; the learning rate follows '
