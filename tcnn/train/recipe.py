@@ -25,6 +25,7 @@ import yaml
 
 from ..errors import TcnnError
 from ..runtime.compiling import COMPILE_MODES, compile_mode
+from ..runtime.precision import AMP_HELP, AMP_MODES
 
 __all__ = ['Recipe', 'RecipeKey', 'RECIPE_KEYS', 'LR_KEYS', 'LOG_BACKENDS', 'PIPELINES', 'POSITIVE', 'NON_NEGATIVE',
            'UNIT_INTERVAL', 'load_recipe', 'parse_set', 'apply_overrides', 'validate_recipe', 'resolve_recipe',
@@ -169,8 +170,7 @@ class Recipe:
     deterministic: bool = _key(False, 'bitwise-reproducible GPU runs (a resumed run equals the uninterrupted one): '
                                'no cuDNN autotuning, deterministic algorithms; slower (the CPU is deterministic '
                                'anyway)')
-    amp: str = _key('auto', 'mixed precision: auto (bf16 on GPU, none on CPU), bf16, fp16 or none',
-                    ('auto', 'bf16', 'fp16', 'none'))
+    amp: str = _key('auto', AMP_HELP, AMP_MODES)
     channels_last: Optional[bool] = _key(None, 'channels-last memory format (null: on GPU only)')
     # False, or a torch.compile mode: validate_recipe turns true (a bare --compile, older recipes) into 'default'
     compile: Union[bool, str] = _key(False, f'torch.compile the model: false, true (= default) or a mode '
