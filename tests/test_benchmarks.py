@@ -298,19 +298,20 @@ def test_flops_at_the_papers_resolutions():
 
 
 def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
-    from benchmarks import depthwise
+    import benchmarks.depthwise
+    from tcnn.layers import depthwise
     out = tmp_path / 'dw.json'
-    budget, threads = depthwise.dw.CPU_CHUNK_ELEMENTS, torch.get_num_threads()
+    budget, threads = depthwise.CPU_CHUNK_ELEMENTS, torch.get_num_threads()
     try:
-        assert depthwise.main(['--cases', 'efficientnet_b0:blocks.6', '--batch-size', '1', '--repeats', '1',
-                               '--warmup', '0', '--out', str(out)]) == 0
+        assert benchmarks.depthwise.main(['--cases', 'efficientnet_b0:blocks.6', '--batch-size', '1', '--repeats',
+                                          '1', '--warmup', '0', '--out', str(out)]) == 0
     finally:
         torch.set_num_threads(threads)  # main() measures one thread
-    assert depthwise.dw.CPU_CHUNK_ELEMENTS == budget  # the budget sweep leaves the default behind
+    assert depthwise.CPU_CHUNK_ELEMENTS == budget  # the budget sweep leaves the default behind
     res = json.loads(out.read_text())
     assert [r['mode'] for r in res['rows']] == ['fwd', 'fwd_bwd'] and res['machine']['torch_threads'] == 1
     for r in res['rows']:
-        assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in depthwise.BUDGETS}
+        assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in benchmarks.depthwise.BUDGETS}
         assert all(v > 0 for v in r['ms'].values()) and r['picked'] == 'heads_first'  # 3x3 at batch 1
 
 
