@@ -22,7 +22,7 @@ if __package__ in (None, ''):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-import tcnn.layers.depthwise as dw  # noqa: E402
+from tcnn.layers import depthwise  # noqa: E402
 
 from benchmarks.measure import interleaved_times  # noqa: E402
 from benchmarks.report import machine_info, write_json  # noqa: E402
@@ -35,7 +35,7 @@ CASES = [
     ('efficientnet_b0 blocks.6', 3, 7, 1152),
 ]
 BUDGETS = [1 << 16, 1 << 17, 1 << 18, 1 << 19, 1 << 20]
-DEFAULT_BUDGET = dw.CPU_CHUNK_ELEMENTS
+DEFAULT_BUDGET = depthwise.CPU_CHUNK_ELEMENTS
 
 
 def _case_id(case: tuple) -> str:
@@ -46,7 +46,7 @@ def _call(fn: Callable[..., torch.Tensor], args: List[torch.Tensor], backward: b
           budget: Optional[int] = None) -> Callable[[], None]:
     def run() -> None:
         if budget is not None:
-            dw.CPU_CHUNK_ELEMENTS = budget
+            depthwise.CPU_CHUNK_ELEMENTS = budget
         with torch.autocast(args[0].device.type, dtype=torch.bfloat16, enabled=amp), \
                 torch.set_grad_enabled(backward):
             out = fn(*args)
@@ -69,20 +69,20 @@ def measure(case: tuple, batch: int, backward: bool, args: argparse.Namespace, d
     name, kernel, grid, channels = case
     torch.manual_seed(0)
     inputs = _inputs(batch, kernel, grid, channels, device)
-    fns = {'heads_first': _call(dw.attend_heads_first, inputs, backward, args.amp)}
+    fns = {'heads_first': _call(depthwise.attend_heads_first, inputs, backward, args.amp)}
     budgets = BUDGETS if device.type == 'cpu' else [None]
     for budget in budgets:
-        fns[f'folded_{budget}'] = _call(dw.attend_folded, inputs, backward, args.amp, budget)
+        fns[f'folded_{budget}'] = _call(depthwise.attend_folded, inputs, backward, args.amp, budget)
     timer = 'cpu' if device.type == 'cpu' else 'wall'
     times = interleaved_times(fns, device, warmup=args.warmup, repeats=args.repeats, iters=args.iters, timer=timer)
-    dw.CPU_CHUNK_ELEMENTS = DEFAULT_BUDGET
+    depthwise.CPU_CHUNK_ELEMENTS = DEFAULT_BUDGET
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     default = f'folded_{DEFAULT_BUDGET if device.type == "cpu" else None}'
     return {'case': name, 'kernel': kernel, 'grid': grid, 'channels': channels, 'batch_size': batch,
             'mode': 'fwd_bwd' if backward else 'fwd', 'ms': ms,
             'speedup_default': ms['heads_first'] / ms[default],
             'best_budget': min((k for k in ms if k != 'heads_first'), key=ms.get),
-            'picked': 'folded' if dw.folding_pays(batch, grid * grid, kernel * kernel, grid * grid, channels)
+            'picked': 'folded' if depthwise.folding_pays(batch, grid * grid, kernel * kernel, grid * grid, channels)
             else 'heads_first'}
 
 

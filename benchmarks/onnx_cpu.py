@@ -35,9 +35,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tcnn  # noqa: E402
-import tcnn.layers.depthwise as dw  # noqa: E402
+from tcnn.layers import depthwise  # noqa: E402
 import tcnn.layers.gpsa  # noqa: E402
-from tcnn import export as tex  # noqa: E402
+import tcnn.export  # noqa: E402
 from tcnn.export.options import require_onnx  # noqa: E402
 from tcnn.files.sources import create_cnn  # noqa: E402
 
@@ -65,7 +65,7 @@ def _session(payload: str, threads: int) -> Any:
 
 def _export(model: nn.Module, folder: str, name: str, size: int) -> str:
     path = os.path.join(folder, f'{name}.onnx')
-    report = tex.export(model, path, input_size=(3, size, size))
+    report = tcnn.export.export(model, path, input_size=(3, size, size))
     print(f'  exported {name}: {report.size_bytes / 2 ** 20:.1f} MiB, max rel err {report.max_rel_err:.2g} '
           f'({report.runtime})', flush=True)
     return path
@@ -84,10 +84,10 @@ def measure_model(name: str, stages: Optional[str], args: argparse.Namespace, fo
         timer = 'process' if threads == 1 else 'wall'
         for batch in args.batch_size:
             x = torch.randn(batch, 3, args.size, args.size, generator=torch.Generator().manual_seed(1))
-            feed = {tex.INPUT_NAME: x.numpy()}
+            feed = {tcnn.export.INPUT_NAME: x.numpy()}
 
             def ort_call(session: Any) -> Callable[[], object]:
-                return lambda: session.run([tex.OUTPUT_NAME], feed)
+                return lambda: session.run([tcnn.export.OUTPUT_NAME], feed)
 
             def torch_call(model: nn.Module) -> Callable[[], object]:
                 def run() -> object:
@@ -128,7 +128,7 @@ def _folded_plain(attn: torch.Tensor, values: torch.Tensor, taps: torch.Tensor) 
 
 def measure_forms(args: argparse.Namespace, folder: str) -> List[Dict[str, Any]]:
     """Depthwise GPSA layers exported with each plain-op form of their product, timed in onnxruntime."""
-    forms = {'heads_first': dw.attend_traceable, 'folded': _folded_plain}
+    forms = {'heads_first': depthwise.attend_traceable, 'folded': _folded_plain}
     rows = []
     for name, kernel, grid, channels in FORM_LAYERS:
         torch.manual_seed(0)
@@ -138,15 +138,15 @@ def measure_forms(args: argparse.Namespace, folder: str) -> List[Dict[str, Any]]
             saved, tcnn.layers.gpsa.attend_traceable = tcnn.layers.gpsa.attend_traceable, fn
             try:
                 paths[form] = os.path.join(folder, f'layer-{form}.onnx')
-                tex.export(layer, paths[form], input_size=(channels, grid, grid))
+                tcnn.export.export(layer, paths[form], input_size=(channels, grid, grid))
             finally:
                 tcnn.layers.gpsa.attend_traceable = saved
         for threads in args.threads:
             sessions = {form: _session(p, threads) for form, p in paths.items()}
             timer = 'process' if threads == 1 else 'wall'
             for batch in args.batch_size:
-                feed = {tex.INPUT_NAME: torch.randn(batch, channels, grid, grid).numpy()}
-                fns = {form: (lambda s=s: s.run([tex.OUTPUT_NAME], feed)) for form, s in sessions.items()}
+                feed = {tcnn.export.INPUT_NAME: torch.randn(batch, channels, grid, grid).numpy()}
+                fns = {form: (lambda s=s: s.run([tcnn.export.OUTPUT_NAME], feed)) for form, s in sessions.items()}
                 iters = args.iters or max(1, 32 // batch)
                 times = interleaved_times(fns, CPU, args.warmup, args.repeats, iters, timer)
                 ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}

@@ -5,10 +5,12 @@ before any work. They import nothing heavy at module level, so the CLI can call 
 """
 import math
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 __all__ = ['TcnnError', 'InvalidArgumentError', 'InvalidTypeError', 'check_number', 'check_size', 'check_module',
-           'check_device', 'check_conversion_settings', 'first_line']
+           'check_device', 'check_conversion_settings', 'first_line', 'ImageSize', 'parse_img_size']
+
+ImageSize = Union[int, Tuple[int, int]]  # N (square) or (H, W), as timm's img_size
 
 
 class TcnnError(Exception):
@@ -59,6 +61,23 @@ def check_size(value: Any, name: str, length: int, *, what: str = '(C, H, W)') -
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != length:
         raise InvalidTypeError(f'{name} must be {length} positive integers {what}, got {value!r}')
     return tuple(int(check_number(v, name, ge=1, integer=True)) for v in value)
+
+
+def parse_img_size(text: Optional[str]) -> Optional[ImageSize]:
+    """The ``--img-size`` of every command that has it: ``'224'`` -> ``224``, ``'160x192'`` -> ``(160, 192)`` (a
+    square ``'224x224'`` -> ``224``); None stays None."""
+    if text is None:
+        return None
+    parts = text.lower().replace(',', 'x').split('x')
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) not in (1, 2):
+        raise TcnnError(f'--img-size takes N or HxW (e.g. 224 or 160x192), got {text!r}')
+    if min(sizes) < 1:
+        raise TcnnError(f'--img-size must be >= 1, got {text}')
+    return sizes[0] if len(sizes) == 1 or sizes[0] == sizes[1] else (sizes[0], sizes[1])
 
 
 def check_module(value: Any, name: str) -> Any:

@@ -105,8 +105,8 @@ def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
     add('--model', f't_{recipe.model}')
     if recipe.pretrained:
         add('--pretrained')
-    conversion = {k: getattr(recipe, k) for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim')
-                  if getattr(recipe, k) is not None}
+    plain = recipe.to_dict()  # stages=[3, 4] as a file writes it (the recipe holds a tuple)
+    conversion = {k: plain[k] for k in ('stages', 'locality_strength', 'gating_init', 'qk_dim') if plain[k] is not None}
     if conversion and '--model-kwargs' not in given:
         flags.extend(['--model-kwargs', *[f'{k}={v!r}' for k, v in conversion.items()]])
     if recipe.scale_lr and '--lr' not in given:
@@ -122,7 +122,7 @@ def recipe_flags(recipe: Recipe, given: Sequence[str] = ()) -> List[str]:
         add('--epochs', epochs - warmup)
         add('--warmup-prefix')
     add('--sched-on-updates')  # tcnn train steps its schedule per update
-    scaled = recipe.to_dict()
+    scaled = dict(plain)
     if recipe.scale_lr:  # train.py scales only --lr-base: the warm-up start and floor are scaled here
         batch = _int_flag(argv, ('-b', '--batch-size'), recipe.batch_size)
         batch *= _int_flag(argv, ('--grad-accum-steps',), recipe.accum_steps)
@@ -181,15 +181,15 @@ def tcnn_param_groups(factory: Callable[..., Any], gating_ratio: float = GATING_
 def _patched_factory(gating_ratio: float) -> Iterator[None]:
     """timm's ``create_optimizer_v2`` wrapped (``tcnn_param_groups``) where scripts import it from, and restored."""
     import timm.optim
-    import timm.optim._optim_factory as factory_module
-    original = factory_module.create_optimizer_v2
+    from timm.optim import _optim_factory
+    original = _optim_factory.create_optimizer_v2
     wrapped = tcnn_param_groups(original, gating_ratio)
     saved = timm.optim.create_optimizer_v2
-    timm.optim.create_optimizer_v2 = factory_module.create_optimizer_v2 = wrapped
+    timm.optim.create_optimizer_v2 = _optim_factory.create_optimizer_v2 = wrapped
     try:
         yield
     finally:
-        timm.optim.create_optimizer_v2, factory_module.create_optimizer_v2 = saved, original
+        timm.optim.create_optimizer_v2, _optim_factory.create_optimizer_v2 = saved, original
 
 
 def run_script(script: str, argv: Sequence[str], gating_ratio: float = GATING_LR_RATIO) -> None:

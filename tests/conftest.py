@@ -1,8 +1,37 @@
-"""The benchmarks package lives beside tcnn/, outside the installed package: tests that check it (or use its
-reference GPSA as an oracle) import it from the repository root."""
+"""What every test file may use: the repository root on ``sys.path`` (the benchmarks package lives beside tcnn/,
+outside the installed package: tests that check it, or use its reference GPSA as an oracle, import it from there)
+and the fixtures several test files share, defined once (``tests/test_layout.py`` fails on a test file that defines
+one again). Shared plain functions are in ``helpers.py``."""
 import sys
 from pathlib import Path
+
+import pytest
+import torch
+
+from imagegen import make_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# make_image_folder's arguments of the data_dir fixture; a module sets IMAGE_FOLDER to change some of them
+IMAGE_FOLDER = dict(num_classes=3, train_per_class=8, val_per_class=4, size=64)
+
+
+@pytest.fixture(scope='module')
+def one_thread():
+    """One intra-op thread for the module's tests, the previous count afterwards. The tests of small models ask for it
+    (``pytestmark = pytest.mark.usefixtures('one_thread')``): on a shared, loaded 2-core CI machine several threads
+    slow them down 10x or more."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='module')
+def data_dir(request, tmp_path_factory) -> str:
+    """A generated ImageFolder of drawn shapes (``imagegen.make_image_folder``) for the module's training runs: 3
+    classes of 8 training and 4 validation images, 64 px, unless the module's ``IMAGE_FOLDER`` dict says otherwise."""
+    kwargs = dict(IMAGE_FOLDER, **getattr(request.module, 'IMAGE_FOLDER', {}))
+    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), **kwargs)

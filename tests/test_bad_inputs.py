@@ -440,14 +440,14 @@ def test_train_help_and_argument_errors_do_not_import_torch():
 def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
     """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
     named recipe flag among them."""
-    import tcnn.train.launch as tcnn_train
+    from tcnn.train import launch
     from tcnn.train.args import FLAGS
     monkeypatch.setenv('COLUMNS', '120')
     with pytest.raises(SystemExit):
         main(['train', '--help'])
     cli_help = capsys.readouterr().out
     with pytest.raises(SystemExit):
-        tcnn_train.main(['--help'])
+        launch.main(['--help'])
     module_help = capsys.readouterr().out
 
     def options(text: str) -> str:  # from --recipe's help on: the usage lines and descriptions differ by design
@@ -457,8 +457,8 @@ def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
                                  ('--print-config', '', {})):
         assert flag in cli_help and (not key or f'(recipe key {key})' in options(cli_help)), flag
     assert 'recipe overrides' in cli_help
-    args = tcnn_train.argparse.ArgumentParser()
-    tcnn_train.add_arguments(args)
+    args = launch.argparse.ArgumentParser()
+    launch.add_arguments(args)
     parsed = vars(args.parse_args(['--epochs', '3', '--no-pretrained', '--set', 'mixup=0', '--amp']))
     assert parsed['epochs'] == 3 and parsed['pretrained'] is False and parsed['set_items'] == ['mixup=0']
     assert parsed['amp'] == 'bf16' and parsed['lr'] is None

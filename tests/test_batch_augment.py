@@ -29,7 +29,7 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import default_collate
 from torchvision.transforms import ColorJitter
 
-from tcnn.data import batch_ops as ops
+from tcnn.data import batch_ops
 from tcnn.data.batch_augment import (BatchAugment, BatchEval, UnsupportedAugmentation, parse_rand_augment,
                                      rand_augment_level)
 from tcnn.data.transforms import posterize as safe_posterize
@@ -100,16 +100,16 @@ def _compare_op(ours: Callable, theirs: Callable, args: Sequence) -> np.ndarray:
 ENHANCE_FACTORS = [0.0, 0.1, 0.37, 0.5, 1.0, 1.3, 1.9, 2.5]
 # name, our op (on a batch, per-image argument), timm's argument values (including the extremes)
 EXACT_OPS = [
-    ('AutoContrast', lambda x, a: ops.autocontrast(x), [0]),
-    ('Equalize', lambda x, a: ops.equalize(x), [0]),
-    ('Invert', lambda x, a: ops.invert(x), [0]),
-    ('Posterize', lambda x, a: ops.posterize(x, a.long()), [0, 1, 2, 3, 4, 7, 8]),
-    ('Solarize', lambda x, a: ops.solarize(x, a.long()), [0, 1, 100, 128, 255, 256]),
-    ('SolarizeAdd', lambda x, a: ops.solarize_add(x, a.long()), [0, 30, 110]),
-    ('Color', ops.color, ENHANCE_FACTORS),
-    ('Contrast', ops.contrast, ENHANCE_FACTORS),
-    ('Brightness', ops.brightness, ENHANCE_FACTORS),
-    ('Sharpness', ops.sharpness, ENHANCE_FACTORS),
+    ('AutoContrast', lambda x, a: batch_ops.autocontrast(x), [0]),
+    ('Equalize', lambda x, a: batch_ops.equalize(x), [0]),
+    ('Invert', lambda x, a: batch_ops.invert(x), [0]),
+    ('Posterize', lambda x, a: batch_ops.posterize(x, a.long()), [0, 1, 2, 3, 4, 7, 8]),
+    ('Solarize', lambda x, a: batch_ops.solarize(x, a.long()), [0, 1, 100, 128, 255, 256]),
+    ('SolarizeAdd', lambda x, a: batch_ops.solarize_add(x, a.long()), [0, 30, 110]),
+    ('Color', batch_ops.color, ENHANCE_FACTORS),
+    ('Contrast', batch_ops.contrast, ENHANCE_FACTORS),
+    ('Brightness', batch_ops.brightness, ENHANCE_FACTORS),
+    ('Sharpness', batch_ops.sharpness, ENHANCE_FACTORS),
 ]
 
 
@@ -135,7 +135,7 @@ def test_equalize_and_autocontrast_at_their_corner_cases():
     cases.append(mixed)
     cases.append(np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, -1))
     for a in cases:
-        for name, fn in (('AutoContrast', ops.autocontrast), ('Equalize', ops.equalize)):
+        for name, fn in (('AutoContrast', batch_ops.autocontrast), ('Equalize', batch_ops.equalize)):
             ref = np.asarray(timm_aa.NAME_TO_OP[name](Image.fromarray(a))).astype(np.int64)
             assert np.array_equal(_levels(fn(_tensor(a)[None])[0]), ref), (name, a.shape)
 
@@ -159,13 +159,13 @@ AFFINE_TOLERANCE = {  # measured mean, 99th percentile (max) in the comments
 AFFINE_ARGS = {'Rotate': [0., 13.7, -27.3, 30., 90., 180.], 'ShearX': [0., 0.13, -0.3, 0.27],
                'ShearY': [0., 0.13, -0.3, 0.27], 'TranslateX': [0., 5., -17.3, 40.2],
                'TranslateY': [0., 5., -17.3, 40.2]}
-AFFINE_OPS = {'Rotate': ops.rotate, 'ShearX': ops.shear_x, 'ShearY': ops.shear_y, 'TranslateX': ops.translate_x,
-              'TranslateY': ops.translate_y}
+AFFINE_OPS = {'Rotate': batch_ops.rotate, 'ShearX': batch_ops.shear_x, 'ShearY': batch_ops.shear_y,
+              'TranslateX': batch_ops.translate_x, 'TranslateY': batch_ops.translate_y}
 PIL_RESAMPLE = {'nearest': Image.NEAREST, 'bilinear': Image.BILINEAR, 'bicubic': Image.BICUBIC}
 
 
 def _affine_diff(name: str, interpolation: str) -> np.ndarray:
-    code = ops.INTERPOLATIONS.index(interpolation)
+    code = batch_ops.INTERPOLATIONS.index(interpolation)
 
     def ours(x, a):
         return AFFINE_OPS[name](x, a, FILL, torch.full((len(x),), code))
@@ -230,7 +230,7 @@ RESIZE_TOLERANCE = {
 def _resize_diffs(interpolation: str, path: str) -> np.ndarray:
     """Crop + resize vs PIL's ``img.crop(box).resize(...)``: through ``__call__`` (the CPU's uint8 path) or the
     float passes used off the CPU."""
-    code = ops.INTERPOLATIONS.index(interpolation)
+    code = batch_ops.INTERPOLATIONS.index(interpolation)
     d = []
     for img_size, boxes in RESIZE_CASES:
         aug = _plain(img_size, interpolation)
@@ -238,8 +238,8 @@ def _resize_diffs(interpolation: str, path: str) -> np.ndarray:
             if path == 'uint8':
                 out = _denormalize(aug([_tensor(a)] * len(boxes), _with_crop(aug, boxes, code)))
             else:
-                out = [ops.resize_float(_tensor(a)[None, :, t:t + h, x:x + w], (img_size, img_size), interpolation)[0]
-                       for t, x, h, w in boxes]
+                out = [batch_ops.resize_float(_tensor(a)[None, :, t:t + h, x:x + w], (img_size, img_size),
+                                              interpolation)[0] for t, x, h, w in boxes]
             for k, (top, left, h, w) in enumerate(boxes):
                 ref = Image.fromarray(a).crop((left, top, left + w, top + h)).resize((img_size, img_size),
                                                                                      PIL_RESAMPLE[interpolation])
@@ -274,7 +274,7 @@ JITTER_ARGS = {'brightness': [0.0, 0.6, 0.8123, 1.0, 1.2999, 1.4], 'contrast': [
 
 
 def _jitter_diffs(name: str) -> Tuple[np.ndarray, np.ndarray]:
-    ours = getattr(ops, 'adjust_' + name)
+    ours = getattr(batch_ops, 'adjust_' + name)
     v2 = _compare_op(ours, lambda img, f: TF2.to_pil_image(getattr(TF2, 'adjust_' + name)(TF2.pil_to_tensor(img), f)),
                      JITTER_ARGS[name])
     pil = _compare_op(ours, lambda img, f: getattr(TF1, 'adjust_' + name)(img, f), JITTER_ARGS[name])
@@ -302,7 +302,7 @@ def test_color_jitter_in_place_on_floats_is_torchvisions_chain(active):
                            torch.rand(n, generator=g) * 2.0, torch.rand(n, generator=g) - 0.5], dim=1)
     factors[:4, :3] = torch.tensor([0.0, 1.0, 2.0, 1.5]).view(4, 1)  # the blends' ends and a brightening
     orders = torch.stack([torch.randperm(4, generator=g) for _ in range(n)])
-    ours = ops.color_jitter(images, factors, orders, active, out=torch.empty(images.shape))
+    ours = batch_ops.color_jitter(images, factors, orders, active, out=torch.empty(images.shape))
     fns = (TF2.adjust_brightness, TF2.adjust_contrast, TF2.adjust_saturation, TF2.adjust_hue)
     for i in range(n):
         x = images[i]
@@ -322,7 +322,7 @@ def test_random_erasing_against_timms_erase(mode):
     theirs = eraser(base.clone())
     ys, xs = (theirs != 7.0).any(0).nonzero(as_tuple=True)
     box = (int(ys.min()), int(xs.min()), int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1))
-    ours = ops.erase(base.clone()[None], [[box]], [123], mode)[0]
+    ours = batch_ops.erase(base.clone()[None], [[box]], [123], mode)[0]
     if mode == 'const':
         assert torch.equal(ours, theirs)
     else:
@@ -353,7 +353,7 @@ def test_composition_equals_timms_ops_in_timms_order():
 def _reference(aug: BatchAugment, a: np.ndarray, p: Dict[str, torch.Tensor]) -> torch.Tensor:
     """timm's transform, step by step, with the parameters ``p`` instead of its own draws."""
     top, left, h, w = p['crop'].tolist()
-    interp = ops.INTERPOLATIONS[int(p['interp'])]
+    interp = batch_ops.INTERPOLATIONS[int(p['interp'])]
     img = Image.fromarray(a).crop((left, top, left + w, top + h)).resize((aug.img_size,) * 2, PIL_RESAMPLE[interp])
     if p['flip']:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
@@ -362,7 +362,7 @@ def _reference(aug: BatchAugment, a: np.ndarray, p: Dict[str, torch.Tensor]) -> 
             continue
         name = aug.ra_ops[k]
         fn = safe_posterize if name.startswith('Posterize') else timm_aa.NAME_TO_OP[name]
-        resample = PIL_RESAMPLE[ops.INTERPOLATIONS[code]] if code >= 0 else None
+        resample = PIL_RESAMPLE[batch_ops.INTERPOLATIONS[code]] if code >= 0 else None
         if timm_aa.LEVEL_TO_ARG[name] is None:
             img = fn(img)
         else:
@@ -592,7 +592,7 @@ def test_flip_and_random_interpolation_draws_match_timms(monkeypatch):
     for _ in range(N_DRAWS // 2):
         rrc(img)
     theirs_interp = [str(c).split('.')[-1].lower() for c in chosen]
-    ours_interp = [ops.INTERPOLATIONS[c] for c in params['interp'].tolist()]
+    ours_interp = [batch_ops.INTERPOLATIONS[c] for c in params['interp'].tolist()]
     p = {'flip': _chi2(params['flip'].tolist(), theirs_flip), 'interpolation': _chi2(ours_interp, theirs_interp)}
     assert len(theirs_interp) == N_DRAWS // 2 and set(ours_interp) == set(theirs_interp) == {'bilinear', 'bicubic'}
     assert min(p.values()) > ALPHA, p
@@ -715,15 +715,14 @@ def test_a_list_of_sizes_equals_one_image_at_a_time():
 
 def test_chunks_on_the_cpu_equal_the_whole_batch_at_once(monkeypatch):
     """The CPU takes the batch a few images at a time; other devices take it at once: the same result."""
-    import tcnn.data.batch_augment as module
     for kwargs in (RECIPE, dict(color_jitter=(0.3, 0.3, 0.3, 0.1), interpolation='bicubic', mean=MEAN, std=STD)):
         aug = BatchAugment(64, **{**kwargs, 're_prob': 0.5})
         rng = random.Random(4)
         images = [_tensor(a) for a in IMAGES] * 3
         params = default_collate([aug.draw(rng, tuple(t.shape[1:])) for t in images])
-        monkeypatch.setattr(module, 'CPU_CHUNK_ELEMENTS', 4 * 3 * 64 * 64)  # 4 images at a time
+        monkeypatch.setattr('tcnn.data.batch_augment.CPU_CHUNK_ELEMENTS', 4 * 3 * 64 * 64)  # 4 images at a time
         chunked = aug(images, params)
-        monkeypatch.setattr(module, 'CPU_CHUNK_ELEMENTS', 1 << 40)
+        monkeypatch.setattr('tcnn.data.batch_augment.CPU_CHUNK_ELEMENTS', 1 << 40)
         assert torch.equal(aug(images, params), chunked)
 
 
@@ -779,8 +778,8 @@ def test_eval_refuses_other_crop_modes():
 
 def test_the_benchmark_runs(capsys):
     """``benchmarks/batch_augment.py --quick`` (96 px, both settings, ours and timm's) prints its table."""
-    from benchmarks import batch_augment as bench
-    assert bench.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
+    import benchmarks.batch_augment
+    assert benchmarks.batch_augment.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
     out = capsys.readouterr().out
     assert 'batched train' in out and 'timm PIL train' in out and 'x PIL' in out
 

@@ -17,9 +17,7 @@ from conftest import ROOT
 from benchmarks.sdpa_gpsa import SdpaGPSA, to_sdpa  # noqa: E402
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA  # noqa: E402
 
-
-def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return ((out - ref).abs().max() / ref.abs().max()).item()
+from helpers import rel_err
 
 
 def _asymmetric_conv(c_in: int, c_out: int, stride: int, dilation: int = 1, bias: bool = True) -> nn.Conv2d:
@@ -52,20 +50,20 @@ def test_reference_in_exact_configuration_is_the_conv(stride, size, dilation):
     expected = F.conv2d(x, conv.weight, conv.bias, stride, dilation, dilation)
     out = ref(x)
     assert out.shape == expected.shape
-    assert _rel_err(expected, out) < 1e-5
+    assert rel_err(out, expected) < 1e-5
 
 
 @pytest.mark.parametrize('stride,size', [(1, (7, 6)), (2, (14, 14)), (2, (9, 11))])
 def test_reference_and_sdpa_compute_our_gpsa_away_from_the_conv(stride, size):
     gpsa = _off_exact(GPSA.from_conv(_asymmetric_conv(18, 12, stride)))
     x = torch.randn(3, 18, *size)
-    out = gpsa(x)
-    assert _rel_err(F.conv2d(x, gpsa.conv_filter(), gpsa.proj_bias, stride, 1), out) > 0.1
-    ref = ReferenceGPSA.from_gpsa(gpsa)
+    ours = gpsa(x)
+    assert rel_err(ours, F.conv2d(x, gpsa.conv_filter(), gpsa.proj_bias, stride, 1)) > 0.1
+    reference = ReferenceGPSA.from_gpsa(gpsa)
     sdpa = SdpaGPSA.from_conv(_asymmetric_conv(18, 12, stride))
     sdpa.load_state_dict(gpsa.state_dict())
-    assert _rel_err(out, ref(x)) < 1e-5
-    assert _rel_err(out, sdpa(x)) < 1e-5
+    assert rel_err(reference(x), ours) < 1e-5
+    assert rel_err(sdpa(x), ours) < 1e-5
 
 
 @pytest.mark.parametrize('c_in,c_out,groups', [(16, 24, 4), (12, 12, 12), (6, 12, 6)])
@@ -74,14 +72,14 @@ def test_reference_and_sdpa_compute_our_grouped_gpsa(c_in, c_out, groups):
     conv = nn.Conv2d(c_in, c_out, 3, 2, 1, groups=groups, bias=True)
     x = torch.randn(2, c_in, 9, 10)
     exact = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
-    assert _rel_err(conv(x), ReferenceGPSA.from_gpsa(exact)(x)) < 1e-5
+    assert rel_err(ReferenceGPSA.from_gpsa(exact)(x), conv(x)) < 1e-5
     gpsa = _off_exact(GPSA.from_conv(conv))
-    out = gpsa(x)
-    assert _rel_err(conv(x), out) > 0.1
+    ours = gpsa(x)
+    assert rel_err(ours, conv(x)) > 0.1
     sdpa = SdpaGPSA.from_conv(conv)
     sdpa.load_state_dict(gpsa.state_dict())
-    assert _rel_err(out, ReferenceGPSA.from_gpsa(gpsa)(x)) < 1e-5
-    assert _rel_err(out, sdpa(x)) < 1e-5
+    assert rel_err(ReferenceGPSA.from_gpsa(gpsa)(x), ours) < 1e-5
+    assert rel_err(sdpa(x), ours) < 1e-5
 
 
 def test_reference_avgpool_is_botnet_and_not_the_conv():
@@ -90,7 +88,7 @@ def test_reference_avgpool_is_botnet_and_not_the_conv():
     out = ReferenceGPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING, downsample='avgpool')(x)
     stride1 = F.conv2d(x, conv.weight, conv.bias, 1, 1)
     torch.testing.assert_close(out, F.avg_pool2d(stride1, 2), rtol=1e-5, atol=1e-5)
-    assert _rel_err(conv(x), out) > 0.1
+    assert rel_err(out, conv(x)) > 0.1
 
 
 def test_reference_rejects_what_it_cannot_compute():
@@ -108,13 +106,13 @@ def test_whole_model_designs_keep_the_function():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         out = t_cnn(x)
-        assert _rel_err(cnn(x), out) > 1e-3  # the paper init: the GPSA layers are not the convs
+        assert rel_err(out, cnn(x)) > 1e-3  # the paper init: the GPSA layers are not the convs
         for model, cls in ((to_reference(tcnn.reparameterize(cnn, verify=False)), ReferenceGPSA),
                            (to_sdpa(tcnn.reparameterize(cnn, verify=False)), SdpaGPSA)):
             assert sum(isinstance(m, cls) for m in model.modules()) == 4
             assert not any(type(m) is GPSA for m in model.modules())
             model.load_state_dict(t_cnn.state_dict())  # same names and shapes; q/k were drawn anew
-            assert _rel_err(out, model.eval()(x)) < 1e-5
+            assert rel_err(model.eval()(x), out) < 1e-5
 
 
 def test_peak_tensor_memory_counts_live_storages():
@@ -300,19 +298,20 @@ def test_flops_at_the_papers_resolutions():
 
 
 def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
-    from benchmarks import depthwise
+    import benchmarks.depthwise
+    from tcnn.layers import depthwise
     out = tmp_path / 'dw.json'
-    budget, threads = depthwise.dw.CPU_CHUNK_ELEMENTS, torch.get_num_threads()
+    budget, threads = depthwise.CPU_CHUNK_ELEMENTS, torch.get_num_threads()
     try:
-        assert depthwise.main(['--cases', 'efficientnet_b0:blocks.6', '--batch-size', '1', '--repeats', '1',
-                               '--warmup', '0', '--out', str(out)]) == 0
+        assert benchmarks.depthwise.main(['--cases', 'efficientnet_b0:blocks.6', '--batch-size', '1', '--repeats',
+                                          '1', '--warmup', '0', '--out', str(out)]) == 0
     finally:
         torch.set_num_threads(threads)  # main() measures one thread
-    assert depthwise.dw.CPU_CHUNK_ELEMENTS == budget  # the budget sweep leaves the default behind
+    assert depthwise.CPU_CHUNK_ELEMENTS == budget  # the budget sweep leaves the default behind
     res = json.loads(out.read_text())
     assert [r['mode'] for r in res['rows']] == ['fwd', 'fwd_bwd'] and res['machine']['torch_threads'] == 1
     for r in res['rows']:
-        assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in depthwise.BUDGETS}
+        assert set(r['ms']) == {'heads_first'} | {f'folded_{b}' for b in benchmarks.depthwise.BUDGETS}
         assert all(v > 0 for v in r['ms'].values()) and r['picked'] == 'heads_first'  # 3x3 at batch 1
 
 

@@ -14,15 +14,13 @@ import tcnn
 from tcnn.cli import main
 from tcnn.files.sources import create_cnn
 
+from helpers import images
+
 
 def _run(argv, capsys):
     rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-def _x() -> torch.Tensor:
-    return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope='module')
@@ -65,7 +63,7 @@ def test_convert_weights_exact_init(cnn_checkpoint, tmp_path, capsys):
     conv = cnn.layer4[0].conv2
     torch.testing.assert_close(model.layer4[0].conv2.conv_filter(), conv.weight)
     with torch.no_grad():
-        torch.testing.assert_close(model(_x()), cnn(_x()), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model(images()), cnn(images()), rtol=1e-4, atol=1e-4)
 
 
 def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):

@@ -1,6 +1,8 @@
 """The flags that several ``tcnn`` commands share mean the same in each (issue 48): one definition each in
 ``tcnn.commands.arguments`` (``--out``, ``--use-ema``, ``--img-size``, ``--device``; ``tcnn train``'s ``--device``
-from the same help), one parser of ``--img-size``, one way to read the model a command names."""
+from the same help), one parser of ``--img-size`` (``tcnn train``'s too, which takes square sizes only), one
+``--amp`` (``tcnn.runtime.precision``: ``tcnn train`` and ``tcnn eval``), one way to read the model a command
+names."""
 import argparse
 from typing import Dict
 
@@ -13,9 +15,11 @@ from tcnn.cli import COMMANDS, build_parser, main
 from tcnn.commands.arguments import IMG_SIZE_HELP, USE_EMA_HELP, input_size, load_model, parse_img_size
 from tcnn.errors import TcnnError
 from tcnn.runtime.devices import DEVICE_HELP
+from tcnn.runtime.precision import AMP_HELP, AMP_MODES
+from tcnn.train.args import flag_overrides
 from tcnn.train.recipe import Recipe
 
-SHARED = ('--out', '--use-ema', '--img-size', '--device')
+SHARED = ('--out', '--use-ema', '--img-size', '--device', '--amp')
 
 
 def _flags(command: str) -> Dict[str, argparse.Action]:
@@ -41,8 +45,9 @@ def test_every_shared_flag_is_defined_once():
     assert set(having['--use-ema']) == {'convert', 'info', 'inspect', 'eval'}
     assert set(having['--img-size']) == {'convert', 'train', 'inspect', 'eval', 'export'}
     assert set(having['--device']) == {'demo', 'train', 'inspect', 'eval'}
-    for flag, actions in having.items():
-        shapes = {command: _shape(action) for command, action in actions.items() if command != 'train'}
+    assert set(having['--amp']) == {'train', 'eval'}
+    for flag, actions in having.items():  # tcnn train's recipe flags too
+        shapes = {command: _shape(action) for command, action in actions.items()}
         assert len(set(shapes.values())) == 1, (flag, shapes)
 
 
@@ -59,10 +64,10 @@ def test_use_ema():
 
 def test_img_size():
     for command, action in _having('--img-size').items():
-        if command == 'train':  # a recipe key: one side, the recipe's img_size (the same N as the others')
-            assert action.type is int and 'recipe key img_size' in action.help
-            continue
         assert action.type is None and action.metavar == 'SIZE' and action.default is None, command
+        if command == 'train':  # a recipe key: the side of the square training images
+            assert 'N, or HxW with H = W' in action.help and 'recipe key img_size' in action.help
+            continue
         assert action.help.startswith(IMG_SIZE_HELP + ' of '), (command, action.help)
     assert [parse_img_size(t) for t in (None, '224', '160x192', '160X192', '160,192', '64x64')] == [
         None, 224, (160, 192), (160, 192), (160, 192), 64]
@@ -73,6 +78,44 @@ def test_img_size():
     gray = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3))
     assert input_size(None, gray) is None
     assert input_size(64, gray) == (1, 64, 64) and input_size((64, 80), gray) == (1, 64, 80)
+
+
+def _train_args(argv) -> argparse.Namespace:
+    parser = build_parser('train')
+    return parser.parse_args(['train', *argv])
+
+
+def test_train_img_size_is_read_by_the_same_parser_and_square(tmp_path, capsys):
+    assert flag_overrides(_train_args(['--img-size', '64']))['img_size'] == 64
+    assert flag_overrides(_train_args(['--img-size', '64x64']))['img_size'] == 64
+    for text, message in (('big', 'takes N or HxW'), ('0', 'must be >= 1, got 0')):  # parse_img_size's own lines
+        with pytest.raises(TcnnError, match=message):
+            flag_overrides(_train_args(['--img-size', text]))
+    assert main(['train', '--img-size', '160x192', '--output', str(tmp_path / 'run'), '--print-config']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['tcnn train: error: --img-size 160x192: tcnn train trains on square images (N or NxN, e.g. '
+                   '--img-size 192); HxW is for the commands that read a model (tcnn eval --img-size 160x192)'], err
+    assert main(['train', '--img-size', '96x96', '--print-config']) == 0
+    assert 'img_size: 96' in capsys.readouterr().out.splitlines()
+
+
+def test_amp_has_one_meaning():
+    """``--amp [MODE]`` of tcnn train and tcnn eval: the same modes and help, a bare ``--amp`` is bf16 in both; each
+    command states its default (train: its recipe's, auto; eval: none, the float32 of the tables)."""
+    actions = _having('--amp')
+    for command, action in actions.items():
+        assert (action.nargs, action.const, action.choices) == ('?', 'bf16', AMP_MODES), command
+        assert action.help.startswith(AMP_HELP), (command, action.help)
+    assert {c: a.default for c, a in actions.items()} == {'train': None, 'eval': 'none'}
+    assert Recipe().amp == 'auto'
+    assert _train_args(['--amp']).amp == 'bf16'
+
+
+def test_eval_amp_fp16_on_the_cpu_is_one_line(tmp_path, capsys):
+    argv = ['eval', 'm.pt', '--suite', 'imagenet', '--data', str(tmp_path), '--device', 'cpu', '--amp', 'fp16']
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['tcnn eval: error: amp fp16 needs a GPU (use bf16 or none on CPU)'], err
 
 
 def test_device():

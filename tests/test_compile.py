@@ -14,24 +14,19 @@ from torch._dynamo.utils import counters
 import tcnn
 from tcnn.runtime import compiling
 import tcnn.evaluation.scoring
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main
 from tcnn.errors import TcnnError
 from tcnn.train.recipe import Recipe, resolve_recipe
 from tcnn.train.args import add_arguments
 from tcnn.train.resume import resumed_recipe
 
-from imagegen import make_image_folder
-from test_train import (assert_same_weights, common, evaluate_checkpoint, interrupt_in_epoch, load, metrics,  # noqa
-                        one_thread)
+from helpers import rel_err
+from test_train import assert_same_weights, common, evaluate_checkpoint, interrupt_in_epoch, load, metrics
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 BATCH = 8  # 24 training images: 3 updates an epoch; 12 validation images: a full batch of 8 and a last batch of 4
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
-                             val_per_class=4, size=64)
 
 
 def count_step_marks(monkeypatch) -> list:
@@ -110,11 +105,11 @@ def compiled_runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp('compiled')
     with pytest.MonkeyPatch.context() as mp:
         marks = count_step_marks(mp)
-        assert tcnn_train.main(compiled_run(data_dir, root / 'whole')) == 0
+        assert launch.main(compiled_run(data_dir, root / 'whole')) == 0
     with pytest.MonkeyPatch.context() as mp:
         interrupt_in_epoch(mp, epoch=1)
-        assert tcnn_train.main(compiled_run(data_dir, root / 'resumed')) == 130
-    assert tcnn_train.main(['--resume', str(root / 'resumed'), '--no-progress']) == 0
+        assert launch.main(compiled_run(data_dir, root / 'resumed')) == 130
+    assert launch.main(['--resume', str(root / 'resumed'), '--no-progress']) == 0
     return root, len(marks)
 
 
@@ -162,5 +157,5 @@ def test_compiled_eval_scores_as_eager(compiled_runs, data_dir, tmp_path, capsys
     # the scores above move in steps of 8.3 points: the logits themselves are the compiled model's, equal to eager
     compiled, eager = torch.cat(logits[2]), torch.cat(logits[0])
     assert compiled.shape == eager.shape == (12, eager.shape[1])
-    assert ((compiled - eager).abs().max() / eager.abs().max()).item() < 1e-5
+    assert rel_err(compiled, eager) < 1e-5
     assert len(step_marks) == 1  # the compiled run's full batch; its last batch of 4 ran eagerly

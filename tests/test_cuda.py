@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 import tcnn
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main
 from tcnn.layers.gpsa import GPSA
 
-from imagegen import make_image_folder
+from helpers import rel_err
 from nontrivial import varied_heads
 from test_convert import _nontrivial_batchnorm
 from test_eval import CLASSES, _class_folder, _rigged_tcnn
@@ -57,12 +57,6 @@ def restore_global_switches():
         torch.backends.cudnn.benchmark = benchmark
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max abs difference over max abs reference, in float64 (the measure of tcnn's equivalence report)."""
-    a, b = a.double().cpu(), b.double().cpu()
-    return float((a - b).abs().max() / b.abs().max())
-
-
 # ------------------------------------------------------------------------------------------------ exactness
 
 @pytest.mark.parametrize('name', ['resnet18d', 'resnet50d'])
@@ -85,7 +79,7 @@ def test_conversion_exact_on_cuda_fp32_without_tf32(name):
             gpu = t_cnn(x.to(CUDA))
         with torch.no_grad():
             cpu = cnn.cpu()(x)
-        errors['gpu_tcnn_vs_cpu_cnn'] = _rel(gpu, cpu)
+        errors['gpu_tcnn_vs_cpu_cnn'] = rel_err(gpu, cpu)
         assert errors['gpu_tcnn_vs_cpu_cnn'] < 1e-4
     print(f'\n{name} cuda fp32 TF32 off, max rel logits error: ' +
           ', '.join(f'{k}: {v:.2e}' for k, v in errors.items()))
@@ -127,7 +121,7 @@ def test_gpsa_layer_cuda_matches_cpu(stride, padding_mode, channels_last, groups
     with tf32(False), torch.no_grad():
         out = gpu_layer(xg)
         ref = layer(x)
-    assert _rel(out, ref) < 1e-5
+    assert rel_err(out, ref) < 1e-5
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
@@ -153,10 +147,10 @@ def test_folded_depthwise_layer_cuda_matches_cpu(batch):
             out.square().mean().backward()
         grads[name] = [out.detach().cpu(), inp.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
     for got, want in zip(grads['cuda'], grads['cpu']):
-        assert _rel(got, want) < 1e-4
+        assert rel_err(got, want) < 1e-4
     with torch.autocast('cuda', dtype=torch.bfloat16):
         low = gpu_layer(x.to(CUDA))
-    assert low.dtype == torch.bfloat16 and _rel(low.float().cpu(), grads['cpu'][0]) < 3e-2
+    assert low.dtype == torch.bfloat16 and rel_err(low.float().cpu(), grads['cpu'][0]) < 3e-2
 
 
 # ------------------------------------------------------------------------------------------------ autocast
@@ -230,16 +224,10 @@ def test_gpsa_compiles_without_graph_breaks():
             out_e = layer(x)
         out_e.float().square().mean().backward()
     assert out_c.shape == out_e.shape == (4, 64, 7, 7)
-    assert _rel(out_c, out_e) < 3e-2 and _rel(grad_c, x.grad) < 5e-2
+    assert rel_err(out_c, out_e) < 3e-2 and rel_err(grad_c, x.grad) < 5e-2
 
 
 # ------------------------------------------------------------------------------------------------ commands
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
-                             val_per_class=4, size=64)
-
 
 @pytest.fixture(scope='module')
 def cnn_weights(tmp_path_factory):
@@ -272,7 +260,7 @@ def _assert_gpsa_trained(out, run):
 ], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
 def test_train_one_epoch_on_cuda(data_dir, cnn_weights, tmp_path, capsys, flags):
     run = tmp_path / 'run'
-    assert tcnn_train.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
+    assert launch.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
     out = capsys.readouterr().out
     assert 'device cuda' in out
     _assert_gpsa_trained(out, run)
@@ -296,7 +284,7 @@ def test_cuda_graph_training_and_eval_match_eager(data_dir, cnn_weights, tmp_pat
         run = tmp_path / f'run{len(mode)}'
         args = _gpsa_args(data_dir, run, cnn_weights, epochs=1) + ['--device', 'cuda', '--amp', 'bf16',
                                                                     '--batch-size', '8', *mode]
-        assert tcnn_train.main(args) == 0, capsys.readouterr().err
+        assert launch.main(args) == 0, capsys.readouterr().err
         _assert_gpsa_trained(capsys.readouterr().out, run)
         (rows[len(mode)],) = metrics(run)
     assert counters['inductor']['cudagraph_skips'] == 0, 'the compiled run fell back to launching kernels'
@@ -424,7 +412,7 @@ def test_batch_augment_on_cuda_matches_the_cpu(setting):
 def test_train_on_cuda_with_the_batched_pipelines(data_dir, cnn_weights, tmp_path, capsys, pipeline):
     run = tmp_path / 'run'
     args = _gpsa_args(data_dir, run, cnn_weights, epochs=2, device='cuda')
-    assert tcnn_train.main(args + ['--amp', 'bf16', '--set', 'channels_last=true', '--workers', '2',
+    assert launch.main(args + ['--amp', 'bf16', '--set', 'channels_last=true', '--workers', '2',
                                    '--data-pipeline', pipeline]) == 0
     out = capsys.readouterr().out
     assert f'data pipeline {pipeline} (asked for)' in out

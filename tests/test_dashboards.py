@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 
-from imagegen import make_image_folder
-from test_train import assert_same_weights, interrupt_in_epoch, load, metrics, one_thread  # noqa: F401
+from test_train import assert_same_weights, interrupt_in_epoch, load, metrics
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 tensorboard_reader = pytest.importorskip('tensorboard.backend.event_processing.event_accumulator')
 wandb_proto = pytest.importorskip('wandb.proto.wandb_internal_pb2')
@@ -32,10 +33,7 @@ EPOCH_STEPS = [UPDATES * (e + 1) for e in range(EPOCHS)]
 UPDATE_TAGS = ['train/loss', 'train/lr', 'train/gating_lr', 'train/grad_norm', 'train/img_per_s', 'train/data_wait']
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=2, train_per_class=8,
-                             val_per_class=2, size=32)
+IMAGE_FOLDER = dict(num_classes=2, train_per_class=8, val_per_class=2, size=32)  # the data_dir fixture's
 
 
 @pytest.fixture
@@ -144,7 +142,7 @@ def wandb_history(records):
 def plain(data_dir, tmp_path_factory):
     """The run without dashboards: logging must not change training."""
     out = tmp_path_factory.mktemp('plain') / 'run'
-    assert tcnn_train.main(train_args(data_dir, out)) == 0
+    assert launch.main(train_args(data_dir, out)) == 0
     return out
 
 
@@ -152,15 +150,15 @@ def test_dashboards_hold_every_value_and_continue_across_a_preemption(data_dir, 
                                                                       monkeypatch):
     straight, run = tmp_path / 'straight', tmp_path / 'run'
     logged = ['--log', 'tensorboard', 'wandb', '--log-every', '1']
-    assert tcnn_train.main(train_args(data_dir, straight, *logged)) == 0
+    assert launch.main(train_args(data_dir, straight, *logged)) == 0
     assert_same_weights(load(straight / 'last.pt'), load(plain / 'last.pt'))  # measuring changes nothing
 
     _stop_after(monkeypatch, UPDATES + 2)  # SIGTERM during the 2nd update of epoch 2
     auto = train_args(data_dir, run, *logged, '--resume', 'auto')
-    assert tcnn_train.main(auto) == EXIT_PREEMPTED
+    assert launch.main(auto) == EXIT_PREEMPTED
     assert status(run)['state'] == 'preempted' and status(run)['num_updates'] == UPDATES + 2
-    monkeypatch.setattr(tcnn_train, 'StopRequest', StopRequest)
-    assert tcnn_train.main(auto) == 0
+    monkeypatch.setattr(launch, 'StopRequest', StopRequest)
+    assert launch.main(auto) == 0
     assert status(run)['state'] == 'finished' and status(run)['completed_epochs'] == EPOCHS
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
     rows = metrics(run)
@@ -243,7 +241,7 @@ def test_a_run_shorter_than_log_every_shows_its_learning_rates_per_epoch(data_di
     """12 updates at the default log_every (50): no per-update point, but every epoch's learning rates (base and
     gating parameter groups) and loop numbers, as in metrics.jsonl, read back with TensorBoard's reader."""
     run = tmp_path / 'run'
-    assert tcnn_train.main(train_args(data_dir, run, '--log', 'tensorboard')) == 0
+    assert launch.main(train_args(data_dir, run, '--log', 'tensorboard')) == 0
     events, rows = tensorboard(run), metrics(run)
     assert 'train/lr' not in events.Tags()['scalars']  # fewer updates than log_every
     for key, tag in (('lr', 'train/epoch_lr'), ('gating_lr', 'train/epoch_gating_lr'),
@@ -262,14 +260,14 @@ def test_a_crash_between_checkpoints_is_logged_once(data_dir, plain, tmp_path, m
     run = tmp_path / 'run'
     args = train_args(data_dir, run, '--log', 'tensorboard', '--log-every', '2')
     interrupt_in_epoch(monkeypatch, epoch=1, after=3)  # 3 updates into epoch 2
-    assert tcnn_train.main(args) == EXIT_INTERRUPTED
+    assert launch.main(args) == EXIT_INTERRUPTED
     assert load(run / 'last.pt')['num_updates'] == UPDATES and 'partial' not in load(run / 'last.pt')
     assert [s for s, _ in scalars(tensorboard(run), 'train/loss')] == [2, 4, 6]  # step 6 is past the checkpoint
     assert status(run)['state'] == 'interrupted'
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run), '--data', str(tmp_path / 'moved')]) == 2
+    assert launch.main(['--resume', str(run), '--data', str(tmp_path / 'moved')]) == 2
     assert status(run)['state'] == 'failed' and 'moved' in status(run)['message']
-    assert tcnn_train.main(['--resume', str(run)]) == 0
+    assert launch.main(['--resume', str(run)]) == 0
     events = tensorboard(run)
     assert [s for s, _ in scalars(events, 'train/loss')] == STEPS[1::2]
     assert [s for s, _ in scalars(events, 'val/top1')] == EPOCH_STEPS
@@ -282,13 +280,13 @@ def test_missing_extra_is_one_line_naming_it(data_dir, tmp_path, monkeypatch, ca
     for backend in ('tensorboard', 'wandb'):
         monkeypatch.setitem(sys.modules, backend, None)  # as if not installed
         out = tmp_path / backend
-        assert tcnn_train.main(train_args(data_dir, out, '--log', 'tensorboard', 'wandb')) == 2
+        assert launch.main(train_args(data_dir, out, '--log', 'tensorboard', 'wandb')) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f'tcnn train: error: --log {backend} needs the {backend} package: pip install '
                        f'"tcnn[{backend}]"'], err
         assert not out.exists()
         monkeypatch.undo()
-    assert tcnn_train.main(train_args(data_dir, tmp_path / 'bad', '--set', 'log=[tensorbord]')) == 2
+    assert launch.main(train_args(data_dir, tmp_path / 'bad', '--set', 'log=[tensorbord]')) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recipe key 'log' takes tensorboard, wandb or none, got 'tensorbord'" in err[0], err
 
@@ -299,7 +297,7 @@ def test_wandb_that_cannot_start_is_one_line(data_dir, tmp_path, monkeypatch, ca
     monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv('WANDB_DIR', str(tmp_path))
     run = tmp_path / 'run'
-    assert tcnn_train.main(train_args(data_dir, run, '--log', 'wandb')) == 2
+    assert launch.main(train_args(data_dir, run, '--log', 'wandb')) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and '--log wandb: cannot start the W&B run (No API key configured' in err[0], err
     assert 'WANDB_MODE=offline' in err[0] and status(run)['state'] == 'failed'

@@ -13,20 +13,22 @@ from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import DataLoader
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.data.batch_augment import BatchAugment
 from tcnn.data.decode import decode_batch, decode_pil, jpeg_size
 from tcnn.data.encoded import (BatchFinisher, CollateAndFinish, DeviceLoader, EncodedDataset, collate_encoded)
 from tcnn.data.folders import BadImageError, open_dataset
 from tcnn.data.resident import ResidentLoader, ResidentSplit, estimate_decoded_bytes
 from tcnn.errors import TcnnError
-from tcnn.train import data as train_data
+import tcnn.train.data
 from tcnn.train.builders import EpochSampler
 from tcnn.train.recipe import resolve_recipe
 
 from imagegen import draw_shape, make_image_folder
-from test_train import assert_same_weights, common, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import assert_same_weights, common, load, metrics, same_numbers
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 PAPER = resolve_recipe('t_resnet50_d')  # rand-m9-mstd0.5-inc1, random erasing 0.25 (pixel), bicubic, mixup
 
@@ -218,28 +220,28 @@ def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, worker
 
 def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
     recipe = dataclasses.replace(PAPER, data=mixed_folder, img_size=32)
-    data = train_data.open_training_data(recipe)
+    data = tcnn.train.data.open_training_data(recipe)
     cfg = {'input_size': (3, 32, 32), 'interpolation': 'bicubic', 'mean': (0.5,) * 3, 'std': (0.5,) * 3,
            'crop_pct': 0.875, 'crop_mode': 'center'}
     cpu = torch.device('cpu')
     estimate = estimate_decoded_bytes(data.train)
     assert 0.8 * 20 * 44 * 56 * 3 < estimate < 1.2 * 20 * 44 * 56 * 3  # the headers' sizes, not the file sizes
-    assert train_data.resolve_pipeline(recipe, data, cfg, cpu)[0] == 'resident'
-    monkeypatch.setitem(train_data.RESIDENT_SHARE, 'cpu', 1e-12)
-    assert train_data.resolve_pipeline(recipe, data, cfg, cpu) == ('device', 'the splits are too large to keep '
+    assert tcnn.train.data.resolve_pipeline(recipe, data, cfg, cpu)[0] == 'resident'
+    monkeypatch.setitem(tcnn.train.data.RESIDENT_SHARE, 'cpu', 1e-12)
+    assert tcnn.train.data.resolve_pipeline(recipe, data, cfg, cpu) == ('device', 'the splits are too large to keep '
                                                                    'decoded')
     # on a GPU, where nvjpeg against the PIL workers is not measured yet, a split too large to keep stays on PIL
-    monkeypatch.setattr(train_data, 'memory_budget', lambda device, share, processes: 0)
-    chosen, why = train_data.resolve_pipeline(recipe, data, cfg, torch.device('cuda'))
+    monkeypatch.setattr(tcnn.train.data, 'memory_budget', lambda device, share, processes: 0)
+    chosen, why = tcnn.train.data.resolve_pipeline(recipe, data, cfg, torch.device('cuda'))
     assert chosen == 'pil' and '--data-pipeline device decodes on the GPU' in why
     for asked in ('pil', 'device', 'resident'):
-        assert train_data.resolve_pipeline(dataclasses.replace(recipe, data_pipeline=asked), data, cfg, cpu) == (
+        assert tcnn.train.data.resolve_pipeline(dataclasses.replace(recipe, data_pipeline=asked), data, cfg, cpu) == (
             asked, 'asked for')
     augmix = dataclasses.replace(recipe, aa='augmix-m5-w4-d2')
-    chosen, why = train_data.resolve_pipeline(augmix, data, cfg, cpu)
+    chosen, why = tcnn.train.data.resolve_pipeline(augmix, data, cfg, cpu)
     assert chosen == 'pil' and 'augmix' in why
     with pytest.raises(TcnnError, match='--data-pipeline pil'):
-        train_data.resolve_pipeline(dataclasses.replace(augmix, data_pipeline='device'), data, cfg, cpu)
+        tcnn.train.data.resolve_pipeline(dataclasses.replace(augmix, data_pipeline='device'), data, cfg, cpu)
 
 
 # ------------------------------------------------------------------------------------------------ training runs
@@ -266,12 +268,12 @@ def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, 
     def args(out):
         return common(jpeg_dir, out, epochs=2) + ['--workers', str(workers), '--data-pipeline', pipeline]
 
-    assert tcnn_train.main(args(straight)) == 0
+    assert launch.main(args(straight)) == 0
     assert f'data pipeline {pipeline} (asked for)' in capsys.readouterr().out
     _stop_after(monkeypatch, 12 + 3)
-    assert tcnn_train.main(args(run)) == 75
+    assert launch.main(args(run)) == 75
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--no-progress']) == 0
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss'))
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
     assert load(run / 'last.pt')['config']['data_pipeline'] == pipeline
@@ -279,7 +281,7 @@ def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, 
 
 def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_path, capsys):
     run = tmp_path / 'run'
-    assert tcnn_train.main(common(jpeg_dir, run, epochs=2)) == 0
+    assert launch.main(common(jpeg_dir, run, epochs=2)) == 0
     assert 'data pipeline resident (the splits take about' in capsys.readouterr().out
     ckpt = load(run / 'last.pt')
     assert ckpt['config']['data_pipeline'] == 'resident'
@@ -288,6 +290,6 @@ def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_pat
     # a checkpoint of tcnn <= 0.6 has no data_pipeline: its run trained on timm's PIL transform and goes on with it
     del ckpt['config']['data_pipeline']
     torch.save(ckpt, run / 'last.pt')
-    assert tcnn_train.main(['--resume', str(run), '--epochs', '3', '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--epochs', '3', '--no-progress']) == 0
     assert 'data pipeline pil (asked for)' in capsys.readouterr().out
     assert load(run / 'last.pt')['config']['data_pipeline'] == 'pil'

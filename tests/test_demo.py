@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tcnn
-from tcnn.demo import command as demo_command
+import tcnn.demo.command
 from tcnn.demo.plan import DEMO_VERSION, PAPER_PRETRAIN_EPOCHS, PLANS, recipe_changes, warmup_epochs
 from tcnn.demo.pool import loader_workers, parallel_layout
 from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
@@ -483,7 +483,7 @@ def test_the_paper_plan_is_the_papers_schedule_on_the_default_data():
     assert f'for {PAPER_PRETRAIN_EPOCHS} epochs first, to its plateau' in changes[0]
     assert recipe_changes(default)[0].startswith('epochs: 4 instead of 50')
     parser = argparse.ArgumentParser()
-    demo_command.add_arguments(parser)
+    tcnn.demo.command.add_arguments(parser)
     assert parser.parse_args(['--plan', 'paper']).plan == 'paper'
 
 

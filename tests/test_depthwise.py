@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import tcnn.layers.depthwise as dw
+from tcnn.layers import depthwise
 import tcnn.layers.gpsa
 from tcnn.layers.gpsa import GPSA
 
+from helpers import rel_err
 from nontrivial import away_from_exact
 
 
@@ -33,38 +34,39 @@ def _inputs(b: int, n_q: int, num_heads: int, n_k: int, c_in: int, c_out: int, d
 @pytest.fixture
 def folded(monkeypatch):
     """The folded product at any shape (the tests' shapes are small enough to attend first)."""
-    monkeypatch.setattr(dw, 'FOLD_MIN_ROW', 0)
+    monkeypatch.setattr(depthwise, 'FOLD_MIN_ROW', 0)
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of one image, 8 channels and single heads, as a CPU takes them at large batch or width."""
-    monkeypatch.setattr(dw, 'CPU_CHUNK_ELEMENTS', 1)
-    monkeypatch.setattr(dw, 'MIN_CHUNK', 8)
-    monkeypatch.setattr(dw, 'MIN_GEMM_COLUMNS', 1)
+    monkeypatch.setattr(depthwise, 'CPU_CHUNK_ELEMENTS', 1)
+    monkeypatch.setattr(depthwise, 'MIN_CHUNK', 8)
+    monkeypatch.setattr(depthwise, 'MIN_GEMM_COLUMNS', 1)
 
 
 @pytest.mark.parametrize('order', ['heads-first', 'folded', 'folded-chunks'])
 @pytest.mark.parametrize('c_in,c_out', [(20, 20), (10, 30)], ids=['depthwise', 'multiplier3'])
 def test_product_and_gradients_match_the_definition(request, order, c_in, c_out):
     if order == 'heads-first':
-        assert not dw.folding_pays(2, 6, 9, 5, c_out)  # shapes this small attend first
+        assert not depthwise.folding_pays(2, 6, 9, 5, c_out)  # shapes this small attend first
     else:
         request.getfixturevalue('folded')
     if order == 'folded-chunks':
         request.getfixturevalue('small_chunks')
-        assert dw._plan(2, 9 * 5, c_out, torch.device('cpu')) == (1, 8)  # one image, 8 channels: 8 + 8 + 4 (30: +6)
+        # one image, 8 channels: 8 + 8 + 4 (30: +6)
+        assert depthwise._plan(2, 9 * 5, c_out, torch.device('cpu')) == (1, 8)
     attn, values, taps = (t.requires_grad_() for t in _inputs(2, 6, 9, 5, c_in, c_out))
-    torch.testing.assert_close(dw.attend_depthwise(attn, values, taps), _definition(attn, values, taps))
-    assert torch.autograd.gradcheck(dw.attend_depthwise, (attn, values, taps))
+    torch.testing.assert_close(depthwise.attend_depthwise(attn, values, taps), _definition(attn, values, taps))
+    assert torch.autograd.gradcheck(depthwise.attend_depthwise, (attn, values, taps))
 
 
 def test_which_order_each_shape_gets():
     # (batch, N_q, N_h, N_k, channels) of depthwise last stages at 224 px; docs/benchmarks.md has the timings
-    assert dw.folding_pays(1, 49, 49, 49, 768)  # ConvNeXt 7x7: long attention rows
-    assert dw.folding_pays(1, 49, 25, 49, 960)  # MobileNetV3 5x5
-    assert not dw.folding_pays(4, 49, 9, 49, 1152)  # EfficientNet 3x3 at batch 4: attended values fit in cache
-    assert dw.folding_pays(16, 49, 9, 49, 1152)  # ... at batch 16 they do not
+    assert depthwise.folding_pays(1, 49, 49, 49, 768)  # ConvNeXt 7x7: long attention rows
+    assert depthwise.folding_pays(1, 49, 25, 49, 960)  # MobileNetV3 5x5
+    assert not depthwise.folding_pays(4, 49, 9, 49, 1152)  # EfficientNet 3x3 at batch 4: attended values fit in cache
+    assert depthwise.folding_pays(16, 49, 9, 49, 1152)  # ... at batch 16 they do not
 
 
 def test_only_the_gradients_asked_for(folded, small_chunks):
@@ -72,7 +74,7 @@ def test_only_the_gradients_asked_for(folded, small_chunks):
     attn, values, taps = _inputs(3, 4, 9, 4, 24, 24)
     taps.requires_grad_()
     grad = torch.randn(3, 4, 24, dtype=torch.float64)
-    (got,) = torch.autograd.grad(dw.attend_depthwise(attn, values, taps), taps, grad)
+    (got,) = torch.autograd.grad(depthwise.attend_depthwise(attn, values, taps), taps, grad)
     (want,) = torch.autograd.grad(_definition(attn, values, taps), taps, grad)
     torch.testing.assert_close(got, want)
 
@@ -80,12 +82,12 @@ def test_only_the_gradients_asked_for(folded, small_chunks):
 def test_autocast_computes_in_the_autocast_dtype(folded):
     attn, values, taps = (t.requires_grad_() for t in _inputs(2, 5, 9, 5, 40, 40, dtype=torch.float32))
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = dw.attend_depthwise(attn, values, taps)
+        out = depthwise.attend_depthwise(attn, values, taps)
     assert out.dtype == torch.bfloat16
     ref = _definition(attn, values, taps)
     # max error relative to the largest output, these shapes at seeds 0-19: 2.5e-3 to 7.6e-3 folded (attending
     # first: 3.2e-3 to 1.01e-2; 2026-11-26); tolerance 1.5x
-    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 1.15e-2
+    assert rel_err(out, ref) < 1.15e-2
     out.float().square().sum().backward()
     assert attn.grad.dtype == values.grad.dtype == taps.grad.dtype == torch.float32  # back in the inputs' dtype
 
@@ -103,7 +105,8 @@ def test_depthwise_layer_matches_its_torchscript_form(monkeypatch, small_chunks,
     layer = GPSA.from_conv(nn.Conv2d(cin, cout, 5, stride, 2, groups=cin, bias=True, padding_mode=mode))
     away_from_exact(layer, value_noise=0.3)
     scripted = torch.jit.script(layer)
-    monkeypatch.setattr(dw, 'attend_heads_first', _not_here)  # eager mode folds (25 heads x 72 keys); script cannot
+    # eager mode folds (25 heads x 72 keys); script cannot
+    monkeypatch.setattr(depthwise, 'attend_heads_first', _not_here)
     x = torch.randn(3, cin, 9, 8, requires_grad=True)
     out, ref = layer(x), scripted(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
@@ -132,7 +135,7 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
     attn, values, taps = _inputs(4, 5, 9, 6, 16, 16)
 
     def loss(a, v, w):  # one sample: a batch of one image
-        return dw.attend_folded(a[None], v[None], w).square().sum()
+        return depthwise.attend_folded(a[None], v[None], w).square().sum()
 
     per_sample = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(0, 0, None))(attn, values, taps)
     for i in range(4):
@@ -141,8 +144,8 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
         for got, want in zip(per_sample, expected):
             torch.testing.assert_close(got[i], want)
     # per-sample taps too (vmapped over every input), and the forward alone under vmap
-    out = torch.func.vmap(lambda a, v, w: dw.attend_folded(a[None], v[None], w)[0])(attn, values, taps[None].repeat(
-        4, 1, 1))
+    out = torch.func.vmap(lambda a, v, w: depthwise.attend_folded(a[None], v[None], w)[0])(
+        attn, values, taps[None].repeat(4, 1, 1))
     torch.testing.assert_close(out, _definition(attn, values, taps))
 
 
@@ -151,7 +154,7 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
     """Double backward (gradient penalties, Hessian-vector products) against finite differences in float64, in chunks
     of one image and 8 channels."""
     attn, values, taps = (t.requires_grad_() for t in _inputs(2, 3, 9, 2, c_in, c_out))
-    assert torch.autograd.gradgradcheck(dw.attend_folded, (attn, values, taps), fast_mode=True)
+    assert torch.autograd.gradgradcheck(depthwise.attend_folded, (attn, values, taps), fast_mode=True)
     # a gradient penalty through a whole depthwise layer
     layer = GPSA.from_conv(nn.Conv2d(8, 8, 3, padding=1, groups=8)).double()
     x = torch.randn(2, 8, 5, 5, dtype=torch.float64, requires_grad=True)
@@ -163,7 +166,7 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
         return [p.grad.clone() for p in layer.parameters()]
 
     folded_grads = penalty_gradients()
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)  # plain ops, autograd
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', depthwise.attend_traceable)  # plain ops, autograd
     plain_grads = penalty_gradients()
     for (name, _), a, b in zip(layer.named_parameters(), folded_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)

@@ -15,14 +15,15 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.layers.depthwise as dw
-import tcnn.export as tex
+import tcnn.export
 import tcnn.export.pipeline
 import tcnn.export.torch_export
 from tcnn.files import run_folder
 import tcnn.layers.gpsa
 import tcnn.layers.kept_values
+from tcnn.layers import depthwise
 import torch_versions
+from helpers import images, rel_err
 from nontrivial import away_from_exact, nontrivial, varied_heads
 from test_depthwise import _definition
 from tcnn.cli import main
@@ -43,15 +44,6 @@ def _run(argv, capsys):
     rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-def _x(batch: int, size: int = SIZE, seed: int = 1) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
-
-
-def _rel_err(out, ref) -> float:
-    out, ref = torch.as_tensor(out).double(), ref.double()
-    return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
 def _t_cnn(name: str) -> nn.Module:
@@ -82,25 +74,25 @@ def family_files(tmp_path_factory):
 
 def _check_onnx(path: str, model_file: str, size: int = SIZE, batches=(3,)) -> ort.InferenceSession:
     """Our own check of an exported file, at batches the command did not use: onnxruntime against the T-CNN."""
-    session = tex.onnx_session(path)
+    session = tcnn.export.onnx_session(path)
     assert session.get_inputs()[0].shape[0] == 'batch'  # a dynamic batch, named
     model = tcnn.load(model_file)
     for b in batches:
-        x = _x(b, size)
+        x = images(b, size, seed=1)
         with torch.no_grad():
             ref = model(x)
-        assert _rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
+        assert rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
     return session
 
 
 def _gpsa_matters(model: nn.Module) -> None:
     """The GPSA layers shape the logits: an export that computed them wrongly could not pass the check."""
-    x = _x(2)
+    x = images(2, SIZE, seed=1)
     with torch.no_grad():
         ref = model(x)
         with tcnn.exact_configuration(model):
             exact = model(x)
-    assert _rel_err(exact, ref) > 1e-2
+    assert rel_err(exact, ref) > 1e-2
 
 
 @torch_versions.DYNAMO_ONNX
@@ -143,10 +135,10 @@ def test_dynamic_size_onnx(family_files, tmp_path, capsys):
     assert 'input (batch, 3, height, width)' in out and f'batch 2 {SIZE + 32}x{SIZE + 32}' in out
     session = _check_onnx(out_path, path)
     model = tcnn.load(path)
-    x = torch.randn(2, 3, 80, 112, generator=torch.Generator().manual_seed(2))  # non-square, not checked by export
+    x = images(2, (80, 112), seed=2)  # non-square, not checked by export
     with torch.no_grad():
         ref = model(x)
-    assert _rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
+    assert rel_err(session.run(['logits'], {'input': x.numpy()})[0], ref) < 1e-4
 
 
 @pytest.mark.parametrize('dynamic_size', [False, pytest.param(True, marks=torch_versions.DYNAMIC_SIZE)],
@@ -163,15 +155,15 @@ def test_pt2(dynamic_size, family_files, tmp_path, capsys):
     program = torch.export.load(out_path)
     model = tcnn.load(path)
     size = 96 if dynamic_size else SIZE
-    x = _x(3, size)
+    x = images(3, size, seed=1)
     with torch.no_grad():
-        assert _rel_err(program.module()(x), model(x)) < 1e-4
+        assert rel_err(program.module()(x), model(x)) < 1e-4
     if not dynamic_size:
         # the size is part of the program: its guard refuses another (torch 2.14 names the guard; older releases,
         # 2.4 for one, check the inputs with "Expected input at *args[0].shape[2] to be equal to 64, but got 96")
         refused = rf'Guard failed: \w+\.size\(\)\[2\] == {SIZE}$|shape\[2\] to be equal to {SIZE}, but got 96$'
         with pytest.raises((AssertionError, RuntimeError), match=refused):
-            program.module()(_x(3, 96))
+            program.module()(images(3, 96, seed=1))
 
 
 def test_api_report_and_metadata(tmp_path):
@@ -179,7 +171,7 @@ def test_api_report_and_metadata(tmp_path):
 
     import onnx
     model = _t_cnn('resnet10t')
-    report = tex.export(model, tmp_path / 'm.onnx', input_size=(3, 48, 48), exporter='torchscript')
+    report = tcnn.export.export(model, tmp_path / 'm.onnx', input_size=(3, 48, 48), exporter='torchscript')
     assert report.format == 'onnx' and report.exporter == 'torchscript' and report.opset == 17
     assert report.input_shape == ('batch', 3, 48, 48) and report.output_shape == ('batch', 1000)
     assert [(c.batch, c.height, c.width) for c in report.checks] == [(1, 48, 48), (5, 48, 48)]
@@ -197,14 +189,14 @@ def test_api_report_and_metadata(tmp_path):
 @pytest.mark.parametrize('fold', [False, True], ids=['eager-heads-first', 'eager-folded'])
 def test_traceable_product_equals_the_eager_one(monkeypatch, c_in, c_out, fold):
     if fold:  # the folded, chunked autograd function, in chunks of 8 channels
-        monkeypatch.setattr(dw, 'FOLD_MIN_ROW', 0)
-        monkeypatch.setattr(dw, 'CPU_CHUNK_ELEMENTS', 1)
-        monkeypatch.setattr(dw, 'MIN_CHUNK', 8)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'FOLD_MIN_ROW', 0)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'CPU_CHUNK_ELEMENTS', 1)
+        monkeypatch.setattr(tcnn.layers.depthwise, 'MIN_CHUNK', 8)
     torch.manual_seed(0)
     attn = torch.rand(3, 6, 9, 5, dtype=torch.float64).softmax(-1).view(3, 6, 45)
     values, taps = torch.randn(3, 5, c_in, dtype=torch.float64), torch.randn(9, c_out, dtype=torch.float64)
-    assert dw.folding_pays(3, 6, 9, 5, c_out) == fold
-    eager, traceable = dw.attend_depthwise(attn, values, taps), dw.attend_traceable(attn, values, taps)
+    assert depthwise.folding_pays(3, 6, 9, 5, c_out) == fold
+    eager, traceable = depthwise.attend_depthwise(attn, values, taps), depthwise.attend_traceable(attn, values, taps)
     torch.testing.assert_close(traceable, _definition(attn, values, taps), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(traceable, eager, rtol=1e-12, atol=1e-12)
 
@@ -219,27 +211,24 @@ def _layer(stride: int = 1) -> GPSA:
     return away_from_exact(layer, value_noise=0.3).eval()
 
 
-def _features(batch: int) -> torch.Tensor:
-    return torch.randn(batch, 16, 7, 7, generator=torch.Generator().manual_seed(batch))
-
-
 @pytest.mark.parametrize('tracer', ['jit.trace', 'torch.export'])
 def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
     # a 5x5 depthwise layer with a channel multiplier, traced at batch 2, run at batch 1 and 5
     layer = _layer()
+    features = {b: images(b, 7, chans=16, seed=b) for b in (1, 2, 5)}
     with torch.no_grad():
-        eager = {b: layer(_features(b)) for b in (1, 5)}
+        eager = {b: layer(features[b]) for b in (1, 5)}
     monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', _not_here)
     with torch.no_grad():
         if tracer == 'jit.trace':
-            traced = torch.jit.trace(layer, _features(2), check_trace=False)  # the check would rerun eagerly
+            traced = torch.jit.trace(layer, features[2], check_trace=False)  # the check would rerun eagerly
         else:
-            traced = torch.export.export(layer, (_features(2),),
+            traced = torch.export.export(layer, (features[2],),
                                          dynamic_shapes=({0: torch.export.Dim('batch')},)).module()
         for b in (1, 5):
-            torch.testing.assert_close(traced(_features(b)), eager[b], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(traced(features[b]), eager[b], rtol=1e-5, atol=1e-6)
         with pytest.raises(AssertionError, match='eager depthwise'):
-            layer(_features(2))  # outside an exporter: the eager product (here the stand-in that refuses)
+            layer(features[2])  # outside an exporter: the eager product (here the stand-in that refuses)
 
 
 def test_eager_product_outside_exporters(monkeypatch):
@@ -258,7 +247,7 @@ def test_eager_product_outside_exporters(monkeypatch):
 
     out, eager = gradients()
     assert out.grad_fn is not None
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', dw.attend_traceable)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_depthwise', depthwise.attend_traceable)
     plain_out, plain = gradients()
     torch.testing.assert_close(out, plain_out, rtol=1e-12, atol=1e-12)
     assert len(eager) == len(plain) == 1 + len(list(layer.parameters()))
@@ -337,7 +326,8 @@ def test_a_wrong_export_is_refused_and_nothing_written(family_files, tmp_path, c
     path = family_files('convnext_atto')
     out_path = tmp_path / 'm.onnx'
     out_path.write_bytes(b'previous export')
-    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable', lambda a, v, t: dw.attend_traceable(a, v, t) * 1.01)
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable',
+                        lambda a, v, t: depthwise.attend_traceable(a, v, t) * 1.01)
     rc, out, err = _run(['export', path, '--out', str(out_path), '--img-size', str(SIZE), '--exporter', 'torchscript'],
                         capsys)
     assert rc == 2, err
@@ -366,7 +356,7 @@ def test_without_the_traceable_product_depthwise_models_do_not_export(exporter, 
 def test_api_refuses_a_float64_model(tmp_path):
     model = _t_cnn('resnet10t').double()
     with pytest.raises(tcnn.errors.InvalidArgumentError, match='export takes a float32 model on the CPU'):
-        tex.export(model, tmp_path / 'm.pt2')
+        tcnn.export.export(model, tmp_path / 'm.pt2')
     assert os.listdir(tmp_path) == []
 
 
@@ -400,9 +390,9 @@ def test_a_published_hub_folder_exports_as_tcnn_load_reads_it(small_file, tmp_pa
         out_path = tmp_path / 'm.pt2'
         rc, out, err = _run(['export', spec, '--out', str(out_path), '--img-size', '32'], capsys)
         assert rc == 0 and out_path.exists(), err
-        model, x = tcnn.load(str(folder)), _x(3, 32)
+        model, x = tcnn.load(str(folder)), images(3, 32, seed=1)
         with torch.no_grad():
-            assert _rel_err(torch.export.load(str(out_path)).module()(x), model(x)) < 1e-5
+            assert rel_err(torch.export.load(str(out_path)).module()(x), model(x)) < 1e-5
         out_path.unlink()
 
 
@@ -437,7 +427,7 @@ def test_the_options_are_checked_once(small_file, tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(options, 'check_export_options', counted)  # what the command imports when it runs
     rc, _, err = _run(['export', small_file, '--out', str(tmp_path / 'cli.pt2'), '--img-size', '32'], capsys)
     assert rc == 0 and calls == [str(tmp_path / 'cli.pt2')], (calls, err)
-    tex.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
+    tcnn.export.export(tcnn.load(small_file), str(tmp_path / 'api.pt2'), input_size=(3, 32, 32))
     assert calls == [str(tmp_path / 'cli.pt2'), str(tmp_path / 'api.pt2')]
 
 
@@ -469,8 +459,9 @@ def test_exported_gpsa_graph_has_no_op_executorch_lacks():
     # ExecuTorch has no kernel for prims.copy_strided, which the core-ATen decomposition of torch.lerp writes: while
     # exporting, GPSA mixes the attentions with plain ops (eager keeps torch.lerp); the product is unchanged
     layer = _layer()
-    program = torch.export.export(layer, (_features(2),)).run_decompositions()
+    features = images(2, 7, chans=16, seed=2)
+    program = torch.export.export(layer, (features,)).run_decompositions()
     targets = {str(n.target) for n in program.graph.nodes if n.op == 'call_function'}
     assert not any('copy_strided' in t or 'lerp' in t for t in targets), targets
     with torch.no_grad():
-        torch.testing.assert_close(program.module()(_features(2)), layer(_features(2)), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(program.module()(features), layer(features), rtol=1e-5, atol=1e-6)

@@ -14,10 +14,12 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.export as tex
+import tcnn.export
 from tcnn.export.pooling import FloorModePool2d
-import torch_versions
 from tcnn.cli import main
+
+import torch_versions
+from helpers import images, rel_err
 
 SIZE = 64
 
@@ -26,10 +28,6 @@ def _run(argv, capsys):
     rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-def _rel_err(out, ref) -> float:
-    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
 @pytest.fixture(scope='module')
@@ -42,10 +40,6 @@ def resnet_d_file(tmp_path_factory):
     path = str(tmp_path_factory.mktemp('aoti') / 't_resnet_d.pt')
     tcnn.save(model, path)
     return path
-
-
-def _x(batch: int, size: int, seed: int = 3) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------------------------------------- AOTInductor
@@ -101,28 +95,28 @@ def test_aoti_package_with_a_dynamic_size_is_exact_at_odd_sizes(resnet_d_file, t
         assert f'batch 2 {size}x{size}' in out, out
     # our own check, at sizes and a batch the command did not use: what a user gets from torch's loader
     model = tcnn.load(resnet_d_file)
-    compiled = tex.load_aoti(out_path)
+    compiled = tcnn.export.load_aoti(out_path)
     for size in (40, 72, 33):
-        x = _x(3, size)
+        x = images(3, size, seed=3)
         with torch.no_grad():
-            assert _rel_err(compiled(x), model(x)) < 1e-4, size
+            assert rel_err(compiled(x), model(x)) < 1e-4, size
     with pytest.raises(Exception, match='expected: 3, but got: 4'):  # a wrong channel count is refused
         compiled(torch.randn(1, 4, SIZE, SIZE))
-    meta = json.loads(compiled.get_metadata()[tex.METADATA_KEY])  # the metadata travels in the package
+    meta = json.loads(compiled.get_metadata()[tcnn.export.METADATA_KEY])  # the metadata travels in the package
     assert meta['source'] == 'demo_resnet10' and meta['data_config']['input_size'] == [3, 96, 96]
 
 
 @torch_versions.AOTI
 def test_aoti_package_with_a_static_size_refuses_another_size(resnet_d_file, tmp_path):
     model = tcnn.load(resnet_d_file)
-    report = tex.export(model, tmp_path / 'model.pt2', input_size=(3, SIZE, SIZE), aoti=True)
+    report = tcnn.export.export(model, tmp_path / 'model.pt2', input_size=(3, SIZE, SIZE), aoti=True)
     assert report.format == 'aoti' and report.input_shape == ('batch', 3, SIZE, SIZE)
     assert [(c.batch, c.height) for c in report.checks] == [(1, SIZE), (5, SIZE)] and report.max_rel_err < 1e-5
-    compiled = tex.load_aoti(tmp_path / 'model.pt2')
+    compiled = tcnn.export.load_aoti(tmp_path / 'model.pt2')
     with torch.no_grad():
-        assert _rel_err(compiled(_x(3, SIZE)), model(_x(3, SIZE))) < 1e-5
+        assert rel_err(compiled(images(3, SIZE, seed=3)), model(images(3, SIZE, seed=3))) < 1e-5
     with pytest.raises(Exception, match='unmatched dim value at 2, expected: 64, but got: 96'):
-        compiled(_x(1, 96))  # without input checks the package runs it and returns wrong logits
+        compiled(images(1, 96, seed=3))  # without input checks the package runs it and returns wrong logits
 
 
 def test_aoti_options_refused_in_one_line(resnet_d_file, tmp_path, capsys):
@@ -154,6 +148,6 @@ def test_pte_runs_in_executorch_as_in_pytorch(resnet_d_file, tmp_path, capsys):
     method = Runtime.get().load_program(out_path).load_method('forward')
     model = tcnn.load(resnet_d_file)
     for seed in (5, 6):
-        x = _x(1, SIZE, seed)
+        x = images(1, SIZE, seed=seed)
         with torch.no_grad():
-            assert _rel_err(method.execute([x])[0], model(x)) < 1e-4
+            assert rel_err(method.execute([x])[0], model(x)) < 1e-4

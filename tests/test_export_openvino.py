@@ -8,13 +8,10 @@ import timm
 import torch
 
 import tcnn
+from helpers import rel_err
 from nontrivial import nontrivial
 
 ov = pytest.importorskip('openvino', reason="openvino is not installed: pip install 'tcnn[openvino]'")
-
-
-def _rel_err(out, ref) -> float:
-    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
 def _openvino_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -36,6 +33,6 @@ def test_openvino_convert_model_runs_a_t_cnn_at_the_fine_tuning_init():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         ref_cnn, ref = cnn(x), t_cnn(x)
-    assert _rel_err(ref, ref_cnn) > 1e-2  # the GPSA layers reach the logits: the check is not vacuous
-    assert _rel_err(_openvino_logits(cnn, x), ref_cnn) < 3e-6
-    assert _rel_err(_openvino_logits(t_cnn, x), ref) < 3e-6
+    assert rel_err(ref, ref_cnn) > 1e-2  # the GPSA layers reach the logits: the check is not vacuous
+    assert rel_err(_openvino_logits(cnn, x), ref_cnn) < 3e-6
+    assert rel_err(_openvino_logits(t_cnn, x), ref) < 3e-6

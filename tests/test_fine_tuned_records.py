@@ -24,16 +24,11 @@ from imagegen import SHAPES, make_image_folder
 SIZE = 32
 CLASSES = sorted(SHAPES[:3])  # make_image_folder's class folders, in timm's (sorted) order
 SOURCE_TEST_SIZE = (3, 288, 288)
-# random weights: the conversion check at the start of the run is vacuous (zero-initialised last BNs), and says so
-pytestmark = pytest.mark.filterwarnings('ignore:the replaced layers do not influence')
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model on a shared 2-core machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [
+    # random weights: the conversion check at the start of the run is vacuous (zero-initialised last BNs), and says so
+    pytest.mark.filterwarnings('ignore:the replaced layers do not influence'),
+    pytest.mark.usefixtures('one_thread'),  # a tiny model on a shared 2-core machine (conftest.py)
+]
 
 
 @pytest.fixture(scope='module')

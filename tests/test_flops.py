@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import tcnn
-import tcnn.flops as tflops
+from tcnn import flops
 
 
 def _macs_torch(model, x) -> int:
@@ -23,14 +23,14 @@ def _macs_torch(model, x) -> int:
 
 def _thop(model, x, handlers):
     thop = pytest.importorskip('thop', reason="thop is not installed: pip install 'tcnn[flops]'")
-    macs, params = thop.profile(model, (x,), custom_ops=tflops.thop_ops() if handlers else None, verbose=False)
+    macs, params = thop.profile(model, (x,), custom_ops=flops.thop_ops() if handlers else None, verbose=False)
     return int(macs), int(params)
 
 
 def _ptflops(backend):
     def count(model, x, handlers):
         ptflops = pytest.importorskip('ptflops', reason="ptflops is not installed: pip install 'tcnn[flops]'")
-        hooks = tflops.ptflops_hooks(backend) if handlers else {}
+        hooks = flops.ptflops_hooks(backend) if handlers else {}
         macs, params = ptflops.get_model_complexity_info(model, tuple(x.shape[1:]), as_strings=False, backend=backend,
                                                          print_per_layer_stat=False, custom_modules_hooks=hooks)
         return int(macs), int(params)
@@ -41,7 +41,7 @@ def _fvcore(model, x, handlers):
     fvcore_nn = pytest.importorskip('fvcore.nn', reason="fvcore is not installed: pip install 'tcnn[flops]'")
     analysis = fvcore_nn.FlopCountAnalysis(model, x)
     if handlers:
-        analysis.set_op_handle(**tflops.fvcore_handles())
+        analysis.set_op_handle(**flops.fvcore_handles())
     analysis.unsupported_ops_warnings(False)
     analysis.uncalled_modules_warnings(False)
     logging.disable(logging.WARNING)  # fvcore's jit tracer logs through logging
@@ -53,7 +53,7 @@ def _fvcore(model, x, handlers):
 
 def _torchinfo(model, x, handlers):
     torchinfo = pytest.importorskip('torchinfo', reason="torchinfo is not installed: pip install 'tcnn[flops]'")
-    stats = (tflops.torchinfo_summary(model, input_data=x, verbose=0) if handlers else
+    stats = (flops.torchinfo_summary(model, input_data=x, verbose=0) if handlers else
              torchinfo.summary(model, input_data=x, verbose=0))
     return int(stats.total_mult_adds), int(stats.total_params)
 
@@ -120,4 +120,4 @@ def test_importing_tcnn_flops_imports_no_counter_and_bad_backend():
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == '[]'
     with pytest.raises(tcnn.errors.InvalidArgumentError, match="backend must be 'pytorch' or 'aten'"):
-        tflops.ptflops_hooks('fvcore')
+        flops.ptflops_hooks('fvcore')

@@ -16,6 +16,7 @@ from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
+from helpers import rel_err
 from nontrivial import away_from_exact
 
 CASES = [
@@ -40,10 +41,6 @@ CASES = [
 ]
 
 
-def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return ((out - ref).abs().max() / ref.abs().max()).item()
-
-
 @pytest.mark.parametrize('kernel,stride,padding,dilation,bias,groups,mode,size', CASES)
 def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias, groups, mode, size):
     torch.manual_seed(0)
@@ -52,7 +49,7 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
     ref, out = conv(x), gpsa(x)
     assert out.shape == ref.shape
-    assert _rel_err(ref, out) < 1e-5
+    assert rel_err(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize('kernel,stride,padding,dilation,mode,size,channels_last', [
@@ -125,10 +122,10 @@ def test_paper_init_is_not_the_conv_but_close_to_it():
     gpsa = GPSA.from_conv(conv, 1.0, 1.0)
     out = gpsa(x)
     # the paper's init computes the obvious GPSA's function at alpha = lambda = 1 (float64 oracle) ...
-    assert _rel_err(_reference_gpsa(gpsa, x).float(), out) < 1e-5
+    assert rel_err(out, _reference_gpsa(gpsa, x).float()) < 1e-5
     # ... which is "on the verge of locality" (T-CNN section 2): a real deviation from the conv, of the order of the
     # ~60% per layer of a ResNet-50's layer4 (three quarters of the positional mass off the tap, a quarter content)
-    assert 0.3 < _rel_err(conv(x), out) < 1.0
+    assert 0.3 < rel_err(out, conv(x)) < 1.0
 
 
 def test_positional_attention_geometry():
@@ -179,7 +176,7 @@ def test_size_changes_between_calls():
     gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
     for size in [(10, 10), (5, 5), (12, 7), (3, 4)]:
         x = torch.randn(1, 8, *size)
-        assert _rel_err(conv(x), gpsa(x)) < 1e-5
+        assert rel_err(gpsa(x), conv(x)) < 1e-5
 
 
 def test_dtype_change_after_first_forward():
@@ -190,7 +187,7 @@ def test_dtype_change_after_first_forward():
     x = torch.randn(2, 8, 6, 5, dtype=torch.float64)
     out = gpsa(x)
     assert out.dtype == torch.float64
-    assert _rel_err(conv.double()(x), out) < 1e-12  # float64 all the way: exact to double precision
+    assert rel_err(out, conv.double()(x)) < 1e-12  # float64 all the way: exact to double precision
 
 
 def test_autocast_bf16_keeps_positional_softmax_in_float32():
@@ -204,7 +201,7 @@ def test_autocast_bf16_keeps_positional_softmax_in_float32():
         out = gpsa(x)
     assert out.dtype == torch.bfloat16
     # max error relative to the largest output, seeds 0-19: 2.6e-3 to 3.96e-3 (2026-11-26); tolerance 1.5x
-    assert _rel_err(conv(x), out.float()) < 6e-3
+    assert rel_err(out.float(), conv(x)) < 6e-3
     assert gpsa.bfloat16().positional_attention(7, 7, torch.device('cpu')).dtype == torch.float32
 
 
@@ -485,7 +482,7 @@ def test_frozen_layer_gives_input_gradients_after_inference_mode():
     x64 = x.detach().double().requires_grad_(True)
     _reference_gpsa(layer, x64).square().sum().backward()
     # relative to the largest component: 2.8e-7 to 5.2e-7 over seeds 0-4 (float32 against float64), 2x that here
-    assert ((x.grad.double() - x64.grad).abs().max() / x64.grad.abs().max()).item() < 1.1e-6
+    assert rel_err(x.grad, x64.grad) < 1.1e-6
 
 
 def test_nothing_is_kept_inside_functorch_transforms():

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 import tcnn
-import tcnn.train.distributed as tcnn_distributed
-import tcnn.train.launch as tcnn_train
+import tcnn.train.distributed
+from tcnn.train import launch
 from tcnn.convert.verify import full_precision_matmul
 from tcnn.errors import TcnnError
 from tcnn.runtime.devices import resolve_device
@@ -49,7 +49,7 @@ def test_training_tests_pin_the_device(tmp_path, capsys):
     where two torchrun processes on one GPU fail and an autotuned resumed run is not bit-exact. One process trains
     where TCNN_TEST_DEVICE says (the CPU unless set; on the GPU deterministically), several on the CPU."""
     for processes, device in ((1, DEVICE), (2, 'cpu')):
-        assert tcnn_train.main(common(str(tmp_path), tmp_path / 'out', processes=processes) + ['--print-config']) == 0
+        assert launch.main(common(str(tmp_path), tmp_path / 'out', processes=processes) + ['--print-config']) == 0
         config = yaml.safe_load(capsys.readouterr().out)
         assert config['device'] == device and config['deterministic'] == (device == 'cuda')
 
@@ -63,7 +63,7 @@ def gpus(monkeypatch) -> List[torch.device]:
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
     monkeypatch.setattr(torch.cuda, 'set_device', calls.append)
-    monkeypatch.setattr(tcnn_distributed.dist, 'init_process_group', lambda **kwargs: None)  # never reached
+    monkeypatch.setattr(tcnn.train.distributed.dist, 'init_process_group', lambda **kwargs: None)  # never reached
     for name in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE'):
         monkeypatch.delenv(name, raising=False)
     return calls
@@ -82,7 +82,7 @@ def test_rank_without_a_gpu_names_the_fix(gpus, monkeypatch, device):
     """Rank 1 of 2 on a 1-GPU machine: CUDA would say 'invalid device ordinal'."""
     _torchrun_env(monkeypatch, rank=1, world=2, local_world=False)
     with pytest.raises(TcnnError) as e:
-        tcnn_distributed.setup_distributed(device)
+        tcnn.train.distributed.setup_distributed(device)
     assert str(e.value) == ('process LOCAL_RANK=1 needs cuda:1 but this machine has 1 GPU: start at most 1 process '
                             'per node (torchrun --nproc_per_node 1) or pass --device cpu')
     assert gpus == []
@@ -92,7 +92,7 @@ def test_rank_zero_fails_too_so_the_error_is_printed(gpus, monkeypatch, tmp_path
     """Rank 0 has its GPU, but it is the rank that prints errors and it would wait for the others: torchrun's
     LOCAL_WORLD_SIZE tells it that the node has more processes than GPUs."""
     _torchrun_env(monkeypatch, rank=0, world=2)
-    assert tcnn_train.main(['--data', str(tmp_path), '--output', str(tmp_path / 'out'), '--no-pretrained']) == 2
+    assert launch.main(['--data', str(tmp_path), '--output', str(tmp_path / 'out'), '--no-pretrained']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ['tcnn train: error: 2 processes on this node need 2 GPUs but this machine has 1 GPU: start at most '
                    '1 process per node (torchrun --nproc_per_node 1) or pass --device cpu']

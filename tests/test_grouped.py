@@ -16,11 +16,8 @@ from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_s
 from tcnn.files.sources import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
+from helpers import images, rel_err
 from nontrivial import away_from_exact, nontrivial as _nontrivial_norms
-
-
-def _rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
 LAYER_CASES = [
@@ -59,10 +56,10 @@ def test_grouped_exact_configuration_equals_conv(cin, cout, groups, kernel, stri
             x = x.contiguous(memory_format=torch.channels_last)
         ref, out = conv(x), gpsa(x)
         assert out.shape == ref.shape
-        assert _rel_err(ref, out) < 1e-5
+        assert rel_err(out, ref) < 1e-5
         assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     gpsa.set_locality_strength(1.0)  # and the comparison can fail: the paper's init is another function
-    assert _rel_err(ref, gpsa(x)) > 1e-2
+    assert rel_err(gpsa(x), ref) > 1e-2
 
 
 @pytest.mark.parametrize('cin,cout,groups,mode,stride', [
@@ -260,12 +257,12 @@ def test_file_with_dense_grouped_filters_loads_dense(tmp_path, layout):
         assert all(torch.equal(layers[n].proj_weight, old_state[f'{n}.proj_weight']) for n in names)
     # the same function: in the exact configuration the dense CNN with taps W_out^h W_val, off-diagonal blocks and all
     three_d = _old_dense_state_dict(t_cnn, '3d')
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    x = images()
     with torch.no_grad(), tcnn.exact_configuration(loaded):
         out = loaded(x)
         ref = _dense_cnn(cnn, three_d, names)(x)
-    assert _rel_err(ref, out) < 1e-5
-    assert _rel_err(cnn(x), out) > 1e-3  # the fine-tuned off-diagonal blocks count: it is not the grouped CNN
+    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, cnn(x)) > 1e-3  # the fine-tuned off-diagonal blocks count: it is not the grouped CNN
     # the CNN's parameter count is still the grouped CNN's, and the file saves and loads again as it is
     assert tcnn_file.model_to_dict(loaded)['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
     again = str(tmp_path / 'again.safetensors')
@@ -305,7 +302,7 @@ def test_t_model_converts_grouped_cnn_weights():
     assert layer.groups == 32 and torch.equal(layer.conv_filter(), cnn.layer4[1].conv2.weight)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad(), tcnn.exact_configuration(model):  # features: timm re-initialises a 10-class head
-        assert _rel_err(cnn.forward_features(x), model.forward_features(x)) < 1e-5
+        assert rel_err(model.forward_features(x), cnn.forward_features(x)) < 1e-5
 
 
 @pytest.mark.parametrize('groups,kernel,mode',

@@ -24,6 +24,7 @@ from timm.models import save_for_hf
 import tcnn
 import tcnn.evaluation.model_card
 import tcnn.files.sources
+from helpers import images
 from imagegen import make_image_folder
 from nontrivial import nontrivial, varied_heads
 from tcnn.cli import main
@@ -36,17 +37,7 @@ FAMILIES = [('t_resnet10t', [2, 4]), ('t_seresnext26d_32x4d', 'layer3'), ('t_res
             ('t_regnetx_002', 's3'), ('t_convnext_atto', 'stages.2'), ('t_efficientnet_b0', 'blocks.5'),
             ('t_mobilenetv3_small_050', 'blocks.3')]
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models on a shared 2-core machine: one thread is faster and steadier
-    yield
-    torch.set_num_threads(threads)
-
-
-def _x(batch: int = 2, size: int = 64) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 
 def _moved(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -63,7 +54,7 @@ def _moved(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def _logits(model: nn.Module, size: int = 64) -> torch.Tensor:
     with torch.no_grad():
-        return model.eval()(_x(size=size))
+        return model.eval()(images(size=size))
 
 
 def _far_from_its_cnn(model: nn.Module, size: int = 64) -> None:
@@ -202,14 +193,14 @@ def test_num_classes_and_features_only_on_a_folder(t_model, folder):
     new_head = timm.create_model(f'local-dir:{folder}', pretrained=True, num_classes=3).eval()  # offline: local
     assert new_head.fc.out_features == 3 and new_head.tcnn_config == t_model.tcnn_config
     with torch.no_grad():  # every weight but the new head's is the folder's
-        assert torch.equal(new_head.forward_features(_x()), t_model.forward_features(_x()))
+        assert torch.equal(new_head.forward_features(images()), t_model.forward_features(images()))
     features = timm.create_model(f'local-dir:{folder}', pretrained=True, features_only=True,  # offline: local
                                  out_indices=(2, 3, 4)).eval()
     with torch.no_grad():
-        maps = features(_x())
+        maps = features(images())
     assert [m.shape[1] for m in maps] == [128, 256, 512]
     with torch.no_grad():
-        assert torch.equal(maps[-1], t_model.forward_features(_x()))
+        assert torch.equal(maps[-1], t_model.forward_features(images()))
     overlay = timm.create_model('t_resnet18d', pretrained=True,  # offline: the folder as pretrained_cfg file
                                 pretrained_cfg_overlay=dict(file=folder))
     assert overlay.tcnn_config == t_model.tcnn_config and torch.equal(_logits(overlay), _logits(t_model))

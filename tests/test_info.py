@@ -15,7 +15,7 @@ from tcnn import gpsa_parameters
 from tcnn.commands import info
 from tcnn.files import tcnn_file
 from tcnn.files.safetensors_header import read_floats, read_header, read_tcnn_settings
-from tcnn.layers import gpsa as gpsa_module
+import tcnn.layers.gpsa
 
 from test_bad_inputs import _fresh_python
 
@@ -37,10 +37,10 @@ def t_model() -> torch.nn.Module:
 
 def test_the_parameters_meaning_is_the_layers():
     """gate = sigmoid(lambda), alpha = softplus(raw, beta=5): the torch-free functions compute what the layer does."""
-    assert gpsa_module.SOFTPLUS_BETA is gpsa_parameters.SOFTPLUS_BETA  # one copy: the layer imports it
+    assert tcnn.layers.gpsa.SOFTPLUS_BETA is gpsa_parameters.SOFTPLUS_BETA  # one copy: the layer imports it
     x = torch.tensor(VALUES, dtype=torch.float64)
     assert [gpsa_parameters.gate(v) for v in VALUES] == pytest.approx(torch.sigmoid(x).tolist(), rel=1e-15, abs=0)
-    softplus = F.softplus(x, beta=gpsa_module.SOFTPLUS_BETA).tolist()
+    softplus = F.softplus(x, beta=tcnn.layers.gpsa.SOFTPLUS_BETA).tolist()
     assert [gpsa_parameters.locality_strength(v) for v in VALUES] == pytest.approx(softplus, rel=1e-15, abs=0)
     assert all(0 <= gpsa_parameters.gate(v) <= 1 and gpsa_parameters.locality_strength(v) >= 0 for v in VALUES)
     layer = tcnn.GPSA(8, 8, kernel_size=3)

@@ -18,9 +18,10 @@ import timm
 import torch
 
 import tcnn
+from helpers import images
 from imagegen import make_image_folder
 from nontrivial import nontrivial
-from tcnn.files import tcnn_file as tio
+from tcnn.files import tcnn_file
 from tcnn.files.hub_folder import HUB_CHECKSUMS_KEY
 from tcnn.files import run_folder
 from tcnn.cli import main
@@ -29,17 +30,7 @@ from tcnn.files.integrity import CorruptFileError, tensor_checksums
 
 TENSOR = 'layer4.0.conv2.proj_weight'
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models on a shared 2-core machine
-    yield
-    torch.set_num_threads(threads)
-
-
-def _x() -> torch.Tensor:
-    return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 
 @pytest.fixture(scope='module')
@@ -79,7 +70,7 @@ def _one_line(e: pytest.ExceptionInfo) -> str:
 def test_a_flipped_byte_in_a_t_cnn_file_is_named(t_model, tmp_path, ext):
     path = str(tmp_path / f't{ext}')
     tcnn.save(t_model, path)
-    assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
+    assert torch.equal(tcnn.load(path)(images()), t_model(images()))
     _flip(path, t_model.state_dict()[TENSOR])
     with pytest.raises(CorruptFileError) as e:
         tcnn.load(path)
@@ -90,19 +81,19 @@ def test_a_flipped_byte_in_a_t_cnn_file_is_named(t_model, tmp_path, ext):
 def test_files_without_checksums_still_load(t_model, tmp_path):
     """Files of tcnn 0.3.x hold no checksums: loaded unchecked, no error."""
     path = str(tmp_path / 'old.pt')
-    d = tio.model_to_dict(t_model)
-    assert tio.CHECKSUMS_KEY not in d
+    d = tcnn_file.model_to_dict(t_model)
+    assert tcnn_file.CHECKSUMS_KEY not in d
     torch.save(d, path)
-    assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
+    assert torch.equal(tcnn.load(path)(images()), t_model(images()))
     old = str(tmp_path / 'old.safetensors')
     tcnn.save(t_model, old)
     from safetensors.torch import load_file, save_file
     from safetensors import safe_open
     with safe_open(old, 'pt') as f:
         settings = json.loads(f.metadata()['tcnn'])
-    settings.pop(tio.CHECKSUMS_KEY)
+    settings.pop(tcnn_file.CHECKSUMS_KEY)
     save_file(load_file(old), old, metadata={'format': 'pt', 'tcnn': json.dumps(settings)})
-    assert torch.equal(tcnn.load(old)(_x()), t_model(_x()))
+    assert torch.equal(tcnn.load(old)(images()), t_model(images()))
 
 
 def test_a_flipped_byte_in_a_training_checkpoint_is_named(t_model, tmp_path):
@@ -110,9 +101,9 @@ def test_a_flipped_byte_in_a_training_checkpoint_is_named(t_model, tmp_path):
     ema.load_state_dict({k: v + 0.01 if v.is_floating_point() else v for k, v in t_model.state_dict().items()})
     path = str(tmp_path / 'last.pt')
     run_folder.write_checkpoint(run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=2), path)
-    assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
+    assert torch.equal(tcnn.load(path)(images()), t_model(images()))
     _flip(path, ema.state_dict()[TENSOR])
-    assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))  # the raw weights are whole
+    assert torch.equal(tcnn.load(path)(images()), t_model(images()))  # the raw weights are whole
     with pytest.raises(CorruptFileError) as e:
         tcnn.load(path, ema=True)
     assert _one_line(e) == (f'{path} (its EMA weights): the tensor {TENSOR} does not match its checksum: the file '
@@ -143,7 +134,7 @@ def test_a_flipped_byte_in_a_published_folder_is_named(t_model, published, tmp_p
     with safe_open(weights, 'pt') as f:
         assert json.loads(f.metadata()[HUB_CHECKSUMS_KEY]) == json.loads(json.dumps(
             tensor_checksums(t_model.state_dict())))
-    assert torch.equal(tcnn.load(out)(_x()), t_model(_x()))
+    assert torch.equal(tcnn.load(out)(images()), t_model(images()))
     _flip(weights, t_model.state_dict()[TENSOR])
     message = f'{weights}: the tensor {TENSOR} does not match its checksum: the file is corrupt'
     with pytest.raises(TcnnError, match=message):
@@ -201,7 +192,7 @@ def _train_checkpoint(model: torch.nn.Module, arch: str, path: str, **model_kwar
     """A checkpoint as timm's CheckpointSaver writes it."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()
-    model(_x()).sum().backward()
+    model(images()).sum().backward()
     optimizer.step()
     model.eval()
     torch.save({'epoch': 2, 'arch': arch, 'optimizer': optimizer.state_dict(), 'version': 2,
@@ -216,8 +207,8 @@ def test_timm_train_checkpoints_of_a_cnn_load(tmp_path, capsys):
     cnn = nontrivial(timm.create_model('resnet18d', num_classes=5, zero_init_last=False))
     path = str(tmp_path / 'model_best.pth.tar')
     _train_checkpoint(cnn, 'resnet18d', path)
-    assert torch.equal(tcnn.load(path)(_x()), cnn(_x()))
-    assert torch.equal(tcnn.files.sources.create_cnn('resnet18d', weights=path).eval()(_x()), cnn(_x()))
+    assert torch.equal(tcnn.load(path)(images()), cnn(images()))
+    assert torch.equal(tcnn.files.sources.create_cnn('resnet18d', weights=path).eval()(images()), cnn(images()))
     out = str(tmp_path / 't.pt')
     assert main(['convert', 'resnet18d', '--weights', path, '--out', out, '--img-size', '64']) == 0
     assert 'verified' in capsys.readouterr().out
@@ -232,13 +223,13 @@ def test_timm_train_checkpoints_of_a_t_cnn_load(t_model, tmp_path):
     model.load_state_dict(t_model.state_dict())
     path = str(tmp_path / 'last.pth.tar')
     _train_checkpoint(model, 't_resnet18d', path, qk_dim=16)
-    expected = model(_x())
-    assert torch.equal(tcnn.load(path)(_x()), expected)
+    expected = model(images())
+    assert torch.equal(tcnn.load(path)(images()), expected)
     assert torch.equal(timm.create_model('t_resnet18d', pretrained=True,
-                                         pretrained_cfg_overlay=dict(file=path)).eval()(_x()), expected)
+                                         pretrained_cfg_overlay=dict(file=path)).eval()(images()), expected)
     out = str(tmp_path / 't.safetensors')
     assert main(['convert', 't_resnet18d', '--weights', path, '--out', out]) == 0
-    assert torch.equal(tcnn.load(out)(_x()), expected)
+    assert torch.equal(tcnn.load(out)(images()), expected)
 
 
 class Payload:
@@ -298,10 +289,10 @@ def test_a_t_cnn_state_dict_gets_a_t_cnn_file(t_model, tmp_path, capsys):
     assert 'qk_dim 16' in printed and 'layer4' in printed
     loaded = tcnn.load(out)
     assert loaded.tcnn_config['qk_dim'] == 16 and loaded.tcnn_config['stages'] == ['layer4']
-    assert torch.equal(loaded(_x()), t_model(_x()))
+    assert torch.equal(loaded(images()), t_model(images()))
     # timm's own way, with the settings its GPSA layers show
     model = timm.create_model('t_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=sd)).eval()
-    assert torch.equal(model(_x()), t_model(_x()))
+    assert torch.equal(model(images()), t_model(images()))
 
 
 def test_a_t_cnn_state_dict_at_other_stages(tmp_path, capsys):
@@ -313,7 +304,7 @@ def test_a_t_cnn_state_dict_at_other_stages(tmp_path, capsys):
     out = str(tmp_path / 't.pt')
     assert main(['convert', 't_resnet18d', '--weights', sd, '--out', out]) == 0
     loaded = tcnn.load(out)
-    assert loaded.tcnn_config['stages'] == ['layer3', 'layer4'] and torch.equal(loaded(_x()), model(_x()))
+    assert loaded.tcnn_config['stages'] == ['layer3', 'layer4'] and torch.equal(loaded(images()), model(images()))
 
 
 def test_a_cnn_state_dict_for_a_t_cnn_name_gets_the_cnn_command(tmp_path, capsys):
@@ -453,7 +444,7 @@ ONE = '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'  # 54 bytes
     (_safetensors_bytes(100 * 2 ** 20, b'{}'), f'truncated (10 bytes: its header alone takes {8 + 100 * 2 ** 20})'),
     (_safetensors_bytes(3, b'{}'), 'truncated (10 bytes: its header alone takes 11)'),
     (_layout('{]'), 'corrupt (its header is not a safetensors header: JSONDecodeError)'),
-    (_layout('[]'), 'corrupt (its header is not a safetensors header: AttributeError)'),
+    (_layout('[]'), 'corrupt (its header is not a safetensors header: ValueError)'),  # not a JSON object
     (_layout('{}'), None),  # no tensors: the header is the whole file
     (_layout(ONE, 8), None),
     (_layout(ONE, 9), None),  # bytes after the last tensor's: not damage

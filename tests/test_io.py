@@ -18,9 +18,7 @@ from tcnn.files import run_folder
 from tcnn.errors import TcnnError
 from tcnn.files.sources import create_cnn
 
-
-def _x(size: int = 64, chans: int = 3) -> torch.Tensor:
-    return torch.randn(2, chans, size, size, generator=torch.Generator().manual_seed(0))
+from helpers import images
 
 
 @pytest.fixture(scope='module')
@@ -57,7 +55,7 @@ def test_round_trip_identical_outputs(t_model, tmp_path, ext):
     loaded = tcnn.load(path)
     assert not loaded.training
     with torch.no_grad():
-        assert torch.equal(loaded(_x()), t_model(_x()))
+        assert torch.equal(loaded(images()), t_model(images()))
     assert [(n, m.qk_dim) for n, m in tcnn.gpsa_layers(loaded)] == [(n, 16) for n, _ in tcnn.gpsa_layers(t_model)]
     assert loaded.tcnn_config == t_model.tcnn_config
     assert tcnn.gpsa_summary(loaded) == tcnn.gpsa_summary(t_model)
@@ -117,7 +115,7 @@ def test_model_from_dict_is_the_inverse(t_model):
     d = tcnn_file.model_to_dict(t_model, data_config={'input_size': (3, 160, 160), 'crop_pct': 1.0})
     model = tcnn_file.model_from_dict(d)
     with torch.no_grad():
-        assert torch.equal(model(_x()), t_model(_x()))
+        assert torch.equal(model(images()), t_model(images()))
     assert model.pretrained_cfg['input_size'] == (3, 160, 160) and model.pretrained_cfg['crop_pct'] == 1.0
     assert tcnn_file.model_to_dict(nn.DataParallel(t_model))['source'] == d['source']  # wrappers are unwrapped
 
@@ -132,7 +130,7 @@ def test_plain_cnn_round_trip(tmp_path):
     loaded = tcnn.load(path)
     assert not tcnn.gpsa_layers(loaded)
     with torch.no_grad():
-        assert torch.equal(loaded(_x()), cnn(_x()))
+        assert torch.equal(loaded(images()), cnn(images()))
 
 
 def test_registry_and_timm_models_round_trip(tmp_path):
@@ -145,7 +143,7 @@ def test_registry_and_timm_models_round_trip(tmp_path):
         tcnn.save(model, path)
         loaded = tcnn.load(path)
         with torch.no_grad():
-            assert torch.equal(loaded(_x()), model(_x()))
+            assert torch.equal(loaded(images()), model(images()))
         assert loaded.num_classes == model.num_classes
     assert tcnn_file.read(str(tmp_path / 'registry.safetensors'))['source'] == \
         {'model': 'resnet18d.ra4_e3600_r224_in1k', 'kwargs': {'drop_path_rate': 0.1}, 'weights': 'random'}
@@ -167,7 +165,7 @@ def test_torchvision_round_trip(tmp_path):
     loaded = tcnn.load(path)
     assert type(loaded).__module__.startswith('torchvision')
     with torch.no_grad():
-        assert torch.equal(loaded(_x()), model(_x()))
+        assert torch.equal(loaded(images()), model(images()))
 
 
 def test_training_checkpoint(t_model, tmp_path):
@@ -178,7 +176,7 @@ def test_training_checkpoint(t_model, tmp_path):
                path)
     loaded = tcnn.load(str(path))
     with torch.no_grad():
-        assert torch.equal(loaded(_x()), t_model(_x()))
+        assert torch.equal(loaded(images()), t_model(images()))
     assert tcnn_file.read(str(path))['training'] == {'epoch': 4, 'best_top1': 51.5}
     assert tcnn_file.read(str(path))['recipe'] == {'lr': 1e-4}  # the run's recipe, for tcnn publish's model card
 
@@ -295,8 +293,8 @@ def test_training_checkpoint_ema_weights(t_model, tmp_path):
     checkpoint = run_folder.make_checkpoint(t_model, ema=ema.state_dict(), epoch=3, best_top1=40.0)
     run_folder.write_checkpoint(checkpoint, path)
     with torch.no_grad():
-        assert torch.equal(tcnn.load(path)(_x()), t_model(_x()))
-        assert torch.equal(tcnn.load(path, ema=True)(_x()), ema(_x()))
+        assert torch.equal(tcnn.load(path)(images()), t_model(images()))
+        assert torch.equal(tcnn.load(path, ema=True)(images()), ema(images()))
     assert tcnn_file.read(path, ema=True)['training'] == {'epoch': 3, 'best_top1': 40.0, 'weights': 'ema'}
     assert tcnn_file.read(path)['training'] == {'epoch': 3, 'best_top1': 40.0}
     no_ema = str(tmp_path / 'no_ema.pt')

@@ -5,6 +5,9 @@ functions, and under ``TYPE_CHECKING``: each is a dependency a reader must follo
 concept to a later one (a back-import) or on an import cycle between modules, naming the file and line to change.
 Modules that ``importlib`` loads by name at run time (the CLI's command table, ``tcnn``'s PEP 562 attributes, the
 registration hook) are not imports of this kind: they are how the entry points find what they run.
+
+The test files' own layout is checked here too: the helpers they share (``helpers.py``, the fixtures of
+``conftest.py``) are defined once, with one argument order, and not copied into a test file under any name.
 """
 import ast
 import os
@@ -212,3 +215,92 @@ def test_readme_layout_matches_the_tree():
             continue  # a package's own docstring: its folder's modules are named
         assert rel in named or any(f in named for f in folders[:-1] if f != 'tcnn/'), \
             f'{rel} is missing from README\'s Layout table'
+
+
+# ----------------------------------------------------------------------------- the tests' helpers, defined once
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# What every test file takes from tests/helpers.py and tests/conftest.py, and where each is defined
+SHARED_HELPERS = {'rel_err': 'helpers.py', 'images': 'helpers.py', 'data_dir': 'conftest.py',
+                  'one_thread': 'conftest.py'}
+# The names their copies had: (the shared helper, what the copy was)
+RETIRED_NAMES = {'_rel_err': 'rel_err', '_rel': 'rel_err', '_x': 'images'}
+
+
+def _is_call_of(node: ast.AST, method: str) -> bool:
+    """``node`` is ``<something>.method()``, without arguments."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method
+            and not node.args and not node.keywords)
+
+
+def _abs_max(node: ast.AST) -> bool:
+    """``node`` is ``X.abs().max()``."""
+    return _is_call_of(node, 'max') and _is_call_of(node.func.value, 'abs')
+
+
+def _calls(node: ast.AST, dotted: str) -> bool:
+    """``node`` calls ``dotted`` (``'torch.set_num_threads'``) somewhere."""
+    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == dotted for n in ast.walk(node))
+
+
+def _is_fixture(node: ast.FunctionDef) -> bool:
+    return any('fixture' in ast.unparse(d) for d in node.decorator_list)
+
+
+def _returns_seeded_randn(node: ast.FunctionDef) -> bool:
+    """``node`` returns ``torch.randn(..., generator=...)``."""
+    return any(isinstance(n, ast.Return) and isinstance(n.value, ast.Call) and
+               ast.unparse(n.value.func) == 'torch.randn' and any(k.arg == 'generator' for k in n.value.keywords)
+               for n in ast.walk(node))
+
+
+def helper_copies(path: str) -> List[str]:
+    """Where the test file ``path`` defines a shared helper again, under its name, a retired name or another one
+    (what each copy is made of: a relative error ``X.abs().max() / Y.abs().max()``, a fixture that sets the thread
+    count, a function that returns seeded ``torch.randn`` images), in line order."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read(), path)
+    found: List[Tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _abs_max(node.left) and \
+                _abs_max(node.right):
+            found.append((node.lineno, 'computes a relative error: use helpers.rel_err(out, ref)'))
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        name = node.name
+        if name in SHARED_HELPERS:
+            found.append((node.lineno, f'defines {name} again: it is in tests/{SHARED_HELPERS[name]}'))
+        elif name in RETIRED_NAMES:
+            found.append((node.lineno, f'defines {name}, a copy of {RETIRED_NAMES[name]}: use that'))
+        elif _is_fixture(node) and _calls(node, 'torch.set_num_threads'):
+            found.append((node.lineno, f"the fixture {name} sets the thread count: use "
+                                       "pytest.mark.usefixtures('one_thread')"))
+        elif _returns_seeded_randn(node):
+            found.append((node.lineno, f'{name} returns seeded random images: use helpers.images'))
+    where = os.path.relpath(path, os.path.dirname(TESTS))
+    return [f'{where}:{line}: {what}' for line, what in sorted(found)]
+
+
+def test_the_test_helpers_are_defined_once():
+    paths = [os.path.join(folder, f) for folder, _, files in os.walk(TESTS) for f in files
+             if f.endswith('.py') and os.path.join(folder, f) not in (os.path.join(TESTS, 'helpers.py'),
+                                                                       os.path.join(TESTS, 'conftest.py'))]
+    found = [line for path in sorted(paths) for line in helper_copies(path)]
+    assert not found, 'test helpers defined again (one definition each, one argument order):\n' + '\n'.join(found)
+
+
+def test_the_helper_check_sees_copies_under_other_names(tmp_path):
+    copies = tmp_path / 'test_copies.py'
+    copies.write_text('\n'.join([
+        'import pytest', 'import torch',
+        'def _relative(ref, out):', '    return ((out - ref).abs().max() / ref.abs().max()).item()',
+        '@pytest.fixture(scope="module", autouse=True)', 'def single_thread():', '    torch.set_num_threads(1)',
+        '    yield',
+        'def _inputs(batch):', '    return torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(0))',
+        '@pytest.fixture', 'def data_dir(tmp_path):', '    return str(tmp_path)',
+        'def _x():', '    return torch.zeros(1)', '']))
+    lines = [line.split(': ', 1)[1] for line in helper_copies(str(copies))]
+    assert lines == ['computes a relative error: use helpers.rel_err(out, ref)',
+                     "the fixture single_thread sets the thread count: use pytest.mark.usefixtures('one_thread')",
+                     '_inputs returns seeded random images: use helpers.images',
+                     'defines data_dir again: it is in tests/conftest.py', 'defines _x, a copy of images: use that']

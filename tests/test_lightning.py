@@ -16,7 +16,8 @@ from tcnn.cli import main
 from tcnn.errors import TcnnError
 
 from nontrivial import nontrivial
-from test_train import one_thread  # noqa: F401  (one intra-op thread on the shared 2-core CI machine)
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 L = pytest.importorskip('lightning', reason="lightning is not installed (pip install lightning; in tcnn's test extra)")
 

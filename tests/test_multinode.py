@@ -15,16 +15,12 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from imagegen import make_image_folder
 from test_train import _free_port, assert_same_weights, load, metrics, same_numbers
 
 EPOCHS, UPDATES = 2, 20  # 80 training images / (2 processes x batch 2)
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=2, train_per_class=40,
-                             val_per_class=2, size=32)
+IMAGE_FOLDER = dict(num_classes=2, train_per_class=40, val_per_class=2, size=32)  # the data_dir fixture's
 
 
 def train_args(data_dir, output, *extra):

@@ -16,7 +16,8 @@ import tcnn
 from tcnn.train.optim import GATING_LR_RATIO, group_lrs
 
 from nontrivial import nontrivial
-from test_train import one_thread  # noqa: F401  (one intra-op thread on the shared 2-core CI machine)
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 LR, GATING_LR, WD = 1e-4, 0.1, 0.05  # T-CNN (arXiv:2106.05795) section 3
 

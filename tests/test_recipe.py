@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.errors import TcnnError
 from tcnn.train.args import add_arguments
 from tcnn.train.recipe import (BUNDLED_DIR, RECIPE_KEYS, Recipe, bundled_recipes, dump_recipe, load_recipe, parse_set,
@@ -43,7 +43,7 @@ def test_a_misspelt_set_key_is_one_line_naming_the_key_and_the_fix():
 
 
 def test_a_misspelt_set_key_on_the_command_line(capsys):
-    assert tcnn_train.main(['--set', 'warmup_epoch=1', '--print-config']) == 2
+    assert launch.main(['--set', 'warmup_epoch=1', '--print-config']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown recipe key 'warmup_epoch' in --set (did you mean warmup_epochs " in err[0], err
 
@@ -85,19 +85,47 @@ def test_the_schema_is_read_off_the_typed_fields():
     assert RECIPE_KEYS['mean'].types == (list, type(None)) and RECIPE_KEYS['scale'].default == [0.08, 1.0]
     assert RECIPE_KEYS['stages'].types == (int, str, list, type(None))
     assert RECIPE_KEYS['log'].types == (list, str)  # a file may say `log: wandb`; the resolved recipe holds a list
-    assert resolve_recipe(sets=['log=wandb']).log == ['wandb']
+    assert resolve_recipe(sets=['log=wandb']).log == ('wandb',)
     assert RECIPE_KEYS['amp'].choices == ('auto', 'bf16', 'fp16', 'none')
     coerced = Recipe.from_dict({'lr': 1, 'warmup_lr': '1e-6'})  # PyYAML reads 1e-6 as a string
     assert (coerced.lr, coerced.warmup_lr) == (1.0, 1e-6) and isinstance(coerced.lr, float)
 
 
-def test_recipes_do_not_share_their_lists():
-    a, b = Recipe(), Recipe()
-    a.scale.append(0.5)
-    assert b.scale == [0.08, 1.0] == Recipe().scale
-    plain = b.to_dict()
-    plain['scale'][0] = 0.5
-    assert b.scale == [0.08, 1.0]
+def test_a_recipe_holds_tuples_that_nothing_changes():
+    """Frozen all the way down: a list given in code, a file or --set becomes a tuple; the plain form (files,
+    checkpoints, dashboards) holds lists again, the recipe's own copies."""
+    recipe = Recipe(scale=[0.5, 1.0], opt_betas=[0.8, 0.9], stages=[3, 4], absolute_lrs=['lr'], log=['wandb'])
+    assert (recipe.scale, recipe.opt_betas, recipe.stages, recipe.absolute_lrs, recipe.log) == (
+        (0.5, 1.0), (0.8, 0.9), (3, 4), ('lr',), ('wandb',))
+    assert Recipe().scale == (0.08, 1.0) and Recipe().absolute_lrs == () and Recipe().log == ()
+    with pytest.raises(AttributeError):
+        recipe.scale.append(0.5)
+    assert Recipe.from_dict({'mean': [0.5, 0.5, 0.5]}).mean == (0.5, 0.5, 0.5)
+    plain = recipe.to_dict()
+    assert (plain['scale'], plain['stages'], plain['log']) == ([0.5, 1.0], [3, 4], ['wandb'])
+    plain['scale'][0] = 0.1
+    assert recipe.scale == (0.5, 1.0) and recipe.to_dict()['scale'] == [0.5, 1.0]
+    # a recipe's tuple given back as an override is a value like the file's list
+    from tcnn.train.recipe import apply_overrides
+    assert apply_overrides(Recipe(), {'scale': recipe.scale}).scale == (0.5, 1.0)
+
+
+def test_bounds_are_declared_with_the_fields_and_checked_whenever_a_recipe_is_made(tmp_path):
+    """``Recipe(epochs=-1)`` fails as a YAML file with ``epochs: -1`` does, with the same line: the range is the
+    field's, checked on construction (code, files, --set, dataclasses.replace), not in a list kept apart."""
+    from tcnn.train.recipe import NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+    expected = "recipe key 'epochs' must be > 0, got -1"
+    assert _error(lambda: Recipe(epochs=-1)) == expected
+    path = tmp_path / 'r.yaml'
+    path.write_text('epochs: -1\n')
+    assert _error(lambda: resolve_recipe(str(path))) == expected
+    assert _error(lambda: resolve_recipe(sets=['epochs=-1'])) == expected
+    assert _error(lambda: Recipe.from_dict({'epochs': -1}, validate=False)) == expected
+    assert _error(lambda: dataclasses.replace(Recipe(), epochs=-1)) == expected
+    bounds = {key: spec.bound for key, spec in RECIPE_KEYS.items() if spec.bound}
+    assert bounds == {**{k: POSITIVE for k in POSITIVE_KEYS}, **{k: NON_NEGATIVE for k in NON_NEGATIVE_KEYS},
+                      **{k: UNIT_INTERVAL for k in UNIT_INTERVAL_KEYS}}
+    assert Recipe(crop_pct=None, workers=None).crop_pct is None  # an optional key may be null
 
 
 @pytest.mark.parametrize('name', bundled_recipes() + ['base'])
@@ -106,7 +134,7 @@ def test_every_shipped_recipe_round_trips_to_identical_yaml(name, tmp_path):
     recipe = resolve_recipe(path)
     with open(path) as f:
         own = {k: v for k, v in yaml.safe_load(f).items() if k != 'base'}
-    assert {k: getattr(recipe, k) for k in own} == own  # the file's values, with their types
+    assert {k: recipe.to_dict()[k] for k in own} == own  # the file's values, with their types (plain: lists)
     text = dump_recipe(recipe)
     written = tmp_path / 'config.yaml'
     written.write_text(text)
@@ -144,7 +172,7 @@ def test_an_earlier_releases_run_resumes(release, tmp_path, capsys):
     run.mkdir()
     shutil.copy(os.path.join(FIXTURES, f'tcnn-{release}', 'run_last.pt'), run / 'last.pt')
     old = read_checkpoint(str(run / 'last.pt'))['config']
-    assert tcnn_train.main(['--resume', str(run), '--epochs', '2', '--set', f'data={data}']) == 0
+    assert launch.main(['--resume', str(run), '--epochs', '2', '--set', f'data={data}']) == 0
     assert 'resuming after epoch 1/2' in capsys.readouterr().out
     ckpt = read_checkpoint(str(run / 'last.pt'))
     assert ckpt['epoch'] == 1
@@ -189,28 +217,26 @@ def _error(call) -> str:
     return _one_line(e.value)
 
 
-# written out here (not read from tcnn.train.recipe): the keys each range check covers
-POSITIVE = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_batch', 'img_size',
-            'locality_strength', 'model_ema_decay', 'log_every')
-NON_NEGATIVE = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_decay', 'mixup', 'cutmix', 'recount',
-                'reparam_epoch', 'num_classes', 'eval_img_size', 'qk_dim', 'clip_grad')
-UNIT_INTERVAL = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
+# written out here (not read from tcnn.train.recipe): the keys each range covers
+POSITIVE_KEYS = ('epochs', 'batch_size', 'accum_steps', 'lr', 'gating_lr', 'lr_base_batch', 'img_size',
+                 'locality_strength', 'model_ema_decay', 'log_every')
+NON_NEGATIVE_KEYS = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_decay', 'mixup', 'cutmix', 'recount',
+                     'reparam_epoch', 'num_classes', 'eval_img_size', 'qk_dim', 'clip_grad')
+UNIT_INTERVAL_KEYS = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
 
 
-def test_validate_recipe_ranges_at_their_bounds():
+def test_recipe_ranges_at_their_bounds():
     from tcnn.train.recipe import validate_recipe
     ok = Recipe(epochs=10, warmup_epochs=0)
-    for key in POSITIVE:
-        assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: 0}))) == \
-            f"recipe key '{key}' must be > 0, got 0"
+    for key in POSITIVE_KEYS:
+        assert _error(lambda: dataclasses.replace(ok, **{key: 0})) == f"recipe key '{key}' must be > 0, got 0"
         validate_recipe(dataclasses.replace(ok, **{key: 2}))
-    for key in NON_NEGATIVE:
-        assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: -1}))) == \
-            f"recipe key '{key}' must be >= 0, got -1"
+    for key in NON_NEGATIVE_KEYS:
+        assert _error(lambda: dataclasses.replace(ok, **{key: -1})) == f"recipe key '{key}' must be >= 0, got -1"
         validate_recipe(dataclasses.replace(ok, **{key: 0}))
-    for key in UNIT_INTERVAL:
+    for key in UNIT_INTERVAL_KEYS:
         for bad in (-0.5, 1.5):
-            assert _error(lambda: validate_recipe(dataclasses.replace(ok, **{key: bad}))) == \
+            assert _error(lambda: dataclasses.replace(ok, **{key: bad})) == \
                 f"recipe key '{key}' must be in [0, 1], got {bad}"
         for good in (0.0, 1.0):
             validate_recipe(dataclasses.replace(ok, **{key: good}))
@@ -251,8 +277,8 @@ def test_validate_recipe_combinations():
     for device in ('auto', 'cpu', 'cuda', 'cuda:1'):
         assert validate_recipe(dataclasses.replace(ok, device=device)).device == device
     assert fails(log='mlflow') == "recipe key 'log' takes tensorboard, wandb or none, got 'mlflow'"
-    for log, backends in (('wandb', ['wandb']), (['wandb', 'tensorboard', 'wandb'], ['tensorboard', 'wandb']),
-                          ('none', []), (['none'], [])):
+    for log, backends in (('wandb', ('wandb',)), (['wandb', 'tensorboard', 'wandb'], ('tensorboard', 'wandb')),
+                          ('none', ()), (['none'], ())):
         assert validate_recipe(dataclasses.replace(ok, log=log)).log == backends
     for compile, mode in ((True, 'default'), (False, False), ('max-autotune', 'max-autotune')):
         assert validate_recipe(dataclasses.replace(ok, compile=compile)).compile == mode
@@ -337,7 +363,7 @@ def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
     notes = []
     recipe = resolve_recipe(str(path), {'lr': 5e-4, 'epochs': 4}, ['min_lr=1e-5', 'gating_lr=0.2'], notes)
     assert (recipe.lr, recipe.min_lr, recipe.gating_lr, recipe.epochs) == (5e-4, 1e-5, 0.2, 4)
-    assert recipe.absolute_lrs == ['lr', 'gating_lr', 'min_lr']
+    assert recipe.absolute_lrs == ('lr', 'gating_lr', 'min_lr')
     # 5 of 10 epochs warm up: a 4-epoch run keeps the fraction, round(5 * 4 / 10) = 2
     assert recipe.warmup_epochs == 2 and notes == [
         'warm-up shortened from 5 to 2 epochs for a 4-epoch run (the recipe warms up 5 of 10 epochs); choose another '
@@ -356,7 +382,7 @@ def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
     for epochs, fitted in ((5, 3), (1, 0), (9, 5)):  # floor(5 * e / 10 + 0.5), at most e - 1
         run = dataclasses.replace(planned, epochs=epochs)
         assert fit_warmup(run, planned, False)[0].warmup_epochs == (fitted if epochs <= 5 else 5), epochs
-    for unchanged in (dataclasses.replace(planned, epochs=10), dataclasses.replace(planned, epochs=0),
+    for unchanged in (dataclasses.replace(planned, epochs=10),
                       dataclasses.replace(planned, epochs=12), dataclasses.replace(planned, epochs=8),
                       dataclasses.replace(planned, epochs=12, warmup_epochs=12)):
         assert fit_warmup(unchanged, planned, False) == (unchanged, None)
@@ -364,7 +390,7 @@ def test_resolve_recipe_precedence_and_the_fitted_warm_up(tmp_path):
     assert fit_warmup(long_warm_up, long_warm_up, False) == (long_warm_up, None)
     assert fit_warmup(dataclasses.replace(planned, epochs=4), planned, True)[1] is None
     marked = mark_absolute_lrs(Recipe(absolute_lrs=['min_lr', 'bogus']), ['lr', 'batch_size'])
-    assert marked.absolute_lrs == ['lr', 'min_lr', 'bogus']
+    assert marked.absolute_lrs == ('lr', 'min_lr', 'bogus')
 
 
 def test_the_schema_carries_the_help_lines():
@@ -389,16 +415,15 @@ def test_dump_to_dict_and_scaled_lrs():
 
 
 def test_auto_workers(monkeypatch):
-    from tcnn.train import recipe as recipe_module
     from tcnn.train.recipe import auto_workers
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
     assert [auto_workers(), auto_workers(2), auto_workers(0), auto_workers(1, cap=3)] == [8, 3, 8, 3]
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(16)), raising=False)
     assert auto_workers() == 8  # at most 8 by default
-    monkeypatch.setattr(recipe_module.os, 'sched_getaffinity', lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0}, raising=False)
     assert auto_workers() == 0
-    monkeypatch.delattr(recipe_module.os, 'sched_getaffinity', raising=False)
-    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: 5)
+    monkeypatch.delattr(os, 'sched_getaffinity', raising=False)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 5)
     assert auto_workers() == 4
-    monkeypatch.setattr(recipe_module.os, 'cpu_count', lambda: None)
+    monkeypatch.setattr(os, 'cpu_count', lambda: None)
     assert auto_workers() == 0

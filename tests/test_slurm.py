@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 
 from imagegen import make_image_folder
-from test_train import _free_port, assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import _free_port, assert_same_weights, load, metrics, same_numbers
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMONS = ('munged', 'slurmctld', 'slurmd')
@@ -182,7 +184,7 @@ def wait_for(predicate, cluster, job_id, what, log, timeout=300):
 def test_preempted_job_requeues_until_the_run_is_finished(cluster, tmp_path):
     data = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=100, val_per_class=2, size=32)
     straight, run, log = tmp_path / 'straight', tmp_path / 'run', tmp_path / 'job.log'
-    assert tcnn_train.main(['--recipe', 't_resnet50_rs', '--data', data, '--output', str(straight), *TRAIN_ARGS]) == 0
+    assert launch.main(['--recipe', 't_resnet50_rs', '--data', data, '--output', str(straight), *TRAIN_ARGS]) == 0
 
     script = tmp_path / 'train.sbatch'
     script.write_text(sbatch_script())

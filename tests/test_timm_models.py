@@ -24,6 +24,7 @@ from timm.optim import create_optimizer_v2
 import tcnn
 import tcnn.models.create
 import tcnn.files.sources
+from helpers import images, rel_err
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
@@ -42,15 +43,11 @@ DATA_KEYS = ('input_size', 'test_input_size', 'interpolation', 'mean', 'std', 'c
              'crop_mode', 'num_classes', 'pool_size', 'first_conv', 'classifier')
 
 
-def _x(batch: int = 1, size: int = 128, chans: int = 3) -> torch.Tensor:
-    return torch.randn(batch, chans, size, size, generator=torch.Generator().manual_seed(0))
-
-
 def _assert_exact(out: torch.Tensor, ref: torch.Tensor, tol: float = 1e-5) -> None:
     """``out`` is ``ref`` to float32 rounding: the largest difference relative to the largest value of ``ref``, the
     bound ``tcnn.reparameterize`` verifies conversions with (the error measured here is ~1e-7)."""
     assert out.shape == ref.shape
-    err = ((out - ref).abs().max() / ref.abs().max()).item()
+    err = rel_err(out, ref)
     assert err <= tol, f'max rel err {err:.2g} > {tol:g}'
 
 
@@ -187,7 +184,7 @@ def test_model_forward(name):
     model = _model(name)
     with torch.no_grad():
         for size in (96, 128):
-            x = _x(1, size)
+            x = images(1, size)
             model.set_grad_checkpointing(False)
             out = model(x)
             assert out.shape == (1, 1000) and not torch.isnan(out).any()
@@ -199,7 +196,7 @@ def test_model_forward(name):
 def test_model_backward(name):
     """timm's test_model_backward: every parameter (GPSA q/k/v, centres, locality, gating too) gets a gradient."""
     model = timm.create_model(name, num_classes=42).train()
-    out = model(_x(2, 96))
+    out = model(images(2, 96))
     out.mean().backward()
     assert out.shape == (2, 42) and not torch.isnan(out).any()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
@@ -219,7 +216,7 @@ def test_timm_kwargs():
     torch.testing.assert_close(layer.locality_strength(), torch.full((9,), 2.0))
     torch.testing.assert_close(layer.gate(), torch.sigmoid(torch.full((9,), -1.0)))
     assert model.tcnn_config['stages'] == ['layer3', 'layer4']
-    assert model.eval()(_x(2, 96, chans=1)).shape == (2, 7)
+    assert model.eval()(images(2, 96, chans=1)).shape == (2, 7)
 
 
 def test_features_only():
@@ -229,7 +226,7 @@ def test_features_only():
     channels, reductions = model.feature_info.channels(), model.feature_info.reduction()
     assert len(channels) == 5 and reductions == [2, 4, 8, 16, 32]
     with torch.no_grad():
-        outputs = model(_x(1, size))
+        outputs = model(images(1, size))
     assert len(outputs) == len(channels)
     for c, r, o in zip(channels, reductions, outputs):
         assert o.shape[1] == c and size / (2 * r) < o.shape[-1] <= math.ceil(size / r) + 1
@@ -239,7 +236,7 @@ def test_features_only():
     assert picked.feature_info.channels() == [256, 512] and len(gpsa_layers(picked)) == 4
     getter = timm.create_model('t_resnet18d', features_only=True, feature_cls='getter').eval()
     with torch.no_grad():
-        assert [o.shape[-1] for o in getter(_x(1, size))] == [48, 24, 12, 6, 3]
+        assert [o.shape[-1] for o in getter(images(1, size))] == [48, 24, 12, 6, 3]
 
 
 def test_features_only_grad_checkpointing_backward():
@@ -249,7 +246,7 @@ def test_features_only_grad_checkpointing_backward():
         torch.manual_seed(0)
         model = timm.create_model('t_resnet18d', features_only=True).train()
         model.set_grad_checkpointing(checkpointing)
-        sum(f.pow(2).mean() for f in model(_x(2, 64))).backward()
+        sum(f.pow(2).mean() for f in model(images(2, 64))).backward()
         grads.append([p.grad for p in model.parameters() if p.grad is not None])
     assert len(grads[0]) == len(grads[1]) == len(list(model.parameters()))
     for g0, g1 in zip(*grads):
@@ -261,7 +258,7 @@ def test_forward_intermediates(name):
     """timm's test_model_forward_intermediates (+ pruning the GPSA stage away)."""
     model = _model(name)
     info = timm.models.FeatureInfo(model.feature_info, len(model.feature_info))
-    x = _x(1, 96)
+    x = images(1, 96)
     with torch.no_grad():
         final, intermediates = model.forward_intermediates(x)
         assert [o.shape[1] for o in intermediates] == info.channels()
@@ -282,10 +279,10 @@ def test_torchscript(name):
     GPSA layers' sum in another order, see tcnn.layers.depthwise)."""
     model = _model(name)
     scripted = torch.jit.script(model)
-    x = _x(1, 128)
+    x = images(1, 128)
     with torch.no_grad():
         out, ref = scripted(x), model(x)
-    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    assert rel_err(out, ref) < 1e-5
     assert out.shape == (1, 1000) and not torch.isnan(out).any()
 
 
@@ -303,7 +300,7 @@ def _fx_matches_eager(name: str, size: int) -> tuple:
     """timm's test_model_forward_fx: the FX-traced model of ``name`` computes what the model computes (eval mode)."""
     model = _model(name)
     fx_model = _fx_model(model)
-    x = _x(2, size)
+    x = images(2, size)
     with torch.no_grad():
         torch.testing.assert_close(list(fx_model.eval()(x).values())[0], model(x), rtol=1e-4, atol=1e-5)
     return fx_model, x
@@ -318,7 +315,7 @@ def test_fx_forward_backward_and_features():
     assert all(p.grad is not None for p in fx_model.parameters())
     graph = timm.create_model('t_resnet18d', features_only=True, feature_cls='fx', out_indices=(3, 4)).eval()
     with torch.no_grad():
-        feats = graph(_x(1, 96))
+        feats = graph(images(1, 96))
     assert [f.shape[1] for f in feats] == [256, 512] and feats[-1].shape[-1] == 3
 
 
@@ -358,7 +355,7 @@ def test_pretrained_converts_source_weights(monkeypatch):
     assert 'state_dict' not in model.pretrained_cfg and model.pretrained_cfg['tag'] == 'ra4_e3600_r224_in1k'
     conv = cnn.layer4[1].conv2
     torch.testing.assert_close(model.layer4[1].conv2.conv_filter(), conv.weight)
-    x = _x(2, 96)
+    x = images(2, 96)
     with torch.no_grad(), exact_configuration(model):
         _assert_exact(model(x), cnn(x))
     with torch.no_grad():
@@ -377,7 +374,7 @@ def test_pretrained_cfg_overlay_file_and_checkpoint_path(tmp_path):
     settings are adopted) and through timm's checkpoint_path."""
     torch.manual_seed(1)
     model = timm.create_model('t_resnet18d', num_classes=5, stages=[3, 4], qk_dim=16, gating_init=0.5).eval()
-    x = _x(2, 96)
+    x = images(2, 96)
     with torch.no_grad():
         expected = model(x)
     path, st_path = str(tmp_path / 'model.pt'), str(tmp_path / 'model.safetensors')
@@ -410,7 +407,7 @@ def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
     torch.save({'state_dict': {f'module.{k}': v for k, v in cnn.state_dict().items()}, 'epoch': 3}, path)
     model = timm.create_model(
         't_resnet18d', pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()  # offline: a local file
-    x = _x(2, 96)
+    x = images(2, 96)
     with torch.no_grad(), exact_configuration(model):
         _assert_exact(model(x), cnn(x))
     one_channel = timm.create_model('t_resnet18d', pretrained=True, in_chans=1,  # offline: a local file
@@ -425,7 +422,7 @@ def test_grouped_source_converts_exactly(monkeypatch):
     cnn = _source_cnn('seresnext26d_32x4d')
     monkeypatch.setattr(tcnn.models.create, 'create_cnn', lambda name, **kwargs: cnn)
     model = timm.create_model('t_seresnext26d_32x4d', pretrained=True).eval()  # offline: a local file
-    x = _x(1, 96)
+    x = images(1, 96)
     with torch.no_grad(), exact_configuration(model):
         _assert_exact(model(x), cnn(x))
     conv, layer = cnn.layer4[0].conv2, model.layer4[0].conv2
@@ -468,7 +465,7 @@ def test_family_features_only(name, size):
     model = timm.create_model(name, features_only=True).eval()
     channels, reductions = model.feature_info.channels(), model.feature_info.reduction()
     with torch.no_grad():
-        outputs = model(_x(1, size))
+        outputs = model(images(1, size))
     assert len(outputs) == len(channels) >= 4 and reductions[-1] == 32
     for c, r, o in zip(channels, reductions, outputs):
         assert o.shape[1:] == (c, math.ceil(size / r), math.ceil(size / r)) and not torch.isnan(o).any()
@@ -488,7 +485,7 @@ def test_family_pretrained_converts_source_weights(monkeypatch, name):
     cnn = nontrivial(timm.create_model(name))
     monkeypatch.setattr(tcnn.models.create, 'create_cnn', lambda source, **kwargs: cnn)
     model = timm.create_model(f't_{name}', pretrained=True).eval()  # offline: stubbed source weights
-    x = _x(2, 64)
+    x = images(2, 64)
     with torch.no_grad(), exact_configuration(model):
         exact, ref = model(x), cnn(x)
     _assert_exact(exact, ref)
@@ -507,7 +504,7 @@ def test_family_file_round_trip_and_stage_conflicts(tmp_path):
     model = nontrivial(timm.create_model('t_convnext_atto', num_classes=5))
     path = str(tmp_path / 'model.pt')
     tcnn.save(model, path)
-    x = _x(2, 64)
+    x = images(2, 64)
     with torch.no_grad():
         expected = model(x)
     for stages in (None, 4, ['stages.3']):
@@ -582,12 +579,12 @@ def test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers(name):
     layers = len(gpsa_layers(model))
     dtype = torch.float32 if name in ('t_repvgg_a0', 't_mobileone_s0') else torch.float64
     model.to(dtype)
-    x = _x(1, 48).to(dtype)
+    x = images(1, 48).to(dtype)
     with torch.no_grad():
         before = model(x)
         fused = timm.utils.reparameterize_model(model, inplace=True)
         after = fused(x)
-    rel = ((after - before).abs().max() / before.abs().max()).item()
+    rel = rel_err(after, before)
     assert rel < (1e-5 if dtype == torch.float32 else 1e-9), rel
     assert len(gpsa_layers(fused)) == layers and all(n.endswith(('.gpsa.0', '.gpsa.1', '.gpsa.2', '.gpsa.3'))
                                                      for n, _ in gpsa_layers(fused))

@@ -156,7 +156,7 @@ def test_recipe_expands_to_train_py_flags_with_the_recipes_values():
     assert (args.warmup_lr, args.min_lr) == (recipe.warmup_lr * 128 / 1024, recipe.min_lr * 128 / 1024)
     assert args.aa == recipe.aa == 'rand-m9-mstd0.5-inc1' and args.mixup == 0.8 and args.cutmix == 1.0
     assert args.reprob == 0.25 and args.smoothing == 0.1 and args.mixup_switch_prob == recipe.mixup_switch_prob
-    assert args.scale == recipe.scale and args.opt_eps == recipe.opt_eps and args.momentum == recipe.momentum
+    assert args.scale == list(recipe.scale) and args.opt_eps == recipe.opt_eps and args.momentum == recipe.momentum
     assert args.train_interpolation == recipe.interpolation and args.grad_accum_steps == recipe.accum_steps
 
 

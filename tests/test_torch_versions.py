@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import tcnn
-import tcnn.export as tex
+import tcnn.export
 from tcnn import compat
 from tcnn.cli import main
 from tcnn.errors import TcnnError
@@ -41,8 +41,8 @@ def test_export_features_of_a_later_torch_name_it(monkeypatch, tmp_path, capsys,
     err = capsys.readouterr().err
     assert rc == 2 and err == f'tcnn export: error: {message}\n'
     assert os.listdir(tmp_path) == ['in.pt']
-    assert tex.check_export_options(str(tmp_path / 'm.onnx'), 'torchscript').format == 'onnx'
-    assert tex.check_export_options(str(tmp_path / 'm.pt2')).format == 'pt2'
+    assert tcnn.export.check_export_options(str(tmp_path / 'm.onnx'), 'torchscript').format == 'onnx'
+    assert tcnn.export.check_export_options(str(tmp_path / 'm.pt2')).format == 'pt2'
 
 
 def test_a_missing_torch_function_is_not_a_corrupt_file(monkeypatch, tmp_path):

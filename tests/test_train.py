@@ -17,7 +17,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 import tcnn
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 import tcnn.train.trainer as trainer
 from tcnn.train.engine import validate
 from tcnn.errors import TcnnError
@@ -39,20 +39,7 @@ METRIC_KEYS = {'epoch', 'lr', 'gating_lr', 'train_loss', 'train_top1', 'val_loss
                'img_per_s', 'epoch_time_s', 'gpsa'}
 CHECKPOINT_KEYS = {'model_file', 'ema', 'optimizer', 'scheduler', 'scaler', 'epoch', 'rng', 'config', 'best_top1'}
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    # Several intra-op threads on a shared, loaded 2-core CI machine slow these tiny models down 10x or more.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=8,
-                             val_per_class=4, size=64)
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 
 def common(data_dir, output, epochs=2, processes=1, device=None):
@@ -155,7 +142,7 @@ def test_recipe_precedence_and_coercion(tmp_path):
     recipe = load_recipe(str(path))
     assert recipe['lr'] == 2e-4 and recipe['model'] == 'resnetrs50' and recipe['epochs'] == 7  # PyYAML: '2e-4' str
     resolved = resolve_recipe(str(path), {'lr': 3e-4, 'epochs': 9}, ['lr=5e-4', 'stages=[3, 4]', 'qk_dim=null'])
-    assert resolved.lr == 5e-4 and resolved.epochs == 9 and resolved.stages == [3, 4]
+    assert resolved.lr == 5e-4 and resolved.epochs == 9 and resolved.stages == (3, 4)
     assert resolved.gating_lr == 0.1 and resolved.qk_dim is None
     assert list(Recipe().to_dict()) == list(RECIPE_KEYS)
 
@@ -190,16 +177,16 @@ def test_bad_set_items(item, message):
 def test_explicit_learning_rates_are_absolute():
     """As in timm, the batch rule scales a recipe's learning rates, never one the user typed (issue 25)."""
     recipe = resolve_recipe('t_resnet50_d', {'lr': 1e-3}, [])
-    assert recipe.absolute_lrs == ['lr']
+    assert recipe.absolute_lrs == ('lr',)
     lrs = scaled_lrs(recipe, global_batch=64)
     assert lrs['lr'] == 1e-3 and math.isclose(lrs['gating_lr'], 0.1 * 64 / 1024)  # not 6.25e-5
     assert math.isclose(lrs['warmup_lr'], 1e-6 * 64 / 1024)
     recipe = resolve_recipe(None, {}, ['gating_lr=0.5', 'min_lr=0'])
-    assert recipe.absolute_lrs == ['gating_lr', 'min_lr']
+    assert recipe.absolute_lrs == ('gating_lr', 'min_lr')
     lrs = scaled_lrs(recipe, global_batch=256)
     assert math.isclose(lrs['lr'], 2.5e-5) and lrs['gating_lr'] == 0.5 and lrs['min_lr'] == 0
     path = resolve_recipe('t_resnet50_d')  # a recipe's own values are scaled
-    assert path.absolute_lrs == [] and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
+    assert path.absolute_lrs == () and math.isclose(scaled_lrs(path, 256)['lr'], 2.5e-5)
     with pytest.raises(TcnnError, match="absolute_lrs"):
         resolve_recipe(None, {}, ['absolute_lrs=[momentum]'])
 
@@ -209,20 +196,20 @@ def test_explicit_lr_in_a_run_and_on_resume(data_dir, tmp_path, capsys):
     args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
             '--batch-size', '4', '--img-size', '64', '--workers', '0', '--no-progress', '--device', 'cpu',
             '--lr', '1e-3', '--set', 'warmup_epochs=0']
-    assert tcnn_train.main(args) == 0
+    assert launch.main(args) == 0
     out = capsys.readouterr().out
     assert 'lr 0.001 (as given), gating lr 0.000391 (recipe value x 0.003906 = global batch 4 / 1024)' in out
     assert 'warning: gating lr / lr = 0.39' in out and '--gating-lr' in out  # the paper's 1000:1 ratio is gone
     last = load(run / 'last.pt')
     assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
-    assert tcnn_train.main(['--resume', str(run), '--epochs', '2', '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--epochs', '2', '--no-progress']) == 0
     last = load(run / 'last.pt')
     assert last['config']['absolute_lrs'] == ['lr'] and last['scheduler']['base_values'][0] == 1e-3
     assert 'lr 0.001 (as given)' in capsys.readouterr().out
 
 
 def test_print_config(capsys):
-    rc = tcnn_train.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
+    rc = launch.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
                           'mixup=0', '--print-config'])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert rc == 0
@@ -281,10 +268,10 @@ def test_train_interrupt_and_exact_resume(data_dir, tmp_path, monkeypatch, capsy
     """Two epochs write metrics and checkpoints; Ctrl-C in the third keeps them; --resume finishes the third epoch
     exactly as an uninterrupted run does."""
     straight, run = tmp_path / 'straight', tmp_path / 'run'
-    assert tcnn_train.main(common(data_dir, straight, epochs=3)) == 0
+    assert launch.main(common(data_dir, straight, epochs=3)) == 0
 
     interrupt_in_epoch(monkeypatch, epoch=2)
-    assert tcnn_train.main(common(data_dir, run, epochs=3)) == 130
+    assert launch.main(common(data_dir, run, epochs=3)) == 130
     assert 'continue with --resume' in capsys.readouterr().err
     rows = metrics(run)
     assert [r['epoch'] for r in rows] == [0, 1]
@@ -309,7 +296,7 @@ def test_train_interrupt_and_exact_resume(data_dir, tmp_path, monkeypatch, capsy
     assert len(tcnn.gpsa_layers(model)) == 4
 
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
     assert 'resuming after epoch 2/3' in capsys.readouterr().out
     rows = metrics(run)
     assert [r['epoch'] for r in rows] == [0, 1, 2]
@@ -317,19 +304,19 @@ def test_train_interrupt_and_exact_resume(data_dir, tmp_path, monkeypatch, capsy
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
 
     # a finished run has nothing left to do; another fresh run into the same folder is refused
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
     assert len(metrics(run)) == 3
-    assert tcnn_train.main(common(data_dir, run)) == 2
+    assert launch.main(common(data_dir, run)) == 2
     assert 'already holds a run' in capsys.readouterr().err
 
 
 def test_resume_to_a_third_epoch_with_more_epochs(data_dir, tmp_path, capsys):
     run = tmp_path / 'run'
-    assert tcnn_train.main(common(data_dir, run, epochs=2)) == 0
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--model', 'resnet26d']) == 2
+    assert launch.main(common(data_dir, run, epochs=2)) == 0
+    assert launch.main(['--resume', str(run / 'last.pt'), '--model', 'resnet26d']) == 2
     assert 'cannot change model when resuming' in capsys.readouterr().err
     resume = ['--resume', str(run / 'last.pt'), '--epochs', '3', '--gating-lr', '2.0', '--no-progress']
-    assert tcnn_train.main(resume) == 0
+    assert launch.main(resume) == 0
     rows = metrics(run)
     assert [r['epoch'] for r in rows] == [0, 1, 2]
     assert [round(r['gating_lr'] / r['lr']) for r in rows] == [1000, 1000, 2000]  # overrides apply on resume
@@ -340,7 +327,7 @@ def test_resume_to_a_third_epoch_with_more_epochs(data_dir, tmp_path, capsys):
 def test_no_sa_baseline_with_accumulation(data_dir, tmp_path):
     run = tmp_path / 'nosa'
     args = common(data_dir, run, epochs=1) + ['--no-sa', '--batch-size', '2', '--accum-steps', '2']
-    assert tcnn_train.main(args) == 0
+    assert launch.main(args) == 0
     (row,) = metrics(run)
     assert row['gpsa'] == {} and row['gating_lr'] is None and row['train_images'] == TRAIN_IMAGES
     last = load(run / 'last.pt')
@@ -355,7 +342,7 @@ def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeyp
     after the conversion point and matches an uninterrupted run. With the EMA, best.pt is chosen on its validation."""
     straight, run = tmp_path / 'straight', tmp_path / 'run'
     extra = ['--reparam-epoch', '1', '--model-ema', '--set', 'model_ema_decay=0.5']
-    assert tcnn_train.main(common(data_dir, straight, epochs=3) + extra) == 0
+    assert launch.main(common(data_dir, straight, epochs=3) + extra) == 0
     rows = metrics(straight)
     # best.pt: the epoch of the best EMA validation (timm's rule with an EMA); the log and the metrics say so
     assert 'best.pt: the epoch with the best EMA validation top-1 (ema_val_top1)' in capsys.readouterr().out
@@ -380,14 +367,14 @@ def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeyp
     assert any('gating' in k for k in last['ema'])
 
     interrupt_in_epoch(monkeypatch, epoch=1)  # before the conversion reaches a checkpoint
-    assert tcnn_train.main(common(data_dir, run, epochs=3) + extra) == 130
+    assert launch.main(common(data_dir, run, epochs=3) + extra) == 130
     assert load(run / 'last.pt')['converted'] is False
     monkeypatch.undo()
     interrupt_in_epoch(monkeypatch, epoch=2)
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 130
+    assert launch.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 130
     assert load(run / 'last.pt')['converted'] is True
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
     assert same_numbers(metrics(run), rows, keys=('train_loss', 'val_loss', 'ema_val_loss', 'lr'))
     assert_same_weights(load(run / 'last.pt'), last)
 
@@ -417,7 +404,7 @@ def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
 
         monkeypatch.setattr(trainer, name, observed)
     run = tmp_path / 'bf16'
-    assert tcnn_train.main(common(data_dir, run, epochs=1, device='cpu') +
+    assert launch.main(common(data_dir, run, epochs=1, device='cpu') +
                            ['--amp', 'bf16', '--set', 'channels_last=true']) == 0
     (row,) = metrics(run)
     assert math.isfinite(row['train_loss']) and math.isfinite(row['val_loss'])
@@ -438,7 +425,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(data_dir, tmp_path, mon
         return original(model, *args, **kwargs)
 
     monkeypatch.setattr(trainer, 'train_one_epoch', poisoned)
-    assert tcnn_train.main(common(data_dir, run, epochs=2)) == 2
+    assert launch.main(common(data_dir, run, epochs=2)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'non-finite training loss (nan) in epoch 2, update 1' in err[0]
     assert 'last.pt (epoch 1/2) is kept' in err[0]
@@ -539,7 +526,7 @@ def _exact_args(data_dir, output, weights, batch, accum):
 @pytest.fixture(scope='module')
 def one_process_batch_8(data_dir, convnext_weights, tmp_path_factory):
     run = tmp_path_factory.mktemp('exact') / 'b8'
-    assert tcnn_train.main(_exact_args(data_dir, run, convnext_weights, batch=8, accum=1)) == 0
+    assert launch.main(_exact_args(data_dir, run, convnext_weights, batch=8, accum=1)) == 0
     return run
 
 
@@ -559,7 +546,7 @@ def _assert_same_run(run, reference, weights):
 
 def test_gradient_accumulation_equals_the_larger_batch(data_dir, convnext_weights, tmp_path, one_process_batch_8):
     run = tmp_path / 'b4x2'
-    assert tcnn_train.main(_exact_args(data_dir, run, convnext_weights, batch=4, accum=2)) == 0
+    assert launch.main(_exact_args(data_dir, run, convnext_weights, batch=4, accum=2)) == 0
     assert load(run / 'last.pt')['num_updates'] == 3
     _assert_same_run(run, one_process_batch_8, convnext_weights)
 
@@ -598,7 +585,7 @@ def test_bad_data_folders(data_dir, tmp_path, capsys):
     cases.append(([*base[:1], str(extra_class), *base[2:]], 'classes that the training set lacks: triangle'))
     cases.append((base + ['--batch-size', '32'], 'smaller than one update'))
     for args, message in cases:
-        assert tcnn_train.main(args) == 2, message
+        assert launch.main(args) == 2, message
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith('tcnn train: error:') and message in err[0], err
 
@@ -650,7 +637,7 @@ def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
         (['--resume', str(tmp_path / 'none.pt')], 'checkpoint not found'),
     ]
     for args, message in cases:
-        assert tcnn_train.main(args) == 2, message
+        assert launch.main(args) == 2, message
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / 'out' / 'last.pt').exists()
@@ -683,7 +670,7 @@ def test_timm_train_flags_point_to_tcnn_train_in_one_line(data_dir, tmp_path, ca
     from tcnn.cli import main as tcnn_main
     args = ['--data', data_dir, '--lr', '1e-3', '--epochs', '2', '--model', 'resnet18d', '--img-size', '64', *argv]
     for prog, call in (('tcnn train', lambda: tcnn_main(['train', *args])), ('python -m tcnn.train',
-                                                                            lambda: tcnn_train.main(args))):
+                                                                            lambda: launch.main(args))):
         with pytest.raises(SystemExit) as exit_info:
             call()
         assert exit_info.value.code == 2

@@ -14,30 +14,28 @@ import pytest
 import torch
 
 import tcnn
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main as tcnn_main
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
 from tcnn.train.recipe import resolve_recipe
 
 from devices import DEVICE, process_group_backend
 from imagegen import make_image_folder
-from test_train import (_free_port, assert_same_weights, common, evaluate_checkpoint, load, metrics,  # noqa: F401
-                        one_thread, same_numbers)
+from test_train import _free_port, assert_same_weights, common, evaluate_checkpoint, load, metrics, same_numbers
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 UPDATES = 12  # 48 training images / batch 4
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    return make_image_folder(str(tmp_path_factory.mktemp('shapes')), num_classes=3, train_per_class=16,
-                             val_per_class=2, size=64)
+IMAGE_FOLDER = dict(num_classes=3, train_per_class=16, val_per_class=2, size=64)  # the data_dir fixture's
 
 
 @pytest.fixture(scope='module')
 def straight(data_dir, tmp_path_factory):
     """An uninterrupted 3-epoch run, the reference of every exact-resume test."""
     out = tmp_path_factory.mktemp('straight') / 'run'
-    assert tcnn_train.main(common(data_dir, out, epochs=3)) == 0
+    assert launch.main(common(data_dir, out, epochs=3)) == 0
     return out
 
 
@@ -55,14 +53,14 @@ class _StopAfter(StopRequest):
 
 def _stop_after(monkeypatch, polls):
     monkeypatch.setattr(_StopAfter, 'polls', polls)
-    monkeypatch.setattr(tcnn_train, 'StopRequest', _StopAfter)
+    monkeypatch.setattr(launch, 'StopRequest', _StopAfter)
 
 
 def test_stop_mid_epoch_writes_partial_checkpoint_and_resume_is_exact(data_dir, straight, tmp_path, monkeypatch,
                                                                        capsys):
     run = tmp_path / 'run'
     _stop_after(monkeypatch, UPDATES + 5)  # the 5th update of the second epoch
-    assert tcnn_train.main(common(data_dir, run, epochs=3)) == EXIT_PREEMPTED
+    assert launch.main(common(data_dir, run, epochs=3)) == EXIT_PREEMPTED
     out = capsys.readouterr().out
     assert 'stopped by SIGTERM in epoch 2 after update 5/12' in out and f'--resume {run}' in out
     last = load(run / 'last.pt')
@@ -70,7 +68,7 @@ def test_stop_mid_epoch_writes_partial_checkpoint_and_resume_is_exact(data_dir, 
     assert last['partial']['positions'][0]['updates'] == 5
     assert [r['epoch'] for r in metrics(run)] == [0]
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0  # a run folder is accepted
+    assert launch.main(['--resume', str(run), '--no-progress']) == 0  # a run folder is accepted
     assert 'resuming in epoch 2/3 after 5 of 12 updates (update 17)' in capsys.readouterr().out
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
@@ -85,11 +83,11 @@ def test_mid_epoch_resume_is_exact_with_loader_workers(data_dir, tmp_path, monke
     def workers(out):
         return common(data_dir, out, epochs=2) + ['--workers', '2']  # the last --workers wins
 
-    assert tcnn_train.main(workers(straight)) == 0
+    assert launch.main(workers(straight)) == 0
     _stop_after(monkeypatch, UPDATES + 3)
-    assert tcnn_train.main(workers(run)) == EXIT_PREEMPTED
+    assert launch.main(workers(run)) == EXIT_PREEMPTED
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--no-progress']) == 0
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss'))
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
 
@@ -98,12 +96,12 @@ def test_stop_at_epoch_end_and_resume_auto(data_dir, straight, tmp_path, monkeyp
     run = tmp_path / 'run'
     auto = common(data_dir, run, epochs=3) + ['--resume', 'auto']
     _stop_after(monkeypatch, UPDATES)  # requested at the last update of epoch 1: the epoch completes first
-    assert tcnn_train.main(auto) == EXIT_PREEMPTED
+    assert launch.main(auto) == EXIT_PREEMPTED
     assert 'stopped by SIGTERM after epoch 1' in capsys.readouterr().out
     last = load(run / 'last.pt')
     assert last['epoch'] == 0 and 'partial' not in last
     monkeypatch.undo()
-    assert tcnn_train.main(auto) == 0  # the same command resumes
+    assert launch.main(auto) == 0  # the same command resumes
     assert 'resuming after epoch 1/3' in capsys.readouterr().out
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
 
@@ -149,7 +147,7 @@ def test_real_sigterm_stops_every_rank_and_resume_is_exact(data_dir, straight, t
     assert last['epoch'] < 2 and last['world_size'] == processes
     if processes == 2:
         return  # the 2-process run is a different computation (two half batches); its exactness is its own
-    assert tcnn_train.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run / 'last.pt'), '--no-progress']) == 0
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
 
 
@@ -223,7 +221,7 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers(data_dir, tmp_pa
         proc.kill()
     assert proc.returncode == EXIT_PREEMPTED, stderr[-3000:]
     assert 'holds the state; continue with --resume' in stdout and 'killed by signal' not in stderr
-    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--no-progress']) == 0
     assert [r['epoch'] for r in metrics(run)] == [0, 1, 2]
 
 
@@ -298,7 +296,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monk
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, 'save', disk_full)
-    assert tcnn_train.main(common(data_dir, run, epochs=3)) == 2
+    assert launch.main(common(data_dir, run, epochs=3)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f'cannot write {run}' in err[0] and 'the previous last.pt is intact' in err[0], err
     assert 'free disk space' in err[0]
@@ -321,7 +319,7 @@ def test_resume_errors_are_one_line(data_dir, straight, tmp_path, capsys):
         (['--resume', str(tmp_path / 'folder'), '--recipe', 't_resnet50_d'], '--resume auto accepts --recipe'),
     ]
     for args, message in cases:
-        assert tcnn_train.main(args) == 2, message
+        assert launch.main(args) == 2, message
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
 
@@ -335,7 +333,7 @@ def test_resume_errors_are_one_line(data_dir, straight, tmp_path, capsys):
 ])
 def test_bad_numbers_fail_before_any_file(data_dir, tmp_path, capsys, args, message):
     out = tmp_path / 'deep' / 'out'
-    assert tcnn_train.main(common(data_dir, out, epochs=2) + args) == 2
+    assert launch.main(common(data_dir, out, epochs=2) + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / 'deep').exists()  # no empty folder left behind
@@ -356,7 +354,7 @@ def test_small_run_first_try(data_dir, tmp_path, capsys):
     run = tmp_path / 'small'
     args = ['--data', data_dir, '--output', str(run), '--model', 'resnet18d', '--no-pretrained', '--epochs', '1',
             '--batch-size', '8', '--img-size', '64', '--no-progress', '--set', 'mixup=0', '--set', 'cutmix=0']
-    assert tcnn_train.main(args) == 0
+    assert launch.main(args) == 0
     out = capsys.readouterr().out
     assert 'note: warm-up shortened from 5 to 0 epochs' in out
     assert 'warning: the batch rule scales every learning rate by 8/1024' in out
@@ -368,7 +366,7 @@ def test_small_run_first_try(data_dir, tmp_path, capsys):
 
 def test_no_pretrained_help_says_what_it_does(capsys):
     with pytest.raises(SystemExit):
-        tcnn_train.main(['--help'])
+        launch.main(['--help'])
     help_text = ' '.join(capsys.readouterr().out.split())
     assert '--no-pretrained start from a random init instead of the pretrained weights' in help_text
 
@@ -378,12 +376,12 @@ def test_bad_images_stop_the_run_or_are_skipped_and_logged(tmp_path, capsys):
     bad = tmp_path / 'data' / 'train' / 'circle' / 'zero.png'
     bad.write_bytes(b'')
     args = common(data, tmp_path / 'run', epochs=1)
-    assert tcnn_train.main(args) == 2
+    assert launch.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f'cannot read image {bad}' in err[0] and '--skip-bad-images' in err[0], err
     assert not (tmp_path / 'run').exists() or not os.path.isfile(tmp_path / 'run' / 'last.pt')
     run = tmp_path / 'skip'
-    assert tcnn_train.main(common(data, run, epochs=1) + ['--skip-bad-images']) == 0
+    assert launch.main(common(data, run, epochs=1) + ['--skip-bad-images']) == 0
     assert f'warning: skipped unreadable image {bad}' in capsys.readouterr().out
     (row,) = metrics(run)
     assert row['bad_images'] == [str(bad)]
@@ -469,7 +467,7 @@ def test_epoch_time_is_the_wall_time_of_a_data_bound_epoch(data_dir, tmp_path, m
     run = tmp_path / 'run'
     small = ['--no-sa', '--model', 'demo_resnet10', '--img-size', '32',  # a step of a few ms
              '--data-pipeline', 'pil']  # the reads of the PIL pipeline's workers
-    assert tcnn_train.main(common(data_dir, run, epochs=1) + small) == 0
+    assert launch.main(common(data_dir, run, epochs=1) + small) == 0
     (row,) = metrics(run)
     reads = row['train_images'] + row['val_images']
     assert row['epoch_time_s'] >= reads * delay

@@ -9,13 +9,15 @@ import tarfile
 import numpy as np
 import pytest
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 from tcnn.cli import main
 from tcnn.train.distributed import EXIT_PREEMPTED
 
 from imagegen import SHAPES, draw_shape
-from test_train import assert_same_weights, load, metrics, one_thread, same_numbers  # noqa: F401
+from test_train import assert_same_weights, load, metrics, same_numbers
 from test_train_reliability import _stop_after
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # small models on a shared 2-core machine (conftest.py)
 
 pytest.importorskip('webdataset', reason='webdataset is not installed (pip install "tcnn[wds]")')
 
@@ -95,17 +97,17 @@ def test_wds_stop_mid_epoch_redoes_the_epoch_and_resume_is_exact(shards, tmp_pat
     """A stream cannot restart at a sample: a stop inside epoch 2 keeps last.pt at the end of epoch 1 (no partial
     state), and the resumed run redoes epoch 2 from its start, ending where an uninterrupted run ends."""
     straight = tmp_path / 'straight'
-    assert tcnn_train.main(args(f'wds/{shards}', straight, workers=2)) == 0
+    assert launch.main(args(f'wds/{shards}', straight, workers=2)) == 0
     run = tmp_path / 'run'
     _stop_after(monkeypatch, UPDATES + 5)  # the 5th update of the second epoch
-    assert tcnn_train.main(args(f'wds/{shards}', run, workers=2)) == EXIT_PREEMPTED
+    assert launch.main(args(f'wds/{shards}', run, workers=2)) == EXIT_PREEMPTED
     out = capsys.readouterr().out
     assert f'stopped by SIGTERM in epoch 2 after update 5/{UPDATES}' in out
     assert f'holds the end of epoch 1; continue with --resume {run} (epoch 2 is redone from its start' in out
     last = load(run / 'last.pt')
     assert last['epoch'] == 0 and 'partial' not in last and last['num_updates'] == UPDATES
     monkeypatch.undo()
-    assert tcnn_train.main(['--resume', str(run), '--no-progress']) == 0
+    assert launch.main(['--resume', str(run), '--no-progress']) == 0
     assert f'resuming after epoch 1/2 (update {UPDATES})' in capsys.readouterr().out
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'train_top1', 'val_loss', 'lr'))
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
@@ -114,7 +116,7 @@ def test_wds_stop_mid_epoch_redoes_the_epoch_and_resume_is_exact(shards, tmp_pat
 def test_wds_stop_in_the_first_epoch_leaves_no_checkpoint(shards, tmp_path, monkeypatch, capsys):
     run = tmp_path / 'run'
     _stop_after(monkeypatch, 3)
-    assert tcnn_train.main(args(f'wds/{shards}', run)) == EXIT_PREEMPTED
+    assert launch.main(args(f'wds/{shards}', run)) == EXIT_PREEMPTED
     assert 'no epoch was completed, so there is no checkpoint; --resume auto starts the run again' in \
         capsys.readouterr().out
     assert not (run / 'last.pt').exists()

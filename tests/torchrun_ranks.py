@@ -9,12 +9,12 @@ import sys
 
 import torch
 
-import tcnn.train.launch as tcnn_train
+from tcnn.train import launch
 
-_fit = tcnn_train.Trainer.fit
+_fit = launch.Trainer.fit
 
 
-def _fit_and_dump(self: tcnn_train.Trainer) -> int:
+def _fit_and_dump(self: launch.Trainer) -> int:
     code = _fit(self)
     ema = self.model_ema.module.state_dict() if self.model_ema is not None else None
     torch.save({'model': self.model.state_dict(), 'ema': ema}, os.path.join(self.output, f'rank{self.ctx.rank}.pt'))
@@ -22,5 +22,5 @@ def _fit_and_dump(self: tcnn_train.Trainer) -> int:
 
 
 if __name__ == '__main__':
-    tcnn_train.Trainer.fit = _fit_and_dump
-    sys.exit(tcnn_train.main())
+    launch.Trainer.fit = _fit_and_dump
+    sys.exit(launch.main())

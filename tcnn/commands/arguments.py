@@ -3,14 +3,16 @@
 names (``check_model_file``, ``load_model``), ``--model-kwargs`` and the file sizes the summaries print.
 
 Light at import, like every command module: torch loads only where a model is at hand. ``tcnn train`` takes its
-flags from ``tcnn.train.args`` (a recipe's overrides), whose ``--device`` has this help too (``DEVICE_HELP``).
+flags from ``tcnn.train.args`` (a recipe's overrides), whose ``--device`` has this help too (``DEVICE_HELP``) and whose
+``--img-size`` is read by the same parser (``parse_img_size``, defined beside the other argument checks in
+``tcnn.errors`` so that training, below the command line, reaches it too).
 """
 import argparse
 import ast
 import os
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
-from ..errors import TcnnError
+from ..errors import ImageSize, TcnnError, parse_img_size
 from ..paths import HUB_PREFIXES, check_input_file
 
 if TYPE_CHECKING:
@@ -20,7 +22,6 @@ __all__ = ['ImageSize', 'MODEL_FILE_EXTENSIONS', 'USE_EMA_HELP', 'IMG_SIZE_HELP'
            'add_img_size', 'add_device', 'parse_img_size', 'input_size', 'check_model_file', 'load_model',
            'parse_model_kwargs', 'in_chans', 'size_text', 'file_size_text']
 
-ImageSize = Union[int, Tuple[int, int]]  # N (square) or (H, W), as timm's img_size
 # What names a model file rather than a model (tcnn eval takes both)
 MODEL_FILE_EXTENSIONS = ('.pt', '.pth', '.safetensors', '.bin', '.ckpt')
 
@@ -59,22 +60,6 @@ def add_device(parser: argparse.ArgumentParser, default: str = 'auto') -> None:
     reason for another default (``tcnn demo``'s, the CPU its documented numbers were measured on)."""
     from ..runtime.devices import DEVICE_HELP  # here: the commands without --device (tcnn info) skip its import
     parser.add_argument('--device', default=default, metavar='DEVICE', help=f'{DEVICE_HELP} (default {default})')
-
-
-def parse_img_size(text: Optional[str]) -> Optional[ImageSize]:
-    """``'224'`` -> ``224``, ``'160x192'`` -> ``(160, 192)`` (a square ``'224x224'`` -> ``224``); None stays None."""
-    if text is None:
-        return None
-    parts = text.lower().replace(',', 'x').split('x')
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        sizes = []
-    if len(sizes) not in (1, 2):
-        raise TcnnError(f'--img-size takes N or HxW (e.g. 224 or 160x192), got {text!r}')
-    if min(sizes) < 1:
-        raise TcnnError(f'--img-size must be >= 1, got {text}')
-    return sizes[0] if len(sizes) == 1 or sizes[0] == sizes[1] else (sizes[0], sizes[1])
 
 
 def input_size(size: Optional[ImageSize], model: 'nn.Module') -> Optional[Tuple[int, int, int]]:

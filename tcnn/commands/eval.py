@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..errors import TcnnError
 from ..runtime.compiling import COMPILE_HELP, compile_mode
+from ..runtime.precision import AMP_BARE, AMP_HELP, AMP_MODES
 from .arguments import (MODEL_FILE_EXTENSIONS, add_device, add_img_size, add_out, add_use_ema, load_model,
                         parse_img_size)
 
@@ -60,7 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--batch-size', type=int, default=64, metavar='N', help='images per batch (default 64)')
     parser.add_argument('--workers', type=int, metavar='N', help='data loading processes (default min(8, CPUs))')
     add_device(parser)
-    parser.add_argument('--amp', action='store_true', help='bfloat16 autocast')
+    # the --amp of tcnn train; off unless asked for: the accuracies of the tables are float32's
+    parser.add_argument('--amp', nargs='?', const=AMP_BARE, default='none', choices=AMP_MODES, metavar='MODE',
+                        help=f'{AMP_HELP} (default none; a bare --amp: {AMP_BARE})')
     parser.add_argument('--compile', nargs='?', const='default', metavar='MODE', help=COMPILE_HELP)
     add_out(parser, 'the .json file to write the results to, and a markdown table beside it (default: print the table '
                     'only)')
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import check_number
     from ..paths import check_output_file
     from ..runtime.devices import resolve_device
+    from ..runtime.precision import amp_dtype
     # every flag and output path before the data is scanned or a model loaded: a mistake must not cost an
     # ImageNet-C pass and its results
     img_size = parse_img_size(args.img_size)
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     compile_mode(args.compile, '--compile')
     if args.workers is not None:
         check_number(args.workers, '--workers', ge=0, integer=True)
-    resolve_device(args.device, what='--device')
+    device = resolve_device(args.device, what='--device')
+    amp_dtype(args.amp, device)  # fp16 on the CPU: one line before any work
     if args.out:
         check_output_file(args.out, '--out', ('.json',))
     if args.markdown:

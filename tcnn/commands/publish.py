@@ -42,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
         check_input_file(args.file, 'FILE')
 
     from ..evaluation import model_card
-    from ..files import hub_folder as hf
+    from ..files import hub_folder
 
-    model, d, metrics = hf.read_published(args.file)
+    model, d, metrics = hub_folder.read_published(args.file)
     # the card names the folder by its name only: the machine's paths stay on the machine
     location = f'hf-hub:{args.push}' if args.push else f'local-dir:{os.path.basename(out)}'
     card = model_card.model_card(model, d, metrics, location=location)
     config = model_card.hub_config(model, d)
-    hf.write_folder(model, out, card, config)
+    hub_folder.write_folder(model, out, card, config)
     report = getattr(model, 'tcnn_report', None)
     training = d.get('training')
     lines = [f'{args.file} -> {out}',
@@ -67,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
               f"  load with   import tcnn; timm.create_model('local-dir:{out}', pretrained=True)"]
     print('\n'.join(lines), flush=True)
     if args.push:
-        url = hf.push(model, args.push, card, config, private=args.private)
+        url = hub_folder.push(model, args.push, card, config, private=args.private)
         print(f"  pushed      {url}\n  load with   timm.create_model('hf-hub:{args.push}', pretrained=True)")
     return 0

@@ -44,7 +44,7 @@ import torch
 from timm.data.constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
-from . import batch_ops as ops
+from . import batch_ops
 from .batch_ops import BICUBIC, BILINEAR, INTERPOLATIONS
 
 __all__ = ['UnsupportedAugmentation', 'RandAugmentConfig', 'parse_rand_augment', 'rand_augment_level',
@@ -472,30 +472,30 @@ class BatchAugment:
     def _rand_augment_op(self, name: str, x: Tensor, arg: Tensor, interp: Tensor) -> Tensor:
         """One RandAugment op on the images that drew it (``arg``: their level arguments)."""
         if name == 'AutoContrast':
-            return ops.autocontrast(x)
+            return batch_ops.autocontrast(x)
         if name == 'Equalize':
-            return ops.equalize(x)
+            return batch_ops.equalize(x)
         if name == 'Invert':
-            return ops.invert(x)
+            return batch_ops.invert(x)
         if name.startswith('Posterize'):
-            return ops.posterize(x, arg.long())
+            return batch_ops.posterize(x, arg.long())
         if name.startswith('SolarizeAdd'):
-            return ops.solarize_add(x, arg.long())
+            return batch_ops.solarize_add(x, arg.long())
         if name.startswith('Solarize'):
-            return ops.solarize(x, arg.long())
-        for prefix, fn in (('Color', ops.color), ('Contrast', ops.contrast), ('Brightness', ops.brightness),
-                           ('Sharpness', ops.sharpness)):
+            return batch_ops.solarize(x, arg.long())
+        for prefix, fn in (('Color', batch_ops.color), ('Contrast', batch_ops.contrast),
+                           ('Brightness', batch_ops.brightness), ('Sharpness', batch_ops.sharpness)):
             if name.startswith(prefix):
                 return fn(x, arg)
         if name == 'Rotate':
-            return ops.rotate(x, arg, self.fill, interp)
+            return batch_ops.rotate(x, arg, self.fill, interp)
         if name == 'ShearX':
-            return ops.shear_x(x, arg, self.fill, interp)
+            return batch_ops.shear_x(x, arg, self.fill, interp)
         if name == 'ShearY':
-            return ops.shear_y(x, arg, self.fill, interp)
+            return batch_ops.shear_y(x, arg, self.fill, interp)
         # timm's translate_*_rel: pixels = pct * img.size[0 or 1], the square crop's side here
         pixels = arg * self.img_size if name.endswith('Rel') else arg
-        translate = ops.translate_x if name.startswith('TranslateX') else ops.translate_y
+        translate = batch_ops.translate_x if name.startswith('TranslateX') else batch_ops.translate_y
         return translate(x, pixels, self.fill, interp)
 
     def __call__(self, images: Images, params: Dict[str, Tensor]) -> Tensor:
@@ -524,7 +524,7 @@ class BatchAugment:
                           None if stacked is None else stacked[lo:lo + step])
         if self.re_prob > 0:
             boxes = [[tuple(b) for b in image_boxes if b[2] > 0 and b[3] > 0] for image_boxes in p['re_box'].tolist()]
-            ops.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
+            batch_ops.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
         return result
 
     def _augment(self, images: List[Tensor], p: Dict[str, Tensor], result: Tensor,
@@ -541,8 +541,8 @@ class BatchAugment:
         else:
             out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
             for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
-                out[i] = ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
-        self._apply(out, p['flip'].nonzero().view(-1), ops.hflip)
+                out[i] = batch_ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
+        self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
         # RandAugment: per layer, each op once on the images that drew it
         for layer in range(self.num_layers):
             column = p['ra_op'][:, layer]
@@ -553,10 +553,10 @@ class BatchAugment:
                                 p['ra_arg'][chosen, layer], p['ra_interp'][chosen, layer])
         active = [r is not None for r in self.jitter]
         if any(active):  # ColorJitter on the float batch the normalisation then reads (uint8 values, exactly)
-            ops.color_jitter(out, p['cj_factor'], p['cj_order'], active, out=result)
-            ops.normalize(result, self.mean, self.std, out=result)
+            batch_ops.color_jitter(out, p['cj_factor'], p['cj_order'], active, out=result)
+            batch_ops.normalize(result, self.mean, self.std, out=result)
         else:
-            ops.normalize(out, self.mean, self.std, out=result)
+            batch_ops.normalize(out, self.mean, self.std, out=result)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(img_size={self.img_size}, scale={self.scale}, ratio={self.ratio}, '
@@ -613,13 +613,13 @@ class BatchEval:
         """The eval batch: float32 ``(B, 3, img_size, img_size)``, normalised, on the images' device."""
         if isinstance(images, Tensor) and images.dim() == 4 and images.dtype == torch.uint8 and images.shape[1] == 3:
             # one size: one resize for the whole batch
-            x = ops.resize(images, self._resized_size(*images.shape[-2:]), self.interpolation)
-            return ops.normalize(self._center_crop(x), self.mean, self.std)
+            x = batch_ops.resize(images, self._resized_size(*images.shape[-2:]), self.interpolation)
+            return batch_ops.normalize(self._center_crop(x), self.mean, self.std)
         images, device = _stack(images)
         out = torch.empty((len(images), 3, self.img_size, self.img_size), dtype=torch.uint8, device=device)
         for i, img in enumerate(images):
-            out[i] = self._center_crop(ops.resize(img, self._resized_size(*img.shape[-2:]), self.interpolation))
-        return ops.normalize(out, self.mean, self.std)
+            out[i] = self._center_crop(batch_ops.resize(img, self._resized_size(*img.shape[-2:]), self.interpolation))
+        return batch_ops.normalize(out, self.mean, self.std)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(img_size={self.img_size}, crop_pct={self.crop_pct}, '

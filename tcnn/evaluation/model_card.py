@@ -17,7 +17,7 @@ from ..data.config import data_config
 from ..convert.settings import gpsa_summary
 from ..evaluation.tables import format_markdown
 from ..layers.gpsa import EXACT_GATING, EXACT_LOCALITY
-from ..train.recipe import dump_recipe
+from ..train.recipe import Recipe, dump_recipe
 from ..version import __version__
 from ..files.tcnn_file import report_to_dict
 
@@ -125,16 +125,18 @@ def _metrics_rows(record: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 def _training_section(d: Dict[str, Any], metrics: List[Dict[str, Any]]) -> str:
     """The recipe and final metrics of the ``tcnn train`` run the model comes from ('' when it does not)."""
-    training, recipe = d.get('training'), d.get('recipe')
+    training, stored = d.get('training'), d.get('recipe')
     if training is None:
         return ''
+    # the keys the checkpoint holds, as a recipe (a key an older release did not have takes its default)
+    recipe = Recipe.from_dict(stored, "the checkpoint's recipe", validate=False) if stored else None
     epoch = training.get('epoch')
     lines = ['## Fine-tuning', '']
-    kind = 'no-SA baseline' if (recipe or {}).get('no_sa') else 'T-CNN'
-    if recipe:
+    if recipe is not None:
+        kind = 'no-SA baseline' if recipe.no_sa else 'T-CNN'
         lines.append(f'Fine-tuned with `tcnn train` ({kind}, the recipe of T-CNN section 3 with the values below): '
-                     f'{recipe.get("epochs")} epochs planned, batch {recipe.get("batch_size")} per process, '
-                     f'lr {recipe.get("lr"):g}, gating lr {recipe.get("gating_lr"):g}, {recipe.get("img_size")} px.')
+                     f'{recipe.epochs} epochs planned, batch {recipe.batch_size} per process, '
+                     f'lr {recipe.lr:g}, gating lr {recipe.gating_lr:g}, {recipe.img_size} px.')
     if isinstance(epoch, int):
         lines.append(f'This checkpoint: after epoch {epoch + 1}.')
     best = _finite(training.get('best_top1'))
@@ -149,9 +151,9 @@ def _training_section(d: Dict[str, Any], metrics: List[Dict[str, Any]]) -> str:
         names = [label for label, _ in _metrics_rows(shown[0][1])]
         table = [[name] + [dict(_metrics_rows(r)).get(name, '-') for _, r in shown] for name in names]
         lines += ['', format_markdown(['metric'] + [label for label, _ in shown], table)]
-    if recipe:
+    if recipe is not None:  # the keys the checkpoint holds, no default it did not state
         shown_recipe = {k: (os.path.basename(str(v).rstrip('/')) if k in _PATH_KEYS and v else v)
-                        for k, v in recipe.items()}
+                        for k, v in recipe.to_dict().items() if k in stored}
         lines += ['<details><summary>recipe (paths shortened to their last component)</summary>', '', '```yaml',
                   dump_recipe(shown_recipe).rstrip(), '```', '', '</details>', '']
     return '\n'.join(lines) + '\n'

@@ -22,6 +22,7 @@ from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_mo
 from ..files.integrity import nonfinite_output_error
 from ..runtime.compiling import CompiledForward, compile_mode
 from ..runtime.devices import resolve_device
+from ..runtime.precision import AMP_BARE, AMP_MODES, amp_dtype
 from .suites import (ALEXNET_ERRORS, BENCHMARK_CORRUPTIONS, CORRUPTION_CATEGORIES, EXTRA_CORRUPTIONS, RELEASE_IMAGES,
                      SEVERITIES, LabelSpace, Resolution, SuiteData, check_suite, eval_data_config, image_counts,
                      label_space, num_outputs, resolution_policy, scan_suite)
@@ -72,7 +73,7 @@ def evaluate(
         batch_size: int = 64,
         workers: Optional[int] = None,
         device: Optional[str] = None,
-        amp: bool = False,
+        amp: Union[bool, str] = False,
         progress: bool = True,
         data: Optional[SuiteData] = None,
         compile: Optional[str] = None,
@@ -90,7 +91,8 @@ def evaluate(
         batch_size: Images per batch.
         workers: DataLoader worker processes; default ``min(8, cpu count)``.
         device: ``'cuda'``, ``'cpu'``, ...; default CUDA when available.
-        amp: Run the models under bfloat16 autocast.
+        amp: Mixed precision, a mode of ``tcnn.runtime.precision.AMP_MODES`` (``tcnn eval --amp``): ``'auto'``,
+            ``'bf16'``, ``'fp16'`` (GPU) or ``'none'``; True is ``'bf16'``, False ``'none'``.
         progress: Show tqdm progress bars.
         data: A ``scan_suite`` result to reuse (the folder is scanned otherwise).
         compile: A ``torch.compile`` mode (``tcnn.runtime.compiling.COMPILE_MODES``) for the full batches of each model;
@@ -122,6 +124,10 @@ def evaluate(
         check_number(workers, 'workers', ge=0, integer=True)
     compile = compile_mode(compile, 'compile')
     dev = resolve_device(device)
+    mode = AMP_BARE if amp is True else 'none' if amp is False else amp
+    if mode not in AMP_MODES:
+        raise InvalidArgumentError(f'amp must be True, False or one of {", ".join(AMP_MODES)}, got {amp!r}')
+    dtype = amp_dtype(mode, dev)
     data = data or scan_suite(suite, root)
     if data.suite != suite:
         raise InvalidArgumentError(f'data was scanned for {data.suite}, not {suite}')
@@ -156,7 +162,7 @@ def evaluate(
                 x = x.to(dev, non_blocking=True)
                 cls, group = cls.to(dev), group.to(dev)
                 for name in names:
-                    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+                    with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                         logits = forwards[name](x)  # used before the next forward (CUDA graphs)
                     _accumulate(counts[name], logits.float(), cls, group, spaces[name], n_groups)
                     _count_nonfinite(nonfinite[name], logits)

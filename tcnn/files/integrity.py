@@ -10,9 +10,7 @@ against tampering. Files without checksums (tcnn 0.3.x and earlier, other tools)
 
 When outputs are non-finite anyway, ``nonfinite_tensors`` names the parameters and buffers that hold NaN or inf.
 """
-import json
 import os
-import struct
 import zlib
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -20,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import TcnnError
+from .safetensors_header import MAX_HEADER_BYTES, data_end, read_header, read_header_length
 
 __all__ = ['CHECKSUM_ALGORITHM', 'CorruptFileError', 'tensor_checksums', 'verify_checksums', 'safetensors_damage',
            'nonfinite_tensors', 'check_finite_outputs', 'nonfinite_text', 'nonfinite_kind', 'nonfinite_output_error',
@@ -101,26 +100,27 @@ def verify_checksums(tensors: Mapping[str, torch.Tensor], checksums: Any, where:
 
 def safetensors_damage(path: str) -> Optional[str]:
     """What is wrong with a safetensors file, from its layout alone (an 8-byte little-endian header length, a JSON
-    header, the tensors' bytes at the header's ``data_offsets``): ``'truncated (N of its M bytes)'``,
-    ``'corrupt (...)'``, or None when the layout holds (safetensors' own errors say only "Error while deserializing
-    header")."""
+    header, the tensors' bytes at the header's ``data_offsets``), read with ``tcnn.files.safetensors_header``:
+    ``'truncated (N of its M bytes)'``, ``'corrupt (...)'``, or None when the layout holds (safetensors' own errors
+    say only "Error while deserializing header")."""
     size = os.path.getsize(path)
     with open(path, 'rb') as f:
-        head = f.read(8)
-        if len(head) < 8:
+        try:
+            length = read_header_length(f)
+        except ValueError:
             return f'truncated ({size} bytes: not even the 8-byte header length of a safetensors file)'
-        (length,) = struct.unpack('<Q', head)
         if 8 + length > size:
-            if length > 100 * 2 ** 20:  # safetensors' own limit: not a length but other bytes
+            if length > MAX_HEADER_BYTES:  # not a length but other bytes
                 return 'corrupt (not a safetensors file: its first 8 bytes are no header length)'
             return f'truncated ({size} bytes: its header alone takes {8 + length})'
+        f.seek(0)
         try:
-            header = json.loads(f.read(length))
-            end = max((int(v['data_offsets'][1]) for k, v in header.items() if k != '__metadata__'), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            header, data_start = read_header(f)
+            end = data_start + data_end(header)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
             return f'corrupt (its header is not a safetensors header: {type(e).__name__})'
-    if 8 + length + end > size:
-        return f'truncated ({size} of its {8 + length + end} bytes)'
+    if end > size:
+        return f'truncated ({size} of its {end} bytes)'
     return None
 
 

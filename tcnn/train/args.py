@@ -8,11 +8,14 @@ import difflib
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import TcnnError, parse_img_size
 from ..runtime.compiling import COMPILE_HELP
 from ..runtime.devices import DEVICE_HELP
+from ..runtime.precision import AMP_BARE, AMP_MODES
 from .recipe import LOG_BACKENDS, PIPELINES, RECIPE_KEYS
 
-__all__ = ['FLAGS', 'ALIASES', 'TIMM_FLAGS', 'add_arguments', 'flag_overrides', 'unknown_argument_message']
+__all__ = ['FLAGS', 'ALIASES', 'TIMM_FLAGS', 'add_arguments', 'flag_overrides', 'square_img_size',
+           'unknown_argument_message']
 
 # (flag, recipe key, argparse kwargs): the named overrides. Everything else goes through --set KEY=VALUE.
 FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
@@ -29,11 +32,13 @@ FLAGS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
     ('--accum-steps', 'accum_steps', {'type': int, 'metavar': 'N'}),
     ('--lr', 'lr', {'type': float, 'metavar': 'LR'}),
     ('--gating-lr', 'gating_lr', {'type': float, 'metavar': 'LR'}),
-    ('--img-size', 'img_size', {'type': int, 'metavar': 'PX'}),
+    # read by square_img_size, with the parser of every command's --img-size: N or NxN (the training images are square)
+    ('--img-size', 'img_size', {'metavar': 'SIZE', 'help': f'{RECIPE_KEYS["img_size"].help}: N, or HxW with H = W '
+                                '(the training crops and batches are square)'}),
     ('--workers', 'workers', {'type': int, 'metavar': 'N'}),
     ('--data-pipeline', 'data_pipeline', {'choices': PIPELINES, 'metavar': 'WHERE'}),
     ('--device', 'device', {'metavar': 'DEVICE', 'help': DEVICE_HELP}),
-    ('--amp', 'amp', {'nargs': '?', 'const': 'bf16', 'choices': ('auto', 'bf16', 'fp16', 'none'), 'metavar': 'MODE'}),
+    ('--amp', 'amp', {'nargs': '?', 'const': AMP_BARE, 'choices': AMP_MODES, 'metavar': 'MODE'}),
     ('--deterministic', 'deterministic', {'action': 'store_const', 'const': True}),
     ('--no-sa', 'no_sa', {'action': 'store_const', 'const': True}),
     ('--reparam-epoch', 'reparam_epoch', {'type': int, 'metavar': 'N'}),
@@ -66,7 +71,7 @@ TIMM_FLAGS: Dict[str, str] = {
     '--initial-checkpoint': '--weights VALUE',
     '--pretrained-path': '--weights VALUE',
     '--pretrained': 'a run starts from the pretrained weights by default (--no-pretrained: a random init)',
-    '--input-size': '--img-size PX (the side alone)',
+    '--input-size': '--img-size N (the side alone: the training images are square)',
     '--grad-accum-steps': '--accum-steps VALUE',
     '--amp-dtype': '--amp bf16 or --amp fp16',
     '--torchcompile': '--compile VALUE',
@@ -166,6 +171,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _one_line_unknown_arguments(parser)
 
 
+def square_img_size(text: Any) -> int:
+    """``--img-size`` of ``tcnn train``: the side of its square images, N or NxN (``parse_img_size``, the parser of
+    every command's ``--img-size``); another shape is a one-line error naming the fix."""
+    size = parse_img_size(str(text))
+    if isinstance(size, tuple):
+        raise TcnnError(f'--img-size {text}: tcnn train trains on square images (N or NxN, e.g. --img-size '
+                        f'{max(size)}); HxW is for the commands that read a model (tcnn eval --img-size {text})')
+    return size
+
+
+# Flags whose text is read when the run starts, not by argparse: a mistake is then one line, not argparse's usage
+_PARSERS = {'img_size': square_img_size}
+
+
 def flag_overrides(args: argparse.Namespace) -> Dict[str, Any]:
-    """The recipe keys that named flags set (flags not given are absent)."""
-    return {key: getattr(args, key) for _, key, _ in FLAGS if getattr(args, key, None) is not None}
+    """The recipe keys that named flags set (flags not given are absent), their values parsed.
+
+    Raises:
+        TcnnError: A value its parser refuses (``--img-size 160x192``).
+    """
+    given = {key: getattr(args, key) for _, key, _ in FLAGS if getattr(args, key, None) is not None}
+    return {key: _PARSERS[key](value) if key in _PARSERS else value for key, value in given.items()}

@@ -46,7 +46,8 @@ def resumed_recipe(args: argparse.Namespace, checkpoint: Dict[str, Any], path: s
     config.setdefault('data_pipeline', 'pil')
     recipe = Recipe.from_dict(config, f'the checkpoint {path}', validate=False)
     overrides = dict(flag_overrides(args), **parse_set(args.set_items))
-    changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != getattr(recipe, k)]
+    plain = recipe.to_dict()  # as the overrides spell values: lists where the recipe holds tuples
+    changed = [k for k in FROZEN_ON_RESUME if k in overrides and overrides[k] != plain[k]]
     if changed:
         raise TcnnError(f'cannot change {", ".join(changed)} when resuming (they define the model and the '
                         'optimiser); start a new run instead')

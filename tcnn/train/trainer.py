@@ -22,6 +22,7 @@ from ..errors import TcnnError
 from ..files.run_folder import CheckpointWriteError, RunFolder, make_checkpoint
 from ..files.tcnn_file import model_from_dict
 from ..runtime.compiling import CompiledForward, compile_model, uses_cuda_graphs
+from ..runtime.precision import amp_dtype
 from .builders import build_loaders, build_loss, convert_in_place, copy_gpsa_init, create_model, loader_seed
 from .dashboards import Dashboards
 from .data import TrainingData, batched_augmentation, build_transforms, recipe_data_config, resolve_pipeline
@@ -82,16 +83,11 @@ class Trainer:
 
     def _setup_precision(self) -> None:
         set_deterministic(self.recipe.deterministic, self.device)  # before the first GPU kernel of the run
-        amp = self.recipe.amp
-        if amp == 'auto':
-            amp = 'bf16' if self.device.type == 'cuda' else 'none'
-        if amp == 'fp16' and self.device.type != 'cuda':
-            raise TcnnError('amp fp16 needs a GPU (use bf16 or none on CPU)')
-        self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'none': None}[amp]
+        self.amp_dtype = amp_dtype(self.recipe.amp, self.device)
         self.autocast = autocast_fn(self.device, self.amp_dtype)
         self.compile_mode = self.recipe.compile or None
         self.forward = ForwardPass(self.device, self._prepare, self.autocast, self.compile_mode)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == 'fp16')
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype is torch.float16)
         cl = self.recipe.channels_last
         self.channels_last = self.device.type == 'cuda' if cl is None else cl
 
@@ -212,8 +208,8 @@ class Trainer:
                        ckpt.get('updates_per_epoch') == self.updates_per_epoch)
         self.position = self._restored_position(ckpt, same_layout)
         self.num_updates = self.start_epoch * self.updates_per_epoch + self.position.updates
-        old = ckpt['config']
-        if all(old.get(k) == getattr(r, k) for k in SCHEDULE_KEYS) and same_layout:
+        old, now = ckpt['config'], r.to_dict()  # both plain: the checkpoint's lists against the recipe's tuples
+        if all(old.get(k) == now[k] for k in SCHEDULE_KEYS) and same_layout:
             self.scheduler.load_state_dict(ckpt['scheduler'])
         else:
             self.log('note: the schedule or the global batch changed since the checkpoint; the learning rate follows '

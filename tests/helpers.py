@@ -1,0 +1,41 @@
+"""Helpers the test files share, defined once (the fixtures are in ``conftest.py``): the relative error every
+equivalence check measures and the random image batches the models get.
+
+Imported by name, as ``formulas``, ``nontrivial`` and ``imagegen`` are: ``tests/`` has no ``__init__.py``, so pytest
+puts it on ``sys.path`` (wherever the folder is: CI's oldest stack and the mutation runs' copies alike).
+``tests/test_layout.py`` fails on a test file that defines one of these again.
+"""
+from typing import Any, Tuple, Union
+
+import torch
+
+__all__ = ['rel_err', 'images']
+
+
+def rel_err(out: Any, ref: torch.Tensor) -> float:
+    """The largest absolute difference of ``out`` from ``ref`` over the largest magnitude of ``ref``, in float64 on the
+    CPU: the measure of tcnn's equivalence check (``tcnn.convert.verify``).
+
+    One argument order everywhere: the output under test first, the reference it is measured against second (as
+    ``torch.testing.assert_close(actual, expected)``); the reference's scale divides.
+
+    Args:
+        out: The output under test: a tensor or an array (an ONNX Runtime or OpenVINO output).
+        ref: The reference output.
+    """
+    out, ref = torch.as_tensor(out).detach().double().cpu(), ref.detach().double().cpu()
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def images(batch: int = 2, size: Union[int, Tuple[int, int]] = 64, *, chans: int = 3, seed: int = 0) -> torch.Tensor:
+    """A batch of standard-normal "images" ``(batch, chans, H, W)``, the same for the same arguments (its own
+    generator: the global RNG is left alone).
+
+    Args:
+        batch: Images in the batch.
+        size: ``H = W = size``, or ``(H, W)``.
+        chans: Channels.
+        seed: The generator's seed.
+    """
+    height, width = (size, size) if isinstance(size, int) else size
+    return torch.randn(batch, chans, height, width, generator=torch.Generator().manual_seed(seed))
