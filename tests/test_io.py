@@ -361,7 +361,7 @@ def test_save_stores_the_given_data_config_and_label_names(t_model, tmp_path, ex
     """What ``save`` is given reaches the file, read back by ``tcnn.load``: an overridden crop and the class names."""
     names = [f'class {i}' for i in range(10)]
     path = tcnn.save(t_model, str(tmp_path / f'm{ext}'), data_config={'crop_pct': 0.8125}, label_names=names)
-    d = tio.read(path)
+    d = tcnn_file.read(path)
     assert d['data_config']['crop_pct'] == d['data_config']['test_crop_pct'] == 0.8125
     assert d['label_names'] == names
 
