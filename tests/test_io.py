@@ -4,6 +4,7 @@ import copy
 import json
 import os
 import re
+import struct
 
 import pytest
 import timm
@@ -380,3 +381,83 @@ def test_save_names_its_arguments(t_model, tmp_path):
         tcnn.save(t_model, str(folder))
     assert str(e.value) == f'path {folder} is a folder; give a file name'
     assert os.listdir(tmp_path) == ['folder.pt']
+
+
+# ---------------------------------------------------------------- tcnn_file's survivors (issue 47, mutmut's campaign)
+
+def test_class_names_are_checked_when_saved_and_when_loaded(t_model, tmp_path):
+    """``label_names`` is a list (or tuple) of strings, one for each of the model's 10 classes: anything else is a
+    one-line error, from ``save`` (nothing written) and from a file that holds them (its path named)."""
+    path = str(tmp_path / 'm.pt')
+    for names, message in ((['a'] * 9 + [1], 'label_names must be a list of class names (strings), got list'),
+                           ('abcdefghij', 'label_names must be a list of class names (strings), got str'),
+                           (['a', 'b', 'c'], 'label_names has 3 names for 10 classes')):
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path, label_names=names)
+        assert str(e.value) == message
+    assert os.listdir(tmp_path) == []
+    torch.save(dict(tcnn_file.model_to_dict(t_model), label_names=['a', 'b', 'c']), path)
+    with pytest.raises(TcnnError) as e:
+        tcnn.load(path)
+    assert str(e.value) == f'{path}: label_names has 3 names for 10 classes'
+
+
+def test_a_safetensors_file_that_safetensors_refuses_is_corrupt_with_its_reason(tmp_path):
+    """A layout that holds (8-byte header length, JSON header, the bytes its offsets name) around a tensor whose
+    shape needs more bytes than its offsets give: safetensors refuses it, and the message gives safetensors' own
+    reason, its exception's name first."""
+    header = json.dumps({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 4]}}).encode()
+    path = tmp_path / 'bad.safetensors'
+    path.write_bytes(struct.pack('<Q', len(header)) + header + bytes(4))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(str(path))
+    assert str(e.value).startswith(f'{path} is corrupt (not a valid safetensors file: SafetensorError: ')
+    assert str(e.value).endswith('): re-download or re-save it')
+
+
+def test_a_dense_model_without_its_builder_is_told_one_that_builds_its_class():
+    """A torchvision detection or segmentation model that does not record its builder (no ``tcnn_source``, built
+    from torchvision's classes or by another builder): the one-line error gives, as an example, a torchvision builder
+    (by its registered name) that builds the model's own class; for a class no builder makes (torchvision's
+    ``GeneralizedRCNN``), a detection builder. Built on the meta device: nothing is computed."""
+    import torchvision
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+
+    def example(model):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert '\n' not in str(e.value)
+        found = re.search(r'cannot tell which torchvision builder made this (\w+): .*; NAME e\.g\. (\w+)\)$',
+                          str(e.value))
+        assert found and found.group(1) == type(model).__name__, str(e.value)
+        return found.group(2)
+
+    detection = torchvision.models.list_models(torchvision.models.detection)
+    registered = torchvision.models.list_models()
+    # builders other than the examples where torchvision has them: the example must build the class, not echo it
+    for builder in ('fasterrcnn_mobilenet_v3_large_fpn', 'maskrcnn_resnet50_fpn_v2', 'keypointrcnn_resnet50_fpn',
+                    'retinanet_resnet50_fpn_v2', 'fcos_resnet50_fpn', 'fcn_resnet101', 'deeplabv3_mobilenet_v3_large',
+                    'lraspp_mobilenet_v3_large'):
+        with torch.device('meta'):
+            model = torchvision.models.get_model(builder, weights=None, weights_backbone=None)
+            name = example(model)
+            assert name in registered, name
+            assert type(torchvision.models.get_model(name, weights=None, weights_backbone=None)) is type(model)
+    with torch.device('meta'):
+        model = torchvision.models.get_model('fasterrcnn_mobilenet_v3_large_fpn', weights=None, weights_backbone=None)
+    model.__class__ = GeneralizedRCNN  # FasterRCNN's base class, which no builder returns
+    assert example(model) in detection
+
+
+def test_a_report_without_its_sensitivity_reads_as_not_measured(t_model, tmp_path):
+    """The report of a file written before conversions measured their sensitivity has none: it reads as not
+    measured (NaN), the report's other values as the file holds them."""
+    report = {'max_abs_err': 1e-6, 'max_rel_err': 2e-7, 'init_max_abs_err': 0.5, 'init_max_rel_err': 0.25,
+              'input_size': [3, 64, 64], 'batch_size': 2, 'dtype': 'float32', 'num_gpsa': 8}
+    path = str(tmp_path / 'm.pt')
+    torch.save(dict(tcnn_file.model_to_dict(t_model), report=report), path)
+    loaded = tcnn.load(path).tcnn_report
+    assert isinstance(loaded.sensitivity, float) and loaded.sensitivity != loaded.sensitivity  # NaN
+    assert (loaded.max_abs_err, loaded.max_rel_err, loaded.init_max_abs_err, loaded.init_max_rel_err,
+            loaded.input_size, loaded.batch_size, loaded.dtype, loaded.num_gpsa) == \
+        (1e-6, 2e-7, 0.5, 0.25, (3, 64, 64), 2, 'float32', 8)
