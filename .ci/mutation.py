@@ -24,6 +24,7 @@ A survivor is killed by a test, or listed as equivalent in docs/tests.md ("Equiv
 mutant's name in backquotes and why it cannot change behaviour); the report counts those lines as equivalent.
 """
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -46,7 +47,10 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     # less the resumed training runs of earlier releases (18 s a mutant): test_the_recipe_of_an_earlier_releases_
     # checkpoint_loads reads the same recipes without training
     'recipe': (['tcnn/train/recipe.py'], ['tests/test_recipe.py'], ['-k', 'not run_resumes']),
-    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_io.py', 'tests/test_integrity.py'], []),
+    # test_detection.py's test of saving a detector built by hand owns the torchvision detection and segmentation
+    # models' part (_dense_source, _check_rebuilds, _settings, _builder_example), which test_io.py does not call
+    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_io.py', 'tests/test_integrity.py',
+                                              'tests/test_detection.py::test_save_records_how_to_rebuild'], []),
     # TorchScript cannot compile mutmut's trampolines (``*args``): the layers run with PYTORCH_JIT=0 (``jit.script``
     # returns the module itself, so the scripting tests compare eager with eager), less the tests that read a
     # TorchScript graph or count dynamo's graph breaks, which mutmut's trampolines add
@@ -64,6 +68,15 @@ STATUS = {1: 'killed', 3: 'killed', 0: 'survived', 5: 'no tests', 33: 'no tests'
 COPIED = ('tcnn', 'tests', 'benchmarks', 'recipes', 'setup.cfg', 'pyproject.toml', 'README.md', 'docs', '.ci')
 
 
+# module -> the folder of its copy under mutants/ (--folder; default the module's name)
+FOLDERS: Dict[str, str] = {}
+
+
+def folder(module: str) -> Path:
+    """The copy of the repository that ``module``'s runs use."""
+    return WORK / FOLDERS.get(module, module)
+
+
 def equivalent_mutants() -> Dict[str, str]:
     """The mutants docs/tests.md lists as equivalent (``| `name` | why |`` rows), with the reason."""
     if not DOC.exists():
@@ -73,9 +86,10 @@ def equivalent_mutants() -> Dict[str, str]:
 
 
 def prepare(module: str) -> Path:
-    """A fresh copy of the repository for ``module`` (the previous one's results are dropped), its config set."""
+    """A fresh copy of the repository for ``module`` (the previous one's results are dropped), its config set, and
+    ``.ci/mutation_order.py`` as its ``conftest.py`` (the order of each mutant's tests)."""
     files, tests, pytest_args = MODULES[module]
-    work = WORK / module
+    work = folder(module)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '.pytest_cache')
@@ -91,18 +105,27 @@ def prepare(module: str) -> Path:
     shared = re.search(r'^pytest_add_cli_args = (.*)$', config, re.M)
     args = json.loads(shared.group(1)) + pytest_args
     config = config.replace(shared.group(0), f'pytest_add_cli_args = {json.dumps(args)}')
+    shutil.copy2(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')
+    also = re.search(r'^also_copy = (.*)$', config, re.M)
+    config = config.replace(also.group(0), f'also_copy = {json.dumps(json.loads(also.group(1)) + ["conftest.py"])}')
     (work / 'pyproject.toml').write_text(config, encoding='utf-8')
     return work
 
 
-def run(module: str, max_children: int, only: Sequence[str] = ()) -> float:
+def run(module: str, max_children: int, only: Sequence[str] = (), order: bool = True, resume: bool = False) -> float:
     """Run mutmut on ``module`` in its copy (``only``: mutant name patterns, e.g. ``tcnn.layers.positional.*``, to
-    measure a sample); returns the wall time (s). Its output goes to ``mutmut.log`` there."""
-    work = prepare(module)
+    measure a sample; ``order``: False leaves each mutant's tests in mutmut's order, to time it); returns the wall
+    time (s). Its output goes to ``mutmut.log`` there. ``resume``: go on with an interrupted run in its copy, as it
+    is (its tests too): mutmut tests only the mutants without a result."""
+    work = folder(module) if resume else prepare(module)
     start = time.monotonic()
-    with open(work / 'mutmut.log', 'w') as log:
-        code = mutmut(work, 'run', '--max-children', str(max_children), *only, stdout=log, stderr=subprocess.STDOUT)
+    env = {} if order else {'TCNN_MUTATION_ORDER': 'mutmut'}
+    with open(work / 'mutmut.log', 'a' if resume else 'w') as log:
+        code = mutmut(work, 'run', '--max-children', str(max_children), *only, stdout=log, stderr=subprocess.STDOUT,
+                      env=dict(os.environ, **ENV, **env))
     elapsed = time.monotonic() - start
+    if resume and (work / 'wall_time_s').exists():
+        elapsed += float((work / 'wall_time_s').read_text())
     (work / 'wall_time_s').write_text(f'{elapsed:.0f}\n')
     if code:
         print(f'{module}: mutmut exited {code}; see {work / "mutmut.log"}', file=sys.stderr)
@@ -112,22 +135,28 @@ def run(module: str, max_children: int, only: Sequence[str] = ()) -> float:
 def mutmut(work: Path, *args: str, **kwargs) -> int:
     """mutmut's command line in ``work`` (its cli from its module, not ``python -m mutmut``, which it warns re-executes
     ``mutmut.__main__``)."""
+    kwargs.setdefault('env', dict(os.environ, **ENV))
     return subprocess.call([sys.executable, '-c', 'import sys; from mutmut.__main__ import cli; sys.exit(cli())',
-                            *args], cwd=work, env=dict(os.environ, **ENV), **kwargs)
+                            *args], cwd=work, **kwargs)
 
 
-def recheck(module: str) -> Dict[str, str]:
+def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
     """Every survivor (and 'no tests' mutant) of ``module``'s last run once more, the plain way (module docstring):
-    ``{mutant: 'killed' | 'survived' | 'timeout'}``, also written to ``recheck.json`` beside the run."""
+    ``{mutant: 'killed' | 'survived' | 'timeout'}``, also written to ``recheck.json`` beside the run (merged with
+    an earlier recheck's). ``only``: the survivors whose names match these patterns (the others keep an earlier
+    recheck's outcome, if any)."""
     files, tests, pytest_args = MODULES[module]
-    work = WORK / module
+    work = folder(module)
     # the tests as they are now: a survivor of the run may have a test since
     shutil.rmtree(work / 'tests')
     shutil.copytree(ROOT / 'tests', work / 'tests', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     sources = sorted({p for pattern in files for p in work.glob(pattern) if p.suffix == '.py'})
-    outcome = {}
+    previous = work / 'recheck.json'
+    outcome = json.loads(previous.read_text()) if only and previous.exists() else {}
     for name, (status, _) in sorted(results(module, rechecked=False).items()):
         if status not in ('survived', 'no tests', 'equivalent'):
+            continue
+        if only and not any(fnmatch.fnmatchcase(name, pattern) for pattern in only):
             continue
         for path in sources:
             shutil.copy2(ROOT / path.relative_to(work), path)
@@ -151,10 +180,10 @@ def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]
     """``{mutant: (status, seconds)}`` of the last run of ``module`` (mutmut's ``.meta`` files); survivors listed as
     equivalent in docs/tests.md count as ``equivalent``, those ``--recheck`` killed as ``killed (fresh process)``."""
     equivalent = equivalent_mutants()
-    again = WORK / module / 'recheck.json'
+    again = folder(module) / 'recheck.json'
     again = json.loads(again.read_text()) if rechecked and again.exists() else {}
     out = {}
-    for meta in sorted((WORK / module / 'mutants').rglob('*.py.meta')):
+    for meta in sorted((folder(module) / 'mutants').rglob('*.py.meta')):
         data = json.loads(meta.read_text(encoding='utf-8'))
         durations = data.get('durations_by_key', {})
         for name, code in data['exit_code_by_key'].items():
@@ -171,7 +200,7 @@ def report(module: str) -> Dict[str, object]:
     """Counts by status, the run's wall time and the survivors of ``module``'s last run."""
     res = results(module)
     counts = Counter(status for status, _ in res.values())
-    wall, again = WORK / module / 'wall_time_s', WORK / module / 'recheck_time_s'
+    wall, again = folder(module) / 'wall_time_s', folder(module) / 'recheck_time_s'
     return {'module': module, 'files': MODULES[module][0], 'tests': MODULES[module][1], 'mutants': len(res),
             'counts': dict(counts), 'wall_time_s': float(wall.read_text()) if wall.exists() else None,
             'recheck_time_s': float(again.read_text()) if again.exists() else None,
@@ -186,8 +215,16 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument('--report', action='store_true', help="the last run's counts and survivors, without running")
     parser.add_argument('--recheck', action='store_true', help="the last run's survivors, one fresh process each")
     parser.add_argument('--only', nargs='+', default=(), metavar='PATTERN',
-                        help='run only these mutants (name patterns: a sample, to measure the time per mutant)')
+                        help='run (or --recheck) only these mutants (name patterns: a sample, to measure the time per '
+                             'mutant; the survivors that new tests should kill)')
     parser.add_argument('--max-children', type=int, default=1, help='mutants tested at once (default 1)')
+    parser.add_argument('--folder', metavar='NAME',
+                        help="the copy's folder under mutants/ (default: the module's name): a second copy, e.g. to time "
+                             'a sample in both orders at once')
+    parser.add_argument('--resume', action='store_true',
+                        help='go on with an interrupted run (its copy as it is): the mutants without a result')
+    parser.add_argument('--mutmut-order', action='store_true',
+                        help="run each mutant's tests in mutmut's own order, not .ci/mutation_order.py's (to time it)")
     args = parser.parse_args(argv)
     if args.list:
         for name, (files, tests, pytest_args) in MODULES.items():
@@ -196,13 +233,15 @@ def main(argv: Sequence[str] = None) -> int:
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown or not args.modules:
         parser.error(f'name modules of {", ".join(MODULES)}' + (f' (unknown: {", ".join(unknown)})' if unknown else ''))
+    if args.folder:
+        FOLDERS.update({module: args.folder for module in args.modules})
     for module in args.modules:
         if args.recheck:
             start = time.monotonic()
-            recheck(module)
-            (WORK / module / 'recheck_time_s').write_text(f'{time.monotonic() - start:.0f}\n')
+            recheck(module, args.only)
+            (folder(module) / 'recheck_time_s').write_text(f'{time.monotonic() - start:.0f}\n')
         elif not args.report:
-            run(module, args.max_children, args.only)
+            run(module, args.max_children, args.only, not args.mutmut_order, args.resume)
         print(json.dumps(report(module), indent=1))
     return 0
 
