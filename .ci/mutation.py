@@ -5,12 +5,16 @@
     python .ci/mutation.py --list                # the modules, their files and owning tests
     python .ci/mutation.py --report integrity    # the counts and every survivor of the last run, without running
     nice -n 19 python .ci/mutation.py --recheck recipe  # the last run's survivors again, one fresh process each
+    nice -n 19 python .ci/mutation.py --resume tcnn_file  # go on with an interrupted run (the mutants left)
 
 mutmut 3 copies the source tree into ``mutants/`` of the folder it runs in and runs pytest there. Each module runs in
 its own copy of the repository, ``mutants/<module>/`` (ignored by git), whose ``pyproject.toml`` is the repository's
 ``[tool.mutmut]`` plus the module (``only_mutate``) and its test files (``pytest_add_cli_args_test_selection``): a
 module's run neither sees nor overwrites another's results, and its stats run collects its own tests only. The
-copy's ``tests/conftest.py`` puts the copy first on ``sys.path``, so the tests import the mutated ``tcnn``.
+copy's ``tests/conftest.py`` puts the copy first on ``sys.path``, so the tests import the mutated ``tcnn``. The
+copy's own ``conftest.py`` is ``.ci/mutation_order.py``: each mutant's tests run the previous killers of its function
+first, then the fastest (mutmut's fork server runs them in a set's order), and each mutant's killer and time are
+logged to ``mutants/<module>/mutants/mutmut-kills.jsonl``.
 
 mutmut switches a mutant on inside functions that run after the tests started (its trampolines read which mutant is
 active), so a mutant in code that runs while ``tcnn`` is imported (the recipe's schema: ``Recipe``'s fields and
