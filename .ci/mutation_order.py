@@ -1,19 +1,21 @@
-"""The order in which a mutant's tests run (copied by ``.ci/mutation.py`` as the ``conftest.py`` of a module's copy;
-issue 47, docs/tests.md "Time").
+"""The order of a mutant's tests, and a log of each mutant's run (copied by ``.ci/mutation.py`` as the
+``conftest.py`` of a module's copy; issue 47, docs/tests.md "Time").
 
 mutmut runs a mutant against the tests that called the mutated function, with ``-x``: the first failure ends the
-run. Its fork server passes those tests in the order of a Python set, so a mutant that the fastest test kills often
-waited for the slowest ones first. Here, while a mutant is under test, the tests run
+run. Its fork server passes those tests in the order of a Python set. With ``TCNN_MUTATION_ORDER=killers``
+(``.ci/mutation.py --killers-first``) they run instead
 
 1. first those that killed an earlier mutant of the same function in this run (the latest first): mutants of one
    function mostly break the same promise;
 2. then the others, the fastest first, weighted by how many mutants each killed in this run (seconds / (1 + kills)).
 
-(``TCNN_MUTATION_ORDER=mutmut`` leaves mutmut's order, to time it.) Only the order changes, never which tests run:
-a mutant that survives still ran every test, and one that is killed failed a test it would have failed in any
-order (the tests do not depend on each other's order). Each mutant's run is appended to ``mutmut-kills.jsonl``
-beside this file: the mutant, the test that failed (None: it survived), the tests run, and the seconds (wall, and
-CPU: the machine is shared) from pytest's start to its end (mutmut 3.8's fork server records no duration).
+Measured on a sample it gained nothing (docs/tests.md), so it is not the default. Only the order changes, never
+which tests run: a mutant that survives still ran every test, and one that is killed failed a test it would have
+failed in any order (the tests do not depend on each other's order).
+
+Each mutant's run is appended to ``mutmut-kills.jsonl`` beside this file: the mutant, the test that failed (None: it
+survived), the tests run, and the seconds (wall, and CPU: the machine is shared) from pytest's start to its end
+(mutmut 3.8's fork server records no duration).
 """
 import json
 import os
@@ -60,7 +62,7 @@ def _kills() -> list:
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     mutant = _mutant()
-    if not mutant or len(items) < 2 or os.environ.get('TCNN_MUTATION_ORDER') == 'mutmut':
+    if not mutant or len(items) < 2 or os.environ.get('TCNN_MUTATION_ORDER') != 'killers':
         return
     function = re.sub(r'__mutmut_\d+$', '', mutant)
     durations, kills = _durations(), _kills()

@@ -461,3 +461,130 @@ def test_a_report_without_its_sensitivity_reads_as_not_measured(t_model, tmp_pat
     assert (loaded.max_abs_err, loaded.max_rel_err, loaded.init_max_abs_err, loaded.init_max_rel_err,
             loaded.input_size, loaded.batch_size, loaded.dtype, loaded.num_gpsa) == \
         (1e-6, 2e-7, 0.5, 0.25, (3, 64, 64), 2, 'float32', 8)
+
+
+def test_what_is_not_a_valid_t_cnn_dict_is_named_in_one_line(t_model):
+    """``check_dict``'s verdicts, word for word: files of other kinds say what they are and the command that makes a
+    T-CNN file of them; a T-CNN dict with a bad version, source, state dict or conversion is named corrupt."""
+    good = tcnn_file.model_to_dict(t_model)
+    tensor = {'w': torch.zeros(1)}
+    convert = ('`tcnn convert MODEL --weights f.pt --out FILE`, MODEL the CNN it was saved from (e.g. resnet50d)')
+    lightning = "f.pt is a Lightning checkpoint, which does not record its model's architecture: make a T-CNN file " \
+                'of its weights with `tcnn convert '
+    cases = [
+        ([1, 2], 'f.pt is not a T-CNN file (it holds a list, not a dict)'),
+        (tensor, f'f.pt is a plain state_dict, not a T-CNN file: convert it with {convert}'),
+        (good['state_dict'], 'f.pt is the state dict of a T-CNN (8 GPSA layers), not a T-CNN file: make one with '
+                             '`tcnn convert t_MODEL --weights f.pt --out FILE`, t_MODEL the T-CNN it was saved from '
+                             '(e.g. t_resnet50d)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': good['state_dict'], 'epoch': 1},
+         lightning + 't_MODEL --weights f.pt --out FILE`, t_MODEL the T-CNN it trained (e.g. t_resnet50d)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': tensor, 'epoch': 1},
+         lightning + 'MODEL --weights f.pt --out FILE`, MODEL the CNN it trained (e.g. resnet50d)'),
+        ({'format': 'onnx', 'j': 1, 'i': 2, 'h': 3, 'g': 4, 'f': 5, 'e': 6, 'd': 7, 'c': 8, 'b': 9},
+         "f.pt is not a T-CNN file (format 'onnx', expected 'tcnn'; keys: b, c, d, e, f, format, g, h)"),
+        ({}, "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: )"),
+        # a state dict under 'state_dict' without Lightning's key (timm's train.py), Lightning's key without one
+        ({'state_dict': tensor, 'epoch': 3}, "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: epoch, "
+                                             'state_dict)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': None},
+         "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: pytorch-lightning_version, state_dict)"),
+        (dict(good, version=0), 'f.pt: invalid T-CNN format version 0'),
+        (dict(good, version=True), 'f.pt: invalid T-CNN format version True'),
+        (dict(good, version='2'), "f.pt: invalid T-CNN format version '2'"),
+        (dict(good, version=tcnn_file.FORMAT_VERSION + 1),
+         f'f.pt was written in T-CNN format version {tcnn_file.FORMAT_VERSION + 1} (by tcnn {tcnn.__version__}); '
+         f'this tcnn reads versions up to {tcnn_file.FORMAT_VERSION}: upgrade tcnn'),
+        ({k: v for k, v in good.items() if k != 'tcnn_version'} | {'version': 99},
+         f'f.pt was written in T-CNN format version 99 (by tcnn ?); this tcnn reads versions up to '
+         f'{tcnn_file.FORMAT_VERSION}: upgrade tcnn'),
+        (dict(good, source='resnet18d'), 'f.pt: corrupt T-CNN file (no source architecture)'),
+        (dict(good, source={'model': None}), 'f.pt: corrupt T-CNN file (no source architecture)'),
+        (dict(good, state_dict={}), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, state_dict=[torch.zeros(1)]), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, state_dict=dict(tensor, v=1.0)), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, conversion=['layer3']), 'f.pt: corrupt T-CNN file (bad conversion settings)'),
+        (dict(good, conversion={'stages': ['layer3']}), 'f.pt: corrupt T-CNN file (bad conversion settings)'),
+    ]
+    for d, message in cases:
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.check_dict(d, 'f.pt')
+        assert str(e.value) == message
+    for version in (1, 2, tcnn_file.FORMAT_VERSION):  # every version this tcnn reads
+        assert tcnn_file.check_dict(dict(good, version=version), 'f.pt')['version'] == version
+    assert tcnn_file.check_dict(dict(good, conversion=None), 'f.pt')['conversion'] is None
+
+
+def test_a_training_checkpoint_yields_its_model_with_its_run(t_model):
+    """A training checkpoint's T-CNN dict carries its epoch and best top-1 (not when stored as tensors), its recipe
+    (a dict, else None) and, read with its EMA weights, ``'weights': 'ema'``."""
+    good = tcnn_file.model_to_dict(t_model)
+    d = tcnn_file.check_dict({'model_file': good, 'epoch': 7, 'best_top1': torch.tensor(50.0), 'config': 'lr=1'},
+                             'last.pt')
+    assert d['training'] == {'epoch': 7} and d['recipe'] is None and d['state_dict'] is good['state_dict']
+    d = tcnn_file.check_dict({'model_file': good, 'best_top1': 12.5, 'config': {'lr': 0.1}, 'ema_weights': True},
+                             'last.pt')
+    assert d['training'] == {'best_top1': 12.5, 'weights': 'ema'} and d['recipe'] == {'lr': 0.1}
+    # a T-CNN dict that holds a model_file entry is a T-CNN dict, not a checkpoint
+    assert 'training' not in tcnn_file.check_dict(dict(good, model_file={'x': 1}), 'f.pt')
+
+
+def test_a_dense_models_source_keeps_its_weights_origin_and_refuses_another_task():
+    """A torchvision detector's recorded source: the builder's arguments less the class count (stored apart), the
+    origin of its weights as recorded; a ``tcnn_source`` naming a builder of another task, or no torchvision builder,
+    is a one-line error naming the model's class, what the source names and an example builder. Built on the meta
+    device: nothing is computed."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:fasterrcnn_mobilenet_v3_large_320_fpn', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                         'kwargs': {'num_classes': 3, 'box_score_thresh': 0.25}, 'weights': 'file:coco.pth'}
+    model.roi_heads.score_thresh = 0.25  # as the builder's argument sets it
+    d = tcnn_file.model_to_dict(model)
+    assert d['source'] == {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                           'kwargs': {'box_score_thresh': 0.25}, 'weights': 'file:coco.pth'}
+    assert d['num_classes'] == 3
+    fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}}, NAME e.g. "
+           'fasterrcnn_resnet50_fpn')
+    for source, what in (('resnet50d', 'not a torchvision builder'), ('torchvision:fcn_resnet50', 'segmentation model'),
+                         ('torchvision:resnet50', 'classification model')):
+        model.tcnn_source = {'model': source, 'kwargs': {}}
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert str(e.value) == (f"this FasterRCNN is a torchvision detection model, but its tcnn_source names "
+                                f"'{source}' ({what}): {fix}")
+
+
+def test_a_dense_model_its_source_would_not_rebuild_is_refused_word_for_word():
+    """``save`` rebuilds a torchvision detector from its recorded source (on the meta device) and refuses one that
+    would come back otherwise, naming the call that rebuilds it (class count first, then the builder's arguments),
+    what differs, and the fix: other weights, a module of another class or missing, another setting."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:fasterrcnn_mobilenet_v3_large_320_fpn', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                         'kwargs': {'box_score_thresh': 0.25}}
+    call = 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=3, box_score_thresh=0.25)'
+    fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}} to the builder and arguments that "
+           'made it (or build it with tcnn.files.sources.create_cnn)')
+
+    def refusal():
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        return str(e.value)
+
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild roi_heads.score_thresh = 0.25, it is '
+                         f'0.05; {fix}')
+    model.roi_heads.score_thresh = 0.25  # as the builder's argument sets it
+    activation = model.backbone.body['0'][2]
+    assert type(activation) is nn.Hardswish
+    model.backbone.body['0'][2] = nn.ReLU()
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild backbone.body.0.2 as Hardswish, it is '
+                         f'ReLU; {fix}')
+    del model.backbone.body['0']._modules['2']
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild backbone.body.0.2 as Hardswish, it is '
+                         f'nothing; {fix}')
+    model.backbone.body['0']._modules['2'] = activation
+    assert tcnn_file.model_to_dict(model)['source']['kwargs'] == {'box_score_thresh': 0.25}
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
+    message = refusal()
+    assert message.startswith('cannot save this FasterRCNN: torchvision:fasterrcnn_resnet50_fpn(num_classes=3) would '
+                              'rebuild other weights (missing ') and message.endswith(f'); {fix}')
