@@ -552,6 +552,14 @@ def test_a_dense_models_source_keeps_its_weights_origin_and_refuses_another_task
             tcnn_file.model_to_dict(model)
         assert str(e.value) == (f"this FasterRCNN is a torchvision detection model, but its tcnn_source names "
                                 f"'{source}' ({what}): {fix}")
+    with torch.device('meta'):  # the example is a builder of the model's own class
+        model = create_cnn('torchvision:lraspp_mobilenet_v3_large', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model)
+    assert str(e.value) == ("this LRASPP is a torchvision segmentation model, but its tcnn_source names "
+                            "'torchvision:fasterrcnn_resnet50_fpn' (detection model): set model.tcnn_source = "
+                            "{'model': 'torchvision:NAME', 'kwargs': {...}}, NAME e.g. lraspp_mobilenet_v3_large")
 
 
 def test_a_dense_model_its_source_would_not_rebuild_is_refused_word_for_word():
@@ -584,6 +592,12 @@ def test_a_dense_model_its_source_would_not_rebuild_is_refused_word_for_word():
                          f'nothing; {fix}')
     model.backbone.body['0']._modules['2'] = activation
     assert tcnn_file.model_to_dict(model)['source']['kwargs'] == {'box_score_thresh': 0.25}
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+    model.__class__ = GeneralizedRCNN  # the same weights, but not the class the builder returns
+    assert refusal() == (f'cannot save this GeneralizedRCNN: {call} would rebuild the model as FasterRCNN, it is '
+                         f'GeneralizedRCNN; {fix}')
+    model.__class__ = FasterRCNN
     model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
     message = refusal()
     assert message.startswith('cannot save this FasterRCNN: torchvision:fasterrcnn_resnet50_fpn(num_classes=3) would '
