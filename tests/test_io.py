@@ -602,3 +602,90 @@ def test_a_dense_model_its_source_would_not_rebuild_is_refused_word_for_word():
     message = refusal()
     assert message.startswith('cannot save this FasterRCNN: torchvision:fasterrcnn_resnet50_fpn(num_classes=3) would '
                               'rebuild other weights (missing ') and message.endswith(f'); {fix}')
+
+
+def test_what_save_cannot_describe_is_named_word_for_word(t_model):
+    """``model_to_dict`` refuses, in one line each, what a file could not rebuild: a value that is not plain data, GPSA
+    layers without their conversion settings or other than them, a model whose architecture nothing records."""
+    weird = copy.deepcopy(t_model)
+    weird.tcnn_source = dict(weird.tcnn_source, kwargs={'act_layer': nn.ReLU})
+    cases = [(weird, f'cannot store source.kwargs.act_layer = {nn.ReLU!r} in a T-CNN file (only plain values: '
+                     'numbers, strings, lists, dicts); create the model with plain keyword arguments')]
+    unconfigured = copy.deepcopy(t_model)
+    del unconfigured.tcnn_config
+    cases.append((unconfigured, 'the model has GPSA layers but no tcnn_config: convert it with tcnn.reparameterize'))
+    other = copy.deepcopy(t_model)
+    layers = [name for name, _ in tcnn.gpsa_layers(t_model)]
+    other.tcnn_config = dict(other.tcnn_config, layers=layers[:-1])
+    cases.append((other, f"the model's GPSA layers {layers} differ from its tcnn_config {layers[:-1]}"))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+    cases.append((Net(), 'cannot tell which architecture this Net is: create it with tcnn.files.sources.create_cnn '
+                         '(or timm.create_model), or set model.tcnn_source = {"model": NAME, "kwargs": {...}}'))
+    registry = timm.create_model('t_resnet18d', num_classes=3)
+    del registry.tcnn_source
+    cases.append((registry, "t_resnet18d model without tcnn_source: create it with timm.create_model('t_resnet18d')"))
+    for model, message in cases:
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert str(e.value) == message
+
+
+def test_a_file_that_cannot_be_rebuilt_is_named_word_for_word(t_model, tmp_path):
+    """What ``read`` and ``load`` refuse in a file, in one line each: bytes of no known kind, unreadable settings in a
+    safetensors file, a device map it cannot follow, a source its builder refuses, GPSA layers this tcnn builds
+    elsewhere."""
+    junk = tmp_path / 'junk.pt'
+    junk.write_bytes(b'junk' * 1024)
+    with pytest.raises(TcnnError) as e:
+        tcnn.load(str(junk))
+    assert str(e.value) == f'{junk} is not a T-CNN file: neither a torch file nor (by its name) a safetensors file'
+    path = str(tmp_path / 'm.safetensors')
+    messages = []
+    for settings in ('{"format": ', '[1, 2]'):  # not JSON (json's reason follows), JSON but not a dict
+        save_file({'w': torch.zeros(2)}, path, metadata={'format': 'pt', 'tcnn': settings})
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.read(path)
+        messages.append(str(e.value))
+    assert messages[0].startswith(f'{path}: corrupt T-CNN settings in the safetensors metadata (Expecting value')
+    assert messages[1] == f'{path}: corrupt T-CNN settings in the safetensors metadata'
+    tcnn.save(t_model, path)
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location={'cuda:0': 'cpu'})
+    assert str(e.value) == f'{path}: map_location of a safetensors file must be a device, got dict'
+    d = tcnn_file.model_to_dict(t_model)
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, source=dict(d['source'], kwargs={'bogus': 1})), where='m.pt')
+    assert str(e.value).startswith("cannot rebuild resnet18d with {'bogus': 1}: TypeError: ")
+    layers = d['conversion']['layers']
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, conversion=dict(d['conversion'], layers=layers[1:])), where='m.pt')
+    assert str(e.value) == f'm.pt: this tcnn/timm builds GPSA layers {layers}, the file has {layers[1:]}'
+
+
+@pytest.mark.parametrize('origin, note', [
+    ('pretrained', None),
+    (None, None),
+    ('file:cnn.pth', 'the local file cnn.pth'),
+    ('random', 'a random initialisation'),
+    ('hf-hub:someone/weights', 'hf-hub:someone/weights'),
+])
+def test_a_rebuilt_models_notes_say_where_its_weights_came_from(t_model, origin, note):
+    """Weights that are not timm's published ones: the rebuilt model's pretrained_cfg loses the published weights'
+    tag, license and notes, and its notes say where the source weights came from (license unknown)."""
+    for model, kind in ((t_model, 'T-CNN'), (None, 'CNN')):
+        if model is None:
+            torch.manual_seed(0)
+            model = create_cnn('resnet18d', pretrained=False, num_classes=10)
+        d = tcnn_file.model_to_dict(model)
+        d['source'] = dict(d['source'], model='resnet18d.ra2_in1k', weights=origin)
+        cfg = tcnn_file.model_from_dict(d).pretrained_cfg
+        if note is None:  # timm's published weights (or not recorded): the registry's config stands
+            assert cfg.get('tag') == 'ra2_in1k' and 'license' in cfg
+        else:
+            assert cfg['notes'] == (f'{kind} of resnet18d (tcnn) whose source weights came from {note}, not from a '
+                                    'published checkpoint: license unknown',)
+            assert not {'tag', 'license', 'origin_url', 'description'} & set(cfg)
