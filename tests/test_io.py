@@ -611,6 +611,10 @@ def test_what_save_cannot_describe_is_named_word_for_word(t_model):
     weird.tcnn_source = dict(weird.tcnn_source, kwargs={'act_layer': nn.ReLU})
     cases = [(weird, f'cannot store source.kwargs.act_layer = {nn.ReLU!r} in a T-CNN file (only plain values: '
                      'numbers, strings, lists, dicts); create the model with plain keyword arguments')]
+    listed = copy.deepcopy(t_model)  # inside a list: named by the list's key
+    listed.tcnn_source = dict(listed.tcnn_source, kwargs={'acts': [1, nn.ReLU]})
+    cases.append((listed, f'cannot store source.kwargs.acts = {nn.ReLU!r} in a T-CNN file (only plain values: '
+                          'numbers, strings, lists, dicts); create the model with plain keyword arguments'))
     unconfigured = copy.deepcopy(t_model)
     del unconfigured.tcnn_config
     cases.append((unconfigured, 'the model has GPSA layers but no tcnn_config: convert it with tcnn.reparameterize'))
@@ -689,3 +693,14 @@ def test_a_rebuilt_models_notes_say_where_its_weights_came_from(t_model, origin,
             assert cfg['notes'] == (f'{kind} of resnet18d (tcnn) whose source weights came from {note}, not from a '
                                     'published checkpoint: license unknown',)
             assert not {'tag', 'license', 'origin_url', 'description'} & set(cfg)
+
+
+def test_ema_weights_asked_of_what_is_not_a_checkpoint_are_refused_word_for_word():
+    """EMA weights are only in training checkpoints: a state dict (a dict, but no T-CNN file) or anything else is
+    'not a training checkpoint', in one line that tells where they are."""
+    for d in ({'w': torch.zeros(1)}, [torch.zeros(1)]):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.validated(d, 'f.pt', ema=True)
+        assert str(e.value) == ('f.pt is not a training checkpoint, which holds no EMA weights: EMA weights are in the '
+                                'checkpoints of `tcnn train --model-ema` (RUN/last.pt, RUN/best.pt); load this file '
+                                'without ema / --use-ema')
