@@ -704,3 +704,10 @@ def test_ema_weights_asked_of_what_is_not_a_checkpoint_are_refused_word_for_word
         assert str(e.value) == ('f.pt is not a training checkpoint, which holds no EMA weights: EMA weights are in the '
                                 'checkpoints of `tcnn train --model-ema` (RUN/last.pt, RUN/best.pt); load this file '
                                 'without ema / --use-ema')
+    good = {'model_file': {'format': 'tcnn', 'version': 2, 'source': {'model': 'resnet18d'},
+                           'state_dict': {'w': torch.zeros(1)}}, 'epoch': 1}
+    for ema in (None, {}, {'w': 1.0}):  # a checkpoint whose run kept no EMA (or no tensors of one)
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.validated(dict(good, ema=ema), 'last.pt', ema=True)
+        assert str(e.value) == ('last.pt holds no EMA weights (its run did not use --model-ema): load it without ema '
+                                '/ --use-ema')
