@@ -6,6 +6,8 @@
     python .ci/mutation.py --report integrity    # the counts and every survivor of the last run, without running
     nice -n 19 python .ci/mutation.py --recheck recipe  # the last run's survivors again, one fresh process each
     nice -n 19 python .ci/mutation.py --resume tcnn_file  # go on with an interrupted run (the mutants left)
+    python .ci/mutation.py tcnn_file --only 'tcnn.files.tcnn_file.x__with_ema__*' --check tests/test_io.py::test_x
+                                                 # which of those mutants a test kills (one process, mutmut's switch)
 
 mutmut 3 copies the source tree into ``mutants/`` of the folder it runs in and runs pytest there. Each module runs in
 its own copy of the repository, ``mutants/<module>/`` (ignored by git), whose ``pyproject.toml`` is the repository's
@@ -186,6 +188,40 @@ def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
     return outcome
 
 
+_CHECK = """
+import json, os, sys
+import pytest
+names, tests = json.loads(sys.argv[1]), sys.argv[2:]
+os.environ['MUTANT_UNDER_TEST'] = ''
+if pytest.main(['-q', '-p', 'no:cacheprovider', *tests]):
+    sys.exit('the tests fail without a mutant')
+outcome = {}
+for name in names:
+    os.environ['MUTANT_UNDER_TEST'] = name
+    outcome[name] = 'killed' if pytest.main(['-x', '-q', '-p', 'no:cacheprovider', *tests]) else 'survived'
+    print(f'{outcome[name]} {name}', file=sys.stderr, flush=True)
+print(json.dumps(outcome))
+"""
+
+
+def check(module: str, patterns: Sequence[str], tests: Sequence[str]) -> Dict[str, str]:
+    """Which of the last run's mutants matching ``patterns`` the test node IDs ``tests`` kill, as they are now (e.g.
+    the tests written for its survivors): ``{mutant: 'killed' | 'survived'}``. One process for all of them, in a copy
+    of the run's mutated tree: each mutant switched on as mutmut does (``MUTANT_UNDER_TEST``), the repository's tests
+    run against it (``pytest -x``)."""
+    run_tree, work = folder(module) / 'mutants', folder(module) / 'check'
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(run_tree, work, ignore=shutil.ignore_patterns('__pycache__', 'tests', 'conftest.py', '*.jsonl'))
+    shutil.copytree(ROOT / 'tests', work / 'tests', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    names = sorted(name for name in results(module, rechecked=False)
+                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+    out = subprocess.run([sys.executable, '-c', _CHECK, json.dumps(names), *tests], cwd=work, stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, **ENV, PYTHONPATH=str(work)))
+    if out.returncode:
+        raise SystemExit(f'{module}: the check did not run (exit {out.returncode}); its tests: {" ".join(tests)}')
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]:
     """``{mutant: (status, seconds)}`` of the last run of ``module`` (mutmut's ``.meta`` files); survivors listed as
     equivalent in docs/tests.md count as ``equivalent``, those ``--recheck`` killed as ``killed (fresh process)``."""
@@ -227,6 +263,9 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument('--only', nargs='+', default=(), metavar='PATTERN',
                         help='run (or --recheck) only these mutants (name patterns: a sample, to measure the time per '
                              'mutant; the survivors that new tests should kill)')
+    parser.add_argument('--check', nargs='+', metavar='TEST',
+                        help='which mutants of --only (patterns) these test node IDs kill, in one process (the tests as '
+                             'they are now against the last run\'s mutants: to check the tests written for survivors)')
     parser.add_argument('--max-children', type=int, default=1, help='mutants tested at once (default 1)')
     parser.add_argument('--folder', metavar='NAME',
                         help="the copy's folder under mutants/ (default: the module's name): a second copy, e.g. to time "
@@ -247,6 +286,9 @@ def main(argv: Sequence[str] = None) -> int:
     if args.folder:
         FOLDERS.update({module: args.folder for module in args.modules})
     for module in args.modules:
+        if args.check:
+            print(json.dumps(check(module, args.only or ['*'], args.check), indent=1))
+            continue
         if args.recheck:
             start = time.monotonic()
             recheck(module, args.only)
