@@ -711,3 +711,32 @@ def test_ema_weights_asked_of_what_is_not_a_checkpoint_are_refused_word_for_word
             tcnn_file.validated(dict(good, ema=ema), 'last.pt', ema=True)
         assert str(e.value) == ('last.pt holds no EMA weights (its run did not use --model-ema): load it without ema '
                                 '/ --use-ema')
+
+
+def test_a_rebuilt_models_config_takes_the_files_sizes_classes_and_names():
+    """``pretrained_cfg_of``: the file's data config and class count over the built model's config; the source's
+    test size and crop stay only where the file says nothing of its own (tcnn 0.3's files), not for a file that
+    stores them nor for a training checkpoint (validated at its run's size); the built model's class names stay only
+    where they name each of the file's classes."""
+    cfg = {'input_size': (3, 224, 224), 'test_input_size': (3, 288, 288), 'test_crop_pct': 0.95,
+           'test_pool_size': (9, 9), 'num_classes': 1000, 'tag': 'ra2_in1k'}
+    source = {'model': 'resnet18d.ra2_in1k', 'weights': 'pretrained'}
+    new = {'source': source, 'conversion': None, 'num_classes': 10,
+           'data_config': {'input_size': [3, 160, 160], 'test_input_size': [3, 192, 192], 'test_crop_pct': 1.0}}
+    assert tcnn_file.pretrained_cfg_of(cfg, new, 'f.pt') == {
+        'input_size': (3, 160, 160), 'test_input_size': (3, 192, 192), 'test_crop_pct': 1.0, 'num_classes': 10,
+        'tag': 'ra2_in1k'}
+    old = dict(new, data_config={'input_size': [3, 160, 160]})
+    assert tcnn_file.pretrained_cfg_of(cfg, old, 'f.pt') == dict(cfg, input_size=(3, 160, 160), num_classes=10)
+    checkpoint = dict(old, training={'epoch': 3})
+    assert tcnn_file.pretrained_cfg_of(cfg, checkpoint, 'f.pt') == {
+        'input_size': (3, 160, 160), 'num_classes': 10, 'tag': 'ra2_in1k'}
+    assert cfg['num_classes'] == 1000 and cfg['test_pool_size'] == (9, 9)  # the built model's own, untouched
+    named = dict(cfg, num_classes=3, label_names=('a', 'b', 'c'), label_descriptions=('A', 'B', 'C'))
+    three = dict(new, num_classes=3)
+    kept = tcnn_file.pretrained_cfg_of(named, three, 'f.pt')
+    assert kept['label_names'] == ('a', 'b', 'c') and kept['label_descriptions'] == ('A', 'B', 'C')
+    dropped = tcnn_file.pretrained_cfg_of(named, new, 'f.pt')  # 10 classes: the names of another head
+    assert 'label_names' not in dropped and 'label_descriptions' not in dropped
+    assert tcnn_file.pretrained_cfg_of(named, dict(new, label_names=list('abcdefghij')), 'f.pt')['label_names'] == \
+        tuple('abcdefghij')
