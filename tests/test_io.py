@@ -4,6 +4,7 @@ import copy
 import json
 import os
 import re
+import struct
 
 import pytest
 import timm
@@ -378,3 +379,362 @@ def test_save_names_its_arguments(t_model, tmp_path):
         tcnn.save(t_model, str(folder))
     assert str(e.value) == f'path {folder} is a folder; give a file name'
     assert os.listdir(tmp_path) == ['folder.pt']
+
+
+# ---------------------------------------------------------------- tcnn_file's survivors (issue 47, mutmut's campaign)
+
+def test_class_names_are_checked_when_saved_and_when_loaded(t_model, tmp_path):
+    """``label_names`` is a list (or tuple) of strings, one for each of the model's 10 classes: anything else is a
+    one-line error, from ``save`` (nothing written) and from a file that holds them (its path named)."""
+    path = str(tmp_path / 'm.pt')
+    for names, message in ((['a'] * 9 + [1], 'label_names must be a list of class names (strings), got list'),
+                           ('abcdefghij', 'label_names must be a list of class names (strings), got str'),
+                           (['a', 'b', 'c'], 'label_names has 3 names for 10 classes')):
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path, label_names=names)
+        assert str(e.value) == message
+    assert os.listdir(tmp_path) == []
+    torch.save(dict(tcnn_file.model_to_dict(t_model), label_names=['a', 'b', 'c']), path)
+    with pytest.raises(TcnnError) as e:
+        tcnn.load(path)
+    assert str(e.value) == f'{path}: label_names has 3 names for 10 classes'
+
+
+def test_a_safetensors_file_that_safetensors_refuses_is_corrupt_with_its_reason(tmp_path):
+    """A layout that holds (8-byte header length, JSON header, the bytes its offsets name) around a tensor whose
+    shape needs more bytes than its offsets give: safetensors refuses it, and the message gives safetensors' own
+    reason, its exception's name first."""
+    header = json.dumps({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 4]}}).encode()
+    path = tmp_path / 'bad.safetensors'
+    path.write_bytes(struct.pack('<Q', len(header)) + header + bytes(4))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(str(path))
+    assert str(e.value).startswith(f'{path} is corrupt (not a valid safetensors file: SafetensorError: ')
+    assert str(e.value).endswith('): re-download or re-save it')
+
+
+def test_a_dense_model_without_its_builder_is_told_one_that_builds_its_class():
+    """A torchvision detection or segmentation model that does not record its builder (no ``tcnn_source``, built
+    from torchvision's classes or by another builder): the one-line error gives, as an example, a torchvision builder
+    (by its registered name) that builds the model's own class; for a class no builder makes (torchvision's
+    ``GeneralizedRCNN``), a detection builder. Built on the meta device: nothing is computed."""
+    import torchvision
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+
+    def example(model):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert '\n' not in str(e.value)
+        found = re.search(r'cannot tell which torchvision builder made this (\w+): .*; NAME e\.g\. (\w+)\)$',
+                          str(e.value))
+        assert found and found.group(1) == type(model).__name__, str(e.value)
+        return found.group(2)
+
+    detection = torchvision.models.list_models(torchvision.models.detection)
+    registered = torchvision.models.list_models()
+    # builders other than the examples where torchvision has them: the example must build the class, not echo it
+    for builder in ('fasterrcnn_mobilenet_v3_large_fpn', 'maskrcnn_resnet50_fpn_v2', 'keypointrcnn_resnet50_fpn',
+                    'retinanet_resnet50_fpn_v2', 'fcos_resnet50_fpn', 'fcn_resnet101', 'deeplabv3_mobilenet_v3_large',
+                    'lraspp_mobilenet_v3_large'):
+        with torch.device('meta'):
+            model = torchvision.models.get_model(builder, weights=None, weights_backbone=None)
+            name = example(model)
+            assert name in registered, name
+            assert type(torchvision.models.get_model(name, weights=None, weights_backbone=None)) is type(model)
+    with torch.device('meta'):
+        model = torchvision.models.get_model('fasterrcnn_mobilenet_v3_large_fpn', weights=None, weights_backbone=None)
+    model.__class__ = GeneralizedRCNN  # FasterRCNN's base class, which no builder returns
+    assert example(model) in detection
+
+
+def test_a_report_without_its_sensitivity_reads_as_not_measured(t_model, tmp_path):
+    """The report of a file written before conversions measured their sensitivity has none: it reads as not
+    measured (NaN), the report's other values as the file holds them."""
+    report = {'max_abs_err': 1e-6, 'max_rel_err': 2e-7, 'init_max_abs_err': 0.5, 'init_max_rel_err': 0.25,
+              'input_size': [3, 64, 64], 'batch_size': 2, 'dtype': 'float32', 'num_gpsa': 8}
+    path = str(tmp_path / 'm.pt')
+    torch.save(dict(tcnn_file.model_to_dict(t_model), report=report), path)
+    loaded = tcnn.load(path).tcnn_report
+    assert isinstance(loaded.sensitivity, float) and loaded.sensitivity != loaded.sensitivity  # NaN
+    assert (loaded.max_abs_err, loaded.max_rel_err, loaded.init_max_abs_err, loaded.init_max_rel_err,
+            loaded.input_size, loaded.batch_size, loaded.dtype, loaded.num_gpsa) == \
+        (1e-6, 2e-7, 0.5, 0.25, (3, 64, 64), 2, 'float32', 8)
+
+
+def test_what_is_not_a_valid_t_cnn_dict_is_named_in_one_line(t_model):
+    """``check_dict``'s verdicts, word for word: files of other kinds say what they are and the command that makes a
+    T-CNN file of them; a T-CNN dict with a bad version, source, state dict or conversion is named corrupt."""
+    good = tcnn_file.model_to_dict(t_model)
+    tensor = {'w': torch.zeros(1)}
+    convert = ('`tcnn convert MODEL --weights f.pt --out FILE`, MODEL the CNN it was saved from (e.g. resnet50d)')
+    lightning = "f.pt is a Lightning checkpoint, which does not record its model's architecture: make a T-CNN file " \
+                'of its weights with `tcnn convert '
+    cases = [
+        ([1, 2], 'f.pt is not a T-CNN file (it holds a list, not a dict)'),
+        (tensor, f'f.pt is a plain state_dict, not a T-CNN file: convert it with {convert}'),
+        (good['state_dict'], 'f.pt is the state dict of a T-CNN (8 GPSA layers), not a T-CNN file: make one with '
+                             '`tcnn convert t_MODEL --weights f.pt --out FILE`, t_MODEL the T-CNN it was saved from '
+                             '(e.g. t_resnet50d)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': good['state_dict'], 'epoch': 1},
+         lightning + 't_MODEL --weights f.pt --out FILE`, t_MODEL the T-CNN it trained (e.g. t_resnet50d)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': tensor, 'epoch': 1},
+         lightning + 'MODEL --weights f.pt --out FILE`, MODEL the CNN it trained (e.g. resnet50d)'),
+        ({'format': 'onnx', 'j': 1, 'i': 2, 'h': 3, 'g': 4, 'f': 5, 'e': 6, 'd': 7, 'c': 8, 'b': 9},
+         "f.pt is not a T-CNN file (format 'onnx', expected 'tcnn'; keys: b, c, d, e, f, format, g, h)"),
+        ({}, "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: )"),
+        # a state dict under 'state_dict' without Lightning's key (timm's train.py), Lightning's key without one
+        ({'state_dict': tensor, 'epoch': 3}, "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: epoch, "
+                                             'state_dict)'),
+        ({'pytorch-lightning_version': '2.4.0', 'state_dict': None},
+         "f.pt is not a T-CNN file (format None, expected 'tcnn'; keys: pytorch-lightning_version, state_dict)"),
+        (dict(good, version=0), 'f.pt: invalid T-CNN format version 0'),
+        (dict(good, version=True), 'f.pt: invalid T-CNN format version True'),
+        (dict(good, version='2'), "f.pt: invalid T-CNN format version '2'"),
+        (dict(good, version=tcnn_file.FORMAT_VERSION + 1),
+         f'f.pt was written in T-CNN format version {tcnn_file.FORMAT_VERSION + 1} (by tcnn {tcnn.__version__}); '
+         f'this tcnn reads versions up to {tcnn_file.FORMAT_VERSION}: upgrade tcnn'),
+        ({k: v for k, v in good.items() if k != 'tcnn_version'} | {'version': 99},
+         f'f.pt was written in T-CNN format version 99 (by tcnn ?); this tcnn reads versions up to '
+         f'{tcnn_file.FORMAT_VERSION}: upgrade tcnn'),
+        (dict(good, source='resnet18d'), 'f.pt: corrupt T-CNN file (no source architecture)'),
+        (dict(good, source={'model': None}), 'f.pt: corrupt T-CNN file (no source architecture)'),
+        (dict(good, state_dict={}), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, state_dict=[torch.zeros(1)]), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, state_dict=dict(tensor, v=1.0)), 'f.pt: corrupt T-CNN file (no state_dict of tensors)'),
+        (dict(good, conversion=['layer3']), 'f.pt: corrupt T-CNN file (bad conversion settings)'),
+        (dict(good, conversion={'stages': ['layer3']}), 'f.pt: corrupt T-CNN file (bad conversion settings)'),
+    ]
+    for d, message in cases:
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.check_dict(d, 'f.pt')
+        assert str(e.value) == message
+    for version in (1, 2, tcnn_file.FORMAT_VERSION):  # every version this tcnn reads
+        assert tcnn_file.check_dict(dict(good, version=version), 'f.pt')['version'] == version
+    assert tcnn_file.check_dict(dict(good, conversion=None), 'f.pt')['conversion'] is None
+
+
+def test_a_training_checkpoint_yields_its_model_with_its_run(t_model):
+    """A training checkpoint's T-CNN dict carries its epoch and best top-1 (not when stored as tensors), its recipe
+    (a dict, else None) and, read with its EMA weights, ``'weights': 'ema'``."""
+    good = tcnn_file.model_to_dict(t_model)
+    d = tcnn_file.check_dict({'model_file': good, 'epoch': 7, 'best_top1': torch.tensor(50.0), 'config': 'lr=1'},
+                             'last.pt')
+    assert d['training'] == {'epoch': 7} and d['recipe'] is None and d['state_dict'] is good['state_dict']
+    d = tcnn_file.check_dict({'model_file': good, 'best_top1': 12.5, 'config': {'lr': 0.1}, 'ema_weights': True},
+                             'last.pt')
+    assert d['training'] == {'best_top1': 12.5, 'weights': 'ema'} and d['recipe'] == {'lr': 0.1}
+    # a T-CNN dict that holds a model_file entry is a T-CNN dict, not a checkpoint
+    assert 'training' not in tcnn_file.check_dict(dict(good, model_file={'x': 1}), 'f.pt')
+
+
+def test_a_dense_models_source_keeps_its_weights_origin_and_refuses_another_task():
+    """A torchvision detector's recorded source: the builder's arguments less the class count (stored apart), the
+    origin of its weights as recorded; a ``tcnn_source`` naming a builder of another task, or no torchvision builder,
+    is a one-line error naming the model's class, what the source names and an example builder. Built on the meta
+    device: nothing is computed."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:fasterrcnn_mobilenet_v3_large_320_fpn', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                         'kwargs': {'num_classes': 3, 'box_score_thresh': 0.25}, 'weights': 'file:coco.pth'}
+    model.roi_heads.score_thresh = 0.25  # as the builder's argument sets it
+    d = tcnn_file.model_to_dict(model)
+    assert d['source'] == {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                           'kwargs': {'box_score_thresh': 0.25}, 'weights': 'file:coco.pth'}
+    assert d['num_classes'] == 3
+    fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}}, NAME e.g. "
+           'fasterrcnn_resnet50_fpn')
+    for source, what in (('resnet50d', 'not a torchvision builder'), ('torchvision:fcn_resnet50', 'segmentation model'),
+                         ('torchvision:resnet50', 'classification model')):
+        model.tcnn_source = {'model': source, 'kwargs': {}}
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert str(e.value) == (f"this FasterRCNN is a torchvision detection model, but its tcnn_source names "
+                                f"'{source}' ({what}): {fix}")
+    with torch.device('meta'):  # the example is a builder of the model's own class
+        model = create_cnn('torchvision:lraspp_mobilenet_v3_large', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model)
+    assert str(e.value) == ("this LRASPP is a torchvision segmentation model, but its tcnn_source names "
+                            "'torchvision:fasterrcnn_resnet50_fpn' (detection model): set model.tcnn_source = "
+                            "{'model': 'torchvision:NAME', 'kwargs': {...}}, NAME e.g. lraspp_mobilenet_v3_large")
+
+
+def test_a_dense_model_its_source_would_not_rebuild_is_refused_word_for_word():
+    """``save`` rebuilds a torchvision detector from its recorded source (on the meta device) and refuses one that
+    would come back otherwise, naming the call that rebuilds it (class count first, then the builder's arguments),
+    what differs, and the fix: other weights, a module of another class or missing, another setting."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:fasterrcnn_mobilenet_v3_large_320_fpn', pretrained=False, num_classes=3)
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn',
+                         'kwargs': {'box_score_thresh': 0.25}}
+    call = 'torchvision:fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=3, box_score_thresh=0.25)'
+    fix = ("set model.tcnn_source = {'model': 'torchvision:NAME', 'kwargs': {...}} to the builder and arguments that "
+           'made it (or build it with tcnn.files.sources.create_cnn)')
+
+    def refusal():
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        return str(e.value)
+
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild roi_heads.score_thresh = 0.25, it is '
+                         f'0.05; {fix}')
+    model.roi_heads.score_thresh = 0.25  # as the builder's argument sets it
+    activation = model.backbone.body['0'][2]
+    assert type(activation) is nn.Hardswish
+    model.backbone.body['0'][2] = nn.ReLU()
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild backbone.body.0.2 as Hardswish, it is '
+                         f'ReLU; {fix}')
+    del model.backbone.body['0']._modules['2']
+    assert refusal() == (f'cannot save this FasterRCNN: {call} would rebuild backbone.body.0.2 as Hardswish, it is '
+                         f'nothing; {fix}')
+    model.backbone.body['0']._modules['2'] = activation
+    assert tcnn_file.model_to_dict(model)['source']['kwargs'] == {'box_score_thresh': 0.25}
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+    model.__class__ = GeneralizedRCNN  # the same weights, but not the class the builder returns
+    assert refusal() == (f'cannot save this GeneralizedRCNN: {call} would rebuild the model as FasterRCNN, it is '
+                         f'GeneralizedRCNN; {fix}')
+    model.__class__ = FasterRCNN
+    model.tcnn_source = {'model': 'torchvision:fasterrcnn_resnet50_fpn', 'kwargs': {}}
+    message = refusal()
+    assert message.startswith('cannot save this FasterRCNN: torchvision:fasterrcnn_resnet50_fpn(num_classes=3) would '
+                              'rebuild other weights (missing ') and message.endswith(f'); {fix}')
+
+
+def test_what_save_cannot_describe_is_named_word_for_word(t_model):
+    """``model_to_dict`` refuses, in one line each, what a file could not rebuild: a value that is not plain data, GPSA
+    layers without their conversion settings or other than them, a model whose architecture nothing records."""
+    weird = copy.deepcopy(t_model)
+    weird.tcnn_source = dict(weird.tcnn_source, kwargs={'act_layer': nn.ReLU})
+    cases = [(weird, f'cannot store source.kwargs.act_layer = {nn.ReLU!r} in a T-CNN file (only plain values: '
+                     'numbers, strings, lists, dicts); create the model with plain keyword arguments')]
+    listed = copy.deepcopy(t_model)  # inside a list: named by the list's key
+    listed.tcnn_source = dict(listed.tcnn_source, kwargs={'acts': [1, nn.ReLU]})
+    cases.append((listed, f'cannot store source.kwargs.acts = {nn.ReLU!r} in a T-CNN file (only plain values: '
+                          'numbers, strings, lists, dicts); create the model with plain keyword arguments'))
+    unconfigured = copy.deepcopy(t_model)
+    del unconfigured.tcnn_config
+    cases.append((unconfigured, 'the model has GPSA layers but no tcnn_config: convert it with tcnn.reparameterize'))
+    other = copy.deepcopy(t_model)
+    layers = [name for name, _ in tcnn.gpsa_layers(t_model)]
+    other.tcnn_config = dict(other.tcnn_config, layers=layers[:-1])
+    cases.append((other, f"the model's GPSA layers {layers} differ from its tcnn_config {layers[:-1]}"))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+    cases.append((Net(), 'cannot tell which architecture this Net is: create it with tcnn.files.sources.create_cnn '
+                         '(or timm.create_model), or set model.tcnn_source = {"model": NAME, "kwargs": {...}}'))
+    registry = timm.create_model('t_resnet18d', num_classes=3)
+    del registry.tcnn_source
+    cases.append((registry, "t_resnet18d model without tcnn_source: create it with timm.create_model('t_resnet18d')"))
+    for model, message in cases:
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.model_to_dict(model)
+        assert str(e.value) == message
+
+
+def test_a_file_that_cannot_be_rebuilt_is_named_word_for_word(t_model, tmp_path):
+    """What ``read`` and ``load`` refuse in a file, in one line each: bytes of no known kind, unreadable settings in a
+    safetensors file, a device map it cannot follow, a source its builder refuses, GPSA layers this tcnn builds
+    elsewhere."""
+    junk = tmp_path / 'junk.pt'
+    junk.write_bytes(b'junk' * 1024)
+    with pytest.raises(TcnnError) as e:
+        tcnn.load(str(junk))
+    assert str(e.value) == f'{junk} is not a T-CNN file: neither a torch file nor (by its name) a safetensors file'
+    path = str(tmp_path / 'm.safetensors')
+    messages = []
+    for settings in ('{"format": ', '[1, 2]'):  # not JSON (json's reason follows), JSON but not a dict
+        save_file({'w': torch.zeros(2)}, path, metadata={'format': 'pt', 'tcnn': settings})
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.read(path)
+        messages.append(str(e.value))
+    assert messages[0].startswith(f'{path}: corrupt T-CNN settings in the safetensors metadata (Expecting value')
+    assert messages[1] == f'{path}: corrupt T-CNN settings in the safetensors metadata'
+    tcnn.save(t_model, path)
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location={'cuda:0': 'cpu'})
+    assert str(e.value) == f'{path}: map_location of a safetensors file must be a device, got dict'
+    d = tcnn_file.model_to_dict(t_model)
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, source=dict(d['source'], kwargs={'bogus': 1})), where='m.pt')
+    assert str(e.value).startswith("cannot rebuild resnet18d with {'bogus': 1}: TypeError: ")
+    layers = d['conversion']['layers']
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, conversion=dict(d['conversion'], layers=layers[1:])), where='m.pt')
+    assert str(e.value) == f'm.pt: this tcnn/timm builds GPSA layers {layers}, the file has {layers[1:]}'
+
+
+@pytest.mark.parametrize('origin, note', [
+    ('pretrained', None),
+    (None, None),
+    ('file:cnn.pth', 'the local file cnn.pth'),
+    ('random', 'a random initialisation'),
+    ('hf-hub:someone/weights', 'hf-hub:someone/weights'),
+])
+def test_a_rebuilt_models_notes_say_where_its_weights_came_from(t_model, origin, note):
+    """Weights that are not timm's published ones: the rebuilt model's pretrained_cfg loses the published weights'
+    tag, license and notes, and its notes say where the source weights came from (license unknown)."""
+    for model, kind in ((t_model, 'T-CNN'), (None, 'CNN')):
+        if model is None:
+            torch.manual_seed(0)
+            model = create_cnn('resnet18d', pretrained=False, num_classes=10)
+        d = tcnn_file.model_to_dict(model)
+        d['source'] = dict(d['source'], model='resnet18d.ra2_in1k', weights=origin)
+        cfg = tcnn_file.model_from_dict(d).pretrained_cfg
+        if note is None:  # timm's published weights (or not recorded): the registry's config stands
+            assert cfg.get('tag') == 'ra2_in1k' and 'license' in cfg
+        else:
+            assert cfg['notes'] == (f'{kind} of resnet18d (tcnn) whose source weights came from {note}, not from a '
+                                    'published checkpoint: license unknown',)
+            assert not {'tag', 'license', 'origin_url', 'description'} & set(cfg)
+
+
+def test_ema_weights_asked_of_what_is_not_a_checkpoint_are_refused_word_for_word():
+    """EMA weights are only in training checkpoints: a state dict (a dict, but no T-CNN file) or anything else is
+    'not a training checkpoint', in one line that tells where they are."""
+    for d in ({'w': torch.zeros(1)}, [torch.zeros(1)]):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.validated(d, 'f.pt', ema=True)
+        assert str(e.value) == ('f.pt is not a training checkpoint, which holds no EMA weights: EMA weights are in the '
+                                'checkpoints of `tcnn train --model-ema` (RUN/last.pt, RUN/best.pt); load this file '
+                                'without ema / --use-ema')
+    good = {'model_file': {'format': 'tcnn', 'version': 2, 'source': {'model': 'resnet18d'},
+                           'state_dict': {'w': torch.zeros(1)}}, 'epoch': 1}
+    for ema in (None, {}, {'w': 1.0}):  # a checkpoint whose run kept no EMA (or no tensors of one)
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.validated(dict(good, ema=ema), 'last.pt', ema=True)
+        assert str(e.value) == ('last.pt holds no EMA weights (its run did not use --model-ema): load it without ema '
+                                '/ --use-ema')
+
+
+def test_a_rebuilt_models_config_takes_the_files_sizes_classes_and_names():
+    """``pretrained_cfg_of``: the file's data config and class count over the built model's config; the source's
+    test size and crop stay only where the file says nothing of its own (tcnn 0.3's files), not for a file that
+    stores them nor for a training checkpoint (validated at its run's size); the built model's class names stay only
+    where they name each of the file's classes."""
+    cfg = {'input_size': (3, 224, 224), 'test_input_size': (3, 288, 288), 'test_crop_pct': 0.95,
+           'test_pool_size': (9, 9), 'num_classes': 1000, 'tag': 'ra2_in1k'}
+    source = {'model': 'resnet18d.ra2_in1k', 'weights': 'pretrained'}
+    new = {'source': source, 'conversion': None, 'num_classes': 10,
+           'data_config': {'input_size': [3, 160, 160], 'test_input_size': [3, 192, 192], 'test_crop_pct': 1.0}}
+    assert tcnn_file.pretrained_cfg_of(cfg, new, 'f.pt') == {
+        'input_size': (3, 160, 160), 'test_input_size': (3, 192, 192), 'test_crop_pct': 1.0, 'num_classes': 10,
+        'tag': 'ra2_in1k'}
+    old = dict(new, data_config={'input_size': [3, 160, 160]})
+    assert tcnn_file.pretrained_cfg_of(cfg, old, 'f.pt') == dict(cfg, input_size=(3, 160, 160), num_classes=10)
+    checkpoint = dict(old, training={'epoch': 3})
+    assert tcnn_file.pretrained_cfg_of(cfg, checkpoint, 'f.pt') == {
+        'input_size': (3, 160, 160), 'num_classes': 10, 'tag': 'ra2_in1k'}
+    assert cfg['num_classes'] == 1000 and cfg['test_pool_size'] == (9, 9)  # the built model's own, untouched
+    named = dict(cfg, num_classes=3, label_names=('a', 'b', 'c'), label_descriptions=('A', 'B', 'C'))
+    three = dict(new, num_classes=3)
+    kept = tcnn_file.pretrained_cfg_of(named, three, 'f.pt')
+    assert kept['label_names'] == ('a', 'b', 'c') and kept['label_descriptions'] == ('A', 'B', 'C')
+    dropped = tcnn_file.pretrained_cfg_of(named, new, 'f.pt')  # 10 classes: the names of another head
+    assert 'label_names' not in dropped and 'label_descriptions' not in dropped
+    assert tcnn_file.pretrained_cfg_of(named, dict(new, label_names=list('abcdefghij')), 'f.pt')['label_names'] == \
+        tuple('abcdefghij')
