@@ -287,7 +287,15 @@ def main(argv: Sequence[str] = None) -> int:
         FOLDERS.update({module: args.folder for module in args.modules})
     for module in args.modules:
         if args.check:
-            print(json.dumps(check(module, args.only or ['*'], args.check), indent=1))
+            outcome = check(module, args.only or ['*'], args.check)
+            # the run's survivors they kill count as killed by a test written since, as --recheck's (recheck.json)
+            survivors = {n for n, (status, _) in results(module, rechecked=False).items()
+                         if status in ('survived', 'no tests', 'equivalent')}
+            again = folder(module) / 'recheck.json'
+            merged = json.loads(again.read_text()) if again.exists() else {}
+            merged.update({n: 'killed' for n, verdict in outcome.items() if verdict == 'killed' and n in survivors})
+            again.write_text(json.dumps(merged, indent=1) + '\n')
+            print(json.dumps(outcome, indent=1))
             continue
         if args.recheck:
             start = time.monotonic()

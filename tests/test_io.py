@@ -738,3 +738,24 @@ def test_a_rebuilt_models_config_takes_the_files_sizes_classes_and_names():
     assert 'label_names' not in dropped and 'label_descriptions' not in dropped
     assert tcnn_file.pretrained_cfg_of(named, dict(new, label_names=list('abcdefghij')), 'f.pt')['label_names'] == \
         tuple('abcdefghij')
+
+
+def test_a_timm_model_without_a_weights_tag_is_recorded_by_its_architecture():
+    """A timm model whose pretrained_cfg names no weights tag (none, or None) is recorded as its architecture alone,
+    with timm's factory arguments less those a file stores otherwise."""
+    model = timm.create_model('resnet18d', num_classes=3, drop_rate=0.1)
+    for cfg in ({k: v for k, v in model.pretrained_cfg.items() if k != 'tag'}, dict(model.pretrained_cfg, tag=None)):
+        model.pretrained_cfg = cfg
+        assert tcnn_file.model_to_dict(model)['source'] == {'model': 'resnet18d', 'kwargs': {'drop_rate': 0.1},
+                                                            'weights': None}
+
+
+def test_a_safetensors_file_keeps_the_convention_and_goes_where_it_is_mapped(t_model, tmp_path):
+    """``.safetensors``: the metadata's ``'format': 'pt'`` (safetensors' convention for torch tensors); read with no
+    map_location the tensors stay on the CPU, with one they go there (the meta device: no memory)."""
+    path = tcnn.save(t_model, str(tmp_path / 'm.safetensors'))
+    with safe_open(path, framework='pt') as f:
+        assert f.metadata()['format'] == 'pt'
+    assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
+    state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
+    assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
