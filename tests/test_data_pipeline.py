@@ -5,6 +5,7 @@ runs resume exactly on each pipeline."""
 import dataclasses
 import io
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -137,20 +138,21 @@ def _batches(loader):
     return [(x.clone(), y.clone()) for x, y in loader]
 
 
-@pytest.mark.parametrize('workers', [0, 2])
-def test_streamed_and_resident_pipelines_give_the_same_batches(mixed_folder, workers, one_thread):
+@pytest.mark.parametrize('workers, where', [(0, 'here'), (2, 'workers'), (2, 'thread')])
+def test_streamed_and_resident_pipelines_give_the_same_batches(mixed_folder, workers, where, one_thread):
     """The same samples, parameters (seeded per sample) and pixels, whether each batch is decoded from file bytes
-    (in the loader workers' collate or in this process) or gathered from a split decoded once."""
+    (in the loader workers' collate, in this process, or in this process's finishing thread as on a GPU) or gathered
+    from a split decoded once."""
     dataset = open_dataset(mixed_folder, 'train')
     dataset.augment_seed = 3
     augment = _augment()
     sampler = EpochSampler(dataset, 1, 0, seed=0)
     finish = BatchFinisher(augment, torch.device('cpu'), dataset.report_bad, train=True)
-    in_workers = workers > 0
+    in_workers = where == 'workers'
     loader = DeviceLoader(DataLoader(EncodedDataset(dataset, augment.draw), batch_size=4, sampler=sampler,
                                      num_workers=workers, drop_last=True,
                                      collate_fn=CollateAndFinish(finish) if in_workers else collate_encoded),
-                          None if in_workers else finish)
+                          None if in_workers else finish, prefetch=2 if where == 'thread' else 0)
     resident = ResidentLoader(ResidentSplit(dataset, 'cpu', workers), sampler, 4, augment, draw_many=augment.draw_many,
                               drop_last=True)
     for epoch in (0, 1):
@@ -195,8 +197,8 @@ def folder_with_undecodable_jpeg(tmp_path):
     return root, str(bad), str(cut)
 
 
-@pytest.mark.parametrize('workers', [0, 2])
-def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, workers):
+@pytest.mark.parametrize('workers, prefetch', [(0, 0), (2, 0), (0, 1)])
+def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, workers, prefetch):
     root, bad, cut = folder_with_undecodable_jpeg
     augment = _augment(32, auto_augment=None)
 
@@ -204,7 +206,7 @@ def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, worker
         finish = BatchFinisher(augment, torch.device('cpu'), dataset.report_bad, train=True)
         loader = DataLoader(EncodedDataset(dataset, augment.draw), batch_size=5, num_workers=workers,
                             collate_fn=CollateAndFinish(finish) if workers else collate_encoded)
-        return _batches(DeviceLoader(loader, None if workers else finish))
+        return _batches(DeviceLoader(loader, None if workers else finish, prefetch=prefetch))
 
     dataset = open_dataset(root, 'train')
     with pytest.raises(BadImageError) as info:
@@ -216,6 +218,43 @@ def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, worker
     out = batches(dataset)
     assert sum(x.shape[0] for x, _ in out) == 10 and all(torch.isfinite(x).all() for x, _ in out)
     assert set(dataset.bad_images()) == {bad, cut}
+
+
+class _CountingFinish:
+    """A finisher that records the batches it finished and fails at batch ``fail_at``."""
+
+    def __init__(self, fail_at=None):
+        self.device, self.done, self.fail_at = torch.device('cpu'), [], fail_at
+
+    def __call__(self, batch):
+        if len(self.done) == self.fail_at:
+            raise BadImageError(f'batch {self.fail_at}')
+        self.done.append(int(batch))
+        return torch.full((2, 3), float(batch)), torch.tensor([int(batch)])
+
+
+def test_the_finishing_thread_keeps_the_order_and_raises_at_the_failed_batch():
+    out = [int(y) for _, y in DeviceLoader(list(range(7)), _CountingFinish(), prefetch=2)]
+    assert out == list(range(7))
+    finish = _CountingFinish(fail_at=3)
+    got = []
+    with pytest.raises(BadImageError, match='batch 3'):
+        for _, y in DeviceLoader(list(range(7)), finish, prefetch=2):
+            got.append(int(y))
+    assert got == [0, 1, 2]  # the batches before the failure, then the failure where its batch would have come
+
+
+def test_leaving_the_finishing_thread_early_stops_it():
+    """An epoch that ends before its loader (its updates done, a stop request) leaves at most ``prefetch`` batches
+    finished beyond it, and no thread running."""
+    finish = _CountingFinish()
+    batches = iter(DeviceLoader(range(1000), finish, prefetch=2))
+    assert int(next(batches)[1]) == 0
+    thread = batches._thread
+    del batches
+    thread.join(timeout=5)
+    assert not thread.is_alive() and len(finish.done) <= 1 + 2 + 1  # consumed, queued, one in the thread's hands
+    assert not any(t.name == 'tcnn-finish' and t.is_alive() for t in threading.enumerate())
 
 
 def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
