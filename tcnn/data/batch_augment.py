@@ -48,7 +48,7 @@ from . import batch_ops
 from .batch_ops import BICUBIC, BILINEAR, INTERPOLATIONS
 
 __all__ = ['UnsupportedAugmentation', 'RandAugmentConfig', 'parse_rand_augment', 'rand_augment_level',
-           'PARAMS', 'BatchAugment', 'BatchEval', 'RAND_AUGMENT_OPS']
+           'PARAMS', 'BatchAugment', 'BatchEval', 'RAND_AUGMENT_OPS', 'batched_resize']
 
 Tensor = torch.Tensor
 Images = Union[List[Tensor], Tensor]
@@ -257,6 +257,13 @@ PARAMS: Tuple[Tuple[str, torch.dtype], ...] = (
     ('crop', torch.int64), ('interp', torch.int64), ('flip', torch.bool), ('ra_op', torch.int64),
     ('ra_arg', torch.float64), ('ra_interp', torch.int64), ('cj_factor', torch.float64), ('cj_order', torch.int64),
     ('re_box', torch.int64), ('re_seed', torch.int64))
+
+
+def batched_resize(device: torch.device) -> bool:
+    """Whether a batch's crops are resized together (``batch_ops.resized_crops``: a few matrix products) rather than
+    one ``batch_ops.resize`` per image: off the CPU, where each resize would be about ten kernel launches. The CPU
+    keeps torch's uint8 kernel, Pillow's fixed-point arithmetic and faster there."""
+    return device.type != 'cpu'
 
 
 class BatchAugment:
@@ -538,11 +545,14 @@ class BatchAugment:
         whole = torch.tensor([0, 0, size, size], dtype=p['crop'].dtype)
         if stacked is not None and tuple(stacked.shape[-2:]) == (size, size) and bool((p['crop'] == whole).all()):
             out = stacked.clone()
+            self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
+        elif batched_resize(result.device):
+            out = batch_ops.resized_crops(images, p['crop'], size, p['interp'], p['flip'])
         else:
             out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
             for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
                 out[i] = batch_ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
-        self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
+            self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
         # RandAugment: per layer, each op once on the images that drew it
         for layer in range(self.num_layers):
             column = p['ra_op'][:, layer]

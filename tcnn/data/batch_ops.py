@@ -35,7 +35,7 @@ import PIL
 import torch
 import torch.nn.functional as F
 
-__all__ = ['INTERPOLATIONS', 'resize', 'resize_float', 'hflip', 'invert', 'posterize', 'solarize', 'solarize_add',
+__all__ = ['INTERPOLATIONS', 'resize', 'resize_float', 'resized_crops', 'hflip', 'invert', 'posterize', 'solarize', 'solarize_add',
            'autocontrast', 'equalize', 'grayscale', 'blend', 'color', 'contrast', 'brightness', 'sharpness', 'affine',
            'rotate', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'adjust_brightness', 'adjust_contrast',
            'adjust_saturation', 'adjust_hue', 'color_jitter', 'normalize', 'erase']
@@ -122,6 +122,109 @@ def resize_float(images: Tensor, size: Tuple[int, int], interpolation: str) -> T
     x = F.interpolate(x, size=_first_pass(x.shape[-2:], size), mode=interpolation, antialias=True)
     x = F.interpolate(x.round_().clamp_(0, 255), size=size, mode=interpolation, antialias=True)
     return _to_uint8(x.round_().clamp_(0, 255))
+
+
+def _filter(code: int, x: Tensor) -> Tensor:
+    """Pillow's resampling filters (``libImaging/Resample.c``): the triangle, and the cubic with a = -0.5."""
+    x = x.abs()
+    if code == BILINEAR:
+        return (1 - x).clamp_(min=0)
+    a = -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+
+
+def _crop_weights(start: Tensor, extent: Tensor, size: int, length: int, code: int) -> Tensor:
+    """Per image the ``(size, length)`` matrix that resamples the source pixels ``start .. start + extent`` of a line
+    of ``length`` to ``size`` pixels as Pillow's resize of the cropped image does (``precompute_coeffs``: the window
+    ``[trunc(c - support + 0.5), trunc(c + support + 0.5))`` around each output pixel's centre ``c``, clipped to the
+    crop, the filter stretched by the scale when shrinking, the taps normalised), zero outside the window; nearest:
+    Pillow's pixel choice (``_nearest_indices``) as ones. Float64 (the weights become exact bfloat16 pairs later)."""
+    device = start.device
+    start = start.to(torch.float64).view(-1, 1, 1)
+    extent = extent.to(torch.float64).view(-1, 1, 1)
+    out = torch.arange(size, dtype=torch.float64, device=device).view(1, -1, 1)
+    rel = torch.arange(length, dtype=torch.float64, device=device).view(1, 1, -1) - start  # source pixel in the crop
+    scale = extent / size
+    if code == NEAREST:  # Pillow's running sum, as _nearest_indices; in float64 the same pixels for these sizes
+        pick = torch.floor(scale * 0.5 + out * scale).clamp_(max=extent - 1)
+        return (rel == pick).to(torch.float64)
+    filterscale = scale.clamp(min=1.0)
+    support = (1.0 if code == BILINEAR else 2.0) * filterscale
+    centre = (out + 0.5) * scale
+    low = torch.trunc(centre - support + 0.5).clamp_(min=0)
+    high = torch.minimum(torch.trunc(centre + support + 0.5), extent)
+    w = _filter(code, (rel - centre + 0.5) / filterscale) * ((rel >= low) & (rel < high))
+    total = w.sum(-1, keepdim=True)
+    return w / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def _exact_pair(w: Tensor) -> Tuple[Tensor, Tensor]:
+    """``w`` as the sum of two float32 matrices whose values bfloat16 holds exactly (error ~2^-17 relative): their
+    products with uint8 levels are exact in TF32 too, so the matmuls below give float32 sums whatever the run's
+    matmul precision (``tcnn train`` allows TF32)."""
+    high = w.to(torch.bfloat16).to(torch.float64)
+    return high.float(), (w - high).to(torch.bfloat16).float()
+
+
+def _matmul_exact(x: Tensor, pair: Tuple[Tensor, Tensor], right: bool) -> Tensor:
+    """``x @ w.T`` (``right``) or ``w @ x`` for ``w`` given by ``_exact_pair``, rounded and clipped to uint8 levels
+    as Pillow rounds each pass."""
+    if right:
+        y = torch.matmul(x, pair[0].transpose(-1, -2)) + torch.matmul(x, pair[1].transpose(-1, -2))
+    else:
+        y = torch.matmul(pair[0], x) + torch.matmul(pair[1], x)
+    return y.round_().clamp_(0, 255)
+
+
+def resized_crops(images: Sequence[Tensor], boxes: Tensor, size: int, codes: Tensor, flips: Tensor,
+                  chunk: int = 64) -> Tensor:
+    """``resize(image[:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])`` per image, flipped
+    horizontally where ``flips``, for a batch at once: uint8 ``(n, 3, size, size)``.
+
+    Why: one resize per image is about ten kernel launches each on a GPU; here the images are padded into one tensor
+    and each pass is a batched matrix product with per-image weights (the crop's offset, its scale and the flip are
+    the weights' columns and rows), a few launches per chunk of images. The passes and their order are ``resize``'s
+    (``_first_pass``), each rounded to uint8 levels; the sums are float32 (``_exact_pair``), so the result is
+    ``resize_float``'s but where a sum lies within rounding error of .5 (the two are equally far from Pillow's).
+
+    Args:
+        images: n uint8 ``(3, H_i, W_i)`` images on one device.
+        boxes: ``(n, 4)`` crop boxes ``(top, left, height, width)``.
+        size: The output side.
+        codes: ``(n,)`` indices of ``INTERPOLATIONS``.
+        flips: ``(n,)`` bool, a horizontal flip after the resize.
+        chunk: Images per batched product (bounds the float32 copy of the padded images).
+    """
+    device = images[0].device
+    out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+    boxes, codes, flips = boxes.cpu(), codes.cpu(), flips.cpu().bool()
+    vertical_first = torch.tensor([_first_pass((int(h), int(w)), (size, size))[0] != int(h)
+                                   for _, _, h, w in boxes.tolist()], dtype=torch.bool)
+    for code in torch.unique(codes).tolist():
+        for first_v in (False, True):
+            group = ((codes == code) & (vertical_first == first_v)).nonzero().view(-1).tolist()
+            for lo in range(0, len(group), chunk):
+                index = group[lo:lo + chunk]
+                heights = [images[i].shape[-2] for i in index]
+                widths = [images[i].shape[-1] for i in index]
+                x = images[index[0]].new_zeros((len(index), 3, max(heights), max(widths)), dtype=torch.float32)
+                for k, i in enumerate(index):
+                    x[k, :, :heights[k], :widths[k]] = images[i]
+                b = boxes[index].to(device)
+                rows = _exact_pair(_crop_weights(b[:, 0], b[:, 2], size, x.shape[-2], code))
+                wx = _crop_weights(b[:, 1], b[:, 3], size, x.shape[-1], code)
+                flip = flips[index].to(device).view(-1, 1, 1)
+                columns = _exact_pair(torch.where(flip, wx.flip(1), wx))
+                rows = tuple(r.unsqueeze(1) for r in rows)  # (k, 1, size, H): the same rows for the 3 channels
+                columns = tuple(c.unsqueeze(1) for c in columns)
+                if first_v:
+                    y = _matmul_exact(_matmul_exact(x, rows, right=False), columns, right=True)
+                else:
+                    y = _matmul_exact(_matmul_exact(x, columns, right=True), rows, right=False)
+                out[torch.tensor(index, device=device)] = y.to(torch.uint8)
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
