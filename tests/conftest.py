@@ -2,6 +2,7 @@
 outside the installed package: tests that check it, or use its reference GPSA as an oracle, import it from there)
 and the fixtures several test files share, defined once (``tests/test_layout.py`` fails on a test file that defines
 one again). Shared plain functions are in ``helpers.py``."""
+import os
 import sys
 from pathlib import Path
 
@@ -35,3 +36,15 @@ def data_dir(request, tmp_path_factory) -> str:
     classes of 8 training and 4 validation images, 64 px, unless the module's ``IMAGE_FOLDER`` dict says otherwise."""
     kwargs = dict(IMAGE_FOLDER, **getattr(request.module, 'IMAGE_FOLDER', {}))
     return make_image_folder(str(tmp_path_factory.mktemp('shapes')), **kwargs)
+
+
+def pytest_runtest_logreport(report):
+    """With ``TCNN_FAILURE_LOG`` set, each failure's traceback is appended to that file as it happens: a run on a
+    lent GPU that its time limit kills (before pytest prints its summary) still tells why a test failed."""
+    path = os.environ.get('TCNN_FAILURE_LOG')
+    if path and report.failed:
+        with open(path, 'a', encoding='utf-8') as f:
+            f.write(f'==== {report.nodeid} ({report.when})\n{report.longreprtext}\n')
+            for name, text in report.sections:
+                if 'stdout' in name:
+                    f.write(f'---- {name}\n{text}\n')
