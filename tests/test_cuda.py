@@ -423,3 +423,34 @@ def test_train_on_cuda_with_the_batched_pipelines(data_dir, cnn_weights, tmp_pat
     rows = metrics(run)
     assert len(rows) == 2 and all(math.isfinite(r['train_loss']) and math.isfinite(r['val_loss']) for r in rows)
     assert torch.load(run / 'last.pt', map_location='cpu', weights_only=True)['config']['data_pipeline'] == pipeline
+
+
+def test_fsdp2_eval_after_an_in_place_edit_of_a_sharded_gate_is_fresh():
+    """FSDP2 on CUDA (NCCL, one rank, an in-process store): the eval forward keeps each GPSA layer's gates and
+    positional attention while its parameters are the same tensors at the same version and address
+    (``tcnn.layers.kept_values``). FSDP2 all-gathers the unsharded parameters into storage that the caching allocator
+    may give the same address again, keeping their version counters; an in-place edit of a sharded gate between two
+    eval forwards must still reach the second one (the edited unsharded model's output)."""
+    import copy
+    from test_convert import _fully_shard
+    dist, fully_shard = _fully_shard()
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(GPSA.from_conv(torch.nn.Conv2d(8, 8, 3, padding=1)), torch.nn.ReLU(),
+                                GPSA.from_conv(torch.nn.Conv2d(8, 8, 3, padding=1))).cuda().eval()
+    x = torch.randn(2, 8, 6, 6, device='cuda')
+    dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(plain)
+        fully_shard(sharded)
+        sharded.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(sharded(x), plain(x), rtol=0, atol=0)
+            sharded(x)  # kept from here on, if anything is
+            for layer in (sharded[0], plain[0]):
+                gating = layer.gating
+                (gating.to_local() if hasattr(gating, 'to_local') else gating).add_(1.5)
+            fresh = plain(x)
+            out = sharded(x)
+        assert rel_err(out, fresh) < 1e-6, 'the eval forward after the edit read gates kept from before it'
+    finally:
+        dist.destroy_process_group()

@@ -6,7 +6,8 @@
 #
 #   phase 1, at once (untimed):
 #     - tests/test_cuda.py, all of it, each failure's traceback written to failures.log as it happens
-#       (TCNN_FAILURE_LOG: tests/conftest.py), so a run cut by its limit still says why;
+#       (TCNN_FAILURE_LOG: tests/conftest.py), so a run cut by its limit still says why; new in it: FSDP2 on CUDA,
+#       an eval forward after an in-place edit of a sharded gate (issue 45);
 #     - the exact mid-epoch resume on the device and resident pipelines with TCNN_TEST_DEVICE=cuda (the device
 #       pipeline now finishes its batches in a thread of its own, on a stream of its own);
 #     - the data: 10,000 + 1,000 ImageNet-size JPEGs (benchmarks/photos.py: 2,000 distinct);
