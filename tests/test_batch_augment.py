@@ -292,6 +292,11 @@ def test_resized_crops_of_a_batch_are_pillows_crop_resize_and_flip():
         d = np.concatenate(d)
         print(f'\n{name}: mean {d.mean():.5f}, max {d.max()}')
         assert d.mean() <= BATCHED_CROP_TOLERANCE[name][0] and d.max() <= BATCHED_CROP_TOLERANCE[name][1]
+    # 96 -> 71 px: where Pillow's running sum of the nearest positions lies just below an integer, unlike the product
+    a = _image(96, 96, seed=7)
+    got = batch_ops.resized_crops([_tensor(a)], torch.tensor([[0, 0, 96, 96]]), 71,
+                                  torch.tensor([batch_ops.NEAREST]), torch.tensor([False]))[0]
+    assert np.array_equal(_levels(got), np.asarray(Image.fromarray(a).resize((71, 71), Image.NEAREST)))
 
 
 def test_the_batched_resize_off_the_cpu_gives_the_per_image_augmentation(monkeypatch):

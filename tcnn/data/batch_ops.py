@@ -135,21 +135,21 @@ def _filter(code: int, x: Tensor) -> Tensor:
     return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
 
 
-def _crop_weights(start: Tensor, extent: Tensor, size: int, length: int, code: int) -> Tensor:
-    """Per image the ``(size, length)`` matrix that resamples the source pixels ``start .. start + extent`` of a line
-    of ``length`` to ``size`` pixels as Pillow's resize of the cropped image does (``precompute_coeffs``: the window
-    ``[trunc(c - support + 0.5), trunc(c + support + 0.5))`` around each output pixel's centre ``c``, clipped to the
-    crop, the filter stretched by the scale when shrinking, the taps normalised), zero outside the window; nearest:
-    Pillow's pixel choice (``_nearest_indices``) as ones. Float64 (the weights become exact bfloat16 pairs later)."""
-    device = start.device
-    start = start.to(torch.float64).view(-1, 1, 1)
-    extent = extent.to(torch.float64).view(-1, 1, 1)
+def _crop_weights(start: Tensor, extent: Tensor, size: int, length: int, code: int, device: torch.device) -> Tensor:
+    """Per image the ``(size, length)`` matrix that resamples the source pixels ``start .. start + extent`` (CPU
+    ``(k,)`` tensors) of a line of ``length`` to ``size`` pixels as Pillow's resize of the cropped image does
+    (``precompute_coeffs``: the window ``[trunc(c - support + 0.5), trunc(c + support + 0.5))`` around each output
+    pixel's centre ``c``, clipped to the crop, the filter stretched by the scale when shrinking, the taps normalised),
+    zero outside the window; nearest: Pillow's pixel choice (``_nearest_indices``) as ones. Float64 (the weights
+    become exact bfloat16 pairs later)."""
+    rel = (torch.arange(length, dtype=torch.float64).view(1, 1, -1)
+           - start.to(torch.float64).view(-1, 1, 1)).to(device)  # each source pixel's place in the crop
+    if code == NEAREST:
+        pick = torch.stack([_nearest_indices(int(e), size) for e in extent.tolist()])
+        return (rel == pick.to(device=device, dtype=torch.float64).unsqueeze(-1)).to(torch.float64)
+    extent = extent.to(device=device, dtype=torch.float64).view(-1, 1, 1)
     out = torch.arange(size, dtype=torch.float64, device=device).view(1, -1, 1)
-    rel = torch.arange(length, dtype=torch.float64, device=device).view(1, 1, -1) - start  # source pixel in the crop
     scale = extent / size
-    if code == NEAREST:  # Pillow's running sum, as _nearest_indices; in float64 the same pixels for these sizes
-        pick = torch.floor(scale * 0.5 + out * scale).clamp_(max=extent - 1)
-        return (rel == pick).to(torch.float64)
     filterscale = scale.clamp(min=1.0)
     support = (1.0 if code == BILINEAR else 2.0) * filterscale
     centre = (out + 0.5) * scale
@@ -212,9 +212,9 @@ def resized_crops(images: Sequence[Tensor], boxes: Tensor, size: int, codes: Ten
                 x = images[index[0]].new_zeros((len(index), 3, max(heights), max(widths)), dtype=torch.float32)
                 for k, i in enumerate(index):
                     x[k, :, :heights[k], :widths[k]] = images[i]
-                b = boxes[index].to(device)
-                rows = _exact_pair(_crop_weights(b[:, 0], b[:, 2], size, x.shape[-2], code))
-                wx = _crop_weights(b[:, 1], b[:, 3], size, x.shape[-1], code)
+                b = boxes[index]
+                rows = _exact_pair(_crop_weights(b[:, 0], b[:, 2], size, x.shape[-2], code, device))
+                wx = _crop_weights(b[:, 1], b[:, 3], size, x.shape[-1], code, device)
                 flip = flips[index].to(device).view(-1, 1, 1)
                 columns = _exact_pair(torch.where(flip, wx.flip(1), wx))
                 rows = tuple(r.unsqueeze(1) for r in rows)  # (k, 1, size, H): the same rows for the 3 channels
@@ -223,7 +223,7 @@ def resized_crops(images: Sequence[Tensor], boxes: Tensor, size: int, codes: Ten
                     y = _matmul_exact(_matmul_exact(x, rows, right=False), columns, right=True)
                 else:
                     y = _matmul_exact(_matmul_exact(x, columns, right=True), rows, right=False)
-                out[torch.tensor(index, device=device)] = y.to(torch.uint8)
+                out.index_copy_(0, torch.tensor(index, device=device), y.to(torch.uint8))
     return out
 
 
