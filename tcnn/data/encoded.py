@@ -25,7 +25,7 @@ from .decode import decode_batch
 from .folders import BadImageError, sample_seed
 
 __all__ = ['Draw', 'EncodedSample', 'EncodedBatch', 'EncodedDataset', 'collate_encoded', 'BatchFinisher',
-           'CollateAndFinish', 'DeviceLoader', 'replace_failed']
+           'CollateAndFinish', 'DeviceLoader', 'default_prefetch', 'replace_failed']
 
 # (rng, (height, width)) -> one sample's augmentation parameters: fixed-shape CPU tensors (BatchAugment.draw)
 Draw = Callable[[random.Random, Tuple[int, int]], Dict[str, torch.Tensor]]
@@ -240,6 +240,12 @@ class _Prefetching:
         self.close()
 
 
+def default_prefetch(device: torch.device) -> int:
+    """Batches a thread finishes ahead of the training loop on ``device``: 2 on a GPU; none on the CPU, where the
+    step already takes every core."""
+    return 2 if device.type == 'cuda' else 0
+
+
 class DeviceLoader:
     """A DataLoader of ``EncodedBatch`` whose batches are finished (decoded, augmented) in this process on the way
     out; with ``finish=None`` (the workers finished them) it passes them through.
@@ -251,7 +257,7 @@ class DeviceLoader:
         loader: The DataLoader of encoded batches.
         finish: What finishes a batch, or None.
         prefetch: How many batches a thread finishes ahead of the consumer (``_Prefetching``); 0 finishes each batch
-            when it is asked for. Default: 2 on a CUDA device, else 0 (on the CPU the step takes every core).
+            when it is asked for. Default: ``default_prefetch`` of the finisher's device.
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader, finish: Optional[BatchFinisher],
@@ -259,7 +265,7 @@ class DeviceLoader:
         self.loader = loader
         self.finish = finish
         if prefetch is None:
-            prefetch = 2 if finish is not None and finish.device.type == 'cuda' else 0
+            prefetch = default_prefetch(finish.device) if finish is not None else 0
         self.prefetch = prefetch
 
     @property
