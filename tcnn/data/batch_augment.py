@@ -261,9 +261,9 @@ PARAMS: Tuple[Tuple[str, torch.dtype], ...] = (
 
 def batched_resize(device: torch.device) -> bool:
     """Whether a batch's crops are resized together (``batch_ops.resized_crops``: a few matrix products) rather than
-    one ``batch_ops.resize`` per image: off the CPU, where each resize would be about ten kernel launches. The CPU
+    one ``batch_ops.resize`` per image: on a GPU, where each resize would be about ten kernel launches. The CPU
     keeps torch's uint8 kernel, Pillow's fixed-point arithmetic and faster there."""
-    return device.type != 'cpu'
+    return device.type == 'cuda'
 
 
 class BatchAugment:
