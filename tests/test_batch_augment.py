@@ -300,11 +300,11 @@ def test_resized_crops_of_a_batch_are_pillows_crop_resize_and_flip():
 
 
 def test_the_batched_resize_off_the_cpu_gives_the_per_image_augmentation(monkeypatch):
-    """BatchAugment takes resized_crops where batch_augment.batched_resize says so (off the CPU): the batch that one
+    """BatchAugment takes resized_crops where batch_augment.batched_resize says so (on a GPU): the batch that one
     float resize per image gives there (``resize_float``), but where a pass's sum lies within rounding error of .5
     (a level, up to two after the second pass; each path as far from Pillow's as the other), RandAugment included.
     Tolerance 1.5x measured (mean 0.0126, max 2)."""
-    monkeypatch.setattr(batch_ops, '_uint8_antialias', lambda mode: False)  # the per-image path off the CPU
+    monkeypatch.setattr(batch_ops, '_uint8_antialias', lambda mode: False)  # the per-image path on a GPU
     images = [_tensor(_image(60 + 7 * (i % 4), 50 + 5 * (i % 3), seed=i)) for i in range(16)]
     aug = BatchAugment(40, auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25, interpolation='random', mean=MEAN,
                        std=STD)
