@@ -154,7 +154,7 @@ def test_streamed_and_resident_pipelines_give_the_same_batches(mixed_folder, wor
                                      collate_fn=CollateAndFinish(finish) if in_workers else collate_encoded),
                           None if in_workers else finish, prefetch=2 if where == 'thread' else 0)
     resident = ResidentLoader(ResidentSplit(dataset, 'cpu', workers), sampler, 4, augment, draw_many=augment.draw_many,
-                              drop_last=True)
+                              drop_last=True, prefetch=2 if where == 'thread' else 0)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         dataset.set_epoch(epoch)
@@ -299,7 +299,8 @@ def jpeg_dir(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize('pipeline,workers,thread', [('device', 2, False), ('device', 0, True), ('resident', 0, False)])
+@pytest.mark.parametrize('pipeline,workers,thread', [('device', 2, False), ('device', 0, True), ('resident', 0, False),
+                                                     ('resident', 0, True)])
 def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, monkeypatch, capsys, pipeline,
                                                             workers, thread):
     """A run stopped mid-epoch (SIGTERM) resumes to the uninterrupted run's weights; ``thread``: the batches finished
@@ -308,7 +309,8 @@ def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, 
 
     def finish_ahead():
         if thread:
-            monkeypatch.setattr('tcnn.data.encoded.default_prefetch', lambda device: 2)
+            for module in ('encoded', 'resident'):
+                monkeypatch.setattr(f'tcnn.data.{module}.default_prefetch', lambda device: 2)
 
     finish_ahead()
 

@@ -3,29 +3,27 @@ sample's augmentation parameters; a batch is then decoded and augmented at once 
 batched transform such as ``tcnn.data.batch_augment.BatchAugment``).
 
 Where the pixel work runs: on a GPU, in the training process (``DeviceLoader`` finishes the next batches in a thread
-of their own while the step runs, nvjpeg and the augmentation kernels on the GPU); on the CPU, in the loader workers (the same code as their
-``collate_fn``, so that it overlaps the training step as the PIL pipeline's workers do) or in the training process
-when it has none.
+of their own while the step runs, ``tcnn.data.prefetch``; nvjpeg and the augmentation kernels on the GPU); on the CPU,
+in the loader workers (the same code as their ``collate_fn``, so that it overlaps the training step as the PIL
+pipeline's workers do) or in the training process when it has none.
 
 The parameters of a sample are drawn from a ``random.Random`` seeded by (seed, epoch, index) alone
 (``tcnn.data.folders.sample_seed``): a resumed run, any worker count and the resident pipeline
 (``tcnn.data.resident``) draw the same augmentation for the same sample.
 """
-import contextlib
 import dataclasses
-import queue
 import random
-import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from .prefetch import FinishedAhead, default_prefetch
 from .decode import decode_batch
 from .folders import BadImageError, sample_seed
 
 __all__ = ['Draw', 'EncodedSample', 'EncodedBatch', 'EncodedDataset', 'collate_encoded', 'BatchFinisher',
-           'CollateAndFinish', 'DeviceLoader', 'default_prefetch', 'replace_failed']
+           'CollateAndFinish', 'DeviceLoader', 'replace_failed']
 
 # (rng, (height, width)) -> one sample's augmentation parameters: fixed-shape CPU tensors (BatchAugment.draw)
 Draw = Callable[[random.Random, Tuple[int, int]], Dict[str, torch.Tensor]]
@@ -153,99 +151,6 @@ class _Finishing:
         return batch if self.finish is None else self.finish(batch)
 
 
-def _finish_ahead(batches: Iterator, finish: BatchFinisher, out: queue.Queue, stop: threading.Event) -> None:
-    """``_Prefetching``'s thread: finish each batch, queue it with the CUDA event that marks it ready."""
-    def put(item: Tuple[str, Any]) -> bool:  # False: the consumer closed the iterator
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    cuda = finish.device.type == 'cuda'
-    if cuda and finish.device.index is not None:  # a new thread's current device is the first GPU: this process
-        torch.cuda.set_device(finish.device)       # may train on another
-    stream = torch.cuda.Stream(finish.device) if cuda else None
-    try:
-        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-            for batch in batches:
-                if stop.is_set():
-                    return
-                images, targets = finish(batch)
-                event = None
-                if cuda:
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                if not put(('batch', (images, targets, event))):
-                    return
-    except BaseException as e:  # noqa: BLE001 - raised again in the consumer, at its batch
-        put(('error', e))
-        return
-    put(('end', None))
-
-
-class _Prefetching:
-    """Batches finished ``depth`` ahead by a thread of their own (on a CUDA device: on a stream of its own), handed
-    out in order; an exception of the loader or of the finishing is raised where its batch would have come.
-
-    Why a thread: on a GPU the training loop reads its loss once per update (the non-finite check before the step),
-    so the step's kernels and the next batch's decode and augmentation ran one after the other, the GPU idle while
-    this process launched nvjpeg and the augmentation (docs/benchmarks.md, "Feeding the model"). Torch releases the
-    GIL inside every operator and nvjpeg's call, so the thread's work overlaps the step's. Loader workers cannot do
-    it: CUDA does not run in forked processes.
-    """
-
-    def __init__(self, batches: Iterator, finish: BatchFinisher, depth: int):
-        self._queue: 'queue.Queue[Tuple[str, Any]]' = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._ended = False
-        # the thread holds the queue and the flag, not this object: a consumer that drops the iterator closes it
-        self._thread = threading.Thread(target=_finish_ahead, args=(batches, finish, self._queue, self._stop),
-                                        name='tcnn-finish', daemon=True)
-        self._thread.start()
-
-    def __iter__(self) -> '_Prefetching':
-        return self
-
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._ended:
-            raise StopIteration
-        kind, value = self._queue.get()
-        if kind != 'batch':
-            self._ended = True
-            self.close()
-            if kind == 'error':
-                raise value
-            raise StopIteration
-        images, targets, event = value
-        if event is not None:  # made on the thread's stream, read on this one's
-            current = torch.cuda.current_stream(images.device)
-            current.wait_event(event)
-            images.record_stream(current)
-            targets.record_stream(current)
-        return images, targets
-
-    def close(self) -> None:
-        """Stop the thread (a consumer that leaves early: the end of an epoch's updates, a stop request)."""
-        self._stop.set()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self._queue.get_nowait()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-def default_prefetch(device: torch.device) -> int:
-    """Batches a thread finishes ahead of the training loop on ``device``: 2 on a GPU; none on the CPU, where the
-    step already takes every core."""
-    return 2 if device.type == 'cuda' else 0
-
-
 class DeviceLoader:
     """A DataLoader of ``EncodedBatch`` whose batches are finished (decoded, augmented) in this process on the way
     out; with ``finish=None`` (the workers finished them) it passes them through.
@@ -256,8 +161,8 @@ class DeviceLoader:
     Args:
         loader: The DataLoader of encoded batches.
         finish: What finishes a batch, or None.
-        prefetch: How many batches a thread finishes ahead of the consumer (``_Prefetching``); 0 finishes each batch
-            when it is asked for. Default: ``default_prefetch`` of the finisher's device.
+        prefetch: How many batches a thread finishes ahead of the consumer (``tcnn.data.prefetch``); 0 finishes
+            each batch when it is asked for. Default: ``default_prefetch`` of the finisher's device.
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader, finish: Optional[BatchFinisher],
@@ -277,5 +182,5 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         if self.finish is not None and self.prefetch > 0:
-            return _Prefetching(iter(self.loader), self.finish, self.prefetch)
+            return FinishedAhead(iter(self.loader), self.finish, self.finish.device, self.prefetch)
         return _Finishing(iter(self.loader), self.finish)

@@ -19,6 +19,7 @@ from torchvision.transforms import Compose
 
 from .batch_ops import normalize
 from .folders import sample_seed
+from .prefetch import FinishedAhead, default_prefetch
 
 # [(rng, (height, width)) per sample] -> the batch's parameters (BatchAugment.draw_many)
 DrawMany = Callable[[Sequence[Tuple[random.Random, Tuple[int, int]]]], Dict[str, torch.Tensor]]
@@ -159,35 +160,47 @@ class ResidentSplit:
 class ResidentLoader:
     """Batches of a ``ResidentSplit`` in the order of ``indices`` (a sampler, re-iterated every epoch), augmented by
     ``transform`` with per-sample parameters (``draw_many``: ``BatchAugment.draw_many``, each sample's ``rng``
-    seeded by (seed, epoch, index) of the split's dataset) or, without it, evaluated (``transform(images)``)."""
+    seeded by (seed, epoch, index) of the split's dataset) or, without it, evaluated (``transform(images)``).
+
+    ``prefetch``: training batches a thread gathers and augments ahead of the consumer (``tcnn.data.prefetch``);
+    default ``default_prefetch`` of the split's device (2 on a GPU); evaluation batches are made when asked for.
+    """
 
     def __init__(self, split: ResidentSplit, indices: Iterable[int], batch_size: int,
                  transform: Callable[..., torch.Tensor], draw_many: Optional[DrawMany] = None,
-                 drop_last: bool = False):
+                 drop_last: bool = False, prefetch: Optional[int] = None):
         self.split = split
         self.indices = indices
         self.batch_size = batch_size
         self.transform = transform
         self.draw_many = draw_many
         self.drop_last = drop_last
+        if prefetch is None:
+            prefetch = default_prefetch(split.device) if draw_many is not None else 0
+        self.prefetch = prefetch
 
     def __len__(self) -> int:
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return self._batches(iter(self.indices))
+        batches = self._index_batches(iter(self.indices))
+        if self.prefetch > 0:
+            return FinishedAhead(batches, self._finish, self.split.device, self.prefetch)
+        return map(self._finish, batches)
 
-    def _batches(self, indices: Iterator[int]) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        dataset = self.split.dataset
+    def _index_batches(self, indices: Iterator[int]) -> Iterator[List[int]]:
         while True:
             batch = [i for _, i in zip(range(self.batch_size), indices)]
             if not batch or (self.drop_last and len(batch) < self.batch_size):
                 return
-            images, targets = self.split.gather(batch)
-            if self.draw_many is None:
-                yield self.transform(images), targets
-                continue
-            seed, epoch = dataset.augment_seed or 0, dataset.epoch
-            params = self.draw_many([(random.Random(sample_seed(seed, epoch, i)), self.split.sizes[i]) for i in batch])
-            yield self.transform(images, params), targets
+            yield batch
+
+    def _finish(self, batch: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        images, targets = self.split.gather(batch)
+        if self.draw_many is None:
+            return self.transform(images), targets
+        dataset = self.split.dataset
+        seed, epoch = dataset.augment_seed or 0, dataset.epoch
+        params = self.draw_many([(random.Random(sample_seed(seed, epoch, i)), self.split.sizes[i]) for i in batch])
+        return self.transform(images, params), targets
