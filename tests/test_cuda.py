@@ -454,3 +454,35 @@ def test_fsdp2_eval_after_an_in_place_edit_of_a_sharded_gate_is_fresh():
         assert rel_err(out, fresh) < 1e-6, 'the eval forward after the edit read gates kept from before it'
     finally:
         dist.destroy_process_group()
+
+
+def test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers():
+    """``--compile reduce-overhead`` records CUDA graphs (``capture_error_mode='thread_local'``, as torch's CUDA graph
+    trees do) while the batched pipelines' thread allocates and launches on its own stream
+    (``tcnn.data.prefetch``): the capture succeeds and every replay computes what the eager op does, and the
+    thread's batches arrive whole and in order."""
+    from tcnn.data.prefetch import FinishedAhead
+    device = torch.device('cuda', torch.cuda.current_device())
+
+    def finish(i):
+        x = torch.arange(64 * 3 * 96 * 96, device=device, dtype=torch.float32).view(64, 3, 96, 96) * i
+        return (x * 2) * 0.5, torch.full((64,), i, device=device)
+
+    ahead = FinishedAhead(iter(range(40)), finish, device, depth=2)
+    weight = torch.randn(256, 256, device=device)
+    static_in = torch.randn(8, 256, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph's docs ask
+        static_in @ weight
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode='thread_local'):
+        static_out = static_in @ weight
+    for i, (images, labels) in enumerate(ahead):
+        new = torch.randn(8, 256, device=device)
+        static_in.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(static_out, new @ weight)
+        assert int(labels[0]) == i and float(images[1, 2, 3, 4]) == float(i * (((1 * 3 + 2) * 96 + 3) * 96 + 4))
+    assert i == 39
