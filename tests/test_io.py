@@ -435,7 +435,7 @@ def test_a_dense_model_without_its_builder_is_told_one_that_builds_its_class():
     # builders other than the examples where torchvision has them: the example must build the class, not echo it
     for builder in ('fasterrcnn_mobilenet_v3_large_fpn', 'maskrcnn_resnet50_fpn_v2', 'keypointrcnn_resnet50_fpn',
                     'retinanet_resnet50_fpn_v2', 'fcos_resnet50_fpn', 'fcn_resnet101', 'deeplabv3_mobilenet_v3_large',
-                    'lraspp_mobilenet_v3_large'):
+                    'lraspp_mobilenet_v3_large', 'ssdlite320_mobilenet_v3_large'):
         with torch.device('meta'):
             model = torchvision.models.get_model(builder, weights=None, weights_backbone=None)
             name = example(model)
