@@ -759,3 +759,21 @@ def test_a_safetensors_file_keeps_the_convention_and_goes_where_it_is_mapped(t_m
     assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
     state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
     assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
+
+
+def test_a_safetensors_file_mapped_to_a_device_it_cannot_reach_says_so(t_model, tmp_path):
+    """A device torch knows by name but cannot use here (Apple's ``mps`` on a machine without it): the tensors read on
+    the CPU cannot move there, and the one-line error names the file, the map_location and torch's own reason."""
+    if torch.backends.mps.is_available():
+        pytest.skip('this machine has an mps device: the move succeeds')
+    try:
+        torch.zeros(1).to('mps')
+    except RuntimeError as e:  # torch's reason, e.g. "PyTorch is not linked with support for mps devices"
+        reason = ' '.join(str(e).split())
+    else:
+        pytest.skip('torch moves tensors to mps here')
+    assert reason and '. ' not in reason and ': ' not in reason[20:] and len(reason) <= 160  # one sentence, whole
+    path = tcnn.save(t_model, str(tmp_path / 'm.safetensors'))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location='mps')
+    assert str(e.value) == f"cannot load {path} onto map_location='mps': RuntimeError: {reason}"
