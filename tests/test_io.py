@@ -777,3 +777,29 @@ def test_a_safetensors_file_mapped_to_a_device_it_cannot_reach_says_so(t_model, 
     with pytest.raises(TcnnError) as e:
         tcnn_file.read(path, map_location='mps')
     assert str(e.value) == f"cannot load {path} onto map_location='mps': RuntimeError: {reason}"
+
+
+def test_safetensors_tensors_share_no_storage_and_copy_only_what_they_must(tmp_path):
+    """What ``.safetensors`` stores of a state dict: the same values, contiguous, no two tensors on one storage (tied
+    weights, views: safetensors refuses them), and the state dict's own memory wherever it can be (saving a large
+    model must not hold a second copy of every weight). Empty tensors share no bytes: left as they are."""
+    from safetensors.torch import load_file
+    w = torch.arange(12.).reshape(3, 4)
+    state_dict = {'w': w, 'tied': w, 'row': w[1], 'wt': w.t(), 'other': torch.ones(2), 'empty': torch.zeros(0),
+                  'empty_too': torch.zeros(0)}
+    tensors = tcnn_file.safetensors_tensors(state_dict)
+    assert list(tensors) == list(state_dict)
+    for name, tensor in tensors.items():
+        assert tensor.device.type == 'cpu' and tensor.is_contiguous() and torch.equal(tensor, state_dict[name])
+    storages = [t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()]
+    assert len(set(storages)) == len(storages)  # 'tied' and 'row' are copies, 'wt' made contiguous
+    assert tensors['w'].data_ptr() == w.data_ptr() and tensors['other'].data_ptr() == state_dict['other'].data_ptr()
+    path = str(tmp_path / 'tied.safetensors')
+    save_file(tensors, path)  # safetensors' own check of shared storage
+    assert all(torch.equal(t, state_dict[k]) for k, t in load_file(path).items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu():
+    tensors = tcnn_file.safetensors_tensors({'w': torch.arange(4.).cuda()})
+    assert tensors['w'].device.type == 'cpu' and torch.equal(tensors['w'], torch.arange(4.))
