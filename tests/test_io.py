@@ -803,3 +803,27 @@ def test_safetensors_tensors_share_no_storage_and_copy_only_what_they_must(tmp_p
 def test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu():
     tensors = tcnn_file.safetensors_tensors({'w': torch.arange(4.).cuda()})
     assert tensors['w'].device.type == 'cpu' and torch.equal(tensors['w'], torch.arange(4.))
+
+
+def test_read_names_the_file_it_refuses(tmp_path):
+    """``read``'s refusals name the file as the caller gave it (a ``pathlib.Path`` too): a torch file holding a
+    list, one of a format version from the future."""
+    path = tmp_path / 'list.pt'
+    torch.save([1, 2], str(path))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path)
+    assert str(e.value) == f'{path} is not a T-CNN file (it holds a list, not a dict)'
+    path = tmp_path / 'version.pt'
+    torch.save({'format': 'tcnn', 'version': 'x'}, str(path))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(str(path))
+    assert str(e.value) == f"{path}: invalid T-CNN format version 'x'"
+
+
+@pytest.mark.parametrize('name, ext', [('m.bin', "'.bin'"), ('m.PTH.gz', "'.gz'"), ('model', "'(none)'")])
+def test_save_refuses_other_extensions_word_for_word(t_model, tmp_path, name, ext):
+    path = str(tmp_path / name)
+    with pytest.raises(TcnnError) as e:
+        tcnn.save(t_model, path)
+    assert str(e.value) == f'{path}: unsupported extension {ext}: T-CNN files end in .pt, .pth, .safetensors'
+    assert not os.path.exists(path)
