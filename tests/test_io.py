@@ -827,3 +827,10 @@ def test_save_refuses_other_extensions_word_for_word(t_model, tmp_path, name, ex
         tcnn.save(t_model, path)
     assert str(e.value) == f'{path}: unsupported extension {ext}: T-CNN files end in .pt, .pth, .safetensors'
     assert not os.path.exists(path)
+
+
+def test_save_names_its_path_argument_when_it_is_no_path(t_model):
+    for path, kind in ((123, 'int'), (None, 'NoneType')):
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path)
+        assert str(e.value) == f'path must be a file path (str or os.PathLike), got {kind}'
