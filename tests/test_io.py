@@ -834,3 +834,25 @@ def test_save_names_its_path_argument_when_it_is_no_path(t_model):
         with pytest.raises(TcnnError) as e:
             tcnn.save(t_model, path)
         assert str(e.value) == f'path must be a file path (str or os.PathLike), got {kind}'
+
+
+def test_a_failed_write_leaves_nothing_and_says_why(t_model, tmp_path, monkeypatch):
+    """A write that fails part-way (a full disk, an exceeded quota): one line with the system's reason (its
+    ``strerror``, else the error's text), and nothing left at the path or beside it."""
+    import errno
+
+    def disk_full(obj, f, *args, **kwargs):
+        with open(f, 'wb') as out:
+            out.write(b'half a file')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    def quota(obj, f, *args, **kwargs):
+        raise OSError('quota exceeded')  # no errno, no strerror
+
+    path = str(tmp_path / 'm.pt')
+    for write, reason in ((disk_full, 'No space left on device'), (quota, 'quota exceeded')):
+        monkeypatch.setattr(torch, 'save', write)
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path)
+        assert str(e.value) == f'cannot write {path}: {reason}'
+        assert os.listdir(tmp_path) == []
