@@ -856,3 +856,16 @@ def test_a_failed_write_leaves_nothing_and_says_why(t_model, tmp_path, monkeypat
             tcnn.save(t_model, path)
         assert str(e.value) == f'cannot write {path}: {reason}'
         assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_read_refuses_what_is_no_path_or_no_device_as_the_callers_mistake(t_model, tmp_path, ext):
+    """A path that is not one, or a map_location torch does not know ('gpu'): the caller's mistake, named as such
+    before the file is opened (never "corrupt file")."""
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(123)
+    assert str(e.value) == 'path must be a file path (str or os.PathLike), got int'
+    path = tcnn.save(t_model, str(tmp_path / f'm{ext}'))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location='gpu')
+    assert str(e.value) == "map_location 'gpu' is not a device (e.g. 'cpu', 'cuda', 'cuda:0')"
