@@ -869,3 +869,24 @@ def test_read_refuses_what_is_no_path_or_no_device_as_the_callers_mistake(t_mode
     with pytest.raises(TcnnError) as e:
         tcnn_file.read(path, map_location='gpu')
     assert str(e.value) == "map_location 'gpu' is not a device (e.g. 'cpu', 'cuda', 'cuda:0')"
+
+
+class _Pickled:
+    """A class of this test module: a torch file holding one holds pickled code, which weights_only refuses."""
+
+
+def test_read_names_a_missing_empty_or_code_holding_file_as_a_t_cnn_file(tmp_path):
+    missing = str(tmp_path / 'missing.pt')
+    empty = tmp_path / 'empty.pt'
+    empty.write_bytes(b'')
+    code = str(tmp_path / 'code.pt')
+    torch.save({'x': _Pickled()}, code)
+    for path, message in ((missing, f'T-CNN file not found: {missing}'),
+                          (str(tmp_path), f'T-CNN file {tmp_path} is a folder, not a file'),
+                          (str(empty), f'T-CNN file {empty} is empty (0 bytes): an interrupted copy or download?'),
+                          (code, f'{code} is not a T-CNN file: it holds pickled Python objects other than tensors and '
+                                 'plain values, which tcnn never loads (unpickling can run code); save a state_dict '
+                                 '(torch.save(model.state_dict(), PATH)) or a safetensors file instead')):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.read(path)
+        assert str(e.value) == message
