@@ -890,3 +890,11 @@ def test_read_names_a_missing_empty_or_code_holding_file_as_a_t_cnn_file(tmp_pat
         with pytest.raises(TcnnError) as e:
             tcnn_file.read(path)
         assert str(e.value) == message
+
+
+def test_a_torch_file_goes_where_it_is_mapped(t_model, tmp_path):
+    """``.pt``: the tensors go to the map_location (the meta device: no memory), the file's own device without one."""
+    path = tcnn.save(t_model, str(tmp_path / 'm.pt'))
+    state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
+    assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
+    assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
