@@ -898,3 +898,37 @@ def test_a_torch_file_goes_where_it_is_mapped(t_model, tmp_path):
     state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
     assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
     assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
+
+
+def test_model_from_dict_names_its_dict_and_maps_its_tensors(t_model):
+    """``model_from_dict``'s refusals name the dict's origin (``where``; by default "the T-CNN dict"), weights the
+    rebuilt model has no place for are named, never a KeyError, and the tensors go to the map_location."""
+    d = tcnn_file.model_to_dict(t_model)
+    layers = d['conversion']['layers']
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, conversion=dict(d['conversion'], layers=layers[1:])))
+    assert str(e.value) == f'the T-CNN dict: this tcnn/timm builds GPSA layers {layers}, the file has {layers[1:]}'
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict({'format': 'tcnn', 'version': 'x'}, where='m.pt')
+    assert str(e.value) == "m.pt: invalid T-CNN format version 'x'"
+    extra = dict(d, state_dict=dict(d['state_dict'], **{'layer9.proj_weight': torch.zeros(2)}))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(extra, where='m.pt')
+    assert str(e.value) == ('m.pt: the weights do not fit the rebuilt model: unexpected 1 (e.g. '
+                            'layer9.proj_weight)')
+    model = tcnn_file.model_from_dict(d, map_location='meta')
+    assert all(p.is_meta for p in model.parameters()) and all(v.device.type == 'cpu' for v in d['state_dict'].values())
+
+
+def test_a_t_cnn_with_grouped_gpsa_layers_round_trips(tmp_path):
+    """A converted CNN whose stage has grouped convolutions (RegNetX): its grouped GPSA layers are rebuilt as such and
+    give the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('regnetx_002', pretrained=False, num_classes=3)
+    t_model = tcnn.reparameterize(cnn, verify=False).eval()
+    grouped = [name for name, layer in tcnn.gpsa_layers(t_model) if layer.groups > 1]
+    assert grouped
+    loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(t_model))
+    assert [n for n, layer in tcnn.gpsa_layers(loaded) if layer.groups > 1] == grouped
+    with torch.no_grad():
+        assert torch.equal(loaded(images()), t_model(images()))
