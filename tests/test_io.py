@@ -932,3 +932,29 @@ def test_a_t_cnn_with_grouped_gpsa_layers_round_trips(tmp_path):
     assert [n for n, layer in tcnn.gpsa_layers(loaded) if layer.groups > 1] == grouped
     with torch.no_grad():
         assert torch.equal(loaded(images()), t_model(images()))
+
+
+def test_model_from_dict_adopts_the_dicts_tensors_and_records_its_source(t_model):
+    """The rebuilt model holds the dict's own tensors (built on the meta device: no random init, no second copy of
+    the weights) and records the source it was rebuilt from, class count included, as ``create_cnn`` recorded it."""
+    d = tcnn_file.model_to_dict(t_model)
+    model = tcnn_file.model_from_dict(d)
+    assert model.tcnn_source == t_model.tcnn_source and model.tcnn_source['num_classes'] == 10
+    state_dict = model.state_dict()
+    assert all(state_dict[k].data_ptr() == v.data_ptr() for k, v in d['state_dict'].items())
+
+
+def test_a_model_with_buffers_no_file_holds_is_rebuilt_for_real():
+    """Non-persistent buffers (EfficientViT's attention bias indices) are not in a state dict: built on the meta
+    device they would stay there, so the model is rebuilt on the weights' device; it gives the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('efficientvit_m0', pretrained=False, num_classes=3).eval()
+    assert any(n not in cnn.state_dict() for n, _ in cnn.named_buffers())
+    model = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn))
+    assert not any(b.is_meta for b in model.buffers())
+    x = images(size=224)
+    with torch.no_grad():
+        assert torch.equal(model(x), cnn(x))
+    # rebuilt on the device the weights were mapped to (the meta device: no memory)
+    model = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn), map_location='meta')
+    assert all(p.is_meta for p in model.parameters())
