@@ -940,6 +940,7 @@ def test_model_from_dict_adopts_the_dicts_tensors_and_records_its_source(t_model
     d = tcnn_file.model_to_dict(t_model)
     model = tcnn_file.model_from_dict(d)
     assert model.tcnn_source == t_model.tcnn_source and model.tcnn_source['num_classes'] == 10
+    assert model.default_cfg == model.pretrained_cfg and model.default_cfg['num_classes'] == 10  # timm's older name
     state_dict = model.state_dict()
     assert all(state_dict[k].data_ptr() == v.data_ptr() for k, v in d['state_dict'].items())
 
