@@ -925,7 +925,7 @@ def test_a_t_cnn_with_grouped_gpsa_layers_round_trips(tmp_path):
     give the same outputs."""
     torch.manual_seed(0)
     cnn = create_cnn('regnetx_002', pretrained=False, num_classes=3)
-    t_model = tcnn.reparameterize(cnn, verify=False).eval()
+    t_model = tcnn.reparameterize(cnn, qk_dim=8, verify=False).eval()  # not the default: rebuilt as converted
     grouped = [name for name, layer in tcnn.gpsa_layers(t_model) if layer.groups > 1]
     assert grouped
     loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(t_model))
@@ -959,3 +959,24 @@ def test_a_model_with_buffers_no_file_holds_is_rebuilt_for_real():
     # rebuilt on the device the weights were mapped to (the meta device: no memory)
     model = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn), map_location='meta')
     assert all(p.is_meta for p in model.parameters())
+
+
+def test_a_file_records_the_parameters_of_the_model_and_of_its_source_cnn(t_model):
+    """``'parameters'``: the T-CNN's own count, and its source CNN's (every GPSA layer counted as the conv it stands
+    for), counted here on the CNN itself."""
+    cnn = create_cnn('resnet18d', pretrained=False, num_classes=10, zero_init_last=False, drop_path_rate=0.05)
+    assert tcnn_file.model_to_dict(t_model)['parameters'] == {
+        'total': sum(p.numel() for p in t_model.parameters()), 'cnn': sum(p.numel() for p in cnn.parameters())}
+
+
+def test_a_converted_model_outside_the_registry_is_rebuilt_with_its_settings():
+    """A T-CNN whose source has no ``t_*`` name (torchvision's ResNet) is rebuilt by converting its source CNN with
+    the file's conversion settings (here not the defaults), and gives the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('torchvision:resnet18', pretrained=False, num_classes=3)
+    t_model = tcnn.reparameterize(cnn, qk_dim=8, locality_strength=2.0, verify=False).eval()
+    loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(t_model))
+    assert [(n, layer.qk_dim) for n, layer in tcnn.gpsa_layers(loaded)] == [
+        (n, 8) for n, _ in tcnn.gpsa_layers(t_model)]
+    with torch.no_grad():
+        assert torch.equal(loaded(images()), t_model(images()))
