@@ -951,13 +951,14 @@ def test_a_model_with_buffers_no_file_holds_is_rebuilt_for_real():
     torch.manual_seed(0)
     cnn = create_cnn('efficientvit_m0', pretrained=False, num_classes=3).eval()
     assert any(n not in cnn.state_dict() for n, _ in cnn.named_buffers())
-    model = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn))
+    d = tcnn_file.model_to_dict(cnn)
+    model = tcnn_file.model_from_dict(d)
     assert not any(b.is_meta for b in model.buffers())
-    x = images(size=224)
+    x = images(1, 224)
     with torch.no_grad():
         assert torch.equal(model(x), cnn(x))
     # rebuilt on the device the weights were mapped to (the meta device: no memory)
-    model = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn), map_location='meta')
+    model = tcnn_file.model_from_dict(d, map_location='meta')
     assert all(p.is_meta for p in model.parameters())
 
 
