@@ -981,3 +981,14 @@ def test_a_converted_model_outside_the_registry_is_rebuilt_with_its_settings():
         (n, 8) for n, _ in tcnn.gpsa_layers(t_model)]
     with torch.no_grad():
         assert torch.equal(loaded(images()), t_model(images()))
+
+
+def test_a_report_is_stored_as_strict_json():
+    """``report_to_dict``: a non-finite number (a sensitivity not measured, an infinite init error) as null and a
+    tuple as a list, so that the report is strict JSON (a ``.safetensors`` file's metadata) and reads back the same."""
+    from tcnn.convert.verify import EquivalenceReport
+    report = EquivalenceReport(max_abs_err=1e-6, max_rel_err=2e-7, init_max_abs_err=float('inf'), init_max_rel_err=0.5,
+                               input_size=(3, 64, 64), batch_size=2, dtype='float32', num_gpsa=2)
+    d = tcnn_file.report_to_dict(report)
+    assert d['init_max_abs_err'] is None and d['sensitivity'] is None and d['input_size'] == [3, 64, 64]
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
