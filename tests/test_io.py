@@ -992,3 +992,20 @@ def test_a_report_is_stored_as_strict_json():
     d = tcnn_file.report_to_dict(report)
     assert d['init_max_abs_err'] is None and d['sensitivity'] is None and d['input_size'] == [3, 64, 64]
     assert json.loads(json.dumps(d, allow_nan=False)) == d
+
+
+def test_a_segmentation_models_data_config_is_its_weights_normalisation():
+    """A torchvision segmentation model's file stores what its weights' transform applies before the model
+    (ImageNet's mean and std, bilinear resize; no input size or crop), with the caller's overrides, which must be
+    plain values like any data config's. Built on the meta device: nothing is computed."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:lraspp_mobilenet_v3_large', pretrained=False, num_classes=3)
+    assert tcnn_file.model_to_dict(model)['data_config'] == {
+        'interpolation': 'bilinear', 'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}
+    assert tcnn_file.model_to_dict(model, data_config={'interpolation': 'bicubic'})['data_config']['interpolation'] == \
+        'bicubic'
+    odd = object()
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model, data_config={'mean': odd})
+    assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
+                            'strings, lists, dicts); create the model with plain keyword arguments')
