@@ -1009,3 +1009,23 @@ def test_a_segmentation_models_data_config_is_its_weights_normalisation():
         tcnn_file.model_to_dict(model, data_config={'mean': odd})
     assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
                             'strings, lists, dicts); create the model with plain keyword arguments')
+
+
+def test_a_classifiers_data_config_keeps_its_test_size_and_the_overrides():
+    """A timm classifier's file stores its training size and crop and, apart, its test size and crop (resnet18d's
+    weights: trained at 224 px, crop 0.875, tested at 288 px, crop 0.95, as timm's registry gives them); an overridden
+    input size replaces the test size too (a fine-tuned model is evaluated as it was validated), and overrides must be
+    plain values."""
+    model = create_cnn('resnet18d', pretrained=False, num_classes=3)
+    assert tcnn_file.model_to_dict(model)['data_config'] == {
+        'input_size': [3, 224, 224], 'interpolation': 'bicubic', 'mean': [0.485, 0.456, 0.406],
+        'std': [0.229, 0.224, 0.225], 'crop_pct': 0.875, 'crop_mode': 'center', 'test_input_size': [3, 288, 288],
+        'test_crop_pct': 0.95}
+    config = tcnn_file.model_to_dict(model, data_config={'input_size': (3, 160, 160)})['data_config']
+    assert (config['input_size'], config['test_input_size'], config['test_crop_pct']) == (
+        [3, 160, 160], [3, 160, 160], 0.95)
+    odd = object()
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model, data_config={'mean': odd})
+    assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
+                            'strings, lists, dicts); create the model with plain keyword arguments')
