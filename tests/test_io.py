@@ -1029,3 +1029,12 @@ def test_a_classifiers_data_config_keeps_its_test_size_and_the_overrides():
         tcnn_file.model_to_dict(model, data_config={'mean': odd})
     assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
                             'strings, lists, dicts); create the model with plain keyword arguments')
+
+
+def test_a_compiled_model_is_saved_as_the_model_it_wraps(t_model):
+    """``torch.compile``'s wrapper (``_orig_mod``; nothing is compiled before a forward) is unwrapped, inside
+    DataParallel too: the file is the model's."""
+    expected = tcnn_file.model_to_dict(t_model)
+    for wrapped in (torch.compile(t_model), nn.DataParallel(torch.compile(t_model))):
+        d = tcnn_file.model_to_dict(wrapped)
+        assert d['source'] == expected['source'] and d['state_dict'].keys() == expected['state_dict'].keys()
