@@ -82,6 +82,26 @@ def test_round_trip(name, kwargs, ext, tmp_path):
         assert loaded.aux_classifier is not None and expected['out'].shape[1] == 7
 
 
+def test_ssd_round_trip(tmp_path):
+    """An SSD's class count is not an attribute of its head (torchvision's ``SSDClassificationHead`` keeps it as
+    ``num_columns``, the scores per anchor): save reads it there, and the loaded SSDlite gives the same detections."""
+    torch.manual_seed(0)
+    with torch.device('meta'):  # VGG16's SSD: the class count alone, nothing computed
+        ssd = torchvision.models.get_model('ssd300_vgg16', weights=None, weights_backbone=None, num_classes=5)
+    assert tcnn.files.sources.dense_num_classes(ssd) == 5
+    cnn = create_cnn('torchvision:ssdlite320_mobilenet_v3_large', pretrained=False, num_classes=3).eval()
+    path = tmp_path / 'ssdlite.pt'
+    tcnn.save(cnn, path)
+    d = tcnn_file.read(str(path))
+    assert d['num_classes'] == 3 and d['source']['model'] == 'torchvision:ssdlite320_mobilenet_v3_large'
+    loaded = tcnn.load(path)
+    images = _images()
+    with torch.no_grad():
+        expected = cnn(images)
+        _assert_same_outputs(expected, loaded(images))
+    assert len(expected[0]['boxes']) > 0  # something to compare
+
+
 def _pretrained_style_detector(num_classes: int):
     """What fasterrcnn_resnet50_fpn(weights=COCO_V1, ...) builds, without the download: a ResNet with frozen batch
     norms (eps 0), 3 trainable layers."""

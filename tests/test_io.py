@@ -435,7 +435,7 @@ def test_a_dense_model_without_its_builder_is_told_one_that_builds_its_class():
     # builders other than the examples where torchvision has them: the example must build the class, not echo it
     for builder in ('fasterrcnn_mobilenet_v3_large_fpn', 'maskrcnn_resnet50_fpn_v2', 'keypointrcnn_resnet50_fpn',
                     'retinanet_resnet50_fpn_v2', 'fcos_resnet50_fpn', 'fcn_resnet101', 'deeplabv3_mobilenet_v3_large',
-                    'lraspp_mobilenet_v3_large'):
+                    'lraspp_mobilenet_v3_large', 'ssdlite320_mobilenet_v3_large'):
         with torch.device('meta'):
             model = torchvision.models.get_model(builder, weights=None, weights_backbone=None)
             name = example(model)
@@ -759,3 +759,282 @@ def test_a_safetensors_file_keeps_the_convention_and_goes_where_it_is_mapped(t_m
     assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
     state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
     assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
+
+
+def test_a_safetensors_file_mapped_to_a_device_it_cannot_reach_says_so(t_model, tmp_path):
+    """A device torch knows by name but cannot use here (Apple's ``mps`` on a machine without it): the tensors read on
+    the CPU cannot move there, and the one-line error names the file, the map_location and torch's own reason."""
+    if torch.backends.mps.is_available():
+        pytest.skip('this machine has an mps device: the move succeeds')
+    try:
+        torch.zeros(1).to('mps')
+    except RuntimeError as e:  # torch's reason, e.g. "PyTorch is not linked with support for mps devices"
+        reason = ' '.join(str(e).split())
+    else:
+        pytest.skip('torch moves tensors to mps here')
+    assert reason and '. ' not in reason and ': ' not in reason[20:] and len(reason) <= 160  # one sentence, whole
+    path = tcnn.save(t_model, str(tmp_path / 'm.safetensors'))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location='mps')
+    assert str(e.value) == f"cannot load {path} onto map_location='mps': RuntimeError: {reason}"
+
+
+def test_safetensors_tensors_share_no_storage_and_copy_only_what_they_must(tmp_path):
+    """What ``.safetensors`` stores of a state dict: the same values, contiguous, no two tensors on one storage (tied
+    weights, views: safetensors refuses them), and the state dict's own memory wherever it can be (saving a large
+    model must not hold a second copy of every weight). Empty tensors share no bytes: left as they are."""
+    from safetensors.torch import load_file
+    w = torch.arange(12.).reshape(3, 4)
+    state_dict = {'w': w, 'tied': w, 'row': w[1], 'wt': w.t(), 'other': torch.ones(2), 'empty': torch.zeros(0),
+                  'empty_too': torch.zeros(0)}
+    tensors = tcnn_file.safetensors_tensors(state_dict)
+    assert list(tensors) == list(state_dict)
+    for name, tensor in tensors.items():
+        assert tensor.device.type == 'cpu' and tensor.is_contiguous() and torch.equal(tensor, state_dict[name])
+    storages = [t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()]
+    assert len(set(storages)) == len(storages)  # 'tied' and 'row' are copies, 'wt' made contiguous
+    assert tensors['w'].data_ptr() == w.data_ptr() and tensors['other'].data_ptr() == state_dict['other'].data_ptr()
+    path = str(tmp_path / 'tied.safetensors')
+    save_file(tensors, path)  # safetensors' own check of shared storage
+    assert all(torch.equal(t, state_dict[k]) for k, t in load_file(path).items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu():
+    tensors = tcnn_file.safetensors_tensors({'w': torch.arange(4.).cuda()})
+    assert tensors['w'].device.type == 'cpu' and torch.equal(tensors['w'], torch.arange(4.))
+
+
+def test_read_names_the_file_it_refuses(tmp_path):
+    """``read``'s refusals name the file as the caller gave it (a ``pathlib.Path`` too): a torch file holding a
+    list, one of a format version from the future."""
+    path = tmp_path / 'list.pt'
+    torch.save([1, 2], str(path))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path)
+    assert str(e.value) == f'{path} is not a T-CNN file (it holds a list, not a dict)'
+    path = tmp_path / 'version.pt'
+    torch.save({'format': 'tcnn', 'version': 'x'}, str(path))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(str(path))
+    assert str(e.value) == f"{path}: invalid T-CNN format version 'x'"
+
+
+@pytest.mark.parametrize('name, ext', [('m.bin', "'.bin'"), ('m.PTH.gz', "'.gz'"), ('model', "'(none)'")])
+def test_save_refuses_other_extensions_word_for_word(t_model, tmp_path, name, ext):
+    path = str(tmp_path / name)
+    with pytest.raises(TcnnError) as e:
+        tcnn.save(t_model, path)
+    assert str(e.value) == f'{path}: unsupported extension {ext}: T-CNN files end in .pt, .pth, .safetensors'
+    assert not os.path.exists(path)
+
+
+def test_save_names_its_path_argument_when_it_is_no_path(t_model):
+    for path, kind in ((123, 'int'), (None, 'NoneType')):
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path)
+        assert str(e.value) == f'path must be a file path (str or os.PathLike), got {kind}'
+
+
+def test_a_failed_write_leaves_nothing_and_says_why(t_model, tmp_path, monkeypatch):
+    """A write that fails part-way (a full disk, an exceeded quota): one line with the system's reason (its
+    ``strerror``, else the error's text), and nothing left at the path or beside it."""
+    import errno
+
+    def disk_full(obj, f, *args, **kwargs):
+        with open(f, 'wb') as out:
+            out.write(b'half a file')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    def quota(obj, f, *args, **kwargs):
+        raise OSError('quota exceeded')  # no errno, no strerror
+
+    path = str(tmp_path / 'm.pt')
+    for write, reason in ((disk_full, 'No space left on device'), (quota, 'quota exceeded')):
+        monkeypatch.setattr(torch, 'save', write)
+        with pytest.raises(TcnnError) as e:
+            tcnn.save(t_model, path)
+        assert str(e.value) == f'cannot write {path}: {reason}'
+        assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('ext', ['.pt', '.safetensors'])
+def test_read_refuses_what_is_no_path_or_no_device_as_the_callers_mistake(t_model, tmp_path, ext):
+    """A path that is not one, or a map_location torch does not know ('gpu'): the caller's mistake, named as such
+    before the file is opened (never "corrupt file")."""
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(123)
+    assert str(e.value) == 'path must be a file path (str or os.PathLike), got int'
+    path = tcnn.save(t_model, str(tmp_path / f'm{ext}'))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.read(path, map_location='gpu')
+    assert str(e.value) == "map_location 'gpu' is not a device (e.g. 'cpu', 'cuda', 'cuda:0')"
+
+
+class _Pickled:
+    """A class of this test module: a torch file holding one holds pickled code, which weights_only refuses."""
+
+
+def test_read_names_a_missing_empty_or_code_holding_file_as_a_t_cnn_file(tmp_path):
+    missing = str(tmp_path / 'missing.pt')
+    empty = tmp_path / 'empty.pt'
+    empty.write_bytes(b'')
+    code = str(tmp_path / 'code.pt')
+    torch.save({'x': _Pickled()}, code)
+    for path, message in ((missing, f'T-CNN file not found: {missing}'),
+                          (str(tmp_path), f'T-CNN file {tmp_path} is a folder, not a file'),
+                          (str(empty), f'T-CNN file {empty} is empty (0 bytes): an interrupted copy or download?'),
+                          (code, f'{code} is not a T-CNN file: it holds pickled Python objects other than tensors and '
+                                 'plain values, which tcnn never loads (unpickling can run code); save a state_dict '
+                                 '(torch.save(model.state_dict(), PATH)) or a safetensors file instead')):
+        with pytest.raises(TcnnError) as e:
+            tcnn_file.read(path)
+        assert str(e.value) == message
+
+
+def test_a_torch_file_goes_where_it_is_mapped(t_model, tmp_path):
+    """``.pt``: the tensors go to the map_location (the meta device: no memory), the file's own device without one."""
+    path = tcnn.save(t_model, str(tmp_path / 'm.pt'))
+    state_dict = tcnn_file.read_raw(path, map_location='meta')['state_dict']
+    assert set(state_dict) == set(t_model.state_dict()) and all(v.is_meta for v in state_dict.values())
+    assert all(v.device.type == 'cpu' for v in tcnn_file.read(path, map_location=None)['state_dict'].values())
+
+
+def test_model_from_dict_names_its_dict_and_maps_its_tensors(t_model):
+    """``model_from_dict``'s refusals name the dict's origin (``where``; by default "the T-CNN dict"), weights the
+    rebuilt model has no place for are named, never a KeyError, and the tensors go to the map_location."""
+    d = tcnn_file.model_to_dict(t_model)
+    layers = d['conversion']['layers']
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(dict(d, conversion=dict(d['conversion'], layers=layers[1:])))
+    assert str(e.value) == f'the T-CNN dict: this tcnn/timm builds GPSA layers {layers}, the file has {layers[1:]}'
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict({'format': 'tcnn', 'version': 'x'}, where='m.pt')
+    assert str(e.value) == "m.pt: invalid T-CNN format version 'x'"
+    extra = dict(d, state_dict=dict(d['state_dict'], **{'layer9.proj_weight': torch.zeros(2)}))
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_from_dict(extra, where='m.pt')
+    assert str(e.value) == ('m.pt: the weights do not fit the rebuilt model: unexpected 1 (e.g. '
+                            'layer9.proj_weight)')
+    model = tcnn_file.model_from_dict(d, map_location='meta')
+    assert all(p.is_meta for p in model.parameters()) and all(v.device.type == 'cpu' for v in d['state_dict'].values())
+
+
+def test_a_t_cnn_with_grouped_gpsa_layers_round_trips(tmp_path):
+    """A converted CNN whose stage has grouped convolutions (RegNetX): its grouped GPSA layers are rebuilt as such and
+    give the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('regnetx_002', pretrained=False, num_classes=3)
+    t_model = tcnn.reparameterize(cnn, qk_dim=8, verify=False).eval()  # not the default: rebuilt as converted
+    grouped = [name for name, layer in tcnn.gpsa_layers(t_model) if layer.groups > 1]
+    assert grouped
+    loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(t_model))
+    assert [n for n, layer in tcnn.gpsa_layers(loaded) if layer.groups > 1] == grouped
+    with torch.no_grad():
+        assert torch.equal(loaded(images()), t_model(images()))
+
+
+def test_model_from_dict_adopts_the_dicts_tensors_and_records_its_source(t_model):
+    """The rebuilt model holds the dict's own tensors (built on the meta device: no random init, no second copy of
+    the weights) and records the source it was rebuilt from, class count included, as ``create_cnn`` recorded it."""
+    d = tcnn_file.model_to_dict(t_model)
+    model = tcnn_file.model_from_dict(d)
+    assert model.tcnn_source == t_model.tcnn_source and model.tcnn_source['num_classes'] == 10
+    assert model.default_cfg == model.pretrained_cfg and model.default_cfg['num_classes'] == 10  # timm's older name
+    state_dict = model.state_dict()
+    assert all(state_dict[k].data_ptr() == v.data_ptr() for k, v in d['state_dict'].items())
+
+
+def test_a_model_with_buffers_no_file_holds_is_rebuilt_for_real():
+    """Non-persistent buffers (EfficientViT's attention bias indices) are not in a state dict: built on the meta
+    device they would stay there, so the model is rebuilt on the weights' device; it gives the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('efficientvit_m0', pretrained=False, num_classes=3).eval()
+    assert any(n not in cnn.state_dict() for n, _ in cnn.named_buffers())
+    d = tcnn_file.model_to_dict(cnn)
+    model = tcnn_file.model_from_dict(d)
+    assert not any(b.is_meta for b in model.buffers())
+    x = images(1, 224)
+    with torch.no_grad():
+        assert torch.equal(model(x), cnn(x))
+    # rebuilt on the device the weights were mapped to (the meta device: no memory)
+    model = tcnn_file.model_from_dict(d, map_location='meta')
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_a_file_records_the_parameters_of_the_model_and_of_its_source_cnn(t_model):
+    """``'parameters'``: the T-CNN's own count, and its source CNN's (every GPSA layer counted as the conv it stands
+    for), counted here on the CNN itself."""
+    cnn = create_cnn('resnet18d', pretrained=False, num_classes=10, zero_init_last=False, drop_path_rate=0.05)
+    assert tcnn_file.model_to_dict(t_model)['parameters'] == {
+        'total': sum(p.numel() for p in t_model.parameters()), 'cnn': sum(p.numel() for p in cnn.parameters())}
+
+
+def test_a_converted_model_outside_the_registry_is_rebuilt_with_its_settings():
+    """A T-CNN whose source has no ``t_*`` name (torchvision's ResNet) is rebuilt by converting its source CNN with
+    the file's conversion settings (here not the defaults), and gives the same outputs."""
+    torch.manual_seed(0)
+    cnn = create_cnn('torchvision:resnet18', pretrained=False, num_classes=3)
+    t_model = tcnn.reparameterize(cnn, qk_dim=8, locality_strength=2.0, verify=False).eval()
+    loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(t_model))
+    assert [(n, layer.qk_dim) for n, layer in tcnn.gpsa_layers(loaded)] == [
+        (n, 8) for n, _ in tcnn.gpsa_layers(t_model)]
+    with torch.no_grad():
+        assert torch.equal(loaded(images()), t_model(images()))
+
+
+def test_a_report_is_stored_as_strict_json():
+    """``report_to_dict``: a non-finite number (a sensitivity not measured, an infinite init error) as null and a
+    tuple as a list, so that the report is strict JSON (a ``.safetensors`` file's metadata) and reads back the same."""
+    from tcnn.convert.verify import EquivalenceReport
+    report = EquivalenceReport(max_abs_err=1e-6, max_rel_err=2e-7, init_max_abs_err=float('inf'), init_max_rel_err=0.5,
+                               input_size=(3, 64, 64), batch_size=2, dtype='float32', num_gpsa=2)
+    d = tcnn_file.report_to_dict(report)
+    assert d['init_max_abs_err'] is None and d['sensitivity'] is None and d['input_size'] == [3, 64, 64]
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
+
+
+def test_a_segmentation_models_data_config_is_its_weights_normalisation():
+    """A torchvision segmentation model's file stores what its weights' transform applies before the model
+    (ImageNet's mean and std, bilinear resize; no input size or crop), with the caller's overrides, which must be
+    plain values like any data config's. Built on the meta device: nothing is computed."""
+    with torch.device('meta'):
+        model = create_cnn('torchvision:lraspp_mobilenet_v3_large', pretrained=False, num_classes=3)
+    assert tcnn_file.model_to_dict(model)['data_config'] == {
+        'interpolation': 'bilinear', 'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}
+    assert tcnn_file.model_to_dict(model, data_config={'interpolation': 'bicubic'})['data_config']['interpolation'] == \
+        'bicubic'
+    odd = object()
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model, data_config={'mean': odd})
+    assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
+                            'strings, lists, dicts); create the model with plain keyword arguments')
+
+
+def test_a_classifiers_data_config_keeps_its_test_size_and_the_overrides():
+    """A timm classifier's file stores its training size and crop and, apart, its test size and crop (resnet18d's
+    weights: trained at 224 px, crop 0.875, tested at 288 px, crop 0.95, as timm's registry gives them); an overridden
+    input size replaces the test size too (a fine-tuned model is evaluated as it was validated), and overrides must be
+    plain values."""
+    model = create_cnn('resnet18d', pretrained=False, num_classes=3)
+    assert tcnn_file.model_to_dict(model)['data_config'] == {
+        'input_size': [3, 224, 224], 'interpolation': 'bicubic', 'mean': [0.485, 0.456, 0.406],
+        'std': [0.229, 0.224, 0.225], 'crop_pct': 0.875, 'crop_mode': 'center', 'test_input_size': [3, 288, 288],
+        'test_crop_pct': 0.95}
+    config = tcnn_file.model_to_dict(model, data_config={'input_size': (3, 160, 160)})['data_config']
+    assert (config['input_size'], config['test_input_size'], config['test_crop_pct']) == (
+        [3, 160, 160], [3, 160, 160], 0.95)
+    odd = object()
+    with pytest.raises(TcnnError) as e:
+        tcnn_file.model_to_dict(model, data_config={'mean': odd})
+    assert str(e.value) == (f'cannot store data_config.mean = {odd!r} in a T-CNN file (only plain values: numbers, '
+                            'strings, lists, dicts); create the model with plain keyword arguments')
+
+
+def test_a_compiled_model_is_saved_as_the_model_it_wraps(t_model):
+    """``torch.compile``'s wrapper (``_orig_mod``; nothing is compiled before a forward) is unwrapped, inside
+    DataParallel too: the file is the model's."""
+    expected = tcnn_file.model_to_dict(t_model)
+    for wrapped in (torch.compile(t_model), nn.DataParallel(torch.compile(t_model))):
+        d = tcnn_file.model_to_dict(wrapped)
+        assert d['source'] == expected['source'] and d['state_dict'].keys() == expected['state_dict'].keys()

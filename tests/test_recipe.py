@@ -67,6 +67,20 @@ def test_bad_values_are_one_line_errors_naming_the_key():
         Recipe.from_dict({'epochs': 0, 'warmup_epochs': 0})
 
 
+def test_from_dict_checks_the_combinations_unless_told_not_to():
+    """``Recipe.from_dict`` checks the combinations of keys by default (a warm-up as long as the run is impossible)
+    and gives the resolved forms (``log`` as a tuple of backends); with ``validate=False`` each key is checked alone
+    and the combination stays as given (``resolve_recipe`` fits a file's warm-up to a shorter run first)."""
+    data = {'epochs': 3, 'warmup_epochs': 5}
+    assert _error(lambda: Recipe.from_dict(data)) == (
+        'warmup_epochs 5 must be smaller than epochs 3 (the decay follows the warm-up): set a shorter one with '
+        '--set warmup_epochs=N')
+    unchecked = Recipe.from_dict(data, validate=False)
+    assert (unchecked.epochs, unchecked.warmup_epochs) == (3, 5)
+    assert Recipe.from_dict({'log': 'wandb'}).log == ('wandb',)
+    assert Recipe.from_dict({'log': 'wandb'}, validate=False).log == 'wandb'
+
+
 def test_a_misspelt_key_in_code_is_an_attribute_error():
     recipe = resolve_recipe()
     with pytest.raises(AttributeError, match='lrr'):

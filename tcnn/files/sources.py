@@ -326,9 +326,14 @@ def dense_num_classes(model: nn.Module) -> Optional[int]:
     predictor = getattr(getattr(model, 'roi_heads', None), 'box_predictor', None)
     if isinstance(getattr(predictor, 'cls_score', None), nn.Linear):  # Faster/Mask/Keypoint R-CNN
         return predictor.cls_score.out_features
-    classes = getattr(getattr(getattr(model, 'head', None), 'classification_head', None), 'num_classes', None)
-    if isinstance(classes, int):  # RetinaNet, FCOS, SSD
+    head = getattr(getattr(model, 'head', None), 'classification_head', None)
+    classes = getattr(head, 'num_classes', None)
+    if isinstance(classes, int):  # RetinaNet, FCOS
         return classes
+    from torchvision.models.detection.ssd import SSDClassificationHead
+    from torchvision.models.detection.ssdlite import SSDLiteClassificationHead
+    if isinstance(head, (SSDClassificationHead, SSDLiteClassificationHead)):  # SSD, SSDlite: a score per class
+        return head.num_columns
     classifier = getattr(model, 'classifier', None)
     if isinstance(classifier, nn.Module) and model_task(model) == 'segmentation':
         convs = [m for m in classifier.modules() if isinstance(m, nn.Conv2d)]  # FCN, DeepLabV3, LRASPP: the last

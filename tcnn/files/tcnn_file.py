@@ -522,7 +522,9 @@ def check_extension(path: str) -> str:
 
 
 def safetensors_tensors(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """The tensors of a state dict as safetensors stores them: on the CPU, contiguous, no storage shared."""
+    """The tensors of a state dict as safetensors stores them: on the CPU, contiguous, no storage shared. Copied only
+    where they must be (tied weights, views): a CPU model's own tensors are stored from its memory, not a second copy
+    of every weight."""
     tensors, seen = {}, set()
     for k, v in state_dict.items():
         v = v.detach().to('cpu').contiguous()
