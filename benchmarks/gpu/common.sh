@@ -66,7 +66,7 @@ pack() {  # pack NAME: $WORK's results JSONs to $OUT as they are, everything els
     echo "packed into $OUT:"; ls -la "$OUT"
 }
 
-# A script with a time budget (first.sh, second.sh) sets BUDGET (seconds from its start) and defines pack_now (what it
+# A script with a time budget (first.sh, third.sh) sets BUDGET (seconds from its start) and defines pack_now (what it
 # has produced so far into $OUT); its steps are then:
 limit() {  # limit CAP RESERVE: CAP seconds, cut so that RESERVE seconds stay for the steps after it (0: no time)
     local left=$((BUDGET - SECONDS - $2))

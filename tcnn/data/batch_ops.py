@@ -35,10 +35,10 @@ import PIL
 import torch
 import torch.nn.functional as F
 
-__all__ = ['INTERPOLATIONS', 'resize', 'resize_float', 'resized_crops', 'hflip', 'invert', 'posterize', 'solarize', 'solarize_add',
-           'autocontrast', 'equalize', 'grayscale', 'blend', 'color', 'contrast', 'brightness', 'sharpness', 'affine',
-           'rotate', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'adjust_brightness', 'adjust_contrast',
-           'adjust_saturation', 'adjust_hue', 'color_jitter', 'normalize', 'erase']
+__all__ = ['INTERPOLATIONS', 'resize', 'resize_float', 'resized_crops', 'hflip', 'invert', 'posterize', 'solarize',
+           'solarize_add', 'autocontrast', 'equalize', 'grayscale', 'blend', 'color', 'contrast', 'brightness',
+           'sharpness', 'affine', 'rotate', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'adjust_brightness',
+           'adjust_contrast', 'adjust_saturation', 'adjust_hue', 'color_jitter', 'normalize', 'erase']
 
 # Interpolation codes of the parameter tensors (``tcnn.data.batch_augment``): an index into this tuple.
 INTERPOLATIONS = ('nearest', 'bilinear', 'bicubic')

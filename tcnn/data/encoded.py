@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .prefetch import FinishedAhead, default_prefetch
 from .decode import decode_batch
 from .folders import BadImageError, sample_seed
+from .prefetch import FinishedAhead, default_prefetch
 
 __all__ = ['Draw', 'EncodedSample', 'EncodedBatch', 'EncodedDataset', 'collate_encoded', 'BatchFinisher',
            'CollateAndFinish', 'DeviceLoader', 'replace_failed']
@@ -139,18 +139,6 @@ class CollateAndFinish:
         return self.finish(collate_encoded(samples))
 
 
-class _Finishing:
-    def __init__(self, batches: Iterator, finish: Optional[BatchFinisher]):
-        self.batches, self.finish = batches, finish
-
-    def __iter__(self) -> '_Finishing':
-        return self
-
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        batch = next(self.batches)
-        return batch if self.finish is None else self.finish(batch)
-
-
 class DeviceLoader:
     """A DataLoader of ``EncodedBatch`` whose batches are finished (decoded, augmented) in this process on the way
     out; with ``finish=None`` (the workers finished them) it passes them through.
@@ -181,6 +169,9 @@ class DeviceLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        if self.finish is not None and self.prefetch > 0:
-            return FinishedAhead(iter(self.loader), self.finish, self.finish.device, self.prefetch)
-        return _Finishing(iter(self.loader), self.finish)
+        batches = iter(self.loader)
+        if self.finish is None:
+            return batches
+        if self.prefetch > 0:
+            return FinishedAhead(batches, self.finish, self.finish.device, self.prefetch)
+        return map(self.finish, batches)
