@@ -485,3 +485,41 @@ def test_fsdp2_sharded_layers_train_and_are_refused_in_one_line():
             assert torch.equal(p.full_tensor(), before[n]), n
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize('block', [
+    lambda: timm.models.byobnet.RepVggBlock(8, 8), lambda: timm.models.byobnet.RepVggBlock(8, 16, stride=2),
+    lambda: timm.models.byobnet.MobileOneBlock(8, 16, kernel_size=3, stride=2, num_conv_branches=2),
+    lambda: timm.models.byobnet.MobileOneBlock(8, 8, kernel_size=3, num_conv_branches=3)],
+    ids=['repvgg-identity', 'repvgg-s2', 'mobileone-s2-2', 'mobileone-identity-3'])
+def test_fusing_a_converted_multi_branch_block_keeps_its_function_and_trains_its_gpsa_layers(block):
+    """One RepVGG / MobileOne block converted, then fused by timm.utils.reparameterize_model (tcnn.convert.fusion),
+    in float64 with random BN statistics (non-zero means, so each BN's shift matters) on a normalised input: the
+    output stays to float64 rounding (measured 1.7e-16 to 2.8e-16) and the GPSA layers it keeps stay trainable."""
+    cnn = _nontrivial_batchnorm(nn.Sequential(block())).double().eval()
+    t_cnn = tcnn.reparameterize(cnn, stages=['0'], input_size=(8, 12, 12), verify=False)
+    x = torch.randn(2, 8, 12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = t_cnn(x)
+    fused = timm.utils.reparameterize_model(t_cnn)
+    after = fused(x)
+    assert type(fused[0].reparam_conv).__name__ == 'FusedBranches' and not hasattr(fused[0], 'conv_kxk')
+    assert rel_err(after, before) < 1e-14
+    after.square().sum().backward()
+    layers = tcnn.gpsa_layers(fused)
+    assert len(layers) == len(tcnn.gpsa_layers(t_cnn))
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for _, layer in layers for p in layer.parameters())
+
+
+def test_fused_branches_sum_their_gpsa_layers_and_conv():
+    """``FusedBranches``: the sum of its GPSA layers' outputs and of its 1x1 conv's, or of the GPSA layers alone
+    without a conv."""
+    from tcnn.convert.fusion import FusedBranches
+    torch.manual_seed(0)
+    first, second = tcnn.GPSA(4, 6, kernel_size=3), tcnn.GPSA(4, 6, kernel_size=3)
+    conv = nn.Conv2d(4, 6, 1)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        assert torch.equal(FusedBranches([first, second], conv)(x), conv(x) + first(x) + second(x))
+        assert torch.equal(FusedBranches([first, second], None)(x), first(x) + second(x))
+        assert torch.equal(FusedBranches([second], None)(x), second(x))

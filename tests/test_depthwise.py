@@ -149,6 +149,17 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
     torch.testing.assert_close(out, _definition(attn, values, taps))
 
 
+def test_vmap_over_some_inputs_at_any_dimension(folded, small_chunks):
+    """``torch.vmap`` of the folded product over the attention only (the values shared, as they are by every query
+    of a sample), at its second dimension, and over the values only: each equals the written-out sum per sample."""
+    attn, values, taps = _inputs(3, 5, 9, 6, 16, 16)
+    one = lambda a, v: depthwise.attend_folded(a[None], v[None], taps)[0]  # noqa: E731
+    out = torch.func.vmap(one, in_dims=(1, None))(attn.movedim(0, 1), values[0])
+    torch.testing.assert_close(out, _definition(attn, values[:1].expand_as(values), taps))
+    out = torch.func.vmap(one, in_dims=(None, 2))(attn[0], values.movedim(0, 2))
+    torch.testing.assert_close(out, _definition(attn[:1].expand_as(attn), values, taps))
+
+
 @pytest.mark.parametrize('c_in,c_out', [(12, 12), (6, 18)], ids=['depthwise', 'multiplier3'])
 def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_out, monkeypatch):
     """Double backward (gradient penalties, Hessian-vector products) against finite differences in float64, in chunks

@@ -228,11 +228,11 @@ def test_init_setters_and_introspection():
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
-def test_locality_strength_is_softplus_beta_5_written_without_beta(dtype):
+def test_locality_strength_is_softplus_beta_5_to_the_bit(dtype):
     """alpha = softplus(raw, beta=5) (T-CNN footnote 1). What exporters and tracers record is written without
     softplus's beta, which OpenVINO's TorchScript front end drops: its outputs are torch's bitwise, its gradients within
     3 ulp (measured: float32 2.8e-7, float64 5.0e-16 relative, over 400k values of raw in [-30, 60] and around the
-    threshold 5 * raw = 20; 2026-11-26). Eager mode keeps F.softplus itself."""
+    threshold 5 * raw = 20; 2026-11-26). Eager mode keeps F.softplus itself (the layer's locality strength here)."""
     raw = torch.cat([torch.linspace(-30, 60, 200001, dtype=dtype), torch.randn(200000, dtype=dtype) * 3,
                      torch.tensor([locality_to_raw(1.0), locality_to_raw(EXACT_LOCALITY), 4.0, 3.9999, 4.0001],
                                   dtype=dtype)])
@@ -249,11 +249,30 @@ def test_locality_strength_is_softplus_beta_5_written_without_beta(dtype):
     with torch.no_grad():
         gpsa.pos_locality.copy_(raw[::50000][:9])
     assert torch.equal(gpsa.locality_strength(), F.softplus(gpsa.pos_locality, beta=5.0))
-    # what OpenVINO (and any tool that ignores beta) reads: every softplus of the traced or scripted layer has beta 1
+
+
+def test_traced_and_scripted_layers_write_softplus_without_beta():
+    """What OpenVINO (and any tool that ignores beta) reads: every softplus of the traced or scripted layer has beta 1
+    (its values: the test above)."""
     layer = GPSA(4, 4, 3, padding=1).eval()
     for graph in (torch.jit.trace(layer, torch.randn(1, 4, 5, 5)).inlined_graph, torch.jit.script(layer).inlined_graph):
         softplus = [n for n in graph.nodes() if n.kind() == 'aten::softplus']
         assert softplus and all(n.inputsAt(1).toIValue() == 1 for n in softplus)
+
+
+def test_a_layers_repr_gives_its_settings():
+    """``repr``: the conv's settings, heads and qk_dim, and what differs from the defaults (padding mode, groups,
+    no bias; a grouped conv stored dense, as tcnn <= 0.2.0 files load)."""
+    assert repr(GPSA(8, 16, 3)) == ('GPSA(8, 16, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), '
+                                    'heads=9, qk_dim=1, bias=False)')
+    assert repr(GPSA(8, 8, (5, 3), stride=2, padding=(2, 1), dilation=(1, 2), bias=True, padding_mode='reflect',
+                     groups=4, qk_dim=2)) == (
+        'GPSA(8, 8, kernel_size=(5, 3), stride=(2, 2), padding=(2, 1), dilation=(1, 2), heads=15, qk_dim=2, '
+        'padding_mode=reflect, groups=4)')
+    dense = GPSA(8, 8, 3, bias=True)
+    dense.conv_groups = 4
+    assert repr(dense) == ('GPSA(8, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), heads=9, '
+                           'qk_dim=1, conv_groups=4 (stored dense))')
 
 
 def test_attention_maps_dict():

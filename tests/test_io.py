@@ -1038,3 +1038,81 @@ def test_a_compiled_model_is_saved_as_the_model_it_wraps(t_model):
     for wrapped in (torch.compile(t_model), nn.DataParallel(torch.compile(t_model))):
         d = tcnn_file.model_to_dict(wrapped)
         assert d['source'] == expected['source'] and d['state_dict'].keys() == expected['state_dict'].keys()
+
+
+@pytest.mark.parametrize('name,kwargs', [('resnet18d', {}), ('resnet18d', {'feature_cls': 'getter'}),
+                                         ('resnet18d', {'feature_cls': 'hook'}), ('mobilenetv3_small_050', {})],
+                         ids=['list', 'getter', 'hook', 'native'])
+def test_a_features_only_model_is_refused_word_for_word(tmp_path, name, kwargs):
+    """timm's feature wrappers and the feature classes a family builds itself (MobileNetV3Features: no wrapper) hold
+    no classifier: saving one is refused with the fix, not as a model whose class count cannot be told."""
+    model = timm.create_model(name, features_only=True, out_indices=(1, 2), **kwargs)
+    with pytest.raises(TcnnError) as err:
+        tcnn.save(model, str(tmp_path / 'f.pt'))
+    assert str(err.value) == 'cannot save a features_only model: save the classification model it was made from'
+    assert not os.listdir(tmp_path)
+
+
+def test_a_timm_models_file_records_its_architecture_arguments_only():
+    """A plain timm model's source is its name and the architecture arguments timm recorded (``_model_args``): the
+    class count is the file's own field; placement (device, dtype) is not recorded, so the file loads anywhere."""
+    cnn = timm.create_model('resnet18d', num_classes=7, drop_path_rate=0.1, stem_width=16, device='cpu',
+                            dtype=torch.float64)
+    assert tcnn_file.model_to_dict(cnn)['source'] == {
+        'model': 'resnet18d.ra2_in1k', 'kwargs': {'drop_path_rate': 0.1, 'stem_width': 16}, 'weights': None}
+    loaded = tcnn_file.model_from_dict(tcnn_file.model_to_dict(cnn))
+    assert loaded.num_classes == 7 and loaded.conv1[0].out_channels == 16
+
+
+def test_a_timm_model_built_by_its_entrypoint_is_refused_word_for_word(tmp_path):
+    """timm records a model's arguments in ``timm.create_model``, not in its entrypoint: a model built by the
+    entrypoint (here with ``global_pool='max'``, which no weight shows) would be saved without them and load as
+    another model, so it is refused with the fix."""
+    model = timm.models.resnet.resnet18d(num_classes=3, global_pool='max')
+    with pytest.raises(TcnnError) as err:
+        tcnn.save(model, str(tmp_path / 'm.pt'))
+    assert str(err.value) == (
+        "cannot tell which arguments this resnet18d was built with (timm.create_model records them, its entrypoint "
+        "does not): build it with timm.create_model('resnet18d', ...), or set model.tcnn_source = "
+        '{"model": NAME, "kwargs": {...}}')
+    assert not os.listdir(tmp_path)
+    tcnn.save(timm.create_model('resnet18d', num_classes=3, global_pool='max'), str(tmp_path / 'm.pt'))
+    assert tcnn.load(str(tmp_path / 'm.pt')).global_pool.pool_type == 'max'
+
+
+def test_a_models_own_label_names_are_stored_when_they_name_its_outputs():
+    """Without ``label_names``, the model's (``pretrained_cfg['label_names']``, as timm and ``tcnn.load`` keep them)
+    are stored when there is one for each output, and left out when they name another head's classes."""
+    names = ['cat', 'dog', 'eel']
+    model = timm.create_model('resnet18d', num_classes=3, pretrained_cfg_overlay=dict(label_names=names))
+    assert tcnn_file.model_to_dict(model)['label_names'] == names
+    assert tcnn_file.model_to_dict(model, label_names=['a', 'b', 'c'])['label_names'] == ['a', 'b', 'c']
+    other = timm.create_model('resnet18d', num_classes=4, pretrained_cfg_overlay=dict(label_names=names))
+    assert 'label_names' not in tcnn_file.model_to_dict(other)
+
+
+@pytest.mark.parametrize('builder,num_classes', [('resnet18', 6), ('mobilenet_v2', 5), ('convnext_tiny', 4)])
+def test_the_class_count_of_a_torchvision_classifier_is_its_last_linear_layers(builder, num_classes):
+    """torchvision's classifiers keep no ``num_classes``: their class count is their last linear layer's outputs
+    (``fc``, ``classifier.1``, ``classifier.2``)."""
+    with torch.device('meta'):
+        cnn = create_cnn(f'torchvision:{builder}', pretrained=False, num_classes=num_classes)
+    assert not hasattr(cnn, 'num_classes') and tcnn_file.model_to_dict(cnn)['num_classes'] == num_classes
+
+
+def test_a_model_without_a_class_count_is_refused_word_for_word():
+    """A model with neither ``num_classes``, ``fc`` nor a linear layer (here a backbone given a source by hand), and a
+    torchvision detector whose head is none of torchvision's, cannot be saved: its class count is unknown."""
+    backbone = nn.Sequential(nn.Conv2d(3, 8, 3))
+    backbone.tcnn_source = {'model': 'resnet18d', 'kwargs': {}}
+    with pytest.raises(TcnnError) as err:
+        tcnn_file.model_to_dict(backbone)
+    assert str(err.value) == 'cannot tell the class count of this Sequential (no num_classes, no linear layer)'
+    with torch.device('meta'):
+        detector = create_cnn('torchvision:fcos_resnet50_fpn', pretrained=False, num_classes=3,
+                              kwargs=dict(weights_backbone=None))
+    detector.head.classification_head = nn.Identity()
+    with pytest.raises(TcnnError) as err:
+        tcnn_file.model_to_dict(detector)
+    assert str(err.value) == ("cannot tell the class count of this FCOS: its head is not one of torchvision's "
+                              '(box_predictor.cls_score, classification_head, classifier)')

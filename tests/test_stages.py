@@ -212,3 +212,109 @@ def test_torchvision_file_round_trip():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), t_cnn(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('name, stages, message', [
+    # eight stages are listed in full, more by their four first and four last with the count
+    ('tv:convnext_tiny', 'nope', "torchvision:convnext_tiny has no submodule 'nope'; stages of "
+                                 'torchvision:convnext_tiny: features.0, features.1, features.2, features.3, '
+                                 'features.4, features.5, features.6, features.7'),
+    ('tv:mobilenet_v2', 'nope', "torchvision:mobilenet_v2 has no submodule 'nope'; stages of torchvision:mobilenet_v2: "
+                                'features.0, features.1, features.2, features.3, ..., features.15, features.16, '
+                                'features.17, features.18 (19)'),
+    ('plain', 'nope', "Sequential has no submodule 'nope'; it has no known stages; name any module path or pattern"),
+])
+def test_bad_stage_messages_word_for_word(name, stages, message):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(10, 2)) if name == 'plain' else _model(name)
+    with pytest.raises(ConversionError) as info:
+        resolve_stages(model, stages)
+    assert str(info.value) == message
+
+
+def test_stage_levels_are_measured_with_the_models_input_channels():
+    """A torchvision model (no ``feature_info``) has its stage levels measured by a forward pass, on an image with
+    the channels its first conv takes (here 1: a grey-scale model); a model without a conv has no levels to measure."""
+    from tcnn.convert.stages import stage_levels
+    model = _tv('mobilenet_v3_small')
+    model.features[0][0] = nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False)
+    levels = dict(stage_levels(model))
+    assert [levels[f'features.{i}'] for i in (0, 1, 3, 8, 12)] == [0, 1, 2, 3, 4]
+    assert resolve_stages(model, 4) == ['features.9', 'features.10', 'features.11', 'features.12']
+
+    class NoConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    assert stage_levels(NoConv()) == [('features.0', None), ('features.1', None)]
+
+
+def test_conv_kinds_name_their_kernel_stride_and_groups():
+    """``list_stages``' conv kinds: kernel, stride (both when they differ), and dense / depthwise / grouped."""
+    from tcnn.convert.stages import _conv_kind
+    assert _conv_kind(nn.Conv2d(8, 8, 3)) == '3x3 dense'
+    assert _conv_kind(nn.Conv2d(8, 8, (3, 5), stride=2, groups=8)) == '3x5/2 depthwise'
+    assert _conv_kind(nn.Conv2d(8, 16, 3, stride=(2, 1), groups=4)) == '3x3/2x1 grouped g4'
+    assert _conv_kind(nn.Conv2d(8, 16, 3, stride=(1, 2))) == '3x3/1x2 dense'
+
+
+def test_list_stages_refuses_bad_arguments_word_for_word():
+    with pytest.raises(TypeError) as info:
+        list_stages('resnet18d')
+    assert str(info.value) == 'model must be a torch.nn.Module, got str'
+    with pytest.raises(TypeError) as info:
+        list_stages(_model('resnet18d'), input_size=(3, 64))
+    assert str(info.value) == 'input_size must be 3 positive integers (C, H, W), got (3, 64)'
+
+
+def test_list_stages_probes_at_the_models_own_input_size_by_default():
+    """Without ``input_size``, the grids are those of the model's pretrained input size (here 96 px)."""
+    model = timm.create_model('resnet18d', pretrained_cfg_overlay=dict(input_size=(3, 96, 96)))
+    assert [(r.in_grid, r.out_grid) for r in list_stages(model)] == [
+        ((24, 24), (24, 24)), ((24, 24), (12, 12)), ((12, 12), (6, 6)), ((6, 6), (3, 3))]
+
+
+def test_a_stage_the_forward_pass_does_not_reach_is_listed_without_measures():
+    """``list_stages`` measures channels and grids with hooks: a candidate stage that the model's forward skips is
+    still listed, its measures unknown (None), not an error."""
+    class Skips(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(*(nn.Conv2d(c, 8, 3, stride=s, padding=1)
+                                            for c, s in ((3, 2), (8, 2), (8, 1))))
+
+        def forward(self, x):
+            return self.features[:2](x)
+
+    rows = list_stages(Skips(), input_size=(3, 32, 32))
+    assert [(r.name, r.level, r.in_chs, r.out_grid, r.tokens) for r in rows] == [
+        ('features.0', 0, 3, (16, 16), (34, 34)), ('features.1', 1, 8, (8, 8), (18, 18)),
+        ('features.2', None, None, None, None)]
+    # a ResNet's levels are known without a forward pass: its skipped layer4 keeps level 4
+    resnet = timm.create_model('resnet18d')
+    resnet.forward = lambda x: resnet.layer3(resnet.layer2(resnet.layer1(resnet.maxpool(resnet.act1(resnet.bn1(
+        resnet.conv1(x)))))))
+    rows = list_stages(resnet, input_size=(3, 64, 64))
+    assert [(r.level, r.out_grid) for r in rows] == [(1, (16, 16)), (2, (8, 8)), (3, (4, 4)), (4, None)]
+
+
+def test_a_stages_tokens_are_its_largest_padded_conv_input():
+    """``tokens``: the largest grid (by area) that a k x k conv of the stage sees once padded, a string padding
+    resolved ('valid': none; 'same': half the dilated kernel). The first stage's convs see 3x14 ('valid'), 4x6 ('same',
+    dilation 2: padded to 8x10) and 14x4: 8x10 has the most tokens, not the greatest height or width."""
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 3, 3, padding='valid')
+            self.b = nn.Conv2d(3, 3, 3, padding='same', dilation=2)
+            self.c = nn.Conv2d(3, 3, 3)
+
+        def forward(self, x):  # x: 14x14, passed on
+            return x + self.a(x[..., :3, :]).sum() + self.b(x[..., :4, :6]).sum() + self.c(x[..., :, :4]).sum()
+
+    model = nn.Module()
+    model.features = nn.Sequential(Branches(), nn.Conv2d(3, 3, 3, padding='valid'))
+    model.forward = model.features.forward
+    rows = list_stages(model, input_size=(3, 14, 14))
+    assert [(r.convs, r.tokens) for r in rows] == [(3, (8, 10)), (1, (14, 14))]
+    assert all(type(t) is int for r in rows for t in r.tokens)

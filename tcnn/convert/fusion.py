@@ -102,8 +102,8 @@ def _reparameterize(block: nn.Module, kxk: List[ConvNormAct], pointwise: Optiona
     layer = kxk[0].conv
     conv = _fold_pointwise(block, pointwise, layer.in_chs, layer.out_chs, layer.stride)
     fused = FusedBranches([_fold_bn_into_gpsa(branch) for branch in kxk], conv)
-    for name, param in block.named_parameters():  # timm detaches what it drops; the kept layers stay trainable
-        if not name.startswith(('conv_kxk', 'reparam_conv')):
+    for name, param in block.named_parameters():  # timm detaches what it drops; the GPSA layers stay trainable
+        if not name.startswith('conv_kxk'):
             param.detach_()
     block.reparam_conv = fused
     for name in names:

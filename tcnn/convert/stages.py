@@ -171,14 +171,11 @@ def stage_levels(model: nn.Module) -> List[Tuple[str, Optional[int]]]:
     candidates = stage_candidates(model)
     if all(level is not None for _, level in candidates):
         return candidates
-    size = (_in_chans(model), LEVEL_PROBE_SIZE, LEVEL_PROBE_SIZE)
-    probed = probe_stages(model, [n for n, _ in candidates], size)
+    first = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if first is None:  # no image input to probe with (and no conv to convert)
+        return candidates
+    probed = probe_stages(model, [n for n, _ in candidates], (first.in_channels, LEVEL_PROBE_SIZE, LEVEL_PROBE_SIZE))
     return [(n, probed[n]['level'] if n in probed else None) for n, _ in candidates]
-
-
-def _in_chans(model: nn.Module) -> int:
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else 3
 
 
 def _has_kxk_conv(module: nn.Module) -> bool:
@@ -305,7 +302,8 @@ def _conv_kind(conv: nn.Conv2d) -> str:
         kind = 'depthwise'
     else:
         kind = f'grouped g{conv.groups}'
-    stride = f'/{conv.stride[0]}' if max(conv.stride) > 1 else ''
+    sh, sw = conv.stride
+    stride = '' if max(sh, sw) == 1 else f'/{sh}' if sh == sw else f'/{sh}x{sw}'
     return f'{kh}x{kw}{stride} {kind}'
 
 

@@ -116,9 +116,16 @@ def _source_of(model: nn.Module) -> Dict[str, Any]:
     if source_model_name(arch) is not None:
         raise TcnnError(f'{arch} model without tcnn_source: create it with timm.create_model({arch!r})')
     name = f'{arch}.{cfg["tag"]}' if cfg.get('tag') else arch
-    skip = ('num_classes', 'device', 'dtype', 'pretrained_cfg', 'pretrained_cfg_overlay', 'features_only',
-            'out_indices', 'feature_cls', 'cache_dir')
-    kwargs = {k: v for k, v in (getattr(model, '_model_args', None) or {}).items() if k not in skip}
+    # timm.create_model (timm >= 1.0.31) records the architecture arguments only: not its own parameters
+    # (pretrained_cfg, cache_dir, ...) nor the placement (device, dtype); features_only models are refused before
+    # (model_to_dict); the class count is the file's own field. A model built by its entrypoint has no record:
+    # saved without its arguments it could load as another model (global_pool='max' would load as 'avg')
+    args = getattr(model, '_model_args', None)
+    if args is None:
+        raise TcnnError(f'cannot tell which arguments this {arch} was built with (timm.create_model records them, '
+                        f'its entrypoint does not): build it with timm.create_model({arch!r}, ...), or set '
+                        'model.tcnn_source = {"model": NAME, "kwargs": {...}}')
+    kwargs = {k: v for k, v in args.items() if k != 'num_classes'}
     return {'model': name, 'kwargs': kwargs, 'weights': None}  # timm does not record where its weights came from
 
 
@@ -201,13 +208,10 @@ def _num_classes(model: nn.Module) -> int:
         return classes
     if isinstance(getattr(model, 'num_classes', None), int):
         return model.num_classes
-    fc = getattr(model, 'fc', None)
-    if isinstance(fc, nn.Linear):
-        return fc.out_features
-    _, head = classifier_layer(model)  # torchvision's other models: classifier.1, classifier.2, heads.head ...
+    _, head = classifier_layer(model)  # torchvision's: fc, classifier.1, classifier.2, heads.head ...
     if head is not None:
         return head.out_features
-    raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no fc)')
+    raise TcnnError(f'cannot tell the class count of this {type(model).__name__} (no num_classes, no linear layer)')
 
 
 def _parameter_counts(model: nn.Module) -> Dict[str, int]:
@@ -293,7 +297,9 @@ def model_to_dict(model: nn.Module, *, data_config: Optional[Dict[str, Any]] = N
             fit its head, else none).
     """
     model = unwrap_model(model)
-    if isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet)):
+    # timm's wrappers, and the feature classes some families build themselves (MobileNetV3Features, ...)
+    if (isinstance(model, (FeatureDictNet, FeatureHookNet, FeatureGetterNet, FeatureGraphNet))
+            or (getattr(model, '_model_args', None) or {}).get('features_only')):
         raise TcnnError('cannot save a features_only model: save the classification model it was made from')
     layers = [name for name, _ in gpsa_layers(model)]
     conversion = getattr(model, 'tcnn_config', None)
