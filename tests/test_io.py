@@ -1116,3 +1116,25 @@ def test_a_model_without_a_class_count_is_refused_word_for_word():
         tcnn_file.model_to_dict(detector)
     assert str(err.value) == ("cannot tell the class count of this FCOS: its head is not one of torchvision's "
                               '(box_predictor.cls_score, classification_head, classifier)')
+
+
+@pytest.mark.parametrize('groups,version', [(1, 2), (2, 3), (4, 3)])
+def test_a_files_format_version_is_the_oldest_that_reads_it(groups, version):
+    """Version 2 (tcnn 0.2 reads it) unless a GPSA layer is grouped (version 3: tcnn 0.2 refuses it with 'upgrade
+    tcnn' instead of a shape error), whatever the groups."""
+    torch.manual_seed(0)
+    cnn = create_cnn('resnet26d', pretrained=False, num_classes=3, cardinality=groups, base_width=64 // groups)
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 64, 64), verify=False)
+    assert {layer.groups for _, layer in tcnn.gpsa_layers(t_cnn)} == {groups}
+    assert tcnn_file.model_to_dict(t_cnn)['version'] == version
+
+
+def test_a_conversion_record_of_other_values_is_refused_word_for_word(t_model):
+    """The conversion record (``tcnn_config``) is stored as plain values: anything else is refused, named by its
+    place in the record."""
+    model = copy.deepcopy(t_model)
+    model.tcnn_config = dict(model.tcnn_config, locality_strength=torch.tensor(1.0))
+    with pytest.raises(TcnnError) as err:
+        tcnn_file.model_to_dict(model)
+    assert str(err.value) == ('cannot store conversion.locality_strength = tensor(1.) in a T-CNN file (only plain '
+                              'values: numbers, strings, lists, dicts); create the model with plain keyword arguments')
