@@ -523,3 +523,23 @@ def test_fused_branches_sum_their_gpsa_layers_and_conv():
         assert torch.equal(FusedBranches([first, second], conv)(x), conv(x) + first(x) + second(x))
         assert torch.equal(FusedBranches([first, second], None)(x), first(x) + second(x))
         assert torch.equal(FusedBranches([second], None)(x), second(x))
+
+
+def test_example_inputs_move_to_the_measuring_device_and_dtype():
+    """``check_equivalence``'s example inputs are moved to the device and dtype it measures in: floating tensors to
+    both, other tensors (masks, indices) to the device only, through tuples, lists, named tuples and mappings (a
+    ``dict`` subclass keeps its type, another mapping becomes a ``dict``); anything else is passed as it is."""
+    from collections import OrderedDict, namedtuple
+    from types import MappingProxyType
+    from tcnn.convert.verify import _inputs_to
+    Pair = namedtuple('Pair', 'image mask')
+    x, mask, index = torch.randn(2, 3), torch.ones(2, 3, dtype=torch.bool), torch.arange(3)
+    out = _inputs_to((x, [mask, OrderedDict(a=x, b=index)], Pair(x, mask), MappingProxyType({'k': x}), 'text', 7),
+                     torch.device('meta'), torch.float64)
+    image, (m, ordered), pair, mapping, text, number = out
+    assert type(out) is tuple and (text, number) == ('text', 7)
+    assert (image.device.type, image.dtype, m.device.type, m.dtype) == ('meta', torch.float64, 'meta', torch.bool)
+    assert type(ordered) is OrderedDict and list(ordered) == ['a', 'b']
+    assert (ordered['a'].dtype, ordered['b'].dtype, ordered['b'].device.type) == (torch.float64, torch.int64, 'meta')
+    assert type(pair) is Pair and (pair.image.dtype, pair.mask.dtype) == (torch.float64, torch.bool)
+    assert type(mapping) is dict and mapping['k'].dtype == torch.float64 and mapping['k'].is_meta

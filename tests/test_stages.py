@@ -286,6 +286,8 @@ def test_a_stage_the_forward_pass_does_not_reach_is_listed_without_measures():
         def forward(self, x):
             return self.features[:2](x)
 
+    from tcnn.convert.stages import stage_levels
+    assert stage_levels(Skips()) == [('features.0', 0), ('features.1', 1), ('features.2', None)]
     rows = list_stages(Skips(), input_size=(3, 32, 32))
     assert [(r.name, r.level, r.in_chs, r.out_grid, r.tokens) for r in rows] == [
         ('features.0', 0, 3, (16, 16), (34, 34)), ('features.1', 1, 8, (8, 8), (18, 18)),
