@@ -542,4 +542,32 @@ def test_example_inputs_move_to_the_measuring_device_and_dtype():
     assert type(ordered) is OrderedDict and list(ordered) == ['a', 'b']
     assert (ordered['a'].dtype, ordered['b'].dtype, ordered['b'].device.type) == (torch.float64, torch.int64, 'meta')
     assert type(pair) is Pair and (pair.image.dtype, pair.mask.dtype) == (torch.float64, torch.bool)
+    assert pair.image.is_meta and pair.mask.is_meta
     assert type(mapping) is dict and mapping['k'].dtype == torch.float64 and mapping['k'].is_meta
+
+
+def test_example_inputs_are_described_by_their_count_and_first_three_shapes():
+    """The report (and an error about inputs that do not fit) names the example inputs by their tensors' count and
+    their first three shapes, nested tensors included, other values left out."""
+    from tcnn.convert.verify import _describe_inputs
+    one, two, three, four = torch.zeros(2, 3), torch.zeros(1), torch.zeros(4, 5, 6), torch.zeros(7)
+    assert _describe_inputs((one,)) == '1 example tensor (2x3)'
+    assert _describe_inputs(([one, two], 'mode', {'x': three})) == '3 example tensors (2x3, 1, 4x5x6)'
+    assert _describe_inputs((one, two, three, four)) == '4 example tensors (2x3, 1, 4x5x6, ...)'
+
+
+def test_example_inputs_are_one_calls_arguments():
+    """A tuple is the forward call's arguments; anything else, a named tuple included (a model's one structured
+    argument), is its single argument. Without a tensor anywhere the inputs are refused, naming what was given."""
+    from collections import namedtuple
+    from tcnn.convert.verify import check_example_inputs
+    Batch = namedtuple('Batch', 'image mask')
+    x, mask = torch.zeros(1, 3, 8, 8), torch.ones(1, 8, 8, dtype=torch.bool)
+    batch = Batch(x, mask)
+    assert check_example_inputs((x, mask)) == (x, mask)
+    assert check_example_inputs(batch)[0] is batch and len(check_example_inputs(batch)) == 1
+    assert check_example_inputs([x])[0] == [x]
+    with pytest.raises(TypeError) as err:
+        check_example_inputs(['an image'])
+    assert str(err.value) == ('example_inputs must hold at least one tensor (a tuple of forward arguments, a tensor, '
+                              'or a list of images), got list')

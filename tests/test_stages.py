@@ -219,6 +219,9 @@ def test_torchvision_file_round_trip():
     ('tv:convnext_tiny', 'nope', "torchvision:convnext_tiny has no submodule 'nope'; stages of "
                                  'torchvision:convnext_tiny: features.0, features.1, features.2, features.3, '
                                  'features.4, features.5, features.6, features.7'),
+    ('tv:efficientnet_b0', 'nope', "torchvision:efficientnet_b0 has no submodule 'nope'; stages of "
+                                   'torchvision:efficientnet_b0: features.0, features.1, features.2, features.3, ..., '
+                                   'features.5, features.6, features.7, features.8 (9)'),
     ('tv:mobilenet_v2', 'nope', "torchvision:mobilenet_v2 has no submodule 'nope'; stages of torchvision:mobilenet_v2: "
                                 'features.0, features.1, features.2, features.3, ..., features.15, features.16, '
                                 'features.17, features.18 (19)'),
