@@ -571,3 +571,21 @@ def test_example_inputs_are_one_calls_arguments():
         check_example_inputs(['an image'])
     assert str(err.value) == ('example_inputs must hold at least one tensor (a tuple of forward arguments, a tensor, '
                               'or a list of images), got list')
+
+
+def test_an_equivalence_reports_text_word_for_word():
+    """``str(report)``: both errors, the input (batch x size, or the example inputs' description) and dtype, and
+    what applies of the output leaf, the float64 recheck, the verdict and vacuity."""
+    from tcnn.convert.verify import EquivalenceReport
+    report = EquivalenceReport(max_abs_err=1.25e-6, max_rel_err=3.5e-7, init_max_abs_err=0.5, init_max_rel_err=0.125,
+                               input_size=(3, 64, 48), batch_size=2, dtype='float32', num_gpsa=4, sensitivity=0.3)
+    assert str(report) == ('exact configuration: max abs err 1.25e-06, max rel err 3.5e-07; at init: max abs err 0.5, '
+                           'max rel err 0.125 (4 GPSA layers, input 2x3x64x48, float32)')
+    report = EquivalenceReport(max_abs_err=2e-3, max_rel_err=1e-3, init_max_abs_err=1.0, init_max_rel_err=0.25,
+                               input_size=(), batch_size=0, dtype='bfloat16', num_gpsa=1, sensitivity=0.0,
+                               float64_max_rel_err=2e-9, output="[0]['boxes']",
+                               example_inputs='1 example tensor (3x64x64)', verdict='rounding')
+    assert str(report) == ("exact configuration: max abs err 0.002, max rel err 0.001 at output [0]['boxes']; at init: "
+                           'max abs err 1, max rel err 0.25 (1 GPSA layers, input 1 example tensor (3x64x64), '
+                           'bfloat16); float64: max rel err 2e-09; verdict: rounding [vacuous: the replaced layers do '
+                           'not change the logits]')
