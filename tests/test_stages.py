@@ -271,10 +271,12 @@ def test_list_stages_refuses_bad_arguments_word_for_word():
 
 
 def test_list_stages_probes_at_the_models_own_input_size_by_default():
-    """Without ``input_size``, the grids are those of the model's pretrained input size (here 96 px)."""
+    """Without ``input_size``, the grids are those of the model's pretrained input size (here 96 px), or of 224 px
+    for a model without one (torchvision's)."""
     model = timm.create_model('resnet18d', pretrained_cfg_overlay=dict(input_size=(3, 96, 96)))
     assert [(r.in_grid, r.out_grid) for r in list_stages(model)] == [
         ((24, 24), (24, 24)), ((24, 24), (12, 12)), ((12, 12), (6, 6)), ((6, 6), (3, 3))]
+    assert [r.out_grid for r in list_stages(_model('tv:regnet_y_400mf'))] == [(56, 56), (28, 28), (14, 14), (7, 7)]
 
 
 def test_a_stage_the_forward_pass_does_not_reach_is_listed_without_measures():
@@ -323,3 +325,13 @@ def test_a_stages_tokens_are_its_largest_padded_conv_input():
     rows = list_stages(model, input_size=(3, 14, 14))
     assert [(r.convs, r.tokens) for r in rows] == [(3, (8, 10)), (1, (14, 14))]
     assert all(type(t) is int for r in rows for t in r.tokens)
+
+
+def test_a_stage_at_the_inputs_resolution_is_level_minus_one():
+    """Level i is the resolution 1/2**(i+1) of the input: a stage that keeps the input's resolution is level -1,
+    then 0 and 1 after each stride 2."""
+    from tcnn.convert.stages import stage_levels
+    model = nn.Module()
+    model.features = nn.Sequential(*(nn.Conv2d(3, 3, 3, stride=s, padding=1) for s in (1, 2, 2)))
+    model.forward = model.features.forward
+    assert stage_levels(model) == [('features.0', -1), ('features.1', 0), ('features.2', 1)]
