@@ -87,8 +87,9 @@ def _feature_info_stages(model: nn.Module, modules: Dict[str, nn.Module]) -> Lis
     entries = getattr(info, 'info', info)  # a list of dicts, or timm's FeatureInfo on features_only models
     if not isinstance(entries, (list, tuple)):
         return []
-    entries = [(e['module'], e.get('reduction')) for e in entries
-               if isinstance(e, dict) and e.get('module') in modules and e['module']]
+    # timm's FeatureListNet / FeatureDictNet flatten nested Sequentials: feature_info's 'stages.3' is 'stages_3'
+    entries = [(_module_in(e.get('module'), modules), e.get('reduction')) for e in entries if isinstance(e, dict)]
+    entries = [(name, reduction) for name, reduction in entries if name]
     names = set()
     for name, _ in entries:
         names.add(name)
@@ -100,6 +101,14 @@ def _feature_info_stages(model: nn.Module, modules: Dict[str, nn.Module]) -> Lis
     marks = sorted((order[n], _level(r) if r else None) for n, r in entries)
     return [(n, next((lvl for pos, lvl in marks if pos >= order[n]), marks[-1][1]))
             for n in sorted(names, key=order.__getitem__)]
+
+
+def _module_in(name: Any, modules: Dict[str, nn.Module]) -> Optional[str]:
+    """``name`` as the model names it: itself, or flattened by timm's feature wrappers (``stages.3`` as
+    ``stages_3``); None when neither is a module of the model (or ``name`` is the root or not a name)."""
+    if not isinstance(name, str) or not name:
+        return None
+    return next((n for n in (name, name.replace('.', '_')) if n in modules), None)
 
 
 def _container_stages(modules: Dict[str, nn.Module]) -> List[str]:
