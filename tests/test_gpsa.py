@@ -38,6 +38,8 @@ CASES = [
     pytest.param(3, 2, 1, 1, False, 1, 'reflect', (9, 10), id='reflect'),
     pytest.param(3, 1, 1, 1, True, 1, 'circular', (6, 6), id='circular'),
     pytest.param(3, 1, 'same', 1, False, 1, 'zeros', (5, 7), id='same'),
+    pytest.param((3, 5), 1, 'same', 1, True, 1, 'zeros', (6, 7), id='same-k3x5'),  # pads (1, 2)
+    pytest.param(3, 1, 'valid', 1, False, 1, 'zeros', (5, 7), id='valid'),
 ]
 
 
@@ -50,6 +52,17 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     ref, out = conv(x), gpsa(x)
     assert out.shape == ref.shape
     assert rel_err(out, ref) < 1e-5
+
+
+
+@pytest.mark.parametrize('kernel,dilation', [(4, 1), ((3, 2), (2, 3))], ids=['even-kernel', 'dilated-even-axis'])
+def test_same_padding_of_an_even_effective_kernel_is_refused(kernel, dilation):
+    """``padding='same'`` pads an even effective kernel (``d * (k - 1)`` odd) asymmetrically, which the layer's
+    symmetric padding cannot do: ``from_conv`` refuses it, saying so."""
+    conv = nn.Conv2d(4, 4, kernel, padding='same', dilation=dilation)
+    with pytest.raises(ValueError) as err:
+        GPSA.from_conv(conv)
+    assert str(err.value) == 'padding="same" with an even effective kernel pads asymmetrically; not supported'
 
 
 @pytest.mark.parametrize('kernel,stride,padding,dilation,mode,size,channels_last', [
