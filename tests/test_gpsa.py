@@ -3,6 +3,7 @@ import ast
 import copy
 import math
 import pathlib
+from math import inf, nan
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tcnn.errors import InvalidArgumentError, InvalidTypeError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.geometry import Geometry
 from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
@@ -238,6 +240,68 @@ def test_init_setters_and_introspection():
     assert abs(locality_to_raw(1.0) - 0.99865) < 1e-4
     with pytest.raises(ValueError):
         locality_to_raw(0.0)
+
+
+
+BAD_SETTINGS = {  # id: (call, exception, message)
+    'in-chs-0': (lambda: GPSA(0, 4), InvalidArgumentError, 'in_chs must be >= 1, got 0'),
+    'in-chs-float': (lambda: GPSA(4.5, 4), InvalidTypeError, 'in_chs must be an integer, got 4.5 (float)'),
+    'out-chs-0': (lambda: GPSA(4, 0), InvalidArgumentError, 'out_chs must be >= 1, got 0'),
+    'out-chs-float': (lambda: GPSA(4, 4.5), InvalidTypeError, 'out_chs must be an integer, got 4.5 (float)'),
+    'kernel-size-0': (lambda: GPSA(4, 4, kernel_size=0), InvalidArgumentError, 'kernel_size must be >= 1, got 0'),
+    'kernel-size-triple': (lambda: GPSA(4, 4, kernel_size=(3,)), InvalidTypeError,
+                           'kernel_size must be an int or a pair of ints, got (3,)'),
+    'kernel-size-0-first': (lambda: GPSA(4, 4, kernel_size=(0, 3)), InvalidArgumentError,
+                            'kernel_size must be >= 1, got 0'),
+    'kernel-size-0-second': (lambda: GPSA(4, 4, kernel_size=(3, 0)), InvalidArgumentError,
+                             'kernel_size must be >= 1, got 0'),
+    'kernel-size-float-first': (lambda: GPSA(4, 4, kernel_size=(2.5, 3)), InvalidTypeError,
+                                'kernel_size must be an integer, got 2.5 (float)'),
+    'kernel-size-float-second': (lambda: GPSA(4, 4, kernel_size=(3, 2.5)), InvalidTypeError,
+                                 'kernel_size must be an integer, got 2.5 (float)'),
+    'stride-list-of-3': (lambda: GPSA(4, 4, stride=[1, 2, 1]), InvalidTypeError,
+                         'stride must be an int or a pair of ints, got [1, 2, 1]'),
+    'stride-float': (lambda: GPSA(4, 4, stride=1.5), InvalidTypeError, 'stride must be an integer, got 1.5 (float)'),
+    'stride-0-second': (lambda: GPSA(4, 4, stride=(1, 0)), InvalidArgumentError, 'stride must be >= 1, got 0'),
+    'padding-negative': (lambda: GPSA(4, 4, padding=-2), InvalidArgumentError, 'padding must be >= 0, got -2'),
+    'padding-negative-second': (lambda: GPSA(4, 4, padding=(0, -1)), InvalidArgumentError,
+                                'padding must be >= 0, got -1'),
+    'conv-padding-negative': (lambda: GPSA.from_conv(nn.Conv2d(4, 4, 3, padding=(1, -1))), InvalidArgumentError,
+                              'padding must be >= 0, got -1'),
+    'dilation-0': (lambda: GPSA(4, 4, dilation=0), InvalidArgumentError, 'dilation must be >= 1, got 0'),
+    'dilation-float-second': (lambda: GPSA(4, 4, dilation=(1, 1.5)), InvalidTypeError,
+                              'dilation must be an integer, got 1.5 (float)'),
+    'groups-0': (lambda: GPSA(4, 4, groups=0), InvalidArgumentError, 'groups must be >= 1, got 0'),
+    'groups-float': (lambda: GPSA(4, 4, groups=2.5), InvalidTypeError, 'groups must be an integer, got 2.5 (float)'),
+    'groups-in': (lambda: GPSA(16, 24, groups=3), InvalidArgumentError,
+                  'in_chs (16) and out_chs (24) must be divisible by groups (3)'),
+    'groups-out': (lambda: GPSA(16, 20, groups=8), InvalidArgumentError,
+                   'in_chs (16) and out_chs (20) must be divisible by groups (8)'),
+    'padding-mode': (lambda: GPSA(4, 4, padding_mode='same'), InvalidArgumentError,
+                     "padding_mode must be zeros, reflect, replicate or circular, got 'same'"),
+    'qk-dim-0': (lambda: GPSA(4, 4, qk_dim=0), InvalidArgumentError, 'qk_dim must be >= 1, got 0'),
+    'qk-dim-float': (lambda: GPSA(4, 4, qk_dim=2.5), InvalidTypeError, 'qk_dim must be an integer, got 2.5 (float)'),
+    'alpha-0': (lambda: GPSA(4, 4, locality_strength=0.0), InvalidArgumentError,
+                'locality_strength must be > 0, got 0.0'),
+    'lambda-nan': (lambda: GPSA(4, 4, gating_init=float('nan')), InvalidArgumentError,
+                   'gating_init must be a finite number, got nan'),
+    'alpha-count': (lambda: GPSA(4, 4).set_locality_strength(torch.ones(3)), InvalidArgumentError,
+                    'locality_strength must be a number or 9 values (one per head), got a tensor of shape (3,)'),
+    'alpha-inf': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_locality_strength(torch.tensor([inf, 1.0])),
+                  InvalidArgumentError, 'locality_strength must be finite, got [inf, 1.0]'),
+    'gating-nan': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_gating(torch.tensor([1.0, nan])),
+                   InvalidArgumentError, 'gating must be finite, got [1.0, nan]'),
+    'gating-inf': (lambda: GPSA(4, 4).set_gating(inf), InvalidArgumentError, 'gating must be a finite number, got inf'),
+}
+
+
+@pytest.mark.parametrize('make,error,message', BAD_SETTINGS.values(), ids=BAD_SETTINGS.keys())
+def test_bad_settings_are_refused_word_for_word(make, error, message):
+    """A layer's settings outside their domain are refused, with the type (also a ``TypeError`` or ``ValueError``)
+    and the message saying what was wrong, word for word."""
+    with pytest.raises(error) as err:
+        make()
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
