@@ -11,10 +11,10 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tcnn.errors import InvalidArgumentError, InvalidTypeError
+from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.geometry import Geometry
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
@@ -241,6 +241,47 @@ def test_init_setters_and_introspection():
     with pytest.raises(ValueError):
         locality_to_raw(0.0)
 
+
+
+
+_FIX = ('call it on the unsharded model (before fully_shard, or on a copy that loaded the full state dict of '
+        'torch.distributed.checkpoint.state_dict.get_model_state_dict(model, '
+        'options=StateDictOptions(full_state_dict=True)))')
+
+
+def test_sharded_per_head_parameters_are_refused_in_one_line():
+    """A layer whose positional or gating parameter (each in turn) is a DTensor (FSDP2's ``fully_shard``: one shard
+    per rank) refuses what reads or sets the per-head values, in one line naming the layer where it has a name and
+    the fix, word for word, changing nothing; plain parameters pass. A one-rank gloo group on the CPU, no network."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip('this torch has no torch.distributed')
+    tensor = pytest.importorskip('torch.distributed.tensor')
+    from torch.distributed.device_mesh import init_device_mesh
+    check_unsharded(GPSA(4, 4, 3), 'gpsa_summary', 'stem.conv')  # plain tensors: nothing to refuse
+    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh('cpu', (1,))
+        for name in ('pos_centers', 'pos_locality', 'gating'):
+            layer = GPSA(4, 4, 3)
+            setattr(layer, name, nn.Parameter(tensor.distribute_tensor(getattr(layer, name).detach(), mesh,
+                                                                       [tensor.Replicate()])))
+            with pytest.raises(TcnnError) as err:
+                check_unsharded(layer, 'gpsa_summary', 'stem.conv')
+            assert str(err.value) == ('gpsa_summary does not take FSDP2-sharded (DTensor) parameters, as the GPSA '
+                                      f'layer (stem.conv) has: {_FIX}'), name
+            values = lambda: {k: v.full_tensor() if k == name else v.clone()  # noqa: E731
+                              for k, v in layer.state_dict().items()}
+            before = values()
+            for what, call in (('set_gating', lambda: layer.set_gating(3.0)),
+                               ('set_locality_strength', lambda: layer.set_locality_strength(3.0))):
+                with pytest.raises(TcnnError) as err:
+                    call()
+                assert str(err.value) == (f'{what} does not take FSDP2-sharded (DTensor) parameters, as the GPSA '
+                                          f'layer has: {_FIX}'), name
+            assert all(torch.equal(value, before[key]) for key, value in values().items()), name
+    finally:
+        dist.destroy_process_group()
 
 
 BAD_SETTINGS = {  # id: (call, exception, message)
