@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.geometry import Geometry
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5
+from tcnn.layers.gpsa import (EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5,
+                              upgrade_proj_weight)
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
@@ -113,6 +114,28 @@ def test_conv_filter_and_the_old_2d_filter_layout():
         old.load_state_dict(state, assign=assign)
         torch.testing.assert_close(old(x), conv(x), rtol=1e-5, atol=1e-5)
     assert state['proj_weight'].shape == (5, 36)  # the caller's dict is left alone
+
+
+
+@pytest.mark.parametrize('cin,cout,kernel,groups', [(4, 6, 3, 1), (8, 6, (1, 3), 2)], ids=['dense', 'grouped'])
+def test_old_2d_filter_layout_loads_where_heads_and_channels_differ(cin, cout, kernel, groups):
+    """tcnn 0.1.0's filter ``conv.weight.reshape(C_out, -1)`` (index ``c * N_h + h``) loads into the ``(C_out, N_h,
+    C_in // g)`` layout where ``N_h`` and ``C_in // g`` differ (9 heads of 4 channels; 3 heads of 4 channels per
+    group), so a swapped pair of them cannot pass: the layer's filter is the conv's again, tap by tap, and its
+    exact configuration is the conv. A filter already in the current layout loads as it is; ``upgrade_proj_weight``
+    leaves any other shape alone."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(cin, cout, kernel, padding=1, groups=groups)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    taps = conv.weight.detach().flatten(2).transpose(1, 2)  # (C_out, N_h, C_in // g): head h is tap h
+    for stored in (conv.weight.detach().reshape(cout, -1), taps.clone()):
+        layer = GPSA(cin, cout, kernel, padding=1, groups=groups, bias=True)
+        layer.load_state_dict(dict(gpsa.state_dict(), proj_weight=stored))
+        assert torch.equal(layer.proj_weight, taps) and torch.equal(layer.conv_filter(), conv.weight)
+        x = torch.randn(2, cin, 5, 6)
+        assert rel_err(layer(x), conv(x)) < 1e-5
+    other = torch.randn(cout, 3 * cin)
+    assert upgrade_proj_weight(other, taps.shape) is other
 
 
 def test_tap_order_with_single_tap_filter():
@@ -324,6 +347,9 @@ BAD_SETTINGS = {  # id: (call, exception, message)
     'qk-dim-float': (lambda: GPSA(4, 4, qk_dim=2.5), InvalidTypeError, 'qk_dim must be an integer, got 2.5 (float)'),
     'alpha-0': (lambda: GPSA(4, 4, locality_strength=0.0), InvalidArgumentError,
                 'locality_strength must be > 0, got 0.0'),
+    'alpha-to-raw-0': (lambda: locality_to_raw(0.0), InvalidArgumentError, 'locality_strength must be > 0, got 0.0'),
+    'alpha-tensor-0': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_locality_strength(torch.tensor([1., 0.])),
+                       InvalidArgumentError, 'locality_strength must be > 0, got 0.0'),
     'lambda-nan': (lambda: GPSA(4, 4, gating_init=float('nan')), InvalidArgumentError,
                    'gating_init must be a finite number, got nan'),
     'alpha-count': (lambda: GPSA(4, 4).set_locality_strength(torch.ones(3)), InvalidArgumentError,
