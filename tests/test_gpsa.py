@@ -425,6 +425,12 @@ def test_attention_maps_dict():
     assert maps['content'].shape == (2, 9, 12, 80) and maps['positional'].shape == (9, 12, 80)
     torch.testing.assert_close(maps['mixed'].sum(-1), torch.ones(2, 9, 12))
     assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 8]
+    # unequal paddings, on the input's device (meta: shapes only)
+    gpsa = GPSA(8, 8, (3, 5), stride=2, padding=(1, 2), device='meta')
+    maps = gpsa.attention(torch.empty(2, 8, 8, 6, device='meta'))
+    assert all(maps[k].device.type == 'meta' for k in ('content', 'positional', 'mixed'))
+    assert maps['content'].shape == (2, 15, 12, 100) and maps['positional'].shape == (15, 12, 100)
+    assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 10]
 
 
 FLOAT64_LAYERS = [
