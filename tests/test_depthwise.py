@@ -129,6 +129,26 @@ def test_depthwise_layer_matches_its_torchscript_form(monkeypatch, small_chunks,
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+
+@pytest.mark.parametrize('kernel,size,order', [(7, 7, 'folded'), (3, 5, 'heads-first')], ids=['k7', 'k3'])
+def test_eager_layer_takes_the_order_that_pays(monkeypatch, kernel, size, order):
+    """In eager mode a depthwise layer's product is ``attend_depthwise``'s choice for the shape: folded for a 7x7
+    kernel (49 heads x 49 keys per attention row), attending first for a 3x3 kernel at batch 2; never TorchScript's
+    form nor the exporters' (``attend_heads_first``, ``attend_traceable`` called by the layer itself)."""
+    calls = []
+
+    def recording(name, fn):
+        return lambda *args: calls.append(name) or fn(*args)
+
+    monkeypatch.setattr(depthwise, 'attend_folded', recording('folded', depthwise.attend_folded))
+    monkeypatch.setattr(depthwise, 'attend_heads_first', recording('heads-first', depthwise.attend_heads_first))
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_heads_first', recording('scripted', depthwise.attend_heads_first))
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable', recording('exported', depthwise.attend_traceable))
+    layer = GPSA.from_conv(nn.Conv2d(8, 8, kernel, padding=kernel // 2, groups=8))
+    layer(torch.randn(2, 8, size, size))
+    assert calls == [order]
+
+
 def test_folded_layer_compiles_without_graph_breaks(small_chunks):
     # torch.compile(fullgraph=True) traces the autograd function and its chunk loops (aot_eager: no C++ toolchain)
     torch.manual_seed(0)
