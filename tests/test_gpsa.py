@@ -252,6 +252,21 @@ def test_torchscript_and_fx():
 
 
 
+
+@pytest.mark.parametrize('groups', [1, 8], ids=['dense', 'depthwise'])
+def test_scripted_layer_runs_eager_modes_operations(groups):
+    """TorchScript's path runs the operations of eager mode (``torch.lerp``; for a depthwise layer the product
+    attending first, which eager mode also takes for a 3x3 kernel at batch 2), not the exporters' plain forms:
+    outputs equal to the bit, call after call (eager mode keeps terms from call to call, TorchScript recomputes
+    them)."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(8, 8, 3, padding=1, groups=groups, qk_dim=3), 0.3)
+    scripted = torch.jit.script(layer)
+    x = torch.randn(2, 8, 5, 6)
+    for _ in range(2):
+        assert torch.equal(scripted(x), layer(x))
+
+
 @pytest.mark.parametrize('groups,out_chs', [(1, 12), (8, 16)], ids=['dense', 'depthwise-multiplier2'])
 def test_exported_layer_is_the_formula(groups, out_chs):
     """What ``torch.export`` records (the exporters' path: the mixture written ``start + weight * (end - start)``,
@@ -366,6 +381,8 @@ BAD_SETTINGS = {  # id: (call, exception, message)
                        InvalidArgumentError, 'locality_strength must be > 0, got 0.0'),
     'lambda-nan': (lambda: GPSA(4, 4, gating_init=float('nan')), InvalidArgumentError,
                    'gating_init must be a finite number, got nan'),
+    'alpha-0-then-lambda-nan': (lambda: GPSA(4, 4, locality_strength=0.0, gating_init=nan), InvalidArgumentError,
+                                'locality_strength must be > 0, got 0.0'),  # in the order of the arguments
     'alpha-count': (lambda: GPSA(4, 4).set_locality_strength(torch.ones(3)), InvalidArgumentError,
                     'locality_strength must be a number or 9 values (one per head), got a tensor of shape (3,)'),
     'alpha-inf': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_locality_strength(torch.tensor([inf, 1.0])),
