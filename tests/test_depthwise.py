@@ -92,6 +92,19 @@ def test_autocast_computes_in_the_autocast_dtype(folded):
     assert attn.grad.dtype == values.grad.dtype == taps.grad.dtype == torch.float32  # back in the inputs' dtype
 
 
+
+def test_traceable_product_is_in_the_values_dtype():
+    """``attend_traceable`` (exporters, tracers) casts to the values' dtype, as ``attend_depthwise`` does outside
+    autocast: a float32 attention (a bfloat16 layer computes it in float32) and float32 taps (a layer traced under
+    autocast) with bfloat16 values give a bfloat16 product equal to the written-out sum in float64. Max error relative
+    to the largest output at seeds 0-9: 2.4e-3 to 7.7e-3 (2026-11-27); tolerance 1.5e-2."""
+    attn, values, taps = _inputs(2, 5, 9, 6, 8, 16, dtype=torch.float32)  # multiplier 2
+    values = values.bfloat16()
+    out = depthwise.attend_traceable(attn, values, taps)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, _definition(attn.double(), values.double(), taps.double())) < 1.5e-2
+
+
 def _not_here(*args):
     raise AssertionError('attended first where folding was expected')
 
@@ -114,6 +127,26 @@ def test_depthwise_layer_matches_its_torchscript_form(monkeypatch, small_chunks,
     params = [x] + list(layer.parameters())
     for got, want in zip(torch.autograd.grad(out, params, grad), torch.autograd.grad(ref, params, grad)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+
+@pytest.mark.parametrize('kernel,size,order', [(7, 7, 'folded'), (3, 5, 'heads-first')], ids=['k7', 'k3'])
+def test_eager_layer_takes_the_order_that_pays(monkeypatch, kernel, size, order):
+    """In eager mode a depthwise layer's product is ``attend_depthwise``'s choice for the shape: folded for a 7x7
+    kernel (49 heads x 49 keys per attention row), attending first for a 3x3 kernel at batch 2; never TorchScript's
+    form nor the exporters' (``attend_heads_first``, ``attend_traceable`` called by the layer itself)."""
+    calls = []
+
+    def recording(name, fn):
+        return lambda *args: calls.append(name) or fn(*args)
+
+    monkeypatch.setattr(depthwise, 'attend_folded', recording('folded', depthwise.attend_folded))
+    monkeypatch.setattr(depthwise, 'attend_heads_first', recording('heads-first', depthwise.attend_heads_first))
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_heads_first', recording('scripted', depthwise.attend_heads_first))
+    monkeypatch.setattr(tcnn.layers.gpsa, 'attend_traceable', recording('exported', depthwise.attend_traceable))
+    layer = GPSA.from_conv(nn.Conv2d(8, 8, kernel, padding=kernel // 2, groups=8))
+    layer(torch.randn(2, 8, size, size))
+    assert calls == [order]
 
 
 def test_folded_layer_compiles_without_graph_breaks(small_chunks):
@@ -149,6 +182,26 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
     torch.testing.assert_close(out, _definition(attn, values, taps))
 
 
+
+@pytest.mark.parametrize('argnum', [0, 1, 2], ids=['attention', 'values', 'taps'])
+def test_per_sample_gradient_of_one_input(folded, small_chunks, argnum):
+    """``vmap(grad(...))`` asked for the gradient of one input only (e.g. a filter's per-sample gradient, DP-SGD's):
+    the backward then computes only some of the three gradients, and each sample's equals its own backward through
+    the written-out sum."""
+    attn, values, taps = _inputs(3, 5, 9, 6, 16, 16)
+
+    def loss(a, v, w):  # one sample: a batch of one image
+        return depthwise.attend_folded(a[None], v[None], w).square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss, argnums=argnum), in_dims=(0, 0, None))(attn, values, taps)
+    for i in range(3):
+        inputs = [attn[i], values[i], taps]
+        inputs[argnum] = inputs[argnum].clone().requires_grad_()
+        a, v, w = inputs
+        (want,) = torch.autograd.grad(_definition(a[None], v[None], w).square().sum(), inputs[argnum])
+        torch.testing.assert_close(per_sample[i], want)
+
+
 def test_vmap_over_some_inputs_at_any_dimension(folded, small_chunks):
     """``torch.vmap`` of the folded product over the attention only (the values shared, as they are by every query
     of a sample), at its second dimension, and over the values only: each equals the written-out sum per sample."""
@@ -181,3 +234,19 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
     plain_grads = penalty_gradients()
     for (name, _), a, b in zip(layer.named_parameters(), folded_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize('frozen', ['attention', 'values', 'taps', 'values-taps'])
+def test_double_backward_with_frozen_inputs(folded, small_chunks, frozen):
+    """Double backward against finite differences in float64 with some inputs constant (a frozen attention, a frozen
+    filter): the first backward then returns no gradient for them, and the second must still sum the contributions
+    of the others and reach the first backward's incoming gradient."""
+    attn, values, taps = _inputs(2, 3, 9, 2, 12, 12)
+    inputs = {'attention': attn, 'values': values, 'taps': taps}
+    varying = [name for name in inputs if name not in frozen.split('-')]
+
+    def product(*args):
+        given = {**inputs, **dict(zip(varying, args))}
+        return depthwise.attend_folded(given['attention'], given['values'], given['taps'])
+
+    assert torch.autograd.gradgradcheck(product, tuple(inputs[n].requires_grad_() for n in varying), fast_mode=True)

@@ -3,6 +3,7 @@ import ast
 import copy
 import math
 import pathlib
+from math import inf, nan
 
 import pytest
 import torch
@@ -10,9 +11,11 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.geometry import Geometry
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, locality_to_raw, softplus_beta_5
+from tcnn.layers.gpsa import (EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5,
+                              upgrade_proj_weight)
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
@@ -38,6 +41,8 @@ CASES = [
     pytest.param(3, 2, 1, 1, False, 1, 'reflect', (9, 10), id='reflect'),
     pytest.param(3, 1, 1, 1, True, 1, 'circular', (6, 6), id='circular'),
     pytest.param(3, 1, 'same', 1, False, 1, 'zeros', (5, 7), id='same'),
+    pytest.param((3, 5), 1, 'same', 1, True, 1, 'zeros', (6, 7), id='same-k3x5'),  # pads (1, 2)
+    pytest.param(3, 1, 'valid', 1, False, 1, 'zeros', (5, 7), id='valid'),
 ]
 
 
@@ -50,6 +55,17 @@ def test_exact_configuration_equals_conv(kernel, stride, padding, dilation, bias
     ref, out = conv(x), gpsa(x)
     assert out.shape == ref.shape
     assert rel_err(out, ref) < 1e-5
+
+
+
+@pytest.mark.parametrize('kernel,dilation', [(4, 1), ((3, 2), (2, 3))], ids=['even-kernel', 'dilated-even-axis'])
+def test_same_padding_of_an_even_effective_kernel_is_refused(kernel, dilation):
+    """``padding='same'`` pads an even effective kernel (``d * (k - 1)`` odd) asymmetrically, which the layer's
+    symmetric padding cannot do: ``from_conv`` refuses it, saying so."""
+    conv = nn.Conv2d(4, 4, kernel, padding='same', dilation=dilation)
+    with pytest.raises(ValueError) as err:
+        GPSA.from_conv(conv)
+    assert str(err.value) == 'padding="same" with an even effective kernel pads asymmetrically; not supported'
 
 
 @pytest.mark.parametrize('kernel,stride,padding,dilation,mode,size,channels_last', [
@@ -98,6 +114,28 @@ def test_conv_filter_and_the_old_2d_filter_layout():
         old.load_state_dict(state, assign=assign)
         torch.testing.assert_close(old(x), conv(x), rtol=1e-5, atol=1e-5)
     assert state['proj_weight'].shape == (5, 36)  # the caller's dict is left alone
+
+
+
+@pytest.mark.parametrize('cin,cout,kernel,groups', [(4, 6, 3, 1), (8, 6, (1, 3), 2)], ids=['dense', 'grouped'])
+def test_old_2d_filter_layout_loads_where_heads_and_channels_differ(cin, cout, kernel, groups):
+    """tcnn 0.1.0's filter ``conv.weight.reshape(C_out, -1)`` (index ``c * N_h + h``) loads into the ``(C_out, N_h,
+    C_in // g)`` layout where ``N_h`` and ``C_in // g`` differ (9 heads of 4 channels; 3 heads of 4 channels per
+    group), so a swapped pair of them cannot pass: the layer's filter is the conv's again, tap by tap, and its
+    exact configuration is the conv. A filter already in the current layout loads as it is; ``upgrade_proj_weight``
+    leaves any other shape alone."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(cin, cout, kernel, padding=1, groups=groups)
+    gpsa = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    taps = conv.weight.detach().flatten(2).transpose(1, 2)  # (C_out, N_h, C_in // g): head h is tap h
+    for stored in (conv.weight.detach().reshape(cout, -1), taps.clone()):
+        layer = GPSA(cin, cout, kernel, padding=1, groups=groups, bias=True)
+        layer.load_state_dict(dict(gpsa.state_dict(), proj_weight=stored))
+        assert torch.equal(layer.proj_weight, taps) and torch.equal(layer.conv_filter(), conv.weight)
+        x = torch.randn(2, cin, 5, 6)
+        assert rel_err(layer(x), conv(x)) < 1e-5
+    other = torch.randn(cout, 3 * cin)
+    assert upgrade_proj_weight(other, taps.shape) is other
 
 
 def test_tap_order_with_single_tap_filter():
@@ -213,6 +251,58 @@ def test_torchscript_and_fx():
     torch.testing.assert_close(torch.fx.symbolic_trace(gpsa)(x), ref)
 
 
+
+
+@pytest.mark.parametrize('groups', [1, 8], ids=['dense', 'depthwise'])
+def test_scripted_layer_runs_eager_modes_operations(groups):
+    """TorchScript's path runs the operations of eager mode (``torch.lerp``; for a depthwise layer the product
+    attending first, which eager mode also takes for a 3x3 kernel at batch 2), not the exporters' plain forms:
+    outputs equal to the bit, call after call (eager mode keeps terms from call to call, TorchScript recomputes
+    them)."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(8, 8, 3, padding=1, groups=groups, qk_dim=3), 0.3)
+    scripted = torch.jit.script(layer)
+    x = torch.randn(2, 8, 5, 6)
+    for _ in range(2):
+        assert torch.equal(scripted(x), layer(x))
+
+
+@pytest.mark.parametrize('groups,out_chs', [(1, 12), (8, 16)], ids=['dense', 'depthwise-multiplier2'])
+def test_exported_layer_is_the_formula(groups, out_chs):
+    """What ``torch.export`` records (the exporters' path: the mixture written ``start + weight * (end - start)``,
+    the depthwise product in plain ops, ``attend_traceable``) computes the papers' formula, away from the exact
+    configuration. Max error relative to the largest output, seeds 0-4: 9.6e-8 to 3.7e-7 (2026-11-27); tolerance
+    1e-6."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(8, out_chs, 3, stride=2, padding=1, groups=groups, bias=True, qk_dim=3), 0.3)
+    x = torch.randn(2, 8, 7, 6)
+    program = torch.export.export(layer, (x,))
+    assert rel_err(program.module()(x), _reference_gpsa(layer, x)) < 1e-6
+    # no lerp: ExecuTorch has no out variant of its core-ATen decomposition (_lerp)
+    assert not [n for n in program.graph.nodes if 'lerp' in str(n.target)]
+
+
+
+def test_exported_layer_keeps_its_device():
+    """Eager mode and ``torch.export`` compute every term on the layer's device (the positional offsets and the
+    padded keys' ``log(n_pad)`` included): a layer on the meta device runs and exports there (shapes only; a GPU
+    alike)."""
+    layer = GPSA(8, 12, 3, stride=2, padding=1, device='meta')
+    x = torch.empty(2, 8, 7, 6, device='meta')
+    for out in (layer(x), torch.export.export(layer, (x,)).module()(x)):
+        assert out.device.type == 'meta' and out.shape == (2, 12, 4, 3)
+
+
+def test_exported_float64_layer_is_the_float64_formula():
+    """``torch.export`` of a float64 layer computes every term in float64 (the padded keys' ``log(n_pad)``
+    included): its output is the formula in float64. Error relative to the largest output: 8.5e-16 (seed 0,
+    2026-11-27); tolerance 1e-14, which a float32 ``log(n_pad)`` exceeds."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(8, 8, 3, padding=1, dtype=torch.float64), 0.3)
+    x = torch.randn(2, 8, 5, 6, dtype=torch.float64)
+    out = torch.export.export(layer, (x,)).module()(x)
+    assert out.dtype == torch.float64 and rel_err(out, _reference_gpsa(layer, x)) < 1e-14
+
 def test_init_setters_and_introspection():
     gpsa = GPSA(8, 8, 5, padding=2, locality_strength=3.0, gating_init=-2.0)
     assert gpsa.num_heads == 25 and gpsa.qk_dim == 1
@@ -225,6 +315,114 @@ def test_init_setters_and_introspection():
     assert abs(locality_to_raw(1.0) - 0.99865) < 1e-4
     with pytest.raises(ValueError):
         locality_to_raw(0.0)
+
+
+
+
+_FIX = ('call it on the unsharded model (before fully_shard, or on a copy that loaded the full state dict of '
+        'torch.distributed.checkpoint.state_dict.get_model_state_dict(model, '
+        'options=StateDictOptions(full_state_dict=True)))')
+
+
+def test_sharded_per_head_parameters_are_refused_in_one_line():
+    """A layer whose positional or gating parameter (each in turn) is a DTensor (FSDP2's ``fully_shard``: one shard
+    per rank) refuses what reads or sets the per-head values, in one line naming the layer where it has a name and
+    the fix, word for word, changing nothing; plain parameters pass. A one-rank gloo group on the CPU, no network."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip('this torch has no torch.distributed')
+    tensor = pytest.importorskip('torch.distributed.tensor')
+    from torch.distributed.device_mesh import init_device_mesh
+    check_unsharded(GPSA(4, 4, 3), 'gpsa_summary', 'stem.conv')  # plain tensors: nothing to refuse
+    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh('cpu', (1,))
+        for name in ('pos_centers', 'pos_locality', 'gating'):
+            layer = GPSA(4, 4, 3)
+            setattr(layer, name, nn.Parameter(tensor.distribute_tensor(getattr(layer, name).detach(), mesh,
+                                                                       [tensor.Replicate()])))
+            with pytest.raises(TcnnError) as err:
+                check_unsharded(layer, 'gpsa_summary', 'stem.conv')
+            assert str(err.value) == ('gpsa_summary does not take FSDP2-sharded (DTensor) parameters, as the GPSA '
+                                      f'layer (stem.conv) has: {_FIX}'), name
+            values = lambda: {k: v.full_tensor() if k == name else v.clone()  # noqa: E731
+                              for k, v in layer.state_dict().items()}
+            before = values()
+            for what, call in (('set_gating', lambda: layer.set_gating(3.0)),
+                               ('set_locality_strength', lambda: layer.set_locality_strength(3.0))):
+                with pytest.raises(TcnnError) as err:
+                    call()
+                assert str(err.value) == (f'{what} does not take FSDP2-sharded (DTensor) parameters, as the GPSA '
+                                          f'layer has: {_FIX}'), name
+            assert all(torch.equal(value, before[key]) for key, value in values().items()), name
+    finally:
+        dist.destroy_process_group()
+
+
+BAD_SETTINGS = {  # id: (call, exception, message)
+    'in-chs-0': (lambda: GPSA(0, 4), InvalidArgumentError, 'in_chs must be >= 1, got 0'),
+    'in-chs-float': (lambda: GPSA(4.5, 4), InvalidTypeError, 'in_chs must be an integer, got 4.5 (float)'),
+    'out-chs-0': (lambda: GPSA(4, 0), InvalidArgumentError, 'out_chs must be >= 1, got 0'),
+    'out-chs-float': (lambda: GPSA(4, 4.5), InvalidTypeError, 'out_chs must be an integer, got 4.5 (float)'),
+    'kernel-size-0': (lambda: GPSA(4, 4, kernel_size=0), InvalidArgumentError, 'kernel_size must be >= 1, got 0'),
+    'kernel-size-triple': (lambda: GPSA(4, 4, kernel_size=(3,)), InvalidTypeError,
+                           'kernel_size must be an int or a pair of ints, got (3,)'),
+    'kernel-size-0-first': (lambda: GPSA(4, 4, kernel_size=(0, 3)), InvalidArgumentError,
+                            'kernel_size must be >= 1, got 0'),
+    'kernel-size-0-second': (lambda: GPSA(4, 4, kernel_size=(3, 0)), InvalidArgumentError,
+                             'kernel_size must be >= 1, got 0'),
+    'kernel-size-float-first': (lambda: GPSA(4, 4, kernel_size=(2.5, 3)), InvalidTypeError,
+                                'kernel_size must be an integer, got 2.5 (float)'),
+    'kernel-size-float-second': (lambda: GPSA(4, 4, kernel_size=(3, 2.5)), InvalidTypeError,
+                                 'kernel_size must be an integer, got 2.5 (float)'),
+    'stride-list-of-3': (lambda: GPSA(4, 4, stride=[1, 2, 1]), InvalidTypeError,
+                         'stride must be an int or a pair of ints, got [1, 2, 1]'),
+    'stride-float': (lambda: GPSA(4, 4, stride=1.5), InvalidTypeError, 'stride must be an integer, got 1.5 (float)'),
+    'stride-0-second': (lambda: GPSA(4, 4, stride=(1, 0)), InvalidArgumentError, 'stride must be >= 1, got 0'),
+    'padding-negative': (lambda: GPSA(4, 4, padding=-2), InvalidArgumentError, 'padding must be >= 0, got -2'),
+    'padding-negative-second': (lambda: GPSA(4, 4, padding=(0, -1)), InvalidArgumentError,
+                                'padding must be >= 0, got -1'),
+    'conv-padding-negative': (lambda: GPSA.from_conv(nn.Conv2d(4, 4, 3, padding=(1, -1))), InvalidArgumentError,
+                              'padding must be >= 0, got -1'),
+    'dilation-0': (lambda: GPSA(4, 4, dilation=0), InvalidArgumentError, 'dilation must be >= 1, got 0'),
+    'dilation-float-second': (lambda: GPSA(4, 4, dilation=(1, 1.5)), InvalidTypeError,
+                              'dilation must be an integer, got 1.5 (float)'),
+    'groups-0': (lambda: GPSA(4, 4, groups=0), InvalidArgumentError, 'groups must be >= 1, got 0'),
+    'groups-float': (lambda: GPSA(4, 4, groups=2.5), InvalidTypeError, 'groups must be an integer, got 2.5 (float)'),
+    'groups-in': (lambda: GPSA(16, 24, groups=3), InvalidArgumentError,
+                  'in_chs (16) and out_chs (24) must be divisible by groups (3)'),
+    'groups-out': (lambda: GPSA(16, 20, groups=8), InvalidArgumentError,
+                   'in_chs (16) and out_chs (20) must be divisible by groups (8)'),
+    'padding-mode': (lambda: GPSA(4, 4, padding_mode='same'), InvalidArgumentError,
+                     "padding_mode must be zeros, reflect, replicate or circular, got 'same'"),
+    'qk-dim-0': (lambda: GPSA(4, 4, qk_dim=0), InvalidArgumentError, 'qk_dim must be >= 1, got 0'),
+    'qk-dim-float': (lambda: GPSA(4, 4, qk_dim=2.5), InvalidTypeError, 'qk_dim must be an integer, got 2.5 (float)'),
+    'alpha-0': (lambda: GPSA(4, 4, locality_strength=0.0), InvalidArgumentError,
+                'locality_strength must be > 0, got 0.0'),
+    'alpha-to-raw-0': (lambda: locality_to_raw(0.0), InvalidArgumentError, 'locality_strength must be > 0, got 0.0'),
+    'alpha-tensor-0': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_locality_strength(torch.tensor([1., 0.])),
+                       InvalidArgumentError, 'locality_strength must be > 0, got 0.0'),
+    'lambda-nan': (lambda: GPSA(4, 4, gating_init=float('nan')), InvalidArgumentError,
+                   'gating_init must be a finite number, got nan'),
+    'alpha-0-then-lambda-nan': (lambda: GPSA(4, 4, locality_strength=0.0, gating_init=nan), InvalidArgumentError,
+                                'locality_strength must be > 0, got 0.0'),  # in the order of the arguments
+    'alpha-count': (lambda: GPSA(4, 4).set_locality_strength(torch.ones(3)), InvalidArgumentError,
+                    'locality_strength must be a number or 9 values (one per head), got a tensor of shape (3,)'),
+    'alpha-inf': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_locality_strength(torch.tensor([inf, 1.0])),
+                  InvalidArgumentError, 'locality_strength must be finite, got [inf, 1.0]'),
+    'gating-nan': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_gating(torch.tensor([1.0, nan])),
+                   InvalidArgumentError, 'gating must be finite, got [1.0, nan]'),
+    'gating-inf': (lambda: GPSA(4, 4).set_gating(inf), InvalidArgumentError, 'gating must be a finite number, got inf'),
+}
+
+
+@pytest.mark.parametrize('make,error,message', BAD_SETTINGS.values(), ids=BAD_SETTINGS.keys())
+def test_bad_settings_are_refused_word_for_word(make, error, message):
+    """A layer's settings outside their domain are refused, with the type (also a ``TypeError`` or ``ValueError``)
+    and the message saying what was wrong, word for word."""
+    with pytest.raises(error) as err:
+        make()
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
@@ -281,6 +479,12 @@ def test_attention_maps_dict():
     assert maps['content'].shape == (2, 9, 12, 80) and maps['positional'].shape == (9, 12, 80)
     torch.testing.assert_close(maps['mixed'].sum(-1), torch.ones(2, 9, 12))
     assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 8]
+    # unequal paddings, on the input's device (meta: shapes only)
+    gpsa = GPSA(8, 8, (3, 5), stride=2, padding=(1, 2), device='meta')
+    maps = gpsa.attention(torch.empty(2, 8, 8, 6, device='meta'))
+    assert all(maps[k].device.type == 'meta' for k in ('content', 'positional', 'mixed'))
+    assert maps['content'].shape == (2, 15, 12, 100) and maps['positional'].shape == (15, 12, 100)
+    assert maps['out_size'].tolist() == [4, 3] and maps['key_size'].tolist() == [10, 10]
 
 
 FLOAT64_LAYERS = [

@@ -294,6 +294,50 @@ def test_new_grouped_files_round_trip_grouped(tmp_path):
     assert not match_grouped_storage(loaded, state)  # grouped filters are left alone
 
 
+
+def test_dense_stored_grouped_filters_rebuild_exactly_those_layers_dense():
+    """``match_grouped_storage`` layer by layer (the file-level test loads a whole model): of a model's GPSA layers,
+    exactly the grouped ones whose state dict holds a dense filter are rebuilt dense, in place and in order, with
+    every setting of the layer they replace (in its mode, on its device and dtype, meta included), ``qk_dim`` read
+    from the stored ``q_weight`` where there is one, and ``conv_groups`` kept; dense layers, grouped filters and a
+    model that is itself a GPSA layer are left alone. The rebuilt layer loads the stored state dict and computes what
+    the stored dense layer computes."""
+    torch.manual_seed(0)
+    settings = dict(kernel_size=(3, 1), stride=(2, 1), padding=(0, 1), dilation=(1, 2), bias=True,
+                    padding_mode='reflect', dtype=torch.float64)  # none of them the constructor's default
+    model = nn.Sequential()
+    model.add_module('plain', GPSA(8, 8, 3))  # dense already
+    model.add_module('grouped', GPSA(8, 12, 3, groups=4))  # stored grouped
+    model.add_module('a', GPSA(8, 12, groups=4, **settings).eval())
+    model.add_module('c', GPSA(4, 4, 3, groups=2, qk_dim=3, device='meta'))  # stored without q_weight
+    stored = GPSA(8, 12, qk_dim=5, **settings)  # a grouped layer of the default qk_dim has 2
+    away_from_exact(stored, value_noise=0.2)
+    state = {f'plain.{k}': v for k, v in model.plain.state_dict().items()}
+    state.update({f'grouped.{k}': v for k, v in model.grouped.state_dict().items()})
+    state.update({f'a.{k}': v for k, v in stored.state_dict().items()})
+    state['c.proj_weight'] = torch.randn(4, 9, 4)
+    old = dict(model.named_children())
+
+    assert match_grouped_storage(model, state) == ['a', 'c']
+    assert list(dict(model.named_children())) == ['plain', 'grouped', 'a', 'c']
+    assert model.plain is old['plain'] and model.grouped is old['grouped']
+    for name, qk_dim, device in (('a', 5, 'cpu'), ('c', 3, 'meta')):
+        layer, was = model.get_submodule(name), old[name]
+        assert isinstance(layer, GPSA) and layer is not was
+        assert (layer.groups, layer.conv_groups, layer.qk_dim) == (1, was.groups, qk_dim)
+        for attr in ('in_chs', 'out_chs', 'kernel_size', 'stride', 'padding', 'dilation', 'padding_mode', 'training'):
+            assert getattr(layer, attr) == getattr(was, attr), (name, attr)
+        assert (layer.proj_bias is None) == (was.proj_bias is None)
+        assert layer.proj_weight.device.type == device and layer.proj_weight.dtype == was.proj_weight.dtype
+    assert model.a.proj_weight.shape == (12, 3, 8) and not model.a.training
+    model.a.load_state_dict(stored.state_dict())
+    x = torch.randn(2, 8, 7, 6, dtype=torch.float64)
+    torch.testing.assert_close(model.a(x), stored.eval()(x), rtol=0, atol=0)
+    # a model that is itself a grouped layer is left alone (build it with groups=1)
+    layer = GPSA(8, 8, 3, groups=2)
+    assert match_grouped_storage(layer, {'proj_weight': torch.randn(8, 9, 8)}) == [] and layer.groups == 2
+
+
 def test_t_model_converts_grouped_cnn_weights():
     cnn = _grouped_cnn()
     model = timm.create_model('t_resnet26d', pretrained=True, cardinality=32, base_width=1, num_classes=10,

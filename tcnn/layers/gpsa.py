@@ -106,7 +106,7 @@ EXACT_GATING = 40.0
 _PairInt = Union[int, Tuple[int, int]]
 
 
-def _pair(v: _PairInt, name: str = 'size', ge: int = 0) -> Tuple[int, int]:
+def _pair(v: _PairInt, name: str, ge: int) -> Tuple[int, int]:
     """An int or a pair of ints as a pair, each ``>= ge``; raises naming ``name`` otherwise."""
     if isinstance(v, (tuple, list)) and len(v) == 2:
         return int(check_number(v[0], name, ge=ge, integer=True)), int(check_number(v[1], name, ge=ge, integer=True))
@@ -333,10 +333,8 @@ class GPSA(nn.Module):
         """
         if not isinstance(conv, nn.Conv2d):
             raise InvalidTypeError(f'conv must be a torch.nn.Conv2d, got {type(conv).__name__}')
-        if isinstance(conv.padding, str):
-            padding = _string_padding(conv)
-        else:
-            padding = _pair(conv.padding)
+        # checked by the constructor, which names it (a conv takes a negative padding)
+        padding = _string_padding(conv) if isinstance(conv.padding, str) else conv.padding
         weight = conv.weight.detach()
         gpsa = cls(
             conv.in_channels, conv.out_channels, kernel_size=conv.kernel_size, stride=conv.stride,
