@@ -345,3 +345,26 @@ def test_a_features_only_backbone_whose_wrapper_flattens_its_stages_converts():
     assert resolve_stages(backbone, None) == ['stages_3'] and resolve_stages(backbone, 3) == ['stages_2']
     report = tcnn.reparameterize(backbone, input_size=(3, 64, 64)).tcnn_report
     assert report.passed() and not report.vacuous and report.num_gpsa == 3 and report.max_rel_err < 3e-6
+
+
+def test_stage_candidates_read_their_levels_from_feature_info():
+    """A model's ``feature_info`` (timm's list of dicts: module and reduction) gives its stages without a forward
+    pass: each entry and its Sequential siblings, at the level of the next entry (feature_info names the last module
+    of each resolution), those after the last entry at its level; entries the model does not have are left out."""
+    from tcnn.convert.stages import stage_candidates
+
+    def convs(*strides):
+        return nn.Sequential(*(nn.Conv2d(3, 3, 3, stride=s, padding=1) for s in strides))
+
+    model = nn.Module()
+    model.features = nn.Sequential(convs(2, 1), convs(2), convs(2, 1, 1))
+    model.feature_info = [{'module': 'features.0.1', 'reduction': 2}, {'module': 'features.1', 'reduction': 4},
+                          {'module': 'features.2.0', 'reduction': 8}, {'module': 'head', 'reduction': 32},
+                          {'module': '', 'reduction': 1}, 'not an entry']
+    assert stage_candidates(model) == [
+        ('features.0', 0), ('features.0.0', 0), ('features.0.1', 0), ('features.1', 1), ('features.2', 2),
+        ('features.2.0', 2), ('features.2.1', 2), ('features.2.2', 2)]
+    # timm's own models, levels and all, before any forward pass
+    assert stage_candidates(_model('mobilenetv3_large_100')) == [
+        ('blocks.0', 0), ('blocks.1', 1), ('blocks.2', 2), ('blocks.3', 3), ('blocks.4', 3), ('blocks.5', 4),
+        ('blocks.6', 4)]
