@@ -589,3 +589,15 @@ def test_an_equivalence_reports_text_word_for_word():
                            'max abs err 1, max rel err 0.25 (1 GPSA layers, input 1 example tensor (3x64x64), '
                            'bfloat16); float64: max rel err 2e-09; verdict: rounding [vacuous: the replaced layers do '
                            'not change the logits]')
+
+
+def test_check_equivalence_defaults_to_two_images_of_seed_zero():
+    """``check_equivalence`` measures on 2 random images drawn with seed 0 unless told otherwise: the same report
+    as asking for them, another with another seed."""
+    torch.manual_seed(0)
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=4)).eval()
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 32, 32), verify=False)
+    report = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32))
+    assert report.batch_size == 2
+    assert report == tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=0)
+    assert report != tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=1)
