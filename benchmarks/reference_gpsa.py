@@ -65,12 +65,12 @@ class ReferenceGPSA(nn.Module):
         super().__init__()
         if downsample not in ('subsample', 'avgpool'):
             raise ValueError(f'downsample must be "subsample" or "avgpool", got {downsample!r}')
-        kh, kw = _pair(kernel_size)
+        kh, kw = _pair(kernel_size, 'kernel_size', ge=1)
         self.in_chs, self.out_chs = in_chs, out_chs
         self.kernel_size = (kh, kw)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.dilation = _pair(dilation)
+        self.stride = _pair(stride, 'stride', ge=1)
+        self.padding = _pair(padding, 'padding', ge=0)
+        self.dilation = _pair(dilation, 'dilation', ge=1)
         self.downsample = downsample
         self.num_heads = kh * kw
         self.qk_dim = qk_dim or max(in_chs // self.num_heads, 1)
