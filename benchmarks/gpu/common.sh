@@ -83,3 +83,16 @@ timed_step() {  # timed_step NAME CAP RESERVE COMMAND...: step under the cut lim
     fi
     pack_now
 }
+
+# The paper demo's epochs (benchmarks/demo_epoch.py, arguments in DEMO) as the step demo_epoch (100 s): their JSON in
+# results/, their metrics and logs in demo_epoch/; their data and checkpoints in a temporary folder, out of the logs
+demo_epoch_step() {
+  local dir suffix
+  dir=$(mktemp -d /tmp/tcnn-demo-epoch.XXXXXX)
+  suffix=$([ "$SMOKE" = 1 ] && echo cpu-smoke || echo cuda)
+  timed_step demo_epoch 100 0 "$PY" benchmarks/demo_epoch.py "${DEMO[@]}" --out "$dir" \
+      --json "$WORK/results/$suffix-demo-epoch-$DATE.json"
+  mkdir -p "$WORK/demo_epoch"
+  (cd "$dir" && cp -r --parents runs/*/metrics.jsonl runs/*/log.txt "$WORK/demo_epoch/" 2>/dev/null)
+  rm -rf "$dir"
+}

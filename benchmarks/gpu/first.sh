@@ -90,13 +90,7 @@ timed_step eager 70 180 "$PY" benchmarks/run.py "${EAGER[@]}" --variants --secti
     --out "$WORK/results"
 timed_step compiled 90 90 "$PY" benchmarks/run.py "${COMPILED[@]}" --variants --sections models --label small_batch \
     --out "$WORK/results"
-DEMO_DIR=$(mktemp -d /tmp/tcnn-demo-epoch.XXXXXX)  # its data and checkpoints stay out of the logs
-SUFFIX=$([ "$SMOKE" = 1 ] && echo cpu-smoke || echo cuda)
-timed_step demo_epoch 100 0 "$PY" benchmarks/demo_epoch.py "${DEMO[@]}" --out "$DEMO_DIR" \
-    --json "$WORK/results/$SUFFIX-demo-epoch-$DATE.json"
-mkdir -p "$WORK/demo_epoch"
-(cd "$DEMO_DIR" && cp -r --parents runs/*/metrics.jsonl runs/*/log.txt "$WORK/demo_epoch/" 2>/dev/null)
-rm -rf "$DEMO_DIR"
+demo_epoch_step
 echo "=== first.sh: done after $SECONDS s" | tee -a "$WORK/steps.log"
 pack_now
 rm -rf "$WORK"

@@ -77,13 +77,7 @@ pack_now
 timed_step loop 180 100 "$PY" benchmarks/loop.py "${LOOP[@]}" --data "$PHOTO_DIR" --runs "$WORK/runs" \
     --out "$WORK/results"
 find "$WORK/runs" \( -name '*.pt' -o -name tensorboard \) -prune -exec rm -rf {} + 2>/dev/null
-DEMO_DIR=$(mktemp -d /tmp/tcnn-demo-epoch.XXXXXX)
-SUFFIX=$([ "$SMOKE" = 1 ] && echo cpu-smoke || echo cuda)
-timed_step demo_epoch 100 0 "$PY" benchmarks/demo_epoch.py "${DEMO[@]}" --out "$DEMO_DIR" \
-    --json "$WORK/results/$SUFFIX-demo-epoch-$DATE.json"
-mkdir -p "$WORK/demo_epoch"
-(cd "$DEMO_DIR" && cp -r --parents runs/*/metrics.jsonl runs/*/log.txt "$WORK/demo_epoch/" 2>/dev/null)
-rm -rf "$DEMO_DIR"
+demo_epoch_step
 echo "=== third.sh: done after $SECONDS s" | tee -a "$WORK/steps.log"
 pack_now
 rm -rf "$WORK"
