@@ -5,7 +5,8 @@
     python .ci/mutation.py --list                # the modules, their files and owning tests
     python .ci/mutation.py --report integrity    # the counts and every survivor of the last run, without running
     nice -n 19 python .ci/mutation.py --recheck recipe  # the last run's survivors again, one fresh process each
-    nice -n 19 python .ci/mutation.py --resume tcnn_file  # go on with an interrupted run (the mutants left)
+    nice -n 19 python .ci/mutation.py --resume tcnn_file  # go on with an interrupted run (the mutants left; the
+                                                 # sources and tests as they are now: changed functions run again)
     python .ci/mutation.py tcnn_file --only 'tcnn.files.tcnn_file.x__with_ema__*' --check tests/test_io.py::test_x
                                                  # which of those mutants a test kills (one process, mutmut's switch)
     python .ci/mutation.py --check-later layers  # the survivors against the owning tests the run left out (LATER)
@@ -136,13 +137,31 @@ def prepare(module: str) -> Path:
     return work
 
 
+def refresh(module: str) -> Path:
+    """``module``'s copy with the repository's sources, tests and ``.ci/mutation_order.py`` as they are now, its
+    results kept: mutmut rebuilds the mutants of a source file newer than its mutated copy and forgets the results of
+    the functions whose code changed only (their mutants run again), and traces the tests new to it."""
+    work = folder(module)
+    if not (work / 'mutants').is_dir():
+        raise SystemExit(f'{module}: no run to resume in {work}; run it first (without --resume)')
+    pairs = [(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')]
+    for top in ('tcnn', 'tests'):
+        pairs += [(src, work / src.relative_to(ROOT)) for src in (ROOT / top).rglob('*')
+                  if src.is_file() and '__pycache__' not in src.parts and src.suffix != '.pyc']
+    for src, dst in pairs:
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)  # not copy2: a fresh mtime, newer than the mutants built from the old file
+    return work
+
+
 def run(module: str, max_children: int, only: Sequence[str] = (), killers_first: bool = False,
         resume: bool = False) -> float:
     """Run mutmut on ``module`` in its copy (``only``: mutant name patterns, e.g. ``tcnn.layers.positional.*``, to
     measure a sample; ``killers_first``: each mutant's tests in ``.ci/mutation_order.py``'s order, not mutmut's);
     returns the wall time (s). Its output goes to ``mutmut.log`` there. ``resume``: go on with an interrupted run in
-    its copy, as it is (its tests too): mutmut tests only the mutants without a result."""
-    work = folder(module) if resume else prepare(module)
+    its copy, refreshed (``refresh``): mutmut tests only the mutants without a result."""
+    work = refresh(module) if resume else prepare(module)
     start = time.monotonic()
     env = {'TCNN_MUTATION_ORDER': 'killers' if killers_first else 'mutmut'}
     with open(work / 'mutmut.log', 'a' if resume else 'w') as log:
@@ -288,7 +307,8 @@ def main(argv: Sequence[str] = None) -> int:
                         help="the copy's folder under mutants/ (default: the module's name): a second copy, e.g. to "
                              'time a sample in both orders at once')
     parser.add_argument('--resume', action='store_true',
-                        help='go on with an interrupted run (its copy as it is): the mutants without a result')
+                        help="go on with an interrupted run: the mutants without a result, with the repository's "
+                             'sources and tests as they are now (those of functions changed since run again)')
     parser.add_argument('--killers-first', action='store_true',
                         help="each mutant's tests in .ci/mutation_order.py's order (earlier killers of its function "
                              "first, then the fastest), not mutmut's")

@@ -2,6 +2,7 @@
 ``tcnn convert --list-stages``, and exact conversions of RegNet, ConvNeXt, EfficientNet, MobileNetV3, ResNeXt
 (random weights with non-trivial normalisation statistics and layer scales, so that the checks are not vacuous)."""
 import time
+from collections import OrderedDict
 
 import pytest
 import timm
@@ -345,6 +346,30 @@ def test_a_features_only_backbone_whose_wrapper_flattens_its_stages_converts():
     assert resolve_stages(backbone, None) == ['stages_3'] and resolve_stages(backbone, 3) == ['stages_2']
     report = tcnn.reparameterize(backbone, input_size=(3, 64, 64)).tcnn_report
     assert report.passed() and not report.vacuous and report.num_gpsa == 3 and report.max_rel_err < 3e-6
+
+
+def test_stage_candidates_add_siblings_only_to_numbered_entries_of_a_sequential():
+    """Only an entry numbered inside a Sequential / ModuleList brings its siblings (the blocks of its stage): not
+    one named inside a Sequential (DenseNet's ``features.denseblock1``), not one numbered inside another container,
+    not a child of a Sequential model itself; an entry without a reduction has no level (None)."""
+    from tcnn.convert.stages import stage_candidates
+
+    def conv():
+        return nn.Conv2d(3, 3, 3, padding=1)
+
+    named = nn.Module()
+    named.features = nn.Sequential(OrderedDict(conv0=conv(), block1=conv(), pool1=nn.Identity(), block2=conv()))
+    named.feature_info = [{'module': 'features.block1', 'reduction': 4}, {'module': 'features.block2', 'reduction': 8}]
+    assert stage_candidates(named) == [('features.block1', 1), ('features.block2', 2)]
+
+    keyed = nn.Module()
+    keyed.blocks = nn.ModuleDict({'0': conv(), '1': conv(), '2': conv()})
+    keyed.feature_info = [{'module': 'blocks.1', 'reduction': 16}]
+    assert stage_candidates(keyed) == [('blocks.1', 3)]
+
+    root = nn.Sequential(conv(), conv(), conv())
+    root.feature_info = [{'module': '1', 'reduction': 2}, {'module': '2'}]
+    assert stage_candidates(root) == [('1', 0), ('2', None)]
 
 
 def test_stage_candidates_read_their_levels_from_feature_info():
