@@ -72,8 +72,9 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
                ['-k', 'not softplus_without_beta and not without_graph_breaks and not models_are_exact and not '
                       'models_train and not dense_grouped_filters_loads_dense and not name_their_arguments']),
     # test_timm_models.py's fusion tests own fusion.py's RepVGG / MobileOne blocks (timm.utils.reparameterize_model),
-    # which test_convert.py does not build: the two smallest models (float32) and the refusal to save a fused model
-    'convert': (['tcnn/convert/*'], ['tests/test_convert.py', 'tests/test_stages.py', *(
+    # which test_convert.py does not build: the two smallest models (float32) and the refusal to save a fused model;
+    # test_bad_inputs.py owns the refusals of bad arguments (reparameterize's, check_equivalence's; 12 s in all)
+    'convert': (['tcnn/convert/*'], ['tests/test_convert.py', 'tests/test_stages.py', 'tests/test_bad_inputs.py', *(
         f'tests/test_timm_models.py::test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers[{name}]'
         for name in ('t_repvgg_a0', 't_mobileone_s0')),
         'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_the_fix'], []),
@@ -113,7 +114,6 @@ def equivalent_mutants() -> Dict[str, str]:
 def prepare(module: str) -> Path:
     """A fresh copy of the repository for ``module`` (the previous one's results are dropped), its config set, and
     ``.ci/mutation_order.py`` as its ``conftest.py`` (each mutant's log, and the order of its tests)."""
-    files, tests, pytest_args = MODULES[module]
     work = folder(module)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -124,27 +124,36 @@ def prepare(module: str) -> Path:
             shutil.copytree(src, work / name, symlinks=True, ignore=ignore)
         elif src.exists():
             shutil.copy2(src, work / name)
-    config = (work / 'pyproject.toml').read_text(encoding='utf-8')
+    configure(module)
+    return work
+
+
+def configure(module: str) -> None:
+    """``module``'s copy set up for mutmut: the repository's ``[tool.mutmut]`` plus the module's files and owning
+    tests (``MODULES``), and ``.ci/mutation_order.py`` as its ``conftest.py``."""
+    files, tests, pytest_args = MODULES[module]
+    work = folder(module)
+    config = (ROOT / 'pyproject.toml').read_text(encoding='utf-8')
     extra = f'only_mutate = {json.dumps(files)}\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n'
     config = config.replace('[tool.mutmut]\n', '[tool.mutmut]\n' + extra, 1)
     shared = re.search(r'^pytest_add_cli_args = (.*)$', config, re.M)
     args = json.loads(shared.group(1)) + pytest_args
     config = config.replace(shared.group(0), f'pytest_add_cli_args = {json.dumps(args)}')
-    shutil.copy2(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')
+    shutil.copy(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')
     also = re.search(r'^also_copy = (.*)$', config, re.M)
     config = config.replace(also.group(0), f'also_copy = {json.dumps(json.loads(also.group(1)) + ["conftest.py"])}')
     (work / 'pyproject.toml').write_text(config, encoding='utf-8')
-    return work
 
 
 def refresh(module: str) -> Path:
-    """``module``'s copy with the repository's sources, tests and ``.ci/mutation_order.py`` as they are now, its
-    results kept: mutmut rebuilds the mutants of a source file newer than its mutated copy and forgets the results of
+    """``module``'s copy with the repository's sources, tests, owning tests and ``.ci/mutation_order.py`` as they are
+    now, its results kept: mutmut rebuilds the mutants of a source file newer than its mutated copy and forgets the results of
     the functions whose code changed only (their mutants run again), and traces the tests new to it."""
     work = folder(module)
     if not (work / 'mutants').is_dir():
         raise SystemExit(f'{module}: no run to resume in {work}; run it first (without --resume)')
-    pairs = [(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')]
+    configure(module)  # the owning tests as MODULES lists them now
+    pairs = []
     for top in ('tcnn', 'tests'):
         pairs += [(src, work / src.relative_to(ROOT)) for src in (ROOT / top).rglob('*')
                   if src.is_file() and '__pycache__' not in src.parts and src.suffix != '.pyc']

@@ -117,6 +117,43 @@ def test_unconvertible_convs_name_the_layer():
         find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
 
 
+def test_unsupported_convs_are_refused_word_for_word_and_the_others_found():
+    """Every kind of conv a GPSA layer cannot reproduce, refused with its reason; a 1 x k conv is a k x k conv
+    (found), a 1 x 1 conv is not, and ``padding='same'`` is refused only where it pads asymmetrically."""
+    from timm.layers import CondConv2d, Conv2dSame, StdConv2d
+
+    class OwnPadding(nn.Conv2d):
+        def _conv_forward(self, x, weight, bias):
+            return super()._conv_forward(x, weight, bias)
+
+    def stage(conv):
+        model = nn.Module()
+        model.layer = nn.Sequential(nn.Conv2d(3, 3, 1), conv)
+        return model
+
+    refused = 'Module: cannot reproduce layer.1 exactly: '
+    for conv, reason in (
+            (Conv2dSame(3, 3, 3), 'Conv2dSame (timm tf_* models) pads TensorFlow-style at run time, asymmetrically '
+                                  'for strided convs, and GPSA pads symmetrically; use the model without tf_'),
+            (CondConv2d(3, 3, 3), 'CondConv2d (timm *_cc_* models) mixes expert filters per sample; a GPSA layer '
+                                  'holds one fixed filter'),
+            (StdConv2d(3, 3, 3), 'StdConv2d overrides nn.Conv2d.forward (e.g. weight standardisation or dynamic '
+                                 'padding)'),
+            (OwnPadding(3, 3, 3), 'OwnPadding overrides nn.Conv2d.forward (e.g. weight standardisation or dynamic '
+                                  'padding)'),
+            (nn.Conv2d(3, 3, 4, padding='same'), 'padding="same" with an even kernel pads asymmetrically'),
+            (nn.Conv2d(3, 3, (3, 2), padding='same'), 'padding="same" with an even kernel pads asymmetrically')):
+        with pytest.raises(ConversionError) as info:
+            find_convertible_convs(stage(conv), 'layer')
+        assert str(info.value) == refused + reason
+    for conv in (nn.Conv2d(3, 3, (1, 3)), nn.Conv2d(3, 3, 2, padding='same', dilation=2),
+                 nn.Conv2d(3, 3, 3, padding='same')):
+        assert find_convertible_convs(stage(conv), 'layer') == [('layer.1', conv)]
+    with pytest.raises(ConversionError) as info:
+        find_convertible_convs(stage(nn.Conv2d(3, 3, 1)), 'layer')
+    assert str(info.value) == 'Module: no k x k convolution (k > 1) in layer; nothing to reparameterise'
+
+
 # ---------------------------------------------------------------------------------------------- list_stages
 
 
