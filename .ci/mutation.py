@@ -146,14 +146,19 @@ def configure(module: str) -> None:
 
 
 def refresh(module: str) -> Path:
-    """``module``'s copy with the repository's sources, tests, owning tests and ``.ci/mutation_order.py`` as they are
-    now, its results kept: mutmut rebuilds the mutants of a source file newer than its mutated copy and forgets the results of
+    """``module``'s copy with the repository's sources, tests and ``.ci/mutation_order.py`` as they are now, its
+    results kept: mutmut rebuilds the mutants of a source file newer than its mutated copy and forgets the results of
     the functions whose code changed only (their mutants run again), and traces the tests new to it."""
     work = folder(module)
     if not (work / 'mutants').is_dir():
         raise SystemExit(f'{module}: no run to resume in {work}; run it first (without --resume)')
-    configure(module)  # the owning tests as MODULES lists them now
-    pairs = []
+    # the run's owning tests stay: mutmut drops every result when its test selection changes (its config fingerprint)
+    selection = re.search(r'^pytest_add_cli_args_test_selection = (.*)$',
+                          (work / 'pyproject.toml').read_text(encoding='utf-8'), re.M)
+    if json.loads(selection.group(1)) != MODULES[module][1]:
+        print(f'{module}: the run keeps the owning tests it started with (mutmut would drop every result); a fresh run '
+              f'(without --resume) takes those listed now, --check runs them on its survivors', file=sys.stderr)
+    pairs = [(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')]
     for top in ('tcnn', 'tests'):
         pairs += [(src, work / src.relative_to(ROOT)) for src in (ROOT / top).rglob('*')
                   if src.is_file() and '__pycache__' not in src.parts and src.suffix != '.pyc']

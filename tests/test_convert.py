@@ -296,7 +296,8 @@ def test_a_second_conversion_is_refused_at_once():
     assert both.tcnn_config['stages'] == ['layer3', 'layer4'] and len(tcnn.gpsa_layers(both)) == 8
     with pytest.raises(ConversionError) as info:
         tcnn.reparameterize(both, verify=False)
-    assert str(info.value) == f'resnet18d is a T-CNN already: 8 GPSA layers (layer3, layer4), e.g. layer3.0.conv1; {fix}'
+    assert str(info.value) == ('resnet18d is a T-CNN already: 8 GPSA layers (layer3, layer4), e.g. layer3.0.conv1; '
+                               + fix)
     del both.tcnn_config  # GPSA layers put in by hand: no stages to name
     with pytest.raises(ConversionError) as info:
         tcnn.reparameterize_(both, verify=False)
@@ -627,6 +628,56 @@ def test_check_equivalence_refuses_bad_arguments_word_for_word():
     # without one, the CNN's own (pretrained_cfg's) input size
     cnn.pretrained_cfg = dict(cnn.pretrained_cfg, input_size=(3, 36, 44))
     assert tcnn.check_equivalence(cnn, t_cnn).input_size == (3, 36, 44)
+
+
+def test_check_equivalence_makes_its_images_on_the_device_and_in_the_dtype_it_is_given():
+    """``device`` and ``dtype`` are those of the random images, whatever the models' parameters: a model that reads
+    only the shape of its input sees them (the meta device holds no data)."""
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1))
+            self.seen = []
+
+        def forward(self, x):
+            self.seen.append((x.device.type, x.dtype))
+            return self.layer(torch.ones(x.shape[0], 3, 6, 6))
+
+    cnn = Probe()
+    t_cnn = tcnn.reparameterize(cnn, stages='layer', input_size=(3, 6, 6))
+    cnn.seen.clear()
+    t_cnn.seen.clear()
+    report = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 6, 6), device='meta', dtype=torch.float64)
+    assert report.dtype == 'float64' and report.max_rel_err < 1e-6
+    assert cnn.seen == [('meta', torch.float64)] and set(t_cnn.seen) == {('meta', torch.float64)}
+    # float64 images are not measured again in float64, whatever the models' dtype: a miss is a wrong conversion
+    missed = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 6, 6), dtype=torch.float64, tol=1e-30)
+    assert missed.max_rel_err > 1e-30 and missed.verdict == 'wrong conversion' and missed.float64_max_rel_err is None
+
+
+def test_check_equivalence_measures_again_in_float64_only_a_miss_in_one_low_precision_dtype():
+    """A float32 (float16, bfloat16) pair that misses ``tol`` is measured again in float64, converted there and back
+    (a right conversion: ``rounding``); one that meets it (``<= tol``), a pair with mixed dtypes (``unconfirmed``) and
+    float64 images (``wrong conversion``) are not; both models keep every dtype."""
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=4)).eval()
+    t_cnn = tcnn.reparameterize(cnn, verify=False)
+
+    def dtypes():
+        return [t.dtype for m in (cnn, t_cnn) for t in m.state_dict().values()]
+
+    before = dtypes()
+    report = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32))
+    assert 1e-9 < report.max_rel_err < 1e-5 and report.verdict == 'equivalent' and report.float64_max_rel_err is None
+    at_tol = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), tol=report.max_rel_err)
+    assert at_tol.verdict == 'equivalent' and at_tol.float64_max_rel_err is None
+    again = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), tol=1e-12)
+    assert again.max_rel_err == report.max_rel_err and again.verdict == 'rounding' and again.float64_max_rel_err < 1e-12
+    assert dtypes() == before
+
+    cnn.register_buffer('counter', torch.zeros(1, dtype=torch.float64))  # mixed dtypes
+    before = dtypes()
+    mixed = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), tol=1e-12)
+    assert mixed.verdict == 'unconfirmed' and mixed.float64_max_rel_err is None and dtypes() == before
 
 
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():

@@ -422,7 +422,7 @@ def test_stage_candidates_read_their_levels_from_feature_info():
     model.features = nn.Sequential(convs(2, 1), convs(2), convs(2, 1, 1))
     model.feature_info = [{'module': 'features.0.1', 'reduction': 2}, {'module': 'features.1', 'reduction': 4},
                           {'module': 'features.2.0', 'reduction': 8}, {'module': 'head', 'reduction': 32},
-                          {'module': '', 'reduction': 1}, 'not an entry']
+                          {'module': '', 'reduction': 1}, {'module': 7, 'reduction': 16}, 'not an entry']
     assert stage_candidates(model) == [
         ('features.0', 0), ('features.0.0', 0), ('features.0.1', 0), ('features.1', 1), ('features.2', 2),
         ('features.2.0', 2), ('features.2.1', 2), ('features.2.2', 2)]
