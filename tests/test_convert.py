@@ -1,4 +1,5 @@
 """reparameterize / check_equivalence on whole timm and torchvision ResNets (random weights, no network)."""
+import math
 import warnings
 from typing import Tuple
 
@@ -678,6 +679,28 @@ def test_check_equivalence_measures_again_in_float64_only_a_miss_in_one_low_prec
     before = dtypes()
     mixed = tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), tol=1e-12)
     assert mixed.verdict == 'unconfirmed' and mixed.float64_max_rel_err is None and dtypes() == before
+
+
+def test_output_errors_compare_nested_outputs_leaf_by_leaf():
+    """The largest absolute and relative errors over the leaves (each relative to its reference leaf's largest
+    magnitude, from different leaves here) and the leaf of the relative one; any difference in structure, kind,
+    shape or plain value is infinite, at the first leaf where the two differ. Values worked out by hand."""
+    from tcnn.convert.verify import output_errors
+    t = torch.tensor
+    ref = {'a': t([1.0, -4.0]), 'b': [t([2.0]), 3, t([])]}
+    assert output_errors(ref, {'a': t([1.0, -3.0]), 'b': [t([2.8]), 3, t([])]}) == pytest.approx((1.0, 0.4, "['b'][0]"))
+    assert output_errors(ref, ref) == (0.0, 0.0, "['a']")  # no error: the first leaf
+    assert output_errors(t([0.0, 0.0]), t([0.0, 1e-3])) == pytest.approx((1e-3, 1e27, ''))  # a zero reference
+    inf = math.inf
+    for other, where in (({'a': t([1.0, -4.0]), 'b': [t([2.0]), 4, t([])]}, "['b'][1]"),  # a plain value
+                         ({'a': t([1.0, -4.0]), 'b': [2.0, 3, t([])]}, "['b'][0]"),  # a number for a tensor
+                         ({'a': t([[1.0, -4.0]]), 'b': [t([2.0]), 3, t([])]}, "['a']"),  # a shape
+                         ({'a': t([1.0, -4.0]), 'c': [t([2.0]), 3, t([])]}, "['b'][0]"),  # a key
+                         ({'a': t([1.0, -4.0]), 'b': [t([2.0]), 3]}, "['b'][2]"),  # fewer leaves
+                         ({'a': t([1.0, -4.0]), 'b': [t([2.0]), 3, t([]), 5]}, "['b'][3]")):  # more
+        abs_err, rel_err, at = output_errors(ref, other)
+        assert (abs_err, rel_err, at) == (inf, inf, where)
+    assert output_errors((t([1.0]), t([2.0])), (t([1.0]), t([2.0, 0.0])))[2] == '[1]'
 
 
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():
