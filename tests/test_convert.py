@@ -1,5 +1,7 @@
 """reparameterize / check_equivalence on whole timm and torchvision ResNets (random weights, no network)."""
+import copy
 import math
+import re
 import warnings
 from typing import Tuple
 
@@ -134,10 +136,15 @@ def transposed_taps(monkeypatch):
 
 
 def test_verification_catches_a_wrong_conversion(transposed_taps):
-    # a conversion bug (filter taps transposed) must be caught by verify=True, not silently returned
+    # a conversion bug (filter taps transposed) must be caught by verify=True, not silently returned: float32 misses
+    # are measured again in float64 (both errors in the message), float64 ones are final
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
-    with pytest.raises(ConversionError, match='does not reproduce.*in float64'):
-        tcnn.reparameterize(cnn, input_size=(3, 64, 64))
+    number = r'\d\.?\d*(e[+-]\d+)?'
+    for model, float64 in ((cnn, f', {number} in float64'), (copy.deepcopy(cnn).double(), '')):
+        with pytest.raises(ConversionError) as info:
+            tcnn.reparameterize(model, input_size=(3, 64, 64))
+        assert re.fullmatch(f'resnet18d: the T-CNN does not reproduce the CNN \\(max relative error {number} > 0.0001 '
+                            f'in the exact configuration{float64}\\)', str(info.value)), str(info.value)
 
 
 def test_float32_miss_is_rechecked_in_float64():
@@ -145,9 +152,12 @@ def test_float32_miss_is_rechecked_in_float64():
     # from a wrong conversion, and the model comes back in float32 with the same parameter objects.
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
     params = dict(cnn.named_parameters())
-    with pytest.warns(UserWarning, match='amplifies float32 rounding'):
+    with pytest.warns(UserWarning, match='amplifies float32 rounding') as caught:
         model = tcnn.reparameterize_(cnn, input_size=(3, 64, 64), tol=1e-10)
     report = model.tcnn_report
+    assert [str(w.message) for w in caught] == [
+        f'resnet18d: float32 outputs differ by {report.max_rel_err:.3g} (> 1e-10) but float64 ones by '
+        f'{report.float64_max_rel_err:.3g}: the network amplifies float32 rounding; the conversion itself is exact']
     assert report.max_rel_err > 1e-10 > report.float64_max_rel_err and report.passed(1e-10)
     assert 'float64' in str(report)
     assert all(p.dtype == torch.float32 for p in model.parameters())
