@@ -713,6 +713,28 @@ def test_output_errors_compare_nested_outputs_leaf_by_leaf():
     assert output_errors((t([1.0]), t([2.0])), (t([1.0]), t([2.0, 0.0])))[2] == '[1]'
 
 
+def test_verdicts_and_passing_at_their_boundaries():
+    """A report passes within ``tol`` (1e-4 by default) in its own dtype or in float64; its verdict: ``equivalent``
+    within ``tol`` (a float64 error then changes nothing), else ``rounding`` / ``wrong conversion`` by the float64
+    error, else ``wrong conversion`` for float64 images and ``unconfirmed`` for others."""
+    from tcnn.convert.verify import EquivalenceReport, _with_verdict
+
+    def report(err, dtype='float32', float64=None):
+        return EquivalenceReport(max_abs_err=err, max_rel_err=err, init_max_abs_err=1.0, init_max_rel_err=1.0,
+                                 input_size=(3, 8, 8), batch_size=2, dtype=dtype, num_gpsa=1, sensitivity=1.0,
+                                 float64_max_rel_err=float64)
+
+    assert report(1e-4).passed() and not report(1.01e-4).passed() and report(2e-3).passed(2e-3)
+    assert report(1.0, float64=1e-4).passed() and not report(1.0, float64=1.01e-4).passed()
+    for err, dtype, float64, verdict in (
+            (1e-3, 'float32', None, 'equivalent'), (1e-3, 'float32', 1.0, 'equivalent'),
+            (2e-3, 'float32', 1e-3, 'rounding'), (2e-3, 'float32', 2e-3, 'wrong conversion'),
+            (2e-3, 'float32', None, 'unconfirmed'), (2e-3, 'float64', None, 'wrong conversion'),
+            (2e-3, 'bfloat16', None, 'unconfirmed')):
+        judged = _with_verdict(report(err, dtype), 1e-3, float64)
+        assert (judged.verdict, judged.float64_max_rel_err, judged.max_rel_err) == (verdict, float64, err)
+
+
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():
     """``check_equivalence`` measures on 2 random images drawn with seed 0 unless told otherwise: the same report
     as asking for them, another with another seed."""
