@@ -292,6 +292,35 @@ def test_a_model_that_cannot_take_the_random_input_is_one_line():
             tcnn.check_equivalence(model, t_model, **kwargs)
 
 
+def test_in_place_conversion_takes_settings_or_keywords_not_both():
+    """``reparameterize_`` takes a ``ConversionSettings`` or its fields as keywords: an unknown keyword, or both, is
+    refused word for word before anything changes; the settings given are those of every layer and of
+    ``tcnn_config`` (alpha and lambda as floats)."""
+    from tcnn.convert.settings import ConversionSettings
+    cnn = timm.create_model('resnet18d', num_classes=4)
+    keys = 'pass settings or the keywords stages, locality_strength, gating_init, qk_dim, not both'
+    for args, kwargs, message in (((), {'stages': 'layer3', 'alpha': 2}, f"unexpected arguments ['alpha']: {keys}"),
+                                  ((ConversionSettings(),), {'qk_dim': 8}, f"unexpected arguments ['qk_dim']: {keys}")):
+        with pytest.raises(tcnn.TcnnError) as info:
+            tcnn.reparameterize_(cnn, *args, verify=False, **kwargs)
+        assert str(info.value) == message
+    assert not tcnn.gpsa_layers(cnn) and not hasattr(cnn, 'tcnn_config')
+    settings = ConversionSettings(stages=['layer3'], locality_strength=2, gating_init=3, qk_dim=8)
+    model = tcnn.reparameterize_(copy.deepcopy(cnn), settings, verify=False)
+    by_keywords = tcnn.reparameterize_(cnn, stages=['layer3'], locality_strength=2, gating_init=3, qk_dim=8,
+                                       verify=False)
+    layers = ['layer3.0.conv1', 'layer3.0.conv2', 'layer3.1.conv1', 'layer3.1.conv2']
+    for converted in (model, by_keywords):
+        config = converted.tcnn_config
+        assert config == {'architecture': 'resnet18d', 'layers': layers, 'stages': ['layer3'],
+                          'locality_strength': 2.0, 'gating_init': 3.0, 'qk_dim': 8}
+        assert type(config['locality_strength']) is float and type(config['gating_init']) is float
+        assert [name for name, _ in tcnn.gpsa_layers(converted)] == layers
+        for _, layer in tcnn.gpsa_layers(converted):
+            assert layer.qk_dim == 8 and torch.allclose(layer.locality_strength(), torch.full((9,), 2.0))
+            assert torch.equal(layer.gating, torch.full_like(layer.gating, 3.0))
+
+
 def test_a_second_conversion_is_refused_at_once():
     """Converting a T-CNN again fails on the call (not at tcnn.save), names the fix, and changes nothing."""
     cnn = timm.create_model('resnet18d')
