@@ -764,6 +764,15 @@ def test_verdicts_and_passing_at_their_boundaries():
         assert (judged.verdict, judged.float64_max_rel_err, judged.max_rel_err) == (verdict, float64, err)
 
 
+def test_the_conversions_report_is_check_equivalences_on_two_images_of_seed_zero():
+    """``reparameterize`` verifies on 2 random images drawn with seed 0 (its docstring): its report is the one
+    ``check_equivalence`` gives with those arguments, field for field, and another seed gives another."""
+    cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=4)).eval()
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 32, 32))
+    assert t_cnn.tcnn_report == tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=0)
+    assert t_cnn.tcnn_report != tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=1)
+
+
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():
     """``check_equivalence`` measures on 2 random images drawn with seed 0 unless told otherwise: the same report
     as asking for them, another with another seed."""
