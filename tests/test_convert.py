@@ -286,6 +286,10 @@ def test_a_model_that_cannot_take_the_random_input_is_one_line():
     x, mask = torch.randn(2, 3, 16, 16), torch.rand(2, 1, 16, 16)
     t_model = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask))
     assert t_model.tcnn_report.max_rel_err < 1e-5 and t_model.tcnn_report.output == ''
+    # a float32 miss is measured again in float64 on the same example inputs (random images would not run)
+    with pytest.warns(UserWarning, match='amplifies float32 rounding'):
+        strict = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask), tol=1e-12).tcnn_report
+    assert strict.max_rel_err > 1e-12 > strict.float64_max_rel_err and strict.verdict == 'rounding'
     for kwargs, message in (({'example_inputs': (x, mask), 'input_size': (3, 16, 16)}, 'not both'),
                             ({'example_inputs': 'an image'}, 'at least one tensor')):
         with pytest.raises(tcnn.TcnnError, match=message):
