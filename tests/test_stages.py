@@ -117,6 +117,21 @@ def test_unconvertible_convs_name_the_layer():
         find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
 
 
+def test_model_name_in_messages_is_the_source_then_the_timm_architecture_then_the_class():
+    """A model's name in messages: where tcnn made it (``tcnn_source``: the torchvision builder too), else timm's
+    architecture, else its class (also when ``pretrained_cfg`` names no architecture)."""
+    from tcnn.convert.stages import model_name
+    model = timm.create_model('resnet18d', num_classes=3)
+    assert model_name(model) == 'resnet18d'
+    model.tcnn_source = {'model': 'torchvision:resnet18', 'kwargs': {}}
+    assert model_name(model) == 'torchvision:resnet18'
+    model.tcnn_source = {}
+    assert model_name(model) == 'resnet18d'
+    model.pretrained_cfg = {'input_size': (3, 224, 224)}
+    assert model_name(model) == 'ResNet'
+    assert model_name(torchvision.models.resnet18()) == 'ResNet'
+
+
 def test_unsupported_convs_are_refused_word_for_word_and_the_others_found():
     """Every kind of conv a GPSA layer cannot reproduce, refused with its reason; a 1 x k conv is a k x k conv
     (found), a 1 x 1 conv is not, and ``padding='same'`` is refused only where it pads asymmetrically."""
