@@ -769,12 +769,21 @@ def test_verdicts_and_passing_at_their_boundaries():
 
 
 def test_the_conversions_report_is_check_equivalences_on_two_images_of_seed_zero():
-    """``reparameterize`` verifies on 2 random images drawn with seed 0 (its docstring): its report is the one
-    ``check_equivalence`` gives with those arguments, field for field, and another seed gives another."""
+    """``reparameterize`` verifies on 2 random images drawn with seed 0 (its docstring), in float64 too: its report is
+    the one ``check_equivalence`` gives with those arguments, field for field, and another seed gives another."""
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=4)).eval()
-    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 32, 32))
-    assert t_cnn.tcnn_report == tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=0)
-    assert t_cnn.tcnn_report != tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 32, 32), batch_size=2, seed=1)
+    t_cnn = tcnn.reparameterize(cnn, input_size=(3, 40, 40))
+    assert t_cnn.tcnn_report == tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 40, 40), batch_size=2, seed=0)
+    for other in ({'batch_size': 2, 'seed': 1}, {'batch_size': 3, 'seed': 0}):  # at 40 px, a third image changes it
+        assert t_cnn.tcnn_report != tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 40, 40), **other)
+    # a float32 miss is measured again on the same images in float64
+    with pytest.warns(UserWarning, match='amplifies float32 rounding'):
+        strict = tcnn.reparameterize(cnn, input_size=(3, 40, 40), tol=1e-12)
+    in_float64 = tcnn.check_equivalence(copy.deepcopy(cnn).double(), copy.deepcopy(strict).double(),
+                                        input_size=(3, 40, 40), batch_size=2, seed=0)
+    assert strict.tcnn_report.float64_max_rel_err == in_float64.max_rel_err > 0
+    assert in_float64 != tcnn.check_equivalence(copy.deepcopy(cnn).double(), copy.deepcopy(strict).double(),
+                                                input_size=(3, 40, 40), batch_size=3, seed=0)
 
 
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():
