@@ -770,7 +770,8 @@ def test_verdicts_and_passing_at_their_boundaries():
 
 def test_the_conversions_report_is_check_equivalences_on_two_images_of_seed_zero():
     """``reparameterize`` verifies on 2 random images drawn with seed 0 (its docstring), in float64 too: its report is
-    the one ``check_equivalence`` gives with those arguments, field for field, and another seed gives another."""
+    the one ``check_equivalence`` gives with those arguments, field for field; another seed or a third image gives
+    another."""
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d', num_classes=4)).eval()
     t_cnn = tcnn.reparameterize(cnn, input_size=(3, 40, 40))
     assert t_cnn.tcnn_report == tcnn.check_equivalence(cnn, t_cnn, input_size=(3, 40, 40), batch_size=2, seed=0)
