@@ -117,6 +117,20 @@ def test_unconvertible_convs_name_the_layer():
         find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
 
 
+def test_the_default_stage_skips_the_stem_by_level_or_else_by_position():
+    """The default stage is the last one with a k x k conv, less the stem: the stages at level 0 where every stage
+    has a level (a first stage at level 1 may be the default), else the first stage."""
+    model = nn.Module()
+    model.a = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1))
+    model.b = nn.Sequential(nn.Conv2d(3, 3, 1))
+    model.feature_info = [{'module': 'a', 'reduction': 4}, {'module': 'b', 'reduction': 8}]
+    assert default_stage(model) == 'a'
+    model.feature_info = [{'module': 'a', 'reduction': 4}, {'module': 'b'}]  # b's level unknown: a is the stem
+    with pytest.raises(ConversionError, match=r'^Module has no stage with a k x k convolution .*its stages a, b have '
+                                              r'none\)'):
+        default_stage(model)
+
+
 def test_model_name_in_messages_is_the_source_then_the_timm_architecture_then_the_class():
     """A model's name in messages: where tcnn made it (``tcnn_source``: the torchvision builder too), else timm's
     architecture, else its class (also when ``pretrained_cfg`` names no architecture)."""

@@ -193,11 +193,8 @@ def _has_kxk_conv(module: nn.Module) -> bool:
 
 
 def default_stage(model: nn.Module) -> str:
-    """The stage converted by default: ResNets ``layer4`` (the paper's last stage); other models their last stage
-    that holds a k x k conv (MobileNetV3-large's last block is a 1x1 conv: ``blocks.5``), never the stem."""
-    resnet = _resnet_stages(model)
-    if resnet:
-        return resnet[-1]
+    """The stage converted by default: the last stage that holds a k x k conv, never the stem (ResNets: ``layer4``,
+    the paper's last stage; MobileNetV3-large's last block is a 1x1 conv: ``blocks.5``)."""
     candidates = stage_candidates(model)
     has_levels = all(level is not None for _, level in candidates)
     # the stem (level 0 in feature_info, else the first child of a container) runs at full resolution: not a default
