@@ -125,10 +125,12 @@ def test_the_default_stage_skips_the_stem_by_level_or_else_by_position():
     model.b = nn.Sequential(nn.Conv2d(3, 3, 1))
     model.feature_info = [{'module': 'a', 'reduction': 4}, {'module': 'b', 'reduction': 8}]
     assert default_stage(model) == 'a'
-    model.feature_info = [{'module': 'a', 'reduction': 4}, {'module': 'b'}]  # b's level unknown: a is the stem
-    with pytest.raises(ConversionError, match=r'^Module has no stage with a k x k convolution .*its stages a, b have '
-                                              r'none\)'):
-        default_stage(model)
+    for info in ([{'module': 'a', 'reduction': 2}, {'module': 'b', 'reduction': 8}],  # a at level 0: the stem
+                 [{'module': 'a', 'reduction': 4}, {'module': 'b'}]):  # b's level unknown: a, the first, is the stem
+        model.feature_info = info
+        with pytest.raises(ConversionError, match=r'^Module has no stage with a k x k convolution .*its stages a, b '
+                                                  r'have none\)'):
+            default_stage(model)
 
 
 def test_model_name_in_messages_is_the_source_then_the_timm_architecture_then_the_class():
