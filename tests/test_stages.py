@@ -117,6 +117,20 @@ def test_unconvertible_convs_name_the_layer():
         find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
 
 
+def test_stages_of_a_wrong_type_are_refused_word_for_word():
+    """``stages`` is None, an int, a string or a non-empty list of ints and strings (no booleans); a module nested
+    in another selected one is dropped, and a stage named twice counts once."""
+    model = _model('resnet18d')
+    for stages in (1.5, [], ['layer4', True], ('layer4', None), {'layer4': 1}):
+        with pytest.raises(tcnn.TcnnError) as info:
+            resolve_stages(model, stages)
+        assert str(info.value) == ('stages must be None, a stage number (1-4), a module name or pattern, or a '
+                                   f'non-empty list of those, got {stages!r}')
+    with pytest.raises(tcnn.TcnnError, match='^model must be a torch.nn.Module, got str$'):
+        resolve_stages('resnet18d', 'layer4')
+    assert resolve_stages(model, ('layer4', 3, 'layer4.0', 'layer3.1.conv1', 4)) == ['layer4', 'layer3']
+
+
 def test_the_default_stage_skips_the_stem_by_level_or_else_by_position():
     """The default stage is the last one with a k x k conv, less the stem: the stages at level 0 where every stage
     has a level (a first stage at level 1 may be the default), else the first stage."""
