@@ -133,7 +133,8 @@ def test_stages_of_a_wrong_type_are_refused_word_for_word():
 
 def test_the_default_stage_skips_the_stem_by_level_or_else_by_position():
     """The default stage is the last one with a k x k conv, less the stem: the stages at level 0 where every stage
-    has a level (a first stage at level 1 may be the default), else the first stage."""
+    has a level (a first stage at level 1 may be the default), else the first stage; without one, the message names
+    where it looked (and the stages it found) word for word."""
     model = nn.Module()
     model.a = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1))
     model.b = nn.Sequential(nn.Conv2d(3, 3, 1))
@@ -145,6 +146,20 @@ def test_the_default_stage_skips_the_stem_by_level_or_else_by_position():
         with pytest.raises(ConversionError, match=r'^Module has no stage with a k x k convolution .*its stages a, b '
                                                   r'have none\)'):
             default_stage(model)
+    plain = nn.Module()  # no levels: the stages of a container, the first one the stem
+    plain.features = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Conv2d(3, 3, 3), nn.Conv2d(3, 3, 1))
+    assert default_stage(plain) == 'features.1'
+    searched = ("has no stage with a k x k convolution (searched for layer1, layer2, layer3, layer4, timm's "
+                'feature_info and trunk_output/stages/features/blocks/layers')
+    fix = ': pass stages=[...] naming the modules whose k x k convs to replace'
+    for model, message in (
+            (nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), f'Sequential {searched}){fix}'),
+            (timm.create_model('vit_tiny_patch16_224'),
+             f'vit_tiny_patch16_224 {searched}; its stages blocks.0, blocks.1, blocks.2, blocks.3, ..., blocks.8, '
+             f'blocks.9, blocks.10, blocks.11 (12) have none){fix}')):
+        with pytest.raises(ConversionError) as info:
+            default_stage(model)
+        assert str(info.value) == message
 
 
 def test_model_name_in_messages_is_the_source_then_the_timm_architecture_then_the_class():
