@@ -470,6 +470,23 @@ def test_failed_in_place_conversion_leaves_the_cnn_as_it_was(monkeypatch, where)
     assert 'tcnn_config' not in cnn.__dict__ and 'tcnn_report' not in cnn.__dict__
 
 
+def test_a_failed_conversion_of_a_multi_branch_model_puts_its_blocks_classes_back(monkeypatch):
+    """RepVGG blocks holding a GPSA layer are re-classed for timm's fusion; a conversion that fails afterwards (here
+    its verification) gives every block its class back."""
+    import tcnn.convert.transform as transform
+    cnn = timm.create_model('repvgg_a0', num_classes=4).eval()
+    classes = {name: type(m) for name, m in cnn.named_modules()}
+    converted = tcnn.reparameterize(cnn, verify=False)
+    assert {name: type(m) for name, m in converted.named_modules() if name in classes} != classes  # re-classed
+
+    def fails(*args, **kwargs):
+        raise RuntimeError('verification failed on purpose')
+    monkeypatch.setattr(transform, 'verify_conversion', fails)
+    with pytest.raises(RuntimeError, match='on purpose'):
+        tcnn.reparameterize_(cnn, input_size=(3, 64, 64))
+    assert {name: type(m) for name, m in cnn.named_modules()} == classes
+
+
 def test_probes_remove_their_hooks_and_restore_modes_when_the_forward_fails(monkeypatch):
     """The stage probe (``probe_stages``) and ``capture_gpsa_inputs`` run the model in eval mode with hooks: a
     forward that fails leaves neither hooks nor changed modes."""

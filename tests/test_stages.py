@@ -117,6 +117,14 @@ def test_unconvertible_convs_name_the_layer():
         find_convertible_convs(timm.create_model('efficientnet_cc_b0_4e'))
 
 
+def test_a_resnet_without_its_last_stage_keeps_its_stage_names():
+    """A ResNet cut after ``layer3`` (a backbone) still has ResNet stages: the default is its last, ``layer3``, and
+    stage numbers name ``layer{i}``."""
+    model = _tv('resnet18')
+    del model.layer4
+    assert default_stage(model) == 'layer3' and resolve_stages(model, 2) == ['layer2']
+
+
 def test_stages_of_a_wrong_type_are_refused_word_for_word():
     """``stages`` is None, an int, a string or a non-empty list of ints and strings (no booleans); a module nested
     in another selected one is dropped, and a stage named twice counts once."""
