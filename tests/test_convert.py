@@ -290,7 +290,8 @@ def test_a_model_that_cannot_take_the_random_input_is_one_line():
     with pytest.warns(UserWarning, match='amplifies float32 rounding'):
         strict = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask), tol=1e-12).tcnn_report
     assert strict.max_rel_err > 1e-12 > strict.float64_max_rel_err and strict.verdict == 'rounding'
-    for kwargs, message in (({'example_inputs': (x, mask), 'input_size': (3, 16, 16)}, 'not both'),
+    for kwargs, message in (({'example_inputs': (x, mask), 'input_size': (3, 16, 16)},
+                             '^pass input_size \\(random images\\) or example_inputs, not both$'),
                             ({'example_inputs': 'an image'}, 'at least one tensor')):
         with pytest.raises(tcnn.TcnnError, match=message):
             tcnn.check_equivalence(model, t_model, **kwargs)
@@ -304,7 +305,10 @@ def test_in_place_conversion_takes_settings_or_keywords_not_both():
     cnn = timm.create_model('resnet18d', num_classes=4)
     keys = 'pass settings or the keywords stages, locality_strength, gating_init, qk_dim, not both'
     for args, kwargs, message in (((), {'stages': 'layer3', 'alpha': 2}, f"unexpected arguments ['alpha']: {keys}"),
-                                  ((ConversionSettings(),), {'qk_dim': 8}, f"unexpected arguments ['qk_dim']: {keys}")):
+                                  ((ConversionSettings(),), {'qk_dim': 8}, f"unexpected arguments ['qk_dim']: {keys}"),
+                                  ((), {'stages': 'nope', 'qk_dim': 0}, 'qk_dim must be >= 1, got 0'),  # settings first
+                                  ((), {'input_size': (3, 32)},
+                                   'input_size must be 3 positive integers (C, H, W), got (3, 32)')):
         with pytest.raises(tcnn.TcnnError) as info:
             tcnn.reparameterize_(cnn, *args, verify=False, **kwargs)
         assert str(info.value) == message
