@@ -476,7 +476,7 @@ def test_failed_in_place_conversion_leaves_the_cnn_as_it_was(monkeypatch, where)
 
 def test_a_failed_conversion_of_a_multi_branch_model_puts_its_blocks_classes_back(monkeypatch):
     """RepVGG blocks holding a GPSA layer are re-classed for timm's fusion; a conversion that fails afterwards (here
-    its verification) gives every block its class back."""
+    its verification) gives every block its class back, and the model its own ``tcnn_config``."""
     import tcnn.convert.transform as transform
     cnn = timm.create_model('repvgg_a0', num_classes=4).eval()
     classes = {name: type(m) for name, m in cnn.named_modules()}
@@ -486,9 +486,11 @@ def test_a_failed_conversion_of_a_multi_branch_model_puts_its_blocks_classes_bac
     def fails(*args, **kwargs):
         raise RuntimeError('verification failed on purpose')
     monkeypatch.setattr(transform, 'verify_conversion', fails)
+    cnn.tcnn_config = {'note': 'set by the user'}  # an attribute of that name the model had: kept too
     with pytest.raises(RuntimeError, match='on purpose'):
         tcnn.reparameterize_(cnn, input_size=(3, 64, 64))
     assert {name: type(m) for name, m in cnn.named_modules()} == classes
+    assert cnn.tcnn_config == {'note': 'set by the user'} and 'tcnn_report' not in cnn.__dict__
 
 
 def test_probes_remove_their_hooks_and_restore_modes_when_the_forward_fails(monkeypatch):
