@@ -308,7 +308,9 @@ def test_in_place_conversion_takes_settings_or_keywords_not_both():
                                   ((ConversionSettings(),), {'qk_dim': 8}, f"unexpected arguments ['qk_dim']: {keys}"),
                                   ((), {'stages': 'nope', 'qk_dim': 0}, 'qk_dim must be >= 1, got 0'),  # settings first
                                   ((), {'input_size': (3, 32)},
-                                   'input_size must be 3 positive integers (C, H, W), got (3, 32)')):
+                                   'input_size must be 3 positive integers (C, H, W), got (3, 32)'),
+                                  ((), {'input_size': (3, 32, 32), 'example_inputs': torch.zeros(1, 3, 32, 32)},
+                                   'pass input_size (random images) or example_inputs, not both')):
         with pytest.raises(tcnn.TcnnError) as info:
             tcnn.reparameterize_(cnn, *args, verify=False, **kwargs)
         assert str(info.value) == message
