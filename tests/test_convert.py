@@ -810,6 +810,8 @@ def test_the_conversions_report_is_check_equivalences_on_two_images_of_seed_zero
     assert strict.tcnn_report.float64_max_rel_err == in_float64.max_rel_err > 0
     assert in_float64 != tcnn.check_equivalence(copy.deepcopy(cnn).double(), copy.deepcopy(strict).double(),
                                                 input_size=(3, 40, 40), batch_size=3, seed=0)
+    cnn.pretrained_cfg = dict(cnn.pretrained_cfg, input_size=(3, 36, 44))  # without input_size: the CNN's own
+    assert tcnn.reparameterize(cnn).tcnn_report.input_size == (3, 36, 44)
 
 
 def test_check_equivalence_defaults_to_two_images_of_seed_zero():
