@@ -214,12 +214,14 @@ def test_unsupported_convs_are_refused_word_for_word_and_the_others_found():
         with pytest.raises(ConversionError) as info:
             find_convertible_convs(stage(conv), 'layer')
         assert str(info.value) == refused + reason
-    for conv in (nn.Conv2d(3, 3, (1, 3)), nn.Conv2d(3, 3, 2, padding='same', dilation=2),
+    for conv in (nn.Conv2d(3, 3, (1, 3)), nn.Conv2d(3, 3, (1, 2)), nn.Conv2d(3, 3, 2, padding='same', dilation=2),
                  nn.Conv2d(3, 3, 3, padding='same')):
         assert find_convertible_convs(stage(conv), 'layer') == [('layer.1', conv)]
+    pointwise = stage(nn.Conv2d(3, 3, 1))
+    pointwise.head = nn.Conv2d(3, 3, 1)
     with pytest.raises(ConversionError) as info:
-        find_convertible_convs(stage(nn.Conv2d(3, 3, 1)), 'layer')
-    assert str(info.value) == 'Module: no k x k convolution (k > 1) in layer; nothing to reparameterise'
+        find_convertible_convs(pointwise, ['layer', 'head'])
+    assert str(info.value) == 'Module: no k x k convolution (k > 1) in layer, head; nothing to reparameterise'
 
 
 # ---------------------------------------------------------------------------------------------- list_stages
