@@ -129,20 +129,24 @@ def prepare(module: str) -> Path:
 
 
 def configure(module: str) -> None:
-    """``module``'s copy set up for mutmut: the repository's ``[tool.mutmut]`` plus the module's files and owning
-    tests (``MODULES``), and ``.ci/mutation_order.py`` as its ``conftest.py``."""
+    """``module``'s copy set up for mutmut (``mutmut_config``), and ``.ci/mutation_order.py`` as its
+    ``conftest.py``."""
+    shutil.copy(ROOT / '.ci' / 'mutation_order.py', folder(module) / 'conftest.py')
+    (folder(module) / 'pyproject.toml').write_text(mutmut_config(module), encoding='utf-8')
+
+
+def mutmut_config(module: str) -> str:
+    """The copy's ``pyproject.toml``: the repository's, its ``[tool.mutmut]`` plus the module's files, owning tests
+    and test arguments (``MODULES``) and the copy's ``conftest.py``."""
     files, tests, pytest_args = MODULES[module]
-    work = folder(module)
     config = (ROOT / 'pyproject.toml').read_text(encoding='utf-8')
     extra = f'only_mutate = {json.dumps(files)}\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n'
     config = config.replace('[tool.mutmut]\n', '[tool.mutmut]\n' + extra, 1)
     shared = re.search(r'^pytest_add_cli_args = (.*)$', config, re.M)
     args = json.loads(shared.group(1)) + pytest_args
     config = config.replace(shared.group(0), f'pytest_add_cli_args = {json.dumps(args)}')
-    shutil.copy(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')
     also = re.search(r'^also_copy = (.*)$', config, re.M)
-    config = config.replace(also.group(0), f'also_copy = {json.dumps(json.loads(also.group(1)) + ["conftest.py"])}')
-    (work / 'pyproject.toml').write_text(config, encoding='utf-8')
+    return config.replace(also.group(0), f'also_copy = {json.dumps(json.loads(also.group(1)) + ["conftest.py"])}')
 
 
 def refresh(module: str) -> Path:
@@ -152,12 +156,11 @@ def refresh(module: str) -> Path:
     work = folder(module)
     if not (work / 'mutants').is_dir():
         raise SystemExit(f'{module}: no run to resume in {work}; run it first (without --resume)')
-    # the run's owning tests stay: mutmut drops every result when its test selection changes (its config fingerprint)
-    selection = re.search(r'^pytest_add_cli_args_test_selection = (.*)$',
-                          (work / 'pyproject.toml').read_text(encoding='utf-8'), re.M)
-    if json.loads(selection.group(1)) != MODULES[module][1]:
-        print(f'{module}: the run keeps the owning tests it started with (mutmut would drop every result); a fresh run '
-              f'(without --resume) takes those listed now, --check runs them on its survivors', file=sys.stderr)
+    # the run's config stays: mutmut drops every result when its tests or their arguments change (its fingerprint)
+    if (work / 'pyproject.toml').read_text(encoding='utf-8') != mutmut_config(module):
+        print(f'{module}: the run keeps the owning tests and arguments it started with, not those MODULES lists now '
+              f'(mutmut would drop every result); a fresh run (without --resume) takes them, --check runs tests on '
+              f'its survivors', file=sys.stderr)
     pairs = [(ROOT / '.ci' / 'mutation_order.py', work / 'conftest.py')]
     for top in ('tcnn', 'tests'):
         pairs += [(src, work / src.relative_to(ROOT)) for src in (ROOT / top).rglob('*')
