@@ -10,6 +10,8 @@
     python .ci/mutation.py tcnn_file --only 'tcnn.files.tcnn_file.x__with_ema__*' --check tests/test_io.py::test_x
                                                  # which of those mutants a test kills (one process, mutmut's switch)
     python .ci/mutation.py --check-later layers  # the survivors against the owning tests the run left out (LATER)
+    python .ci/mutation.py layers --only 'tcnn.layers.gpsa.x__forward_path__*' --check-scripted tests/test_gpsa.py
+                                                 # mutants of what only TorchScript runs: tests with TorchScript on
 
 mutmut 3 copies the source tree into ``mutants/`` of the folder it runs in and runs pytest there. Each module runs in
 its own copy of the repository, ``mutants/<module>/`` (ignored by git), whose ``pyproject.toml`` is the repository's
@@ -207,13 +209,47 @@ def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
     an earlier recheck's). ``only``: the survivors whose names match these patterns (the others keep an earlier
     recheck's outcome, if any)."""
     files, tests, pytest_args = MODULES[module]
+    previous = folder(module) / 'recheck.json'
+    outcome = json.loads(previous.read_text()) if only and previous.exists() else {}
+    outcome.update(_applied(module, only, [*tests, *pytest_args], ENV, 'killed'))
+    previous.write_text(json.dumps(outcome, indent=1) + '\n')
+    return outcome
+
+
+def check_scripted(module: str, only: Sequence[str], tests: Sequence[str]) -> Dict[str, str]:
+    """Which survivors of ``module``'s last run matching ``only`` the test node IDs ``tests`` kill with TorchScript on
+    (``PYTORCH_JIT=1``): mutants of the code that only TorchScript runs (the scripted forward's branch), which a run
+    cannot test, as TorchScript compiles no trampoline. Each mutant is applied as ``--recheck`` applies it (no
+    trampoline); the ones killed count as ``'killed (TorchScript on)'`` (``recheck.json``, merged)."""
+    previous = folder(module) / 'recheck.json'
+    outcome = json.loads(previous.read_text()) if previous.exists() else {}
+    found = _applied(module, only, tests, dict(ENV, PYTORCH_JIT='1'), 'killed (TorchScript on)')
+    outcome.update({name: verdict for name, verdict in found.items() if verdict != 'survived'})
+    previous.write_text(json.dumps(outcome, indent=1) + '\n')
+    return found
+
+
+def _applied(module: str, only: Sequence[str], pytest_args: Sequence[str], env: Dict[str, str],
+             killed: str) -> Dict[str, str]:
+    """Each survivor (or 'no tests' mutant) of ``module``'s last run matching ``only`` (all without) written into
+    the copy's source (``mutmut apply``) and ``pytest -x`` with ``pytest_args`` and ``env`` run on it in a new
+    process (at most 15 minutes), the tests as they are now (a survivor of the run may have a test since):
+    ``{mutant: killed | 'survived' | 'timeout' | 'not applied'}``. The sources are restored after each."""
+    files = MODULES[module][0]
     work = folder(module)
-    # the tests as they are now: a survivor of the run may have a test since
     shutil.rmtree(work / 'tests')
     shutil.copytree(ROOT / 'tests', work / 'tests', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     sources = sorted({p for pattern in files for p in work.glob(pattern) if p.suffix == '.py'})
-    previous = work / 'recheck.json'
-    outcome = json.loads(previous.read_text()) if only and previous.exists() else {}
+    for path in sources:
+        shutil.copy2(ROOT / path.relative_to(work), path)
+
+    def tests_fail() -> bool:
+        return subprocess.call([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *pytest_args],
+                               cwd=work, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=900) != 0
+    if tests_fail():  # else every mutant would count as killed
+        raise SystemExit(f'{module}: the tests fail without a mutant: {" ".join(pytest_args)}')
+    outcome = {}
     for name, (status, _) in sorted(results(module, rechecked=False).items()):
         if status not in ('survived', 'no tests', 'equivalent'):
             continue
@@ -225,15 +261,12 @@ def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
             outcome[name] = 'not applied'
             continue
         try:
-            code = subprocess.call([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *tests,
-                                    *pytest_args], cwd=work, env=dict(os.environ, **ENV), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, timeout=900)
-            outcome[name] = 'survived' if code == 0 else 'killed'
+            outcome[name] = killed if tests_fail() else 'survived'
         except subprocess.TimeoutExpired:
             outcome[name] = 'timeout'
+        print(f'{outcome[name]} {name}', file=sys.stderr, flush=True)
     for path in sources:
         shutil.copy2(ROOT / path.relative_to(work), path)
-    (work / 'recheck.json').write_text(json.dumps(outcome, indent=1) + '\n')
     return outcome
 
 
@@ -285,8 +318,10 @@ def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]
             status = STATUS.get(code, 'suspicious')
             if status in ('survived', 'no tests') and again.get(name) == 'killed':
                 status = 'killed (fresh process)'
-            elif status in ('survived', 'no tests') and name in equivalent:
-                status = 'equivalent'
+            elif status in ('survived', 'no tests') and again.get(name) == 'killed (TorchScript on)':
+                status = 'killed (TorchScript on)'
+            elif status in ('survived', 'no tests', 'timeout') and name in equivalent:
+                status = 'equivalent'  # a timeout too: an equivalent one that ran past mutmut's limit, machine busy
             out[name] = (status, durations.get(name, 0.0))
     return out
 
@@ -316,6 +351,9 @@ def main(argv: Sequence[str] = None) -> int:
                         help='which mutants of --only (patterns) these test node IDs kill, in one process (the tests '
                              'as they are now against the last run\'s mutants: to check the tests written for '
                              'survivors)')
+    parser.add_argument('--check-scripted', nargs='+', metavar='TEST',
+                        help='which survivors of --only (patterns) these test node IDs kill with TorchScript on, each '
+                             'applied to the sources as --recheck does (mutants of the code only TorchScript runs)')
     parser.add_argument('--check-later', action='store_true',
                         help="the last run's survivors against the owning tests its run left out for their time "
                              '(LATER)')
@@ -348,6 +386,9 @@ def main(argv: Sequence[str] = None) -> int:
             if not args.only:
                 print(f'{module}: no survivors to check')
                 continue
+        if args.check_scripted:
+            print(json.dumps(check_scripted(module, args.only, args.check_scripted), indent=1))
+            continue
         if args.check:
             outcome = check(module, args.only or ['*'], args.check)
             # the run's survivors they kill count as killed by a test written since, as --recheck's (recheck.json)

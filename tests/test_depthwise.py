@@ -5,6 +5,7 @@ depthwise layers against their TorchScript form, which attends first."""
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tcnn.layers import depthwise
 import tcnn.layers.gpsa
@@ -45,6 +46,7 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(depthwise, 'MIN_GEMM_COLUMNS', 1)
 
 
+@pytest.mark.filterwarnings('error')  # e.g. a GEMM resizing a workspace tensor of the wrong shape
 @pytest.mark.parametrize('order', ['heads-first', 'folded', 'folded-chunks'])
 @pytest.mark.parametrize('c_in,c_out', [(20, 20), (10, 30)], ids=['depthwise', 'multiplier3'])
 def test_product_and_gradients_match_the_definition(request, order, c_in, c_out):
@@ -61,22 +63,129 @@ def test_product_and_gradients_match_the_definition(request, order, c_in, c_out)
     assert torch.autograd.gradcheck(depthwise.attend_depthwise, (attn, values, taps))
 
 
+def test_chunk_plan_fits_the_devices_budget():
+    """The folded product's chunks (``_plan``): the most channels whose folded values ``U`` for the whole batch fit
+    the device's budget (a CPU's cache share; a GPU's transient memory, far larger), but at least ``MIN_CHUNK`` and at
+    most all of them; then, if even that is too large, the batch in the fewest equal parts whose ``U`` fits twice the
+    budget. Against a brute-force search over the chunk sizes and part counts; an empty batch still steps by one."""
+    budgets = {'cpu': depthwise.CPU_CHUNK_ELEMENTS, 'cuda': depthwise.ACCELERATOR_CHUNK_ELEMENTS}
+    assert budgets['cuda'] > 100 * budgets['cpu']
+    for device, budget in budgets.items():
+        for batch in (0, 1, 2, 3, 8, 64, 256):
+            for row in (9 * 9, 25 * 25, 49 * 49, 9 * 49, 49 * 196):  # 49 * 196: one image's U over 2 CPU budgets
+                for channels in (8, 40, 64, 768):
+                    fits = [c for c in range(1, channels + 1) if batch * row * c <= budget]
+                    chunk = min(channels, max([depthwise.MIN_CHUNK, *fits]))
+                    cap = max([1, *(i for i in range(1, batch + 1) if i * row * chunk <= 2 * budget)])
+                    parts = min([p for p in range(1, batch + 1) if -(-batch // p) <= cap], default=1)
+                    images = max(1, -(-batch // parts))
+                    got = depthwise._plan(batch, row, channels, torch.device(device))
+                    assert got == (images, chunk), (device, batch, row, channels)
+
+
+def test_attention_gradient_takes_as_many_heads_as_the_budget_holds():
+    """The attention's gradient is computed a few heads at a time: the most heads whose folded values ``U`` (images x
+    heads x keys x channels) fit the device's budget, but enough for ``MIN_GEMM_COLUMNS`` columns of each GEMM, and
+    never more than the kernel's heads (a brute-force search over the head counts)."""
+    cpu = torch.device('cpu')
+    for images, n_k, channels, num_heads in [(2, 49, 64, 25), (1, 196, 32, 9), (8, 49, 256, 49), (4, 9, 16, 9),
+                                             (1, 49, 512, 49), (3, 25, 40, 25)]:
+        fits = [h for h in range(1, num_heads + 1) if h * images * n_k * channels <= depthwise.CPU_CHUNK_ELEMENTS]
+        enough = -(-depthwise.MIN_GEMM_COLUMNS // n_k)
+        expected = min(num_heads, max([enough, *fits]))
+        got = depthwise._heads_per_chunk(images, n_k, channels, num_heads, cpu)
+        assert type(got) is int and got == expected, (images, n_k, channels, num_heads)
+
+
 def test_which_order_each_shape_gets():
     # (batch, N_q, N_h, N_k, channels) of depthwise last stages at 224 px; docs/benchmarks.md has the timings
     assert depthwise.folding_pays(1, 49, 49, 49, 768)  # ConvNeXt 7x7: long attention rows
     assert depthwise.folding_pays(1, 49, 25, 49, 960)  # MobileNetV3 5x5
     assert not depthwise.folding_pays(4, 49, 9, 49, 1152)  # EfficientNet 3x3 at batch 4: attended values fit in cache
     assert depthwise.folding_pays(16, 49, 9, 49, 1152)  # ... at batch 16 they do not
+    # the two thresholds, each reached exactly (and missed by one) with the other far off
+    row, elements = depthwise.FOLD_MIN_ROW, depthwise.FOLD_MIN_HEADS_ELEMENTS
+    assert depthwise.folding_pays(1, 1, 16, row // 16, 1) and not depthwise.folding_pays(1, 1, 1, row - 1, 1)
+    assert depthwise.folding_pays(4, 64, 16, elements // (4 * 64 * 16), 1)
+    assert depthwise.folding_pays(1, 1, 1, 1, elements) and not depthwise.folding_pays(1, 1, 1, 1, elements - 1)
 
 
-def test_only_the_gradients_asked_for(folded, small_chunks):
-    # a frozen attention (no grad) and frozen values: only the taps' gradient, equal to the definition's
-    attn, values, taps = _inputs(3, 4, 9, 4, 24, 24)
+@pytest.mark.parametrize('batch,n_q,num_heads,n_k,channels,folds', [
+    (1, 49, 9, 49, 256, False),  # B * N_q * N_h * C = 112896: attending first
+    (4, 49, 9, 49, 512, False),  # 903168
+    (16, 49, 9, 49, 1152, True),  # 8.1M: folded
+    (1, 49, 25, 49, 8, True)])  # a 1225-term attention row: folded
+def test_the_product_takes_the_order_its_shape_gets(monkeypatch, batch, n_q, num_heads, n_k, channels, folds):
+    """``attend_depthwise`` decides from its inputs' shapes as ``folding_pays`` says for (batch, queries, heads, keys,
+    channels): on the meta device (shapes only), the order taken recorded."""
+    taken = []
+    monkeypatch.setattr(depthwise, 'attend_folded', lambda *args: taken.append(True))
+    monkeypatch.setattr(depthwise, 'attend_heads_first', lambda *args: taken.append(False))
+    attn = torch.empty(batch, n_q, num_heads * n_k, device='meta')
+    depthwise.attend_depthwise(attn, torch.empty(batch, n_k, channels, device='meta'),
+                               torch.empty(num_heads, channels, device='meta'))
+    assert taken == [folds] and depthwise.folding_pays(batch, n_q, num_heads, n_k, channels) == folds
+
+
+class _Overloads(TorchDispatchMode):
+    """The ATen overloads called, in order (``aten.bmm.out``: a GEMM written into a given tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_chunks_write_into_the_reused_workspace(folded, small_chunks):
+    """Forward and backward, every chunk's GEMM and product writes into the call's workspace (``out=``), which holds
+    one buffer per kind (forward: the folded values and the product, beside the output; backward: the folded values,
+    the attention's and the folded values' gradients and the products): a fresh chunk-sized tensor per chunk pays page
+    faults on a CPU (``_Workspace``)."""
+    attn, values, taps = (t.requires_grad_() for t in _inputs(2, 6, 9, 5, 20, 20, dtype=torch.float32))
+    with _Overloads() as forward:
+        out = depthwise.attend_depthwise(attn, values, taps)
+    with _Overloads() as backward:
+        out.backward(torch.ones_like(out))
+    for calls, buffers in ((forward.calls, 1 + 2), (backward.calls, 4)):
+        products = [c for c in calls if c.startswith(('aten.bmm', 'aten.mul'))]
+        assert len(products) > 10 and all(c.endswith('.out') for c in products), calls
+        assert calls.count('aten.new_empty.default') == buffers, calls
+
+
+def test_folded_product_runs_on_the_meta_device(folded):
+    """Shape inference (a model built on 'meta', e.g. to count its FLOPs): the folded product and its backward run on
+    the meta device, which has no autocast to switch off."""
+    attn, values, taps = (torch.empty(*shape, device='meta', requires_grad=True)
+                          for shape in ((2, 5, 9 * 5), (2, 5, 8), (9, 16)))  # multiplier 2
+    out = depthwise.attend_depthwise(attn, values, taps)
+    out.sum().backward()
+    assert out.shape == (2, 5, 16) and out.device.type == 'meta'
+    assert [t.grad.shape for t in (attn, values, taps)] == [attn.shape, values.shape, taps.shape]
+
+
+def test_only_the_gradients_asked_for(folded, small_chunks, monkeypatch):
+    """A frozen attention (no grad) and frozen values: only the taps' gradient, equal to the definition's; the backward
+    computes (and returns) only the gradients asked for, and plans its chunks for the batch it is given (here more
+    images than queries)."""
+    plans = []
+    plan = depthwise._plan
+    monkeypatch.setattr(depthwise, '_plan', lambda *args: plans.append(args) or plan(*args))
+    attn, values, taps = _inputs(5, 2, 9, 4, 24, 24)
     taps.requires_grad_()
-    grad = torch.randn(3, 4, 24, dtype=torch.float64)
+    grad = torch.randn(5, 2, 24, dtype=torch.float64)
     (got,) = torch.autograd.grad(depthwise.attend_depthwise(attn, values, taps), taps, grad)
     (want,) = torch.autograd.grad(_definition(attn, values, taps), taps, grad)
     torch.testing.assert_close(got, want)
+    assert plans and all(args[:3] == (5, 9 * 4, 24) for args in plans), plans
+    backward = depthwise._AttendDepthwiseBackward.apply
+    with torch.no_grad():
+        only_attn, only_values_taps = (backward(grad, attn, values, taps, True, False),
+                                       backward(grad, attn, values, taps, False, True))
+    assert only_attn[0].shape == attn.shape and only_attn[1:] == (None, None)
+    assert only_values_taps[0] is None and only_values_taps[2].shape == taps.shape
 
 
 def test_autocast_computes_in_the_autocast_dtype(folded):
@@ -93,14 +202,36 @@ def test_autocast_computes_in_the_autocast_dtype(folded):
 
 
 
-def test_traceable_product_is_in_the_values_dtype():
-    """``attend_traceable`` (exporters, tracers) casts to the values' dtype, as ``attend_depthwise`` does outside
-    autocast: a float32 attention (a bfloat16 layer computes it in float32) and float32 taps (a layer traced under
-    autocast) with bfloat16 values give a bfloat16 product equal to the written-out sum in float64. Max error relative
-    to the largest output at seeds 0-9: 2.4e-3 to 7.7e-3 (2026-11-27); tolerance 1.5e-2."""
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='no CUDA device: CUDA autocast runs the sums in float32'))])
+def test_autocast_casts_every_input_once(folded, small_chunks, monkeypatch, device):
+    """Under autocast the folded product is the one of its three inputs cast to the autocast dtype (bfloat16 here), bit
+    for bit, forward and backward, also when the backward runs inside the autocast context: the chunks compute in
+    that one dtype with autocast off inside (no float32 taps against bfloat16 values; no sum that CUDA's autocast
+    would run in float32 and add to the taps' gradient chunk by chunk)."""
+    monkeypatch.setattr(depthwise, 'ACCELERATOR_CHUNK_ELEMENTS', 1)  # chunks on a GPU too
+    attn, values, taps = (t.to(device).requires_grad_() for t in _inputs(3, 5, 9, 5, 24, 24, dtype=torch.float32))
+    grad = torch.randn(3, 5, 24, dtype=torch.bfloat16, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = depthwise.attend_depthwise(attn, values, taps)
+        grads = torch.autograd.grad(out, (attn, values, taps), grad)
+    cast = [t.detach().bfloat16().requires_grad_() for t in (attn, values, taps)]
+    ref = depthwise.attend_depthwise(*cast)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    for got, want in zip(grads, torch.autograd.grad(ref, cast, grad)):
+        assert got.dtype == torch.float32 and torch.equal(got, want.float())
+
+
+@pytest.mark.parametrize('product', ['attend_traceable', 'attend_heads_first'])
+def test_plain_products_are_in_the_values_dtype(product):
+    """``attend_traceable`` (exporters, tracers) and ``attend_heads_first`` (TorchScript, small shapes) cast to the
+    values' dtype, as ``attend_depthwise`` does outside autocast: a float32 attention (a bfloat16 layer computes it in
+    float32) and float32 taps (a layer traced under autocast) with bfloat16 values give a bfloat16 product equal to
+    the written-out sum in float64. Max error relative to the largest output: 4.1e-3 for both at these inputs (seed 0),
+    2.1e-3 to 1.13e-2 over inputs of seeds 0-19 (2026-11-27); tolerance 1.5e-2."""
     attn, values, taps = _inputs(2, 5, 9, 6, 8, 16, dtype=torch.float32)  # multiplier 2
     values = values.bfloat16()
-    out = depthwise.attend_traceable(attn, values, taps)
+    out = getattr(depthwise, product)(attn, values, taps)
     assert out.dtype == torch.bfloat16
     assert rel_err(out, _definition(attn.double(), values.double(), taps.double())) < 1.5e-2
 

@@ -2,6 +2,7 @@
 import ast
 import copy
 import math
+import os
 import pathlib
 from math import inf, nan
 
@@ -13,9 +14,13 @@ import torch.nn.functional as F
 
 from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
-from tcnn.layers.geometry import Geometry
+from tcnn.layers.content import padded_keys_logit
+from tcnn.layers.geometry import Geometry, conv_geometry
+from tcnn.layers.kept_values import is_exporting, may_keep
 from tcnn.layers.gpsa import (EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5,
                               upgrade_proj_weight)
+from tcnn.layers.positional import axis_offsets
+from tcnn.layers.projections import queries_are_tokens
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
@@ -28,6 +33,8 @@ CASES = [
     pytest.param(3, 2, 1, 1, True, 1, 'zeros', (14, 14), id='k3-s2-bias'),
     pytest.param(3, 2, 1, 1, False, 1, 'zeros', (11, 9), id='k3-s2-odd-nonsquare'),
     pytest.param(3, 1, 2, 2, False, 1, 'zeros', (10, 13), id='k3-dil2'),
+    pytest.param(3, 1, (2, 1), (2, 1), False, 1, 'zeros', (7, 6), id='k3-dil2-rows-only'),
+    pytest.param((3, 5), (1, 2), (1, 4), (1, 2), True, 1, 'zeros', (6, 9), id='k3x5-s2-dil2-columns-only'),
     pytest.param(3, 2, 2, 2, True, 1, 'zeros', (9, 12), id='k3-s2-dil2'),
     pytest.param(5, 1, 2, 1, True, 1, 'zeros', (9, 6), id='k5-s1'),
     pytest.param(5, 2, 2, 1, False, 1, 'zeros', (13, 10), id='k5-s2'),
@@ -81,6 +88,14 @@ def test_same_padding_of_an_even_effective_kernel_is_refused(kernel, dilation):
     pytest.param(3, 1, 1, 1, 'reflect', (6, 5), False, id='reflect'),
     pytest.param(3, 2, 1, 1, 'replicate', (9, 7), True, id='replicate-s2-channels-last'),
     pytest.param(3, 1, 2, 1, 'circular', (6, 6), False, id='circular-padding-beyond-anchor'),
+    # one axis at a time: padding, stride and dilation each on the rows or the columns only
+    pytest.param((3, 1), 1, (1, 0), 1, 'zeros', (6, 5), False, id='k3x1-padding-rows-only'),
+    pytest.param((1, 3), 1, (0, 1), 1, 'zeros', (5, 6), False, id='k1x3-padding-columns-only'),
+    pytest.param((3, 1), 1, (1, 0), 1, 'reflect', (6, 5), False, id='k3x1-reflect-rows-only'),
+    pytest.param((1, 3), 1, (0, 1), 1, 'replicate', (5, 6), False, id='k1x3-replicate-columns-only'),
+    pytest.param(3, (2, 1), 1, 1, 'zeros', (9, 6), False, id='stride-rows-only'),
+    pytest.param(3, (1, 2), 1, 1, 'zeros', (6, 9), False, id='stride-columns-only'),
+    pytest.param(3, 1, (2, 1), (2, 1), 'zeros', (7, 6), False, id='dilation-rows-only'),
 ])
 def test_general_parameters_match_the_naive_definition(kernel, stride, padding, dilation, mode, size, channels_last):
     # Away from the exact configuration every branch matters: content attention, gates, shifted centres, values.
@@ -151,6 +166,24 @@ def test_tap_order_with_single_tap_filter():
     torch.testing.assert_close(out, shifted, atol=1e-6, rtol=0)
     transposed = F.pad(x, (1, 1, 1, 1))[:, :, 2:8, 0:7]
     assert (out - transposed).abs().max() > 0.1
+
+
+@pytest.mark.filterwarnings('error')  # e.g. torch.meshgrid's without its indexing
+def test_a_new_layer_is_initialised_as_convit_and_nn_conv2d():
+    """From scratch (the constructor's defaults, ``reset_parameters``): queries and keys truncated normal with std 0.02
+    (ConViT's init), the filter as ``nn.Conv2d`` initialises its weight (kaiming uniform with a = sqrt(5): uniform in
+    +-1/sqrt(fan_in), fan_in = N_h * C_in / g). Seeds 0-4: sample std 0.01989 to 0.02022, largest filter entry
+    0.99991 to 0.999995 of the bound (2026-11-27)."""
+    torch.manual_seed(0)
+    layer = GPSA(64, 64, 3, padding=1, qk_dim=16)
+    for weight in (layer.q_weight, layer.k_weight):
+        assert abs(weight.std().item() - 0.02) < 5e-4
+    bound = 1 / math.sqrt(9 * 64)
+    assert 0.999 * bound < layer.proj_weight.abs().max().item() <= bound
+    # by default the paper's fine-tuning init of the positional part: alpha = lambda = 1, centres on the taps
+    torch.testing.assert_close(layer.locality_strength(), torch.ones(9))
+    torch.testing.assert_close(layer.gating, torch.ones(9))
+    torch.testing.assert_close(layer.pos_centers, layer.kernel_centers())
 
 
 def test_paper_init_is_not_the_conv_but_close_to_it():
@@ -278,8 +311,9 @@ def test_exported_layer_is_the_formula(groups, out_chs):
     x = torch.randn(2, 8, 7, 6)
     program = torch.export.export(layer, (x,))
     assert rel_err(program.module()(x), _reference_gpsa(layer, x)) < 1e-6
-    # no lerp: ExecuTorch has no out variant of its core-ATen decomposition (_lerp)
-    assert not [n for n in program.graph.nodes if 'lerp' in str(n.target)]
+    # no lerp: ExecuTorch has no out variant of its core-ATen decomposition (_lerp); no vecdot (the depthwise product
+    # attending first, ``attend_heads_first``): the TorchScript ONNX exporter has no form of it (attend_traceable)
+    assert not [n for n in program.graph.nodes if 'lerp' in str(n.target) or 'vecdot' in str(n.target)]
 
 
 
@@ -312,6 +346,9 @@ def test_init_setters_and_introspection():
     assert gpsa.kernel_centers()[0].tolist() == [-2.0, -2.0] and gpsa.kernel_centers()[7].tolist() == [-1.0, 0.0]
     gpsa.set_locality_strength(torch.linspace(0.5, 5, 25))
     torch.testing.assert_close(gpsa.locality_strength(), torch.linspace(0.5, 5, 25))
+    gpsa.reset_parameters()  # by default the paper's fine-tuning init, alpha = lambda = 1
+    torch.testing.assert_close(gpsa.locality_strength(), torch.ones(25))
+    torch.testing.assert_close(gpsa.gating, torch.ones(25))
     assert abs(locality_to_raw(1.0) - 0.99865) < 1e-4
     with pytest.raises(ValueError):
         locality_to_raw(0.0)
@@ -413,6 +450,8 @@ BAD_SETTINGS = {  # id: (call, exception, message)
     'gating-nan': (lambda: GPSA(4, 4, kernel_size=(1, 2), padding=0).set_gating(torch.tensor([1.0, nan])),
                    InvalidArgumentError, 'gating must be finite, got [1.0, nan]'),
     'gating-inf': (lambda: GPSA(4, 4).set_gating(inf), InvalidArgumentError, 'gating must be a finite number, got inf'),
+    'from-a-linear': (lambda: GPSA.from_conv(nn.Linear(4, 4)), InvalidTypeError,
+                      'conv must be a torch.nn.Conv2d, got Linear'),
 }
 
 
@@ -708,6 +747,24 @@ def test_frozen_layer_gives_input_gradients_after_inference_mode():
     assert rel_err(x.grad, x64.grad) < 1.1e-6
 
 
+@pytest.mark.skipif(os.environ.get('PYTORCH_JIT') == '0', reason='TorchScript off: torch.jit.trace returns the '
+                                                                   'function itself, untraced')
+def test_tracing_counts_as_exporting_and_keeps_nothing():
+    """``torch.jit.trace`` (also what the TorchScript ONNX exporter runs) records the forward: ``is_exporting`` says
+    so, and a traced layer keeps nothing (a kept tensor would become a constant of the trace)."""
+    seen = []
+
+    def record(x):
+        seen.append((is_exporting(), may_keep(5)))
+        return x * 2
+    torch.jit.trace(record, torch.randn(2), check_trace=False)
+    assert seen == [(True, False)] and (is_exporting(), may_keep(5)) == (False, True)
+    layer = GPSA(4, 4, 3, padding=1, groups=4).eval()
+    with torch.no_grad():
+        torch.jit.trace(layer, torch.randn(1, 4, 5, 5), check_trace=False)
+    assert not getattr(layer, '_kept_values', None)
+
+
 def test_nothing_is_kept_inside_functorch_transforms():
     """A kept tensor would escape the transform (``may_keep``): under ``torch.func.grad`` the layer keeps nothing, in
     eval mode too, and gives autograd's input gradient."""
@@ -718,6 +775,23 @@ def test_nothing_is_kept_inside_functorch_transforms():
     x.requires_grad_(True)
     layer(x).square().sum().backward()
     torch.testing.assert_close(grad, x.grad)
+
+
+def test_float64_positional_parameters_in_a_float32_layer():
+    """A float32 layer may keep its positional and gating parameters in float64 (a full-precision copy): its attention
+    terms are cast to the scores' dtype on every path, the kept terms of eager mode and the recomputed ones (here under
+    ``torch.func.grad``, which keeps nothing), to the same input gradient, bit for bit."""
+    torch.manual_seed(0)
+    layer = away_from_exact(GPSA(4, 4, 3, padding=1), 0.3)
+    for name in ('pos_locality', 'pos_centers', 'gating'):
+        getattr(layer, name).data = getattr(layer, name).data.double()
+    x = torch.randn(2, 4, 5, 5)
+    grad = torch.func.grad(lambda inp: layer(inp).square().sum())(x)
+    x.requires_grad_(True)
+    out = layer(x)
+    out.square().sum().backward()
+    assert out.dtype == grad.dtype == torch.float32 and layer.gating.grad.dtype == torch.float64
+    assert torch.equal(grad, x.grad)
 
 
 def test_functional_call_uses_its_own_parameters():
@@ -739,7 +813,8 @@ def test_forward_launches_few_kernels(stride):
     """A GPU waits on the host at small batches: every operator of the forward is a kernel launch. tcnn 0.3.1 ran 37
     (stride 1) / 38 (stride 2) operators per float32 forward, training or not; one GEMM for Q, K and V, one softmax
     for both positional factors, the scale inside the score GEMM and the kept inference terms bring it to 18 / 20
-    (training) and 10 / 12 (inference). The budgets leave two operators of slack for another torch's decompositions."""
+    (training) and 10 / 12 (inference). The budgets leave two operators of slack for another torch's decompositions;
+    the GEMMs are counted exactly."""
     layer = GPSA(64, 64, 3, stride=stride, padding=1)
     x = torch.randn(2, 64, 7 * stride, 7 * stride).to(memory_format=torch.channels_last)
     budgets = {1: (20, 12), 2: (22, 14)}[stride]  # (training, inference)
@@ -750,6 +825,9 @@ def test_forward_launches_few_kernels(stride):
             with OperatorCount() as counter:
                 layer(x)
         assert len(counter.ops) <= budget, (training, counter.ops)
+        # GEMMs: Q, K and V in one where every pixel is a query (stride 1), Q apart from K and V at stride 2; then the
+        # output projection
+        assert counter.ops.count('mm') == {1: 2, 2: 3}[stride], counter.ops
 
 
 def test_layer_functions_name_their_arguments():
@@ -784,3 +862,136 @@ def test_geometry_is_made_once_and_matches_the_attributes():
     scripted = torch.jit.script(layer)
     assert scripted.geometry == geometry and scripted.stride == (2, 1)
     assert copy.deepcopy(layer).geometry == geometry
+
+
+# ---------------------------------------------------------------- the geometry's pure functions against the conv itself
+
+def _geometries(height: int, width: int):
+    """Conv geometries (kernel, stride, padding, dilation) of every kind along each axis on its own, that an input of
+    ``height x width`` fits: odd and even kernels, strides 1 and 2, no, 'same', smaller and larger padding, dilations
+    1 and 2."""
+    for kernel in ((1, 1), (3, 3), (3, 1), (1, 3), (5, 3), (2, 3), (4, 4), (2, 2), (3, 4)):
+        for stride in ((1, 1), (2, 1), (1, 2), (2, 2)):
+            for padding in ((0, 0), (1, 0), (0, 1), (1, 1), (2, 1), (2, 2), (3, 1)):
+                for dilation in ((1, 1), (2, 1), (1, 2)):
+                    if all(size + 2 * p >= d * (k - 1) + 1
+                           for size, p, d, k in zip((height, width), padding, dilation, kernel)):
+                        yield kernel, stride, padding, dilation
+
+
+def _query_pixels(geometry: Geometry, height: int, width: int) -> torch.Tensor:
+    """The padded-grid position ``(row, col)`` of each output's query, ``(2, H_out, W_out)``, read off ``F.conv2d``:
+    a one-hot filter on the layer's anchor tap applied to the padded grid's own coordinates."""
+    (ph, pw), (ay, ax), (dy, dx) = geometry.padding, geometry.anchor, geometry.dilation
+    rows = torch.arange(height + 2 * ph, dtype=torch.float64)[:, None].expand(-1, width + 2 * pw)
+    cols = torch.arange(width + 2 * pw, dtype=torch.float64)[None, :].expand(height + 2 * ph, -1)
+    filt = torch.zeros(1, 1, *geometry.kernel_size, dtype=torch.float64)
+    filt[0, 0, ay // dy, ax // dx] = 1.0  # the anchor sits on a tap (ay = i * dy)
+    grid = torch.stack([rows, cols])[:, None]  # (2, 1, H_pad, W_pad)
+    return F.conv2d(grid, filt, stride=geometry.stride, dilation=geometry.dilation)[:, 0]
+
+
+def test_queries_are_tokens_exactly_when_the_conv_keeps_every_pixel_in_place():
+    """``queries_are_tokens`` (every input pixel is a query, in place: Q, K and V in one GEMM) holds exactly where
+    the conv's output grid is the input grid, its query ``(i, j)`` on pixel ``(i, j)``: checked against
+    ``F.conv2d`` over 748 geometries, 11 of them such."""
+    height, width, agree, tokens = 7, 8, 0, 0
+    for kernel, stride, padding, dilation in _geometries(height, width):
+        geometry = conv_geometry(kernel, stride, padding, dilation, 'zeros', 1)
+        ph, pw = padding
+        rows, cols = _query_pixels(geometry, height, width)
+        in_place = rows.shape == (height, width) and torch.equal(rows - ph, torch.arange(height).double()[:, None]
+                                                                 .expand(height, width)) and torch.equal(
+            cols - pw, torch.arange(width).double()[None, :].expand(height, width))
+        assert queries_are_tokens(geometry) == in_place, (kernel, stride, padding, dilation)
+        agree, tokens = agree + 1, tokens + in_place
+    assert (agree, tokens) == (748, 11)  # both answers checked, many times
+
+
+def test_axis_offsets_are_key_minus_query_in_the_dtype_asked():
+    """``axis_offsets``: per axis, key position minus the query's (the conv's, ``_query_pixels``) for every key of
+    the padded axis, in the dtype asked (the positional softmax's); one tensor for both axes exactly where the input
+    is square and the axes' geometry (kernel, stride, padding, dilation) the same."""
+    shared = 0
+    for height, width in ((7, 6), (7, 7)):
+        for kernel, stride, padding, dilation in _geometries(height, width):
+            geometry = conv_geometry(kernel, stride, padding, dilation, 'zeros', 1)
+            rows, cols = _query_pixels(geometry, height, width)
+            key_rows = torch.arange(height + 2 * padding[0], dtype=torch.float64)
+            key_cols = torch.arange(width + 2 * padding[1], dtype=torch.float64)
+            alike = height == width and all(v[0] == v[1] for v in (kernel, stride, padding, dilation))
+            for dtype in (torch.float32, torch.float64):
+                dy, dx, same = axis_offsets(height, width, geometry, device=torch.device('cpu'), dtype=dtype)
+                where = (height, width, kernel, stride, padding, dilation)
+                assert dy.dtype == dx.dtype == dtype and same == alike and (dy is dx) == alike, where
+                assert torch.equal(dy.double(), key_rows[None, :] - rows[:, 0, None]), where
+                assert torch.equal(dx.double(), key_cols[None, :] - cols[0, :, None]), where
+            shared += alike
+    assert shared == 24  # both answers checked
+
+
+@pytest.mark.parametrize('padding,mode', [((0, 0), 'zeros'), ((1, 0), 'zeros'), ((0, 1), 'zeros'), ((1, 2), 'zeros'),
+                                          ((2, 2), 'zeros'), ((1, 1), 'reflect'), ((0, 1), 'circular')])
+def test_padded_keys_logit_is_the_log_of_the_zero_keys(padding, mode):
+    """The one key that stands for the zero-padded keys scores ``log(n_pad)``, ``n_pad`` the zeros ``F.pad`` adds to
+    the input, in the dtype asked; there is no such key without zero padding (none added, or another mode)."""
+    geometry = conv_geometry((5, 5), (1, 1), padding, (1, 1), mode, 1)
+    added = int((F.pad(torch.ones(6, 7), (padding[1], padding[1], padding[0], padding[0])) == 0).sum())
+    for dtype in (torch.float32, torch.float64):
+        logit = padded_keys_logit(6, 7, geometry, torch.device('cpu'), dtype)
+        if mode != 'zeros' or added == 0:
+            assert logit is None
+        else:
+            expected = torch.full((1, 1, 1, 1), math.log(added), dtype=dtype)
+            torch.testing.assert_close(logit, expected, rtol=torch.finfo(dtype).eps, atol=0)  # within an ulp
+
+
+@pytest.mark.parametrize('kernel,stride,padding,pads', [
+    pytest.param(3, 1, 1, False, id='k3-s1'), pytest.param(3, 2, 1, False, id='k3-s2'),
+    pytest.param((3, 5), 2, (1, 2), False, id='k3x5-s2'), pytest.param(3, 2, 0, False, id='k3-s2-no-padding'),
+    pytest.param(3, 1, 2, True, id='padding-beyond-anchor'),
+    pytest.param(3, (2, 1), (1, 2), True, id='columns-padded-beyond-anchor')])
+def test_zero_padded_layers_copy_no_padded_input(kernel, stride, padding, pads):
+    """With zero padding a layer reads its keys and values on the real pixels and its queries in place where they
+    all lie on real pixels (the anchor not inside the padding, as for every conv of a ResNet): its forward (training
+    and inference) pads nothing; only a padding beyond the anchor (queries in the padding) pads the input."""
+    layer = GPSA(8, 8, kernel, stride=stride, padding=padding)
+    x = torch.randn(2, 8, 9, 8)
+    for training in (True, False):
+        layer.train(training)
+        with torch.set_grad_enabled(training), OperatorCount() as counter:
+            layer(x)
+        assert any('pad' in op for op in counter.ops) == pads, counter.ops
+
+
+def test_from_conv_keeps_the_conv_device_and_the_settings_given():
+    """``from_conv``: by default the paper's fine-tuning init (alpha = lambda = 1, T-CNN section 3), else the
+    ``locality_strength``, ``gating_init`` and ``qk_dim`` given; the layer is made on the conv's device and dtype
+    (here 'meta': no data, every parameter there)."""
+    conv = nn.Conv2d(6, 4, 3, padding=1)
+    layer = GPSA.from_conv(conv)
+    torch.testing.assert_close(layer.locality_strength(), torch.ones(9))
+    torch.testing.assert_close(layer.gating, torch.ones(9))
+    assert layer.qk_dim == GPSA(6, 4, 3, padding=1).qk_dim
+    layer = GPSA.from_conv(conv, locality_strength=2.5, gating_init=-1.0, qk_dim=5)
+    torch.testing.assert_close(layer.locality_strength(), torch.full((9,), 2.5))
+    torch.testing.assert_close(layer.gating, torch.full((9,), -1.0))
+    assert layer.qk_dim == 5 and layer.q_weight.shape == (9 * 5, 6)
+    meta = GPSA.from_conv(nn.Conv2d(6, 4, 3, padding=1, device='meta', dtype=torch.float64))
+    assert {(p.device.type, p.dtype) for p in meta.parameters()} == {('meta', torch.float64)}
+
+
+def test_train_without_an_argument_is_training_mode():
+    """``GPSA.train()`` with no argument switches training on, as ``nn.Module.train`` does (and drops what was kept)."""
+    layer = GPSA(4, 4, 3, padding=1).eval()
+    with torch.no_grad():
+        layer(torch.randn(1, 4, 5, 5))
+    assert layer._kept_values
+    assert layer.train() is layer and layer.training and not getattr(layer, '_kept_values', None)
+
+
+def test_conv_parameters_is_the_convs_parameter_count():
+    """``conv_parameters``: the parameter count of the conv the layer stands for, an ``int`` as ``numel`` is."""
+    for conv in (nn.Conv2d(8, 12, 3), nn.Conv2d(8, 12, (3, 5), groups=4, bias=False), nn.Conv2d(6, 12, 3, groups=6)):
+        count = GPSA.from_conv(conv).conv_parameters()
+        assert type(count) is int and count == sum(p.numel() for p in conv.parameters())

@@ -24,7 +24,7 @@ def kernel_centers(geometry: Geometry) -> torch.Tensor:
     (kh, kw), dilation, anchor = geometry.kernel_size, geometry.dilation, geometry.anchor
     ky = torch.arange(kh, dtype=torch.float32) * dilation[0] - anchor[0]
     kx = torch.arange(kw, dtype=torch.float32) * dilation[1] - anchor[1]
-    return torch.stack(torch.meshgrid(ky, kx, indexing='ij'), dim=-1).reshape(-1, 2)
+    return torch.cartesian_prod(ky, kx)  # (ky[i], kx[j]) pairs, row-major
 
 
 def output_size(height: int, width: int, geometry: Geometry) -> Tuple[int, int]:
