@@ -229,6 +229,17 @@ def check_scripted(module: str, only: Sequence[str], tests: Sequence[str]) -> Di
     return found
 
 
+def _ambiguous(work: Path, name: str) -> bool:
+    """Whether ``mutmut apply`` may write mutant ``name`` into the wrong function: a method (``xǁClassǁmethod``) whose
+    name another class of its file also defines. mutmut 3.8 writes it over the file's first ``def`` of that name (seen
+    with ``_AttendDepthwiseBackward.vmap``, written over ``_AttendDepthwise.vmap``: a killed mutant that was not)."""
+    module, function = name.split('__mutmut_')[0].rsplit('.', 1)
+    if 'ǁ' not in function:
+        return False
+    source = (work / (module.replace('.', '/') + '.py')).read_text(encoding='utf-8')
+    return len(re.findall(rf'^\s+def {re.escape(function.split("ǁ")[-1])}\(', source, re.M)) > 1
+
+
 def _applied(module: str, only: Sequence[str], pytest_args: Sequence[str], env: Dict[str, str],
              killed: str) -> Dict[str, str]:
     """Each survivor (or 'no tests' mutant) of ``module``'s last run matching ``only`` (all without) written into
@@ -257,7 +268,8 @@ def _applied(module: str, only: Sequence[str], pytest_args: Sequence[str], env: 
             continue
         for path in sources:
             shutil.copy2(ROOT / path.relative_to(work), path)
-        if mutmut(work, 'apply', name, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        if _ambiguous(work, name) or mutmut(work, 'apply', name, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL):
             outcome[name] = 'not applied'
             continue
         try:
