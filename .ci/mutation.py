@@ -208,12 +208,8 @@ def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
     ``{mutant: 'killed' | 'survived' | 'timeout'}``, also written to ``recheck.json`` beside the run (merged with
     an earlier recheck's). ``only``: the survivors whose names match these patterns (the others keep an earlier
     recheck's outcome, if any)."""
-    files, tests, pytest_args = MODULES[module]
-    previous = folder(module) / 'recheck.json'
-    outcome = json.loads(previous.read_text()) if only and previous.exists() else {}
-    outcome.update(_applied(module, only, [*tests, *pytest_args], ENV, 'killed'))
-    previous.write_text(json.dumps(outcome, indent=1) + '\n')
-    return outcome
+    _, tests, pytest_args = MODULES[module]
+    return _record(module, _applied(module, only, [*tests, *pytest_args], ENV, 'killed'), fresh=not only)
 
 
 def check_scripted(module: str, only: Sequence[str], tests: Sequence[str]) -> Dict[str, str]:
@@ -221,12 +217,19 @@ def check_scripted(module: str, only: Sequence[str], tests: Sequence[str]) -> Di
     (``PYTORCH_JIT=1``): mutants of the code that only TorchScript runs (the scripted forward's branch), which a run
     cannot test, as TorchScript compiles no trampoline. Each mutant is applied as ``--recheck`` applies it (no
     trampoline); the ones killed count as ``'killed (TorchScript on)'`` (``recheck.json``, merged)."""
-    previous = folder(module) / 'recheck.json'
-    outcome = json.loads(previous.read_text()) if previous.exists() else {}
     found = _applied(module, only, tests, dict(ENV, PYTORCH_JIT='1'), 'killed (TorchScript on)')
-    outcome.update({name: verdict for name, verdict in found.items() if verdict != 'survived'})
-    previous.write_text(json.dumps(outcome, indent=1) + '\n')
+    _record(module, {name: verdict for name, verdict in found.items() if verdict != 'survived'})
     return found
+
+
+def _record(module: str, verdicts: Dict[str, str], fresh: bool = False) -> Dict[str, str]:
+    """``verdicts`` merged into the verdicts kept beside ``module``'s run (``recheck.json``; ``fresh``: in place of
+    them), which ``results`` reads; returns them all."""
+    path = folder(module) / 'recheck.json'
+    kept = json.loads(path.read_text()) if path.exists() and not fresh else {}
+    kept.update(verdicts)
+    path.write_text(json.dumps(kept, indent=1) + '\n')
+    return kept
 
 
 def _ambiguous(work: Path, name: str) -> bool:
@@ -406,10 +409,7 @@ def main(argv: Sequence[str] = None) -> int:
             # the run's survivors they kill count as killed by a test written since, as --recheck's (recheck.json)
             survivors = {n for n, (status, _) in results(module, rechecked=False).items()
                          if status in ('survived', 'no tests', 'equivalent')}
-            again = folder(module) / 'recheck.json'
-            merged = json.loads(again.read_text()) if again.exists() else {}
-            merged.update({n: 'killed' for n, verdict in outcome.items() if verdict == 'killed' and n in survivors})
-            again.write_text(json.dumps(merged, indent=1) + '\n')
+            _record(module, {n: 'killed' for n, verdict in outcome.items() if verdict == 'killed' and n in survivors})
             print(json.dumps(outcome, indent=1))
             continue
         if args.recheck:
