@@ -284,6 +284,44 @@ def test_torchscript_and_fx():
     torch.testing.assert_close(torch.fx.symbolic_trace(gpsa)(x), ref)
 
 
+@pytest.mark.parametrize('groups', [1, 8], ids=['dense', 'depthwise'])
+def test_an_unbatched_input_is_a_batch_of_one_as_for_the_conv(groups):
+    """An unbatched ``(C_in, H, W)`` input gives the conv's unbatched output: the layer's output for the batch of one
+    without its batch dimension, bit for bit and contiguous (as the conv's); scripted and FX-traced layers too, and
+    the gradient reaches the input."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=groups)
+    layer = GPSA.from_conv(conv, EXACT_LOCALITY, EXACT_GATING)
+    x = torch.randn(8, 9, 7, requires_grad=True)
+    out, ref = layer(x), conv(x)
+    assert out.shape == ref.shape == (16, 5, 4) and out.is_contiguous() and ref.is_contiguous()
+    assert rel_err(out, ref) < 1e-5  # as test_exact_configuration_equals_conv
+    assert torch.equal(out, layer(x[None])[0])
+    assert torch.equal(torch.jit.script(layer)(x), out) and torch.equal(torch.fx.symbolic_trace(layer)(x), out)
+    assert layer.attention(x)['mixed'].shape == (1, 9, 20, 99)  # a batch of one: 9 heads, 5 x 4 queries, 11 x 9 keys
+    out.sum().backward()
+    assert x.grad.shape == x.shape and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('shape,message', [
+    ((2, 5, 7, 7), 'GPSA expected input[2, 5, 7, 7] to have 8 channels, but got 5 channels instead'),
+    ((5, 7, 7), 'GPSA expected input[5, 7, 7] to have 8 channels, but got 5 channels instead'),
+    ((1, 2, 8, 7, 7), 'Expected 3D (unbatched) or 4D (batched) input to GPSA, but got input of size: [1, 2, 8, 7, 7]'),
+    ((8, 7), 'Expected 3D (unbatched) or 4D (batched) input to GPSA, but got input of size: [8, 7]'),
+], ids=['channels', 'unbatched-channels', '5d', '2d'])
+def test_an_input_the_conv_refuses_is_refused_with_its_message(shape, message):
+    """What ``nn.Conv2d`` refuses (another number of channels, a rank other than 3 or 4), the layer refuses with
+    the conv's error type and message (its name for the conv's), not a GEMM's shape error; ``attention`` too."""
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    layer, x = GPSA.from_conv(conv), torch.randn(shape)
+    with pytest.raises(RuntimeError, match='channels instead' if 'channels' in message else 'input of size'):
+        conv(x)
+    for call in (layer, layer.attention, torch.fx.symbolic_trace(layer)):
+        with pytest.raises(RuntimeError) as err:
+            call(x)
+        assert str(err.value) == message
+
+
 
 
 @pytest.mark.parametrize('groups', [1, 8], ids=['dense', 'depthwise'])

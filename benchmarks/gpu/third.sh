@@ -11,6 +11,8 @@
 #     - the exact mid-epoch resume on the device and resident pipelines with TCNN_TEST_DEVICE=cuda (the device
 #       pipeline now finishes its batches in a thread of its own, on a stream of its own);
 #     - the data: 10,000 + 1,000 ImageNet-size JPEGs (benchmarks/photos.py: 2,000 distinct);
+#     - the CUDA tests outside test_cuda.py and the mutants only they can kill (.ci/cuda_mutants.py: issue 47's
+#       CUDA-only survivors, each written into a copy of tcnn; its test must fail there);
 #   phase 2, one at a time (timed):
 #     - the whole loop (benchmarks/loop.py): tcnn train under torchrun --nproc_per_node 1 (NCCL), resnet50d T-CNN and
 #       CNN, bf16, channels_last, batch 256, the recipe's augmentation, 2 epochs each, the device pipeline and the PIL
@@ -27,6 +29,7 @@ if [ "$SMOKE" = 1 ]; then
     CUDA_SELECT=(-k 'finishing_thread or bad_images_on_the_batched')
     RESUME_SELECT=(-k 'resident')
     TEST_FILE=tests/test_data_pipeline.py  # test_cuda.py skips on the CPU: the same pipelines' CPU tests instead
+    MUTANTS=(--smoke)
     LOOP=(--smoke --device cpu --pipelines device pil --workers 2)
     DEMO=(--smoke --device cpu --jobs 2 --seeds 2)
     PHOTOS=(--train 48 --val 12 --unique 16)
@@ -37,6 +40,7 @@ else
     LOOP=(--device cuda --pipelines device pil --workers 8 --batch-size 256 --images 10000 --val-images 1000)
     DEMO=(--device cuda --jobs 4 --seeds 4 --epochs 2)
     PHOTOS=(--train 10000 --val 1000 --unique 2000)
+    MUTANTS=()
 fi
 PYTEST=("$PY" -m pytest -p no:cacheprovider -rfEs --durations=15 -v)
 PARALLEL=()
@@ -53,6 +57,7 @@ pack_now() {  # what is there so far into $OUT: results JSONs as they are, the l
         grep -h -E '^(FAILED|ERROR) |^=+ .*(passed|failed|skipped|error).* in ' "$WORK"/*tests.log 2>/dev/null
         [ -s "$WORK/failures.log" ] && { echo '--- failures.log'; head -c 6000 "$WORK/failures.log"; }
         grep -h -E '^\| |T-CNN / CNN|steady epoch|estimated' "$WORK"/loop.log "$WORK"/demo_epoch.log 2>/dev/null
+        cat "$WORK/cuda_mutants.log" 2>/dev/null
     } > "$OUT/third-summary.txt"
 }
 
@@ -68,9 +73,14 @@ DATA=$!
         tests/test_data_pipeline.py --junitxml="$WORK/resume_tests.xml" "${RESUME_SELECT[@]}" >/dev/null
 ) &
 RESUME=$!
+(
+    step cuda_mutants timeout -k 10 "$P1" "$PY" .ci/cuda_mutants.py "${MUTANTS[@]}" \
+        --json "$WORK/results/$([ "$SMOKE" = 1 ] && echo cpu-smoke || echo cuda)-mutants-$DATE.json"
+) &
+MUTANTS_PID=$!
 step cuda_tests timeout -k 10 "$P1" "${PYTEST[@]}" "${PARALLEL[@]}" "$TEST_FILE" --junitxml="$WORK/cuda_tests.xml" \
     "${CUDA_SELECT[@]}"
-wait "$DATA" "$RESUME"
+wait "$DATA" "$RESUME" "$MUTANTS_PID"
 pack_now
 
 # ---- phase 2: timed, one at a time

@@ -534,8 +534,10 @@ class GPSA(nn.Module):
         """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
         ``(N_h, N_q, N_k)`` and ``mixed`` ``(B, N_h, N_q, N_k)``, plus the grid sizes as 0-d tensors.
 
-        Keys index the padded grid ``(H + 2 p_h) x (W + 2 p_w)``, queries the ``H_out x W_out`` output grid.
+        Keys index the padded grid ``(H + 2 p_h) x (W + 2 p_w)``, queries the ``H_out x W_out`` output grid. An
+        unbatched ``(C_in, H, W)`` input counts as a batch of one.
         """
+        x = _batched_input(x, self.in_chs)
         height, width = x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         q, k, _ = self._project(x, (h_out, w_out))
@@ -550,7 +552,9 @@ class GPSA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``out = sum_h A_h X W_val W_out^h + bias`` with ``A_h`` the gated mixture of the content and positional
-        attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv."""
+        attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv; an
+        unbatched ``(C_in, H, W)`` input gives ``(C_out, H_out, W_out)``, as ``nn.Conv2d``'s does."""
+        unbatched, x = x, _batched_input(x, self.in_chs)
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         scripted, exporting = _forward_path()
@@ -567,7 +571,7 @@ class GPSA(nn.Module):
         attn = _lerp(content, pos, gate, exporting)  # eq. 7, both attentions in one matrix, query-major
         out = self._value_product(attn, v, scripted, exporting)  # sum_h A_h V W_out^h + bias (eqs. 5-6)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
-        return _like_input_format(out, x)
+        return _like_input_format(out, unbatched)
 
 
 def upgrade_proj_weight(weight: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -642,14 +646,30 @@ def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, exportin
     return torch.lerp(start, end, weight)
 
 
+def _batched_input(x: torch.Tensor, in_chs: int) -> torch.Tensor:
+    """``x`` as ``(B, C_in, H, W)``: an unbatched ``(C_in, H, W)`` input as a batch of one, like ``nn.Conv2d``;
+    another rank or number of channels is refused with the conv's message (not a GEMM's shape error)."""
+    if x.dim() != 3 and x.dim() != 4:
+        raise RuntimeError(f'Expected 3D (unbatched) or 4D (batched) input to GPSA, but got input of size: '
+                           f'{list(x.shape)}')
+    if x.shape[-3] != in_chs:
+        raise RuntimeError(f'GPSA expected input{list(x.shape)} to have {in_chs} channels, but got {x.shape[-3]} '
+                           f'channels instead')
+    return x.unsqueeze(0) if x.dim() == 3 else x
+
+
 def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out`` (channels_last in memory) in the memory format of the input: free for channels_last models, one copy
-    for NCHW ones, whose next layers would otherwise switch format."""
+    """``out`` (channels_last in memory) in the shape and memory format of the input ``x``: free for channels_last
+    models, one copy for NCHW ones, whose next layers would otherwise switch format; an unbatched input's output
+    without its batch of one, contiguous as the conv's."""
+    if x.dim() == 3:
+        return out.squeeze(0).contiguous()
     if x.is_contiguous(memory_format=torch.channels_last):
         return out
     return out.contiguous()
 
 
+torch.fx.wrap('_batched_input')  # a leaf for FX: the checks and the batch of one depend on the input's shape
 torch.fx.wrap('_like_input_format')  # a leaf for FX: the branch depends on the input tensor
 torch.fx.wrap('at_least_float32')  # a leaf for FX: the dtype is known at run time only (tcnn.layers.content)
 torch.fx.wrap('attention_dtype')  # a leaf for FX, likewise

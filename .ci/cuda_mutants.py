@@ -1,0 +1,169 @@
+"""The mutants that only a CUDA device can kill, checked on one (issue 47; docs/tests.md, "Scores").
+
+    python .ci/cuda_mutants.py --json results/cuda-mutants.json   # on a GPU machine (benchmarks/gpu/third.sh)
+    python .ci/cuda_mutants.py --smoke                             # the same machinery on the CPU
+
+On the CPU these mutants are equivalent (a CPU tensor's ``.to(None)`` stays on the CPU; CPU autocast casts none of
+the depthwise chunks' operations), so the campaign recorded them as survivors that the CUDA case of a test is there
+to kill. Here each is written as a one-line edit into a copy of ``tcnn`` and ``tests`` (``tests/conftest.py`` puts the
+copy first on ``sys.path``; the copy's conftest also refuses to run when ``tcnn`` comes from elsewhere) and its test
+runs in a fresh process: ``killed`` when it fails. First the tests run on the unmutated tree and must pass without
+a skip: a test that skips kills nothing. Exit status 0 when the baseline passed and every mutant was killed.
+
+``--smoke`` checks the script without a GPU: the CPU case of the autocast test must pass, the first autocast mutant
+must survive it (equivalent there), and a mutant the CPU case does see (the taps left in float32 under autocast) must
+be killed.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+AUTOCAST_TEST = 'tests/test_depthwise.py::test_autocast_casts_every_input_once'
+
+
+class Mutant(NamedTuple):
+    name: str  # mutmut's name, as docs/tests.md records it
+    path: str  # the file, relative to the repository root
+    old: str  # the text replaced: found exactly once in the file, or the mutant is "not applied"
+    new: str
+    test: str  # the test that kills it
+
+
+_AUTOCAST_OFF = "return torch.autocast(t.device.type, enabled=False) if _has_autocast(t) else contextlib.nullcontext()"
+CUDA_MUTANTS = (
+    Mutant('tcnn.layers.depthwise.x__autocast_off__mutmut_1', 'tcnn/layers/depthwise.py', _AUTOCAST_OFF,
+           _AUTOCAST_OFF.replace('if _has_autocast(t) else', 'if (_has_autocast(t)) and False else'),
+           AUTOCAST_TEST + '[cuda]'),
+    Mutant('tcnn.layers.depthwise.x__autocast_off__mutmut_6', 'tcnn/layers/depthwise.py', _AUTOCAST_OFF,
+           _AUTOCAST_OFF.replace('enabled=False', ''), AUTOCAST_TEST + '[cuda]'),
+    Mutant('tcnn.layers.depthwise.x__autocast_off__mutmut_7', 'tcnn/layers/depthwise.py', _AUTOCAST_OFF,
+           _AUTOCAST_OFF.replace('enabled=False', 'enabled=True'), AUTOCAST_TEST + '[cuda]'),
+    Mutant('tcnn.files.tcnn_file.x_safetensors_tensors__mutmut_3', 'tcnn/files/tcnn_file.py',
+           "v = v.detach().to('cpu').contiguous()", 'v = v.detach().to(None).contiguous()',
+           'tests/test_io.py::test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu'),
+    Mutant('tcnn.files.integrity.x__crc32__mutmut_4', 'tcnn/files/integrity.py',
+           "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
+           'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),
+)
+# --smoke: (mutant, the verdict it must get on the CPU)
+SMOKE_MUTANTS = (
+    (CUDA_MUTANTS[0]._replace(test=AUTOCAST_TEST + '[cpu]'), 'survived'),
+    (Mutant('smoke: the taps left in float32 under autocast', 'tcnn/layers/depthwise.py',
+            'taps.to(dtype).contiguous()', 'taps.contiguous()', AUTOCAST_TEST + '[cpu]'), 'killed'),
+)
+
+# the copy's conftest refuses a tcnn imported from anywhere else (a wrong sys.path would make every mutant survive)
+_GUARD = """
+import tcnn as _tcnn_under_test
+assert Path(_tcnn_under_test.__file__).resolve().is_relative_to(ROOT), (
+    f'tcnn imported from {_tcnn_under_test.__file__}, not from the mutated copy {ROOT}')
+"""
+
+
+def run_tests(root: Path, tests: Sequence[str], timeout: float = 600) -> Dict[str, object]:
+    """Run ``tests`` in a fresh pytest process in ``root``: its exit status and junit counts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / 'junit.xml'
+        env = dict(os.environ, HF_HUB_OFFLINE='1')
+        env.pop('TCNN_FAILURE_LOG', None)  # a killed mutant's failure is the expected one: its tail goes to the JSON
+        start = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-q', '-x', '-rfEs',
+                                   f'--junitxml={xml}', *tests], cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+            rc, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, output = 'timeout', str(e.stdout or '')
+        counts = {}
+        if xml.exists():
+            suite = ET.parse(xml).getroot()
+            suite = suite if suite.tag == 'testsuite' else suite.find('testsuite')
+            counts = {k: int(suite.get(k, 0)) for k in ('tests', 'failures', 'errors', 'skipped')}
+    return {'rc': rc, **counts, 'seconds': round(time.monotonic() - start, 1), 'tail': output[-2000:]}
+
+
+def verdict(result: Dict[str, object]) -> str:
+    """killed (a test failed), survived (all ran and passed), skipped (one skipped: it proves nothing), or error."""
+    if result['rc'] == 1 and result.get('failures', 0) + result.get('errors', 0) > 0:
+        return 'killed'
+    if result['rc'] == 0:
+        return 'skipped' if result.get('skipped', 0) else 'survived'
+    return 'timeout' if result['rc'] == 'timeout' else f'error (exit {result["rc"]})'
+
+
+def mutated_copy(mutant: Mutant, folder: Path) -> bool:
+    """``tcnn`` and ``tests`` copied into ``folder``, ``mutant`` written into the copy; False if its text is not
+    found exactly once (the source changed since the campaign: the list needs updating)."""
+    shutil.copytree(ROOT / 'tcnn', folder / 'tcnn', ignore=shutil.ignore_patterns('__pycache__'))
+    shutil.copytree(ROOT / 'tests', folder / 'tests', ignore=shutil.ignore_patterns('__pycache__'))
+    for name in ('setup.cfg', 'pyproject.toml'):
+        shutil.copy(ROOT / name, folder / name)
+    for other in ('benchmarks', 'recipes', 'docs', 'README.md'):  # read by some tests, not mutated
+        if (ROOT / other).exists():
+            (folder / other).symlink_to(ROOT / other)
+    conftest = folder / 'tests' / 'conftest.py'
+    conftest.write_text(conftest.read_text() + _GUARD)
+    source = folder / mutant.path
+    text = source.read_text()
+    if text.count(mutant.old) != 1:
+        return False
+    source.write_text(text.replace(mutant.old, mutant.new))
+    return True
+
+
+def check(mutants: Sequence[Mutant]) -> Dict[str, object]:
+    """The baseline on the unmutated tree, then every mutant in its own copy."""
+    tests = list(dict.fromkeys(m.test for m in mutants))
+    baseline = run_tests(ROOT, tests)
+    report = {'baseline': {'tests': tests, 'verdict': verdict(baseline), **baseline}, 'mutants': {}}
+    print(f'baseline ({len(tests)} tests): {report["baseline"]["verdict"]} in {baseline["seconds"]} s', flush=True)
+    if report['baseline']['verdict'] != 'survived':  # the tests must pass, none skipped, before a mutant means much
+        print(baseline['tail'])
+        return report
+    for mutant in mutants:
+        with tempfile.TemporaryDirectory(prefix='tcnn-cuda-mutant.') as tmp:
+            if mutated_copy(mutant, Path(tmp)):
+                result = run_tests(Path(tmp), [mutant.test])
+                result['verdict'] = verdict(result)
+            else:
+                result = {'verdict': 'not applied', 'tail': f'{mutant.old!r} is not in {mutant.path} exactly once'}
+        report['mutants'][mutant.name] = {'test': mutant.test, **result}
+        print(f'{mutant.name}: {result["verdict"]} ({mutant.test})', flush=True)
+        if result['verdict'] not in ('killed', 'survived'):
+            print(result['tail'])
+    return report
+
+
+def main(argv: Sequence[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--json', type=Path, help='write the verdicts, times and test output tails here')
+    parser.add_argument('--smoke', action='store_true', help='check the machinery on the CPU (no GPU needed)')
+    args = parser.parse_args(argv)
+    if args.smoke:
+        expected = {m.name: v for m, v in SMOKE_MUTANTS}
+        report = check([m for m, _ in SMOKE_MUTANTS])
+    else:
+        expected = {m.name: 'killed' for m in CUDA_MUTANTS}
+        report = check(CUDA_MUTANTS)
+    got = {name: r['verdict'] for name, r in report['mutants'].items()}
+    report['ok'] = report['baseline']['verdict'] == 'survived' and got == expected
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix('.tmp')
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(args.json)
+    print('every mutant got its expected verdict' if report['ok'] else f'expected {expected}, got {got}')
+    return 0 if report['ok'] else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
