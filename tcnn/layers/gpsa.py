@@ -554,7 +554,7 @@ class GPSA(nn.Module):
         """``out = sum_h A_h X W_val W_out^h + bias`` with ``A_h`` the gated mixture of the content and positional
         attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv; an
         unbatched ``(C_in, H, W)`` input gives ``(C_out, H_out, W_out)``, as ``nn.Conv2d``'s does."""
-        unbatched, x = x, _batched_input(x, self.in_chs)
+        given, x = x, _batched_input(x, self.in_chs)  # the output: the shape and format given
         b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
         h_out, w_out = self.output_size(height, width)
         scripted, exporting = _forward_path()
@@ -571,7 +571,7 @@ class GPSA(nn.Module):
         attn = _lerp(content, pos, gate, exporting)  # eq. 7, both attentions in one matrix, query-major
         out = self._value_product(attn, v, scripted, exporting)  # sum_h A_h V W_out^h + bias (eqs. 5-6)
         out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
-        return _like_input_format(out, unbatched)
+        return _like_input_format(out, given)
 
 
 def upgrade_proj_weight(weight: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
