@@ -3,7 +3,9 @@ the saved model files, one CNN per seed, reproducibility, stopping and continuin
 documented distribution, and the command's argument errors."""
 import argparse
 import copy
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,11 +17,12 @@ import torch
 
 import tcnn
 import tcnn.demo.command
-from tcnn.demo.plan import DEMO_VERSION, PAPER_PRETRAIN_EPOCHS, PLANS, recipe_changes, warmup_epochs
+from tcnn.demo.dynamics import INIT_GATE
+from tcnn.demo.judgement import SIGMOID_SLOPE, interval, judge, judgement_lines, t_quantile_975
+from tcnn.demo.plan import PLANS, PRETRAIN_EPOCHS, SHIPPED, recipe_changes, warmup_epochs
 from tcnn.demo.pool import loader_workers, parallel_layout
-from tcnn.demo.reference import (HEADLINE, REFERENCE_FILE, build_reference, compare_with_reference, headline_values,
-                                 load_reference, reference_lines)
-from tcnn.demo.report import _readme_reference, render_readme, verdict
+from tcnn.demo.reference import HEADLINE, build_reference, headline_values
+from tcnn.demo.report import verdict
 from tcnn.demo.results import summarize_runs
 from tcnn.demo.runner import run_demo
 from tcnn.evaluation import scoring
@@ -319,116 +322,104 @@ def _shifted(results, arm, points):
     return out
 
 
-def test_the_report_places_its_numbers_in_the_documented_distribution(tiny):
+def test_the_distribution_pools_the_headline_numbers_of_demos(tiny):
     _, results, _ = tiny
     values = headline_values(results)
     assert set(values) == {key for key, _ in HEADLINE}  # the tiny plan has every arm
     assert values['cnn/clean_top1'] == [r['clean_top1'] for r in results['runs'] if r['arm'] == 'cnn']
     assert values['t-cnn/gain_clean'] == results['summary']['t-cnn']['gain_clean']['values']
-    assert values['t-cnn/gate_mean'] == [r['gate_mean'] for r in results['runs'] if r['arm'] == 't-cnn']
-    # a distribution of this plan from two environments: this demo, and one whose T-CNNs score 10 points more
     other = _shifted(results, 't-cnn', [10, 10])
     other['environment'] = dict(other['environment'], torch='0.0+other')
     reference = build_reference([results, other], measured='today')
     assert [e['torch'] for e in reference['environments']] == [torch.__version__, '0.0+other']
     stats = reference['stats']['t-cnn/clean_top1']
     assert stats['n'] == 4 and stats['max'] == max(values['t-cnn/clean_top1']) + 10
-    inside = compare_with_reference(results, reference)
-    assert inside['available'] and inside['outside'] == [] and inside['seeds'] == 4
-    # a run whose T-CNN of seed 1 scores 100 points more lies outside the band, on the T-CNN's numbers only
-    far = _shifted(results, 't-cnn', [0, 100])
-    far['reference'] = compare_with_reference(far, reference)
-    assert far['reference']['outside'] == ['t-cnn/clean_top1', 't-cnn/gain_clean']
-    number = far['reference']['numbers']['t-cnn/clean_top1']
-    assert number['furthest_seed'] == 1 and number['sd'] == pytest.approx(
-        (values['t-cnn/clean_top1'][1] + 100 - stats['mean']) / stats['std'])
-    lines = reference_lines(far)
-    assert lines[0].startswith('Against the documented distribution (4 full-pipeline seeds')
-    assert f'{len(values) - 2} of {len(values)} headline numbers lie inside' in lines[0]
-    assert 'seed 1 lies' in lines[1] and 'above the documented mean' in lines[1]
-    text = render_readme(far)
-    assert 'Against the documented distribution' in text and '0.0+other' in text
-    assert text.count('| outside the band (') == 2 and 'outside: T-CNN, clean top-1 %; T-CNN gain over no-SA, ' \
-        'clean (points).' in text
-    # another plan's numbers are not compared with the default plan's distribution
     quick = dict(results, plan=dict(results['plan'], name='quick', train=2400))
-    assert not compare_with_reference(quick, reference)['available']
     with pytest.raises(TcnnError, match='different plans'):
         build_reference([results, quick])
 
 
-def _default_plan_results(values):
-    """Results of the default plan holding only the headline ``values`` ({KEY: per-seed values}), compared with
-    the shipped distribution."""
-    runs, summary = {}, {}
-    for key, per_seed in values.items():
-        arm, quantity = key.split('/')
-        for seed, value in enumerate(per_seed):
-            if quantity.startswith('gain_'):
-                summary.setdefault(arm, {}).setdefault(quantity, {'values': []})['values'].append(value)
-            else:
-                runs.setdefault((seed, arm), {'seed': seed, 'arm': arm})[quantity] = value
-    results = {'plan': PLANS['default'].to_dict(), 'version': DEMO_VERSION, 'runs': list(runs.values()),
-               'summary': summary}
-    results['reference'] = compare_with_reference(results)
-    return results
+@pytest.mark.parametrize('df, expected', [(1, 12.706), (4, 2.776), (9, 2.262), (30, 2.042), (40, 2.021),
+                                          (60, 2.000), (120, 1.980), (100000, 1.960)])
+def test_t_quantiles_are_students(df, expected):
+    assert t_quantile_975(df) == pytest.approx(expected, abs=1.5e-3)
 
 
-def test_the_report_band_holds_numbers_at_and_a_rounding_step_past_the_range_ends():
-    """The shipped distribution's ranges: t-cnn-late clean 53.1 to 94.0 (sd 11.5), gate 0.1075 to 0.574, span 0.989
-    to 1.0077. A fresh install's numbers equal to the printed ends (0.107, 1.01) lie inside the range, one a rounding
-    step past it (94.1) inside the band (range ± 2 sd); only numbers clearly outside are flagged, and the line that
-    announces them names them (README and log)."""
-    reference = load_reference()['stats']
-    assert f"{reference['t-cnn/gate_mean']['min']:.3g}" == '0.107' and reference['t-cnn/gate_mean']['min'] > 0.107
-    assert f"{reference['t-cnn/span_mean']['max']:.3g}" == '1.01' and reference['t-cnn/span_mean']['max'] < 1.01
-    assert reference['t-cnn-late/clean_top1']['max'] == 94.0
-    results = _default_plan_results({
-        't-cnn/gate_mean': [0.1070, 0.2], 't-cnn/span_mean': [1.0100, 1.0],  # printed equal to the range's ends
-        't-cnn-late/clean_top1': [94.1, 53.1],  # 0.1 past the maximum and the minimum itself
-        't-cnn/clean_top1': [20.0, 99.5],  # far below: the band ends at 68.4 - 2 x 11.3 = 45.7
-        'cnn/corrupted_top1': [54.6, 90.0],  # far above
-    })
-    ref = results['reference']
-    numbers = ref['numbers']
-    assert ref['outside'] == ['cnn/corrupted_top1', 't-cnn/clean_top1']
-    assert numbers['t-cnn/gate_mean']['in_range'] and numbers['t-cnn/span_mean']['in_range']
-    late = numbers['t-cnn-late/clean_top1']
-    assert late['inside'] and not late['in_range'] and late['past_range_seed'] == 0
-    assert late['past_range'] == pytest.approx(0.1 / reference['t-cnn-late/clean_top1']['std'])
-    stats = reference['t-cnn/clean_top1']
-    assert numbers['t-cnn/clean_top1']['band'] == pytest.approx([stats['min'] - 2 * stats['std'],
-                                                                 stats['max'] + 2 * stats['std']])
-    lines = reference_lines(results)
-    assert lines[0].endswith('3 of 5 headline numbers lie inside the documented band (the documented range ± 2 sd); '
-                             'outside: CNN (start point), corrupted top-1 %; T-CNN, clean top-1 %.'), lines[0]
-    assert len(lines) == 3 and lines[1].startswith('  CNN (start point), corrupted top-1 %: 54.6, 90 vs documented')
-    assert 'outside the band (the documented range ± 2 sd: 45.7 to 123): seed 0 lies' in lines[2]
-    text = _readme_reference(results)
-    assert lines[0] in text and 'outside:\n' not in text
-    assert text.count('| inside the documented range |') == 2
-    assert text.count('inside the band (the documented range ± 2 sd): seed 0 lies 0.0 sd above the documented '
-                      'maximum') == 1
-    assert text.count('| outside the band (') == 2
-    inside = _default_plan_results({'t-cnn/gate_mean': [0.1070, 0.2], 't-cnn-late/clean_top1': [94.1, 53.1]})
-    assert inside['reference']['outside'] == []
-    assert reference_lines(inside)[0].endswith('all 2 headline numbers lie inside the documented band (the '
-                                                    'documented range ± 2 sd), 1 of them inside the range itself.')
+def test_the_paired_gain_interval_is_students_t_over_the_seeds():
+    g = interval([1.0, 2.0, 3.0, 4.0, 5.0])  # mean 3, sd sqrt(2.5), t(4) = 2.776
+    assert g['mean'] == 3.0 and g['half'] == pytest.approx(2.776 * math.sqrt(2.5) / math.sqrt(5))
+    assert g['sign'] == 'positive' and g['lo'] == pytest.approx(3 - g['half'])
+    assert interval([-1.0, 0.5, 2.0])['sign'] == 'zero inside'
+    assert interval([-3.0, -2.0, -2.5])['sign'] == 'negative'
+    assert interval([2.0])['sign'] == 'one seed' and interval([2.0])['lo'] is None
 
 
-def test_the_shipped_distribution_is_of_the_default_plan():
-    reference = load_reference()
-    assert reference is not None, f'{REFERENCE_FILE} is missing: benchmarks/demo_distribution.py writes it'
-    default = PLANS['default'].to_dict()
-    assert reference['plan'] == {k: v for k, v in default.items() if k not in ('name', 'seeds')}
-    assert reference['demo_version'] == DEMO_VERSION
-    assert set(reference['stats']) == {key for key, _ in HEADLINE}
-    assert min(s['n'] for s in reference['stats'].values()) >= 5
-    for env in reference['environments']:
-        assert env['torch'] and env['timm'] and env['pillow'] and env['threads'] >= 1 and env['seeds'] >= 1
-    # shipped with the package, not only with a clone
-    setup = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'setup.cfg')).read()
-    assert 'tcnn.demo = reference.json' in setup.split('[options.package_data]')[1].split('[')[0]
+def _judged(results, gains_clean, gains_corrupted, gate_final):
+    """A copy of ``results`` with the T-CNN's paired gains and every head's final gate set, judged again."""
+    out = copy.deepcopy(results)
+    out['summary']['t-cnn']['gain_clean']['values'] = list(gains_clean)
+    out['summary']['t-cnn']['gain_corrupted']['values'] = list(gains_corrupted)
+    for run in out['training']['runs'].values():
+        for layer in run['layers'].values():
+            layer['gate']['heads_final'] = [gate_final] * len(layer['gate']['heads_final'])
+    return judge(out)
+
+
+def test_the_judgement_reads_the_intervals_once_the_gates_moved(tiny):
+    _, results, _ = tiny
+    moved = INIT_GATE - 0.2
+    up, down, mixed = [2, 3, 2.5, 3.5, 2.8], [-3, -2, -2.5, -3.5, -2.8], [-1, 2, 0.5, -0.5, 1]
+    assert _judged(results, up, mixed, moved)['verdict'] == 'supports'
+    assert _judged(results, up, down, moved)['verdict'] == 'contradicts'
+    assert _judged(results, mixed, mixed, moved)['verdict'] == 'no difference shown'
+    # two seeds: the interval is wide (t = 12.7), a consistent gain of two seeds shows no difference yet
+    assert _judged(results, [2, 3], [2, 3], moved)['verdict'] == 'no difference shown'
+    # gates at their init in every head: the T-CNN learned no attention, whatever its gains
+    frozen = _judged(results, [5, 6], [5, 6], INIT_GATE)
+    assert frozen['verdict'] == 'method failed' and not frozen['attention_learned']
+    # the line is what the base learning rate could have moved the gates: just below it fails, just above passes
+    bound = sum(frozen['base_bound'].values()) / len(frozen['base_bound'])
+    assert _judged(results, up, up, INIT_GATE + bound * 0.95)['verdict'] == 'method failed'
+    assert _judged(results, up, up, INIT_GATE - bound * 1.05)['verdict'] == 'supports'
+    lines = judgement_lines(frozen)
+    assert lines[0].startswith('Headline: T-CNN minus the same CNN fine-tuned without self-attention, paired by seed: '
+                               'clean +5.5 points, 95% CI -0.9 to +11.9 (2 seeds)')
+    assert lines[1].startswith("Verdict: the method failed its check: the T-CNN's gates moved no further than the "
+                               'base learning rate allows (mean |gate change| 0.000 over seeds')
+
+
+def test_the_tiny_demo_learns_attention_and_is_judged(tiny):
+    out, results, lines = tiny
+    j = results['judgement']
+    assert j == judge(results)
+    assert j['attention_learned'], (j['gate_change'], j['base_bound'])
+    assert set(j['gate_change']) == set(j['base_bound']) == {'0', '1'}
+    for seed in (0, 1):  # the bound: the base learning rate summed over the run's updates (16 images each)
+        rows = load_metrics(str(out / 'runs' / f'seed{seed}-t-cnn'))
+        total, before = 0.0, 0.0
+        for r in rows:
+            total += r['train_images'] // 16 * max(before, r['lr'])
+            before = r['lr']
+        assert j['base_bound'][str(seed)] == pytest.approx(SIGMOID_SLOPE * total) and total > 0
+    assert j['gain_clean']['n'] == 2 and j['gain_clean']['mean'] == pytest.approx(
+        results['summary']['t-cnn']['gain_clean']['mean'])
+    text = (out / 'README.md').read_text()
+    for line in judgement_lines(j):
+        assert line in text and line in lines[-1]
+
+
+@pytest.mark.parametrize('gating_lr', [1e-9, 1e-3])
+def test_a_t_cnn_that_cannot_learn_attention_fails_the_judgement(tmp_path, gating_lr):
+    """The same pipeline with the T-CNN's gates frozen (gating lr 1e-9: tcnn train refuses 0) or at the base learning
+    rate instead of the paper's 0.1: its gates move no further than the base rate allows, and the report says the
+    method failed, whatever the accuracies."""
+    plan = dataclasses.replace(PLANS['tiny'], seeds=1, late_epoch=None, gating_lr=gating_lr, lr=1e-3)
+    results = run_demo(str(tmp_path / 'out'), plan=plan, device='cpu', workers=0, jobs=1, progress=False,
+                       log=lambda s: None)
+    j = results['judgement']
+    assert not j['attention_learned'] and j['verdict'] == 'method failed', j
+    assert j['gate_change']['0'] < (j['base_bound']['0'] if gating_lr == 1e-3 else 1e-6)
+    assert "Verdict: the method failed its check" in (tmp_path / 'out' / 'README.md').read_text()
 
 
 def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
@@ -437,20 +428,19 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     now = {r['seed']: r['clean_top1'] for r in results['runs'] if r['arm'] == 't-cnn'}
     mixed = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] - 1])
     assert mixed['summary']['t-cnn']['gain_clean']['values'] == pytest.approx([5, -1])
-    line = verdict(mixed)[0]
-    assert line.startswith('On clean test accuracy') and '1 of 2 seeds favour the T-CNN: the direction does not ' \
-        'hold on every seed' in line
+    assert 'On clean test accuracy, 1 of 2 seeds favour the T-CNN: the direction does not hold on every seed.' in \
+        verdict(mixed)
     better = _shifted(results, 't-cnn', [base[0] - now[0] + 5, base[1] - now[1] + 4])
-    line = verdict(better)[0]
-    assert 'beats the no-SA baseline by +4.5 ± 0.7 points (2 of 2 seeds favour the T-CNN)' in line
+    assert 'On clean test accuracy, 2 of 2 seeds favour the T-CNN.' in verdict(better)
 
 
 @pytest.mark.parametrize('device, seeds, jobs, cpus, expected', [
-    ('cpu', 2, None, 2, (2, 1)),  # the default run on 2 cores: its two seeds side by side, one thread each
-    ('cpu', 1, None, 2, (1, 2)),  # --quick: one seed, both cores
-    ('cpu', 6, None, 2, (2, 1)),
-    ('cpu', 2, None, 16, (2, 8)),
+    ('cpu', 5, None, 2, (2, 1)),  # the default run on 2 cores: two seeds side by side, one thread each
+    ('cpu', 1, None, 2, (1, 1)),  # --quick: one seed, one thread (the same numbers on any machine)
+    ('cpu', 5, None, 16, (5, 1)),  # more cores: more processes, never more threads
+    ('cpu', 2, None, 1, (1, 1)),
     ('cpu', 6, 6, 2, (6, 1)),
+    ('cpu', 5, 1, 16, (1, 1)),
     ('cuda', 6, None, 16, (1, None)),  # one process on the GPU, torch's threads and tcnn train's loader workers
     ('cuda', 3, 4, 16, (4, 4)),  # processes sharing a GPU share the cores too
 ])
@@ -470,18 +460,17 @@ def test_loader_workers(device, threads, expected):
 
 
 def test_the_paper_plan_is_the_papers_schedule_on_the_default_data():
-    """--plan paper: the default plan's data, each CNN to its plateau (PAPER_PRETRAIN_EPOCHS, measured), 50 fine-tuning
-    epochs with 5 of warm-up (T-CNN section 3), the late arm half-way, 3 seeds; its report says so."""
+    """--plan paper: the default plan's data and converged CNNs, 50 fine-tuning epochs with 5 of warm-up (T-CNN
+    section 3), the late arm half-way, 3 seeds; its report says so."""
     paper, default = PLANS['paper'], PLANS['default']
-    assert (paper.train, paper.val, paper.test, paper.corrupt) == (default.train, default.val, default.test,
-                                                                   default.corrupt)
+    assert (paper.train, paper.val, paper.test, paper.corrupt, paper.task()) == (
+        default.train, default.val, default.test, default.corrupt, default.task())
     schedule = (paper.finetune_epochs, warmup_epochs(paper.finetune_epochs), paper.late_epoch, paper.seeds)
     assert schedule == (50, 5, 25, 3)
-    assert paper.pretrain_epochs == PAPER_PRETRAIN_EPOCHS > default.pretrain_epochs
+    assert paper.cnns == default.cnns == SHIPPED and paper.pretrain_epochs == default.pretrain_epochs == PRETRAIN_EPOCHS
     changes = recipe_changes(paper)
     assert changes[0].startswith('epochs: 50 with 5 of warm-up, as the paper\'s')
-    assert f'for {PAPER_PRETRAIN_EPOCHS} epochs first, to its plateau' in changes[0]
-    assert recipe_changes(default)[0].startswith('epochs: 4 instead of 50')
+    assert recipe_changes(default)[0].startswith(f'epochs: {default.finetune_epochs} instead of 50')
     parser = argparse.ArgumentParser()
     tcnn.demo.command.add_arguments(parser)
     assert parser.parse_args(['--plan', 'paper']).plan == 'paper'
@@ -492,8 +481,9 @@ def test_another_plan_in_the_same_folder_is_refused(tiny):
     with pytest.raises(TcnnError, match='other settings'):
         run_demo(str(out), plan='tiny', seeds=3, device='cpu', workers=0, jobs=2, progress=False,
                       log=lambda s: None)
-    with pytest.raises(TcnnError, match='other settings'):  # other threads per process: other numbers
-        run_demo(str(out), plan='tiny', device='cpu', workers=0, jobs=1, progress=False, log=lambda s: None)
+    with pytest.raises(TcnnError, match='other settings'):  # another learning rate: another experiment
+        run_demo(str(out), plan=dataclasses.replace(PLANS['tiny'], lr=2e-3), device='cpu', workers=0, jobs=2,
+                 progress=False, log=lambda s: None)
 
 
 def test_a_folder_of_other_files_is_refused(tmp_path):
@@ -526,5 +516,5 @@ def test_cli_argument_errors_are_one_line(tmp_path, args, match):
 def test_cli_help_names_the_options():
     r = _cli('demo', '--help')
     assert r.returncode == 0
-    for flag in ('--quick', '--plan', '--seeds', '--out', '--device', '--workers', '--jobs'):
+    for flag in ('--quick', '--plan', '--seeds', '--train-cnns', '--out', '--device', '--workers', '--jobs'):
         assert flag in r.stdout

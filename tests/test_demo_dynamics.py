@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tcnn.demo.dynamics import (CONTENT_GATE, INIT_GATE, PLATEAU_POINTS, layer_trajectories, plateau,
+from tcnn.demo.dynamics import (CONTENT_GATE, INIT_GATE, PLATEAU_POINTS, layer_trajectories, lr_sum, plateau,
                                 summarize_training, warmup_dip)
 from tcnn.demo.report import training_verdict
 
@@ -24,10 +24,14 @@ def test_a_curve_still_rising_is_not_at_its_plateau():
 def test_a_flat_noisy_curve_is_at_its_plateau():
     values = [20, 50, 70, 80, 85, 88, 89, 90, 89.5, 90.5, 89, 90, 90.5, 89.5, 90, 91, 89.5, 90, 90.5, 89.5]
     p = plateau(_rows(values))
-    assert p['window'] == 4
-    # the last 4 (89.5, 90, 90.5, 89.5) against the 4 before (90.5, 89.5, 90, 91): noise, no rise
-    assert p['gain'] == pytest.approx(89.875 - 90.25)
+    assert p['window'] == 2
+    # the last 2 (90.5, 89.5) against the 2 before (91, 89.5): noise, no rise
+    assert p['gain'] == pytest.approx(90 - 90.25)
     assert p['at_plateau'] and p['best'] == 91
+    # 50 epochs: windows of 5; a climb that ends before the last tenth is a plateau, one into it is not
+    flat = [min(70.0, 20 + 1.5 * i) for i in range(50)]
+    assert plateau(_rows(flat))['window'] == 5 and plateau(_rows(flat))['at_plateau']
+    assert not plateau(_rows([20 + 1.2 * i for i in range(50)]))['at_plateau']
 
 
 def test_plateau_edge_and_too_short_runs():
@@ -115,3 +119,13 @@ def test_a_cnn_still_rising_is_said_so():
 
 def test_results_without_a_training_section_have_no_training_words():
     assert training_verdict({}) == []
+
+
+def test_lr_sum_bounds_the_rate_summed_over_every_update():
+    """Per epoch: its updates times the larger of the rate at its start and its end (a warm-up rises within an
+    epoch, a cosine falls)."""
+    rows = [{'epoch': 0, 'lr': 1e-3, 'train_images': 640}, {'epoch': 1, 'lr': 5e-4, 'train_images': 640},
+            {'epoch': 2, 'lr': 1e-4, 'train_images': 600}]
+    assert lr_sum(rows, batch_size=64) == pytest.approx(10 * 1e-3 + 10 * 1e-3 + 9 * 5e-4)
+    assert lr_sum(rows, batch_size=64, key='gating_lr') is None  # not recorded
+    assert lr_sum([], batch_size=64) is None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 33, item 5: tcnn demo on the paper's schedule (--plan paper: each seed's CNN trained to its plateau, then 50
-# fine-tuning epochs with 5 of warm-up for the no-SA, T-CNN and late T-CNN arms; 3 seeds) on the GPU, 4 training
+# Issue 33, item 5: tcnn demo on the paper's schedule (--plan paper: each seed's converged CNN, shipped with tcnn, then
+# 50 fine-tuning epochs with 5 of warm-up for the no-SA, T-CNN and late T-CNN arms; 3 seeds) on the GPU, 4 training
 # processes sharing it. It takes more than one 10-minute call: each call continues the demo where the last one
 # stopped. The demo folder stays on the machine while it is warm; every call that does not finish also packs the
 # demo's state (each run's last.pt and records, no data) into $OUT as paper-demo-state.tar.part-*, which a call on a

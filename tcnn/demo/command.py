@@ -12,16 +12,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out(parser, f'the folder to write the demo to (default ./{DEFAULT_OUT}); run the same command again to '
                     'continue an interrupted demo', folder=True)
     parser.add_argument('--quick', action='store_true',
-                        help='a 2-3 minute smoke run (small data, short schedules, one seed, no late arm): '
+                        help='a smoke run of about a minute (small data, 2 fine-tuning epochs, one seed): '
                              '--plan quick')
     parser.add_argument('--plan', choices=list(PLANS),
-                        help='sizes and schedules: default (the result, about 15 minutes on 2 CPU cores), quick (a '
-                             'smoke run), paper (the paper\'s schedule: each CNN to its plateau, 50 fine-tuning '
-                             'epochs, 3 seeds; a GPU\'s job, hours on a CPU) or tiny (a check of the pipeline in about '
-                             'a minute, no result)')
+                        help='sizes and schedules: default (the result, about 13 minutes on 2 CPU cores), quick (a '
+                             'smoke run), paper (the paper\'s 50 fine-tuning epochs, 3 seeds; a GPU\'s job, hours '
+                             'on a CPU) or tiny (a check of the pipeline, no result)')
     parser.add_argument('--seeds', type=int, metavar='N',
-                        help='full-pipeline seeds, each training its own CNN and then its fine-tuning runs (default '
-                             '2; 1 with --quick); --seeds 6 measures the distribution that docs/demo.md documents')
+                        help=f'seeds, each fine-tuning its own converged CNN with and without self-attention '
+                             f'(default {PLANS["default"].seeds}; 1 with --quick); tcnn ships converged CNNs for '
+                             'seeds 0-9, --train-cnns trains any number')
+    parser.add_argument('--train-cnns', action='store_true',
+                        help='train the CNNs from scratch to their plateau here (as the shipped ones were made: '
+                             'about 7 minutes per CNN and core) instead of fine-tuning the converged CNNs tcnn ships')
     # The CPU unless asked: the default plan's schedule and the distribution its report places each number in
     # (docs/demo.md) were measured on CPU cores; a GPU is one flag away (--device auto or cuda)
     add_device(parser, default='cpu')
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from . import DemoStopped, run_demo
     keep_freed_memory()  # its own evaluations, and (through the environment) the training processes it starts
     try:
-        run_demo(args.out or DEFAULT_OUT, plan=plan, seeds=args.seeds, device=device,
+        run_demo(args.out or DEFAULT_OUT, plan=plan, seeds=args.seeds, train_cnns=args.train_cnns, device=device,
                  workers=args.workers, jobs=args.jobs, progress=not args.no_progress)
     except DemoStopped as e:
         print(f'tcnn demo: {e}', file=sys.stderr)

@@ -7,12 +7,14 @@ import math
 from statistics import fmean
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-__all__ = ['PLATEAU_POINTS', 'CONTENT_GATE', 'INIT_GATE', 'plateau', 'warmup_dip', 'layer_trajectories',
+__all__ = ['PLATEAU_POINTS', 'CONTENT_GATE', 'INIT_GATE', 'plateau', 'warmup_dip', 'layer_trajectories', 'lr_sum',
            'summarize_training']
 
-# A CNN is at its plateau when its mean val top-1 over the last fifth of its epochs is at most this many points above
-# the mean over the fifth before (means, not single epochs: one epoch's val top-1 on 1000 images moves by about 1.5
-# points from sampling alone).
+# A CNN is at its plateau when its mean val top-1 over the last tenth of its epochs (at least 2) is at most this many
+# points above the mean over the tenth before (means, not single epochs: one epoch's val top-1 on 1000 images moves
+# by about 1.5 points from sampling alone). A tenth, not a fifth: under the cosine schedule the learning rate of the
+# fifth before the last is still up to 40% of its peak, so a run whose training has ended still shows the climb of
+# that fifth (docs/demo.md, "The converged CNNs").
 PLATEAU_POINTS = 1.0
 # A head whose gate ends below this attends by content almost only (the paper's Fig. 5: "sigma(lambda_h) = 0").
 CONTENT_GATE = 0.1
@@ -21,17 +23,17 @@ INIT_GATE = 1.0 / (1.0 + math.exp(-1.0))
 
 
 def plateau(records: Sequence[Mapping[str, Any]], key: str = 'val_top1') -> Optional[Dict[str, Any]]:
-    """Whether a run's ``key`` stopped rising: its mean over the last fifth of the epochs (at least 2) against the
-    mean over the fifth before. None for a run too short to tell (fewer than 4 epochs).
+    """Whether a run's ``key`` stopped rising: its mean over the last tenth of the epochs (at least 2) against the
+    mean over the tenth before. None for a run too short to tell (fewer than 4 epochs).
 
     Returns:
-        ``window`` (epochs per fifth), ``last_mean``, ``before_mean``, ``gain`` (points, last minus before),
+        ``window`` (epochs per tenth), ``last_mean``, ``before_mean``, ``gain`` (points, last minus before),
         ``final`` (the last epoch's value), ``best`` and ``at_plateau`` (``gain <= PLATEAU_POINTS``).
     """
     values = [float(r[key]) for r in records if r.get(key) is not None]
     if len(values) < 4:
         return None
-    window = max(2, round(len(values) / 5))
+    window = max(2, round(len(values) / 10))
     window = min(window, len(values) // 2)
     last, before = values[-window:], values[-2 * window:-window]
     gain = fmean(last) - fmean(before)
@@ -95,13 +97,27 @@ def layer_trajectories(records: Sequence[Mapping[str, Any]], warmup: int) -> Dic
     return out
 
 
+def lr_sum(records: Sequence[Mapping[str, Any]], batch_size: int, key: str = 'lr') -> Optional[float]:
+    """An upper bound of the sum of ``key`` (a learning rate) over every update of a run: per epoch its updates
+    (``train_images // batch_size``) times the larger of the rate at the epoch's start (the last epoch's end, 0 before
+    the first: the warm-up starts near 0) and at its end; the schedule is monotone within an epoch (a linear warm-up,
+    then cosine decay). None without the rates."""
+    total, before = 0.0, 0.0
+    for r in records:
+        if r.get(key) is None or not r.get('train_images'):
+            return None
+        total += (int(r['train_images']) // batch_size) * max(before, float(r[key]))
+        before = float(r[key])
+    return total if records else None
+
+
 def _last(records: Sequence[Mapping[str, Any]], key: str = 'val_top1') -> Optional[float]:
     values = [float(r[key]) for r in records if r.get(key) is not None]
     return values[-1] if values else None
 
 
 def summarize_training(runs: Sequence[Mapping[str, Any]], metrics: Mapping[str, Sequence[Mapping[str, Any]]],
-                       warmup: int, cnn_arm: str = 'cnn') -> Dict[str, Any]:
+                       warmup: int, cnn_arm: str = 'cnn', batch_size: Optional[int] = None) -> Dict[str, Any]:
     """Every seed's CNN plateau, every fine-tuning run's warm-up dip and every T-CNN's layer trajectories.
 
     Args:
@@ -109,6 +125,7 @@ def summarize_training(runs: Sequence[Mapping[str, Any]], metrics: Mapping[str, 
         metrics: Per run name, its per-epoch metrics.
         warmup: Warm-up epochs of the fine-tuning runs.
         cnn_arm: The arm name of the CNNs trained from scratch (a seed's fine-tuning runs start from its CNN).
+        batch_size: Images per update of the fine-tuning runs (for ``lr_sum``; None: not computed).
 
     Returns:
         ``cnn`` (per seed: ``plateau``'s dict or None), ``cnns_at_plateau`` (of ``cnns``; None where no CNN ran long
@@ -124,7 +141,8 @@ def summarize_training(runs: Sequence[Mapping[str, Any]], metrics: Mapping[str, 
         finetuned[r['name']] = {
             'seed': r['seed'], 'arm': r['arm'],
             'dip': warmup_dip(metrics[r['name']], start, warmup) if start is not None else None,
-            'layers': layer_trajectories(metrics[r['name']], warmup)}
+            'layers': layer_trajectories(metrics[r['name']], warmup),
+            'lr_sum': lr_sum(metrics[r['name']], batch_size) if batch_size else None}
     told = [p for p in cnn.values() if p is not None]
     return {'plateau_points': PLATEAU_POINTS, 'content_gate': CONTENT_GATE, 'warmup_epochs': warmup,
             'cnn': {str(seed): p for seed, p in sorted(cnn.items())}, 'cnns': len(cnn),

@@ -68,17 +68,19 @@ def parallel_layout(device: str, seeds: int, jobs: Optional[int] = None,
                     cpus: Optional[int] = None) -> Tuple[int, Optional[int]]:
     """How many training processes run at once and the torch threads of each: ``(jobs, threads)``.
 
-    On a CPU, one process per core up to the number of seeds, each with ``cpus // jobs`` threads: the demo's small
-    model keeps one thread busy, while two threads of one process wait for each other at every layer (measured in
-    docs/demo.md), and a process that loads its own images needs no loader workers. On a GPU, one process at a time
-    with torch's default threads unless ``jobs`` asks for more: then each process gets its share of the cores (its
-    threads, and its loader workers, ``loader_workers``), so that processes sharing the GPU do not oversubscribe the
-    CPUs that feed it.
+    On a CPU, one process per core up to the number of seeds, each with one thread, whatever the machine: the
+    threads of a process change how its sums are split, and so its rounding and every number after it, so a fixed
+    count keeps a seed's numbers those of any other machine with the same kernels (docs/demo.md); the demo's small
+    model keeps one thread busy, and two threads of one process wait for each other at every layer (measured in
+    docs/demo.md). On a GPU, one process at a time with torch's default threads unless ``jobs`` asks for more: then
+    each process gets its share of the cores (its threads, and its loader workers, ``loader_workers``), so that
+    processes sharing the GPU do not oversubscribe the CPUs that feed it.
     """
     cpus = cpus or available_cpus()
-    if jobs is None:
-        jobs = 1 if device != 'cpu' else max(1, min(seeds, cpus))
-    return jobs, (max(1, cpus // jobs) if device == 'cpu' or jobs > 1 else None)
+    if device == 'cpu':
+        return (jobs or max(1, min(seeds, cpus))), 1
+    jobs = jobs or 1
+    return jobs, (max(1, cpus // jobs) if jobs > 1 else None)
 
 
 def loader_workers(device: str, threads: Optional[int]) -> Optional[int]:

@@ -1,6 +1,6 @@
 """The demo's report: what the numbers say in plain words (``verdict``), the result table of its log
-(``summary_lines``) and its ``README.md`` (``render_readme``: the table, what it means, the comparison with the
-documented distribution, the details, the runs over their epochs (the paper's Fig. 4 in numbers), the figures, how
+(``summary_lines``) and its ``README.md`` (``render_readme``: the table, the judgement of the paper's claim and what
+the numbers mean, the details, the runs over their epochs (the paper's Fig. 4 in numbers), the figures, how
 it was made).
 """
 import os
@@ -8,8 +8,8 @@ from statistics import fmean
 from typing import Any, Dict, List, Mapping, Sequence
 
 from ..evaluation.tables import format_markdown, format_table
-from .plan import ARM_TITLES, IMG_SIZE
-from .reference import BAND_TEXT, HEADLINE_TITLES, reference_lines, where_it_lies
+from .judgement import interval, judgement_lines
+from .plan import ARM_TITLES, IMG_SIZE, SHIPPED
 
 __all__ = ['verdict', 'training_verdict', 'summary_lines', 'render_readme']
 
@@ -21,26 +21,25 @@ def _pm(stats: Mapping[str, Any], signed: bool = False) -> str:
     return f'{stats["mean"]:{fmt}} ± {stats["std"]:.1f}'
 
 
+def _ci(values: Sequence[float]) -> str:
+    """A paired gain as the table shows it: mean and 95% interval over seeds."""
+    g = interval(values)
+    return f'{g["mean"]:+.1f}' if g['lo'] is None else f'{g["mean"]:+.1f} [{g["lo"]:+.1f}, {g["hi"]:+.1f}]'
+
+
 def verdict(results: Mapping[str, Any]) -> List[str]:
     """What the numbers say, in plain words, whatever their sign."""
     s = results['summary']
     n = results['plan']['seeds']
     lines = []
     t = s.get('t-cnn')
-    if t and 'gain_clean' in t:
+    if results.get('judgement'):
+        lines += judgement_lines(results['judgement'])
+    if t and 'gain_clean' in t and n > 1:
         for key, what in (('gain_clean', 'clean test accuracy'), ('gain_corrupted', 'accuracy on corrupted images')):
-            g = t[key]
-            favour = sum(v > 0 for v in g['values'])
-            agree = ('one seed: no spread' if n == 1 else f'{favour} of {n} seeds favour the T-CNN' +
-                     ('' if favour in (0, n) else ': the direction does not hold on every seed'))
-            if n > 1 and abs(g['mean']) <= g['std']:
-                lines.append(f'On {what}, the T-CNN and the no-SA baseline are within the spread over {n} seeds '
-                             f'({_pm(g, True)} points, {agree}): no clear difference.')
-            elif g['mean'] > 0:
-                lines.append(f'On {what}, the T-CNN beats the no-SA baseline by {_pm(g, True)} points ({agree}).')
-            else:
-                lines.append(f'On {what}, the T-CNN is worse than the no-SA baseline by {_pm(g, True)} points '
-                             f'({agree}).')
+            favour = sum(v > 0 for v in t[key]['values'])
+            lines.append(f'On {what}, {favour} of {n} seeds favour the T-CNN'
+                         + ('.' if favour in (0, n) else ': the direction does not hold on every seed.'))
     base = s.get('no-sa')
     if t and base:
         ratio_t = t['corrupted_top1']['mean'] / t['clean_top1']['mean']
@@ -138,8 +137,8 @@ def _result_rows(results: Mapping[str, Any]) -> List[List[str]]:
     rows = []
     for arm, e in results['summary'].items():
         rows.append([ARM_TITLES[arm], _pm(e['clean_top1']), _pm(e['corrupted_top1']),
-                     _pm(e['gain_clean'], True) if 'gain_clean' in e else '',
-                     _pm(e['gain_corrupted'], True) if 'gain_corrupted' in e else ''])
+                     _ci(e['gain_clean']['values']) if 'gain_clean' in e else '',
+                     _ci(e['gain_corrupted']['values']) if 'gain_corrupted' in e else ''])
     return rows
 
 
@@ -156,8 +155,9 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _readme_result(results: Mapping[str, Any]) -> str:
     """Title, the result table, the verdict in words and the conversion's exactness."""
     plan, ds, conv = results['plan'], results['dataset'], results['conversion']
-    seeds_note = (f'mean ± standard deviation over {plan["seeds"]} seeds, each its own CNN and fine-tuning'
-                  if plan['seeds'] > 1 else 'one seed (run with --seeds 2 or more for a spread)')
+    seeds_note = (f'accuracies: mean ± standard deviation over {plan["seeds"]} seeds, each its own CNN and '
+                  'fine-tuning; gains: mean [95% interval], paired by seed' if plan['seeds'] > 1 else
+                  'one seed (run with --seeds 2 or more for an interval)')
     lo, hi = conv['init_max_rel_err_range']
     init_dev = f'{lo:.1%}' if f'{lo:.1%}' == f'{hi:.1%}' else f'{lo:.1%} to {hi:.1%}'
     cnns = f'each of the {plan["seeds"]} trained CNNs' if plan['seeds'] > 1 else 'the trained CNN'
@@ -187,31 +187,6 @@ logits error of {conv['max_rel_err']:.1e} (float32, {conv['gpsa_layers']} GPSA l
 (alpha = lambda = 1) the logits deviate by {init_dev}: the init loosens locality and gates so that heads can learn
 content attention.
 """
-
-
-def _readme_reference(results: Mapping[str, Any]) -> str:
-    """Every headline number against the documented distribution of the plan (docs/demo.md)."""
-    ref = results.get('reference') or {}
-    if not ref.get('available'):
-        return f'\nNo comparison with the documented distribution: {ref.get("why", "none")}.\n'
-    envs = '; '.join(f'torch {e["torch"]}, timm {e["timm"]}, Pillow {e["pillow"]}, {e["threads"]} thread(s) x '
-                     f'{e["jobs"]} process(es), {e["seeds"]} seeds' for e in ref['environments'])
-    rows = [[HEADLINE_TITLES[key], ', '.join(f'{v:.3g}' for v in n['values']),
-             f'{n["reference"]["mean"]:.3g} ± {n["reference"]["std"]:.2g}',
-             f'{n["reference"]["min"]:.3g} to {n["reference"]["max"]:.3g}', where_it_lies(n)]
-            for key, n in ref['numbers'].items()]
-    return f"""
-### Against the documented distribution
-
-What another machine sees: every headline number over {ref['seeds']} full-pipeline seeds of this plan (each its own
-CNN and fine-tuning), measured {ref['measured'] or 'when this tcnn was released'} ({envs}). A different torch build,
-CPU or thread count changes the floating-point rounding, and from there the whole training: numbers anywhere in the
-documented range, or a little past it, are what this demo gives, not a failure to reproduce it. A number is flagged
-only outside the band, {BAND_TEXT} (docs/demo.md says why).
-
-{_md_table(['number', 'this run (per seed)', 'documented mean ± sd', 'documented range', 'this run lies'], rows)}
-
-""" + '\n'.join(reference_lines(results)[:1]) + '\n'
 
 
 def _readme_details(results: Mapping[str, Any]) -> str:
@@ -326,6 +301,10 @@ def _readme_method(results: Mapping[str, Any]) -> str:
     plan, ds, env = results['plan'], results['dataset'], results['environment']
     device = env['device'] + (f' ({env["gpu"]})' if env.get('gpu') else '')
     cpu = f", {env['cpu']}, torch's {env['cpu_capability']} kernels" if env.get('cpu') else ''
+    cnn_source = (f"the converged `demo_resnet10` shipped with tcnn for that seed (trained from scratch on this data "
+                  f"for {plan['pretrain_epochs']} epochs by `python benchmarks/demo_cnns.py`, its epochs in "
+                  "`runs/seedS-cnn/metrics.jsonl`)" if plan.get('cnns') == SHIPPED else
+                  f"`demo_resnet10` trained from scratch for {plan['pretrain_epochs']} epochs (`runs/seedS-cnn`)")
     late = (f""", `t-cnn-late` (CNN for {plan['late_epoch']} epochs, then
    reparameterised: the paper's Table 3)""" if plan['late_epoch'] is not None else '')
     return f"""
@@ -341,7 +320,7 @@ apart is local; finding which kind is the single one needs the shapes to be comp
 
 ## How it was made
 
-1. Per seed, the CNN: `demo_resnet10` trained from scratch for {plan['pretrain_epochs']} epochs (`runs/seedS-cnn`).
+1. Per seed, the CNN: {cnn_source}.
 2. From the seed's CNN, {plan['finetune_epochs']} fine-tuning epochs each: `no-sa` (the CNN, `tcnn train --no-sa`),
    `t-cnn` (`tcnn.reparameterize`, verified, then the recipe){late}.
 3. `tcnn eval` of every final model on `data/test` and `data/test-c` (`eval.json`), gates, spans and nonlocality
@@ -372,5 +351,5 @@ threads per process{cpu}, device {device}); torch {env['torch']}, torchvision {e
 
 def render_readme(results: Mapping[str, Any]) -> str:
     """The demo's ``README.md``: the table, what it means, the details, the figures, how it was made."""
-    return ''.join(f(results) for f in (_readme_result, _readme_reference, _readme_details, _readme_training,
+    return ''.join(f(results) for f in (_readme_result, _readme_details, _readme_training,
                                          _readme_figures, _readme_method))

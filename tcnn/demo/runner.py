@@ -3,14 +3,14 @@
 The data (``tcnn.demo.synthetic``), then every seed's training runs in the pool of ``tcnn train`` processes
 (``tcnn.demo.pool``: the CNN, exported and its conversion verified as soon as it is trained, then its fine-tuning
 arms), then evaluation, analysis and figures (``tcnn.demo.results``), the comparison with the documented
-distribution (``tcnn.demo.reference``) and the report (``tcnn.demo.report``).
+judgement (``tcnn.demo.judgement``) and the report (``tcnn.demo.report``).
 """
 import dataclasses
 import functools
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -20,10 +20,11 @@ from ..errors import InvalidArgumentError, TcnnError, check_device, check_number
 from ..files import loading, tcnn_file
 from ..paths import check_output_dir
 from ..files import run_folder
-from . import synthetic
-from .plan import CNN, DATA_SEED, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, PLANS, run_name, warmup_epochs
+from . import shipped, synthetic
+from .judgement import judge, judgement_lines
+from .plan import CNN, DATA_SEED, DEMO_FORMAT, DEMO_VERSION, IMG_SIZE, PLANS, SCRATCH, SHIPPED, Plan, run_name, \
+    warmup_epochs
 from .pool import Context, Run, loader_workers, parallel_layout, train_all
-from .reference import compare_with_reference, reference_lines
 from .report import render_readme, summary_lines
 from .results import collect_results, draw_figures, evaluate
 
@@ -86,13 +87,16 @@ def _arm_argv(ctx: Context, arm: str, seed: int) -> List[str]:
     return _train_argv(ctx, run_name(seed, arm), seed, plan.finetune_epochs, plan.lr, extra)
 
 
-def _demo_runs(ctx: Context, conversions: Dict[int, Dict[str, Any]], files: Dict[str, str]) -> List[Run]:
-    """The training runs: every seed's CNN, then every seed's fine-tuning arms from it. A finished CNN is exported
-    and its conversion verified; a finished arm is exported."""
+def _demo_runs(ctx: Context, conversions: Dict[int, Dict[str, Any]], files: Dict[str, str],
+               cnn_records: Dict[int, Dict[str, Any]]) -> List[Run]:
+    """The training runs: every seed's fine-tuning arms from its CNN, after the CNN itself where the plan trains it
+    (``cnns='scratch'``); a shipped CNN is installed (checked against its record) first. A CNN's conversion is
+    verified as soon as it is there; a finished run is exported."""
     plan = ctx.plan
 
     def cnn_done(seed: int) -> None:
-        files[run_name(seed, CNN)] = _export(ctx, run_name(seed, CNN))
+        if plan.cnns == SCRATCH:
+            files[run_name(seed, CNN)] = _export(ctx, run_name(seed, CNN))
         conversions[seed] = _verify_conversion(ctx, seed)
         ctx.log(f'{run_name(seed, CNN)}: conversion max relative logits error {conversions[seed]["max_rel_err"]:.2e} '
                 f'in the exact configuration; {conversions[seed]["init_max_rel_err"]:.1%} deviation at the '
@@ -101,9 +105,20 @@ def _demo_runs(ctx: Context, conversions: Dict[int, Dict[str, Any]], files: Dict
     def arm_done(name: str) -> None:
         files[name] = _export(ctx, name)
 
-    runs = [Run(run_name(s, CNN), _arm_argv(ctx, CNN, s), plan.pretrain_epochs,
-                finished=functools.partial(cnn_done, s)) for s in range(plan.seeds)]
-    runs += [Run(run_name(s, arm), _arm_argv(ctx, arm, s), plan.finetune_epochs, after=run_name(s, CNN),
+    runs: List[Run] = []
+    if plan.cnns == SHIPPED:
+        for s in range(plan.seeds):
+            name = run_name(s, CNN)
+            cnn_records[s] = shipped.install(plan, s, ctx.model_file(name), ctx.run_dir(name))
+            files[name] = ctx.model_file(name)
+            ctx.log(f'{name}: the converged CNN shipped with tcnn (final val top-1 {cnn_records[s]["val_top1"]:.1f}% '
+                    f'after {cnn_records[s]["epochs"]} epochs; sha256 {cnn_records[s]["sha256"][:12]})')
+            cnn_done(s)
+    else:
+        runs += [Run(run_name(s, CNN), _arm_argv(ctx, CNN, s), plan.pretrain_epochs,
+                     finished=functools.partial(cnn_done, s)) for s in range(plan.seeds)]
+    after = (lambda s: run_name(s, CNN)) if plan.cnns == SCRATCH else (lambda s: None)
+    runs += [Run(run_name(s, arm), _arm_argv(ctx, arm, s), plan.finetune_epochs, after=after(s),
                  finished=functools.partial(arm_done, run_name(s, arm)))
              for s in range(plan.seeds) for arm in plan.arms]
     return runs
@@ -132,8 +147,9 @@ def _check_settings(out: str, settings: Dict[str, Any]) -> None:
 def run_demo(
         out: str = 'tcnn-demo',
         *,
-        plan: str = 'default',
+        plan: Union[str, Plan] = 'default',
         seeds: Optional[int] = None,
+        train_cnns: bool = False,
         device: str = 'cpu',
         workers: Optional[int] = None,
         jobs: Optional[int] = None,
@@ -145,22 +161,31 @@ def run_demo(
     Args:
         out: Output folder: ``data/``, ``runs/``, ``models/``, ``figures/``, ``eval.json``, ``results.json``,
             ``README.md``.
-        plan: ``default`` (about 15 minutes on 2 CPU cores), ``quick`` (2-3 minutes) or ``tiny`` (tests).
-        seeds: Full-pipeline seeds (default: the plan's); each trains its own CNN, then its fine-tuning arms.
+        plan: ``default`` (about 13 minutes on 2 CPU cores), ``quick`` (about a minute), ``paper`` (50 fine-tuning
+            epochs, a GPU's job), ``tiny`` (tests), or a ``Plan`` of one's own.
+        seeds: Seeds (default: the plan's); seed S fine-tunes CNN S (the shipped converged CNN of seed S, or one
+            trained here) with and without self-attention.
+        train_cnns: Train the CNNs from scratch to their plateau (as the shipped ones were made) instead of
+            fine-tuning the shipped ones.
         device: ``cpu``, ``cuda``, ``cuda:1``, ...
         workers: Data-loading processes per loader (default: none for a training process with one thread, else
             sized to the machine).
-        jobs: Training processes at once (default: on CPU one per core, at most one per seed; 1 on a GPU). The
-            numbers depend on it through the threads per process (``parallel_layout``).
+        jobs: Training processes at once (default: on CPU one per core, at most one per seed, one thread each;
+            1 on a GPU; ``parallel_layout``).
         progress: Progress bars (data generation, evaluation).
         log: Where progress lines go.
 
     Returns:
         The results (also ``out/results.json``).
     """
-    if plan not in PLANS:
+    if isinstance(plan, Plan):
+        p = plan
+    elif plan in PLANS:
+        p = PLANS[plan]
+    else:
         raise InvalidArgumentError(f'plan must be one of {", ".join(PLANS)}, got {plan!r}')
-    p = PLANS[plan]
+    if train_cnns:
+        p = dataclasses.replace(p, cnns=SCRATCH)
     if seeds is not None:
         check_number(seeds, 'seeds', ge=1, integer=True)
         p = dataclasses.replace(p, seeds=int(seeds))
@@ -172,8 +197,9 @@ def run_demo(
     check_output_dir(out, 'out')
     out = os.path.abspath(out)
     jobs, threads = parallel_layout(device, p.seeds, jobs)
+    # what the numbers depend on (the processes at once do not: each has one thread on a CPU)
     settings = {'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': p.to_dict(), 'device': device,
-                'workers': workers, 'jobs': jobs, 'threads': threads}
+                'workers': workers, 'threads': threads}
     _check_settings(out, settings)
     ctx = Context(out, p, device, workers, progress, log, jobs, threads)
     start = time.perf_counter()
@@ -184,7 +210,8 @@ def run_demo(
         + (f', {threads} thread(s) each' if threads else ''))
     conversions: Dict[int, Dict[str, Any]] = {}
     files: Dict[str, str] = {}
-    train_all(ctx, _demo_runs(ctx, conversions, files), timings)
+    cnn_records: Dict[int, Dict[str, Any]] = {}
+    train_all(ctx, _demo_runs(ctx, conversions, files, cnn_records), timings)
     runs = [{'seed': seed, 'arm': arm, 'name': run_name(seed, arm), 'run_dir': ctx.run_dir(run_name(seed, arm)),
              'model_file': files[run_name(seed, arm)]} for seed in range(p.seeds) for arm in (CNN, *p.arms)]
     step = time.perf_counter()
@@ -192,16 +219,17 @@ def run_demo(
     timings['evaluation'] = time.perf_counter() - step
     step = time.perf_counter()
     results = collect_results(ctx, report, runs, [conversions[s] for s in range(p.seeds)], dataset, timings)
+    results['cnns'] = {'source': p.cnns, 'shipped': {str(s): r for s, r in sorted(cnn_records.items())}}
     timings['analysis'] = time.perf_counter() - step
     step = time.perf_counter()
     results['figures'] = draw_figures(ctx, results)
     timings['figures'] = time.perf_counter() - step
-    results['reference'] = compare_with_reference(results)
+    results['judgement'] = judge(results)
     results['wall_s'] = time.perf_counter() - start
     results['timings_s'] = timings
     atomic_write_text(os.path.join(out, 'results.json'), json.dumps(results, indent=2) + '\n')
     atomic_write_text(os.path.join(out, 'README.md'), render_readme(results))
-    log(f'\n{summary_lines(results)}\n' + '\n'.join(reference_lines(results)) +
+    log(f'\n{summary_lines(results)}\n' + '\n'.join(judgement_lines(results['judgement'])) +
         f'\nwrote {os.path.join(out, "README.md")} and results.json ({results["wall_s"] / 60:.1f} min)')
     return results
 
@@ -212,7 +240,7 @@ def _generate(ctx: Context, timings: Dict[str, float]) -> Dict[str, Any]:
             f'{plan.corrupt} test images x {len(synthetic.DEFAULT_CORRUPTIONS)} corruptions x 5 severities -> '
             f'{ctx.data}')
     manifest = synthetic.generate(ctx.data, sizes={'train': plan.train, 'val': plan.val, 'test': plan.test},
-                                  seed=DATA_SEED, task=synthetic.OddColour(img_size=IMG_SIZE),
+                                  seed=DATA_SEED, task=plan.task(),
                                   corrupt_count=plan.corrupt, workers=ctx.workers, progress=ctx.progress)
     timings['data'] = manifest.pop('generation_s')
     return manifest
