@@ -100,6 +100,24 @@ def test_corruptions_grow_with_severity(corruption):
     assert diffs[-1] > 1.3 * diffs[0], diffs
 
 
+def test_impulse_noise_salts_each_channel_value_on_its_own():
+    """ImageNet-C's impulse noise is ``skimage.util.random_noise(mode='s&p', amount=c)``: each of a pixel's three
+    values is replaced with probability c, by 0 or 255 half and half (skimage's documented semantics). On mid-grey at
+    severity 5 (c = 0.27) that touches 1 - 0.73^3 = 61.1% of the pixels and colours all but the 0.27^3 / 4 = 0.5% whose
+    three values all became the same; salting whole pixels (one draw per pixel) touches 27% and colours none."""
+    c = synthetic.corruption_params('impulse_noise', 5)
+    grey = Image.new('RGB', (160, 160), (128, 128, 128))
+    out = np.asarray(synthetic.corrupt(grey, 'impulse_noise', 5, np.random.default_rng(0))).astype(int)
+    changed = out != 128
+    assert set(np.unique(out[changed])) == {0, 255}
+    # 76,800 values, 25,600 pixels: binomial standard errors of 0.0016 and 0.003, so 0.01 and 0.015 are 5-6 of them
+    assert changed.mean() == pytest.approx(c, abs=0.01)
+    assert (out[changed] == 255).mean() == pytest.approx(0.5, abs=0.015)
+    assert changed.any(-1).mean() == pytest.approx(1 - (1 - c) ** 3, abs=0.015)
+    coloured = out.max(-1) != out.min(-1)
+    assert coloured.mean() == pytest.approx(1 - (1 - c) ** 3 - c ** 3 / 4, abs=0.015)
+
+
 def test_generate_writes_imagefolders_and_imagenet_c_layout(tmp_path):
     root = tmp_path / 'ds'
     sizes = {'train': 12, 'val': 6, 'test': 6}
