@@ -53,9 +53,18 @@ def atomic_write_text(path: str, text: str) -> str:
 
 
 def atomic_torch_save(obj: Any, path: str) -> str:
-    """``torch.save`` to ``path`` atomically; returns ``path``."""
+    """``torch.save`` to ``path`` atomically; returns ``path``.
+
+    torch.save is given an open file, not the temporary path: given a path, it names the archive's root folder after
+    the file, here a random temporary name, so the same object would give other bytes on every save; given a file,
+    the folder is always ``archive`` and the same object gives the same bytes (a checksum can name a file).
+    """
     import torch  # here, not at the top: the CLI writes text files through this module before torch loads
-    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+    def write(tmp: str) -> None:
+        with open(tmp, 'wb') as f:
+            torch.save(obj, f)
+    return atomic_write(path, write)
 
 
 def atomic_copy(src: str, dst: str) -> str:

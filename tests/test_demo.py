@@ -434,18 +434,19 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     assert 'On clean test accuracy, 2 of 2 seeds favour the T-CNN.' in verdict(better)
 
 
-@pytest.mark.parametrize('device, seeds, jobs, cpus, expected', [
-    ('cpu', 5, None, 2, (2, 1)),  # the default run on 2 cores: two seeds side by side, one thread each
-    ('cpu', 1, None, 2, (1, 1)),  # --quick: one seed, one thread (the same numbers on any machine)
-    ('cpu', 5, None, 16, (5, 1)),  # more cores: more processes, never more threads
+@pytest.mark.parametrize('device, runs, jobs, cpus, expected', [
+    ('cpu', 10, None, 2, (2, 1)),  # the default run on 2 cores: two runs side by side, one thread each
+    ('cpu', 2, None, 2, (2, 1)),  # --quick: its two arms side by side
+    ('cpu', 1, None, 2, (1, 1)),  # one run: one thread (the same numbers on any machine)
+    ('cpu', 10, None, 16, (10, 1)),  # more cores: more processes, never more threads
     ('cpu', 2, None, 1, (1, 1)),
     ('cpu', 6, 6, 2, (6, 1)),
     ('cpu', 5, 1, 16, (1, 1)),
     ('cuda', 6, None, 16, (1, None)),  # one process on the GPU, torch's threads and tcnn train's loader workers
     ('cuda', 3, 4, 16, (4, 4)),  # processes sharing a GPU share the cores too
 ])
-def test_parallel_layout(device, seeds, jobs, cpus, expected):
-    assert parallel_layout(device, seeds, jobs, cpus) == expected
+def test_parallel_layout(device, runs, jobs, cpus, expected):
+    assert parallel_layout(device, runs, jobs, cpus) == expected
 
 
 @pytest.mark.parametrize('device, threads, expected', [

@@ -515,3 +515,15 @@ def test_check_finite_outputs():
                             'parameters/buffers hold NaN or infinite values (0.weight, 1.bias): the weights are '
                             'damaged (a corrupted file or a diverged training run); use an earlier checkpoint or '
                             'reconvert')
+
+
+def test_the_same_model_saves_to_the_same_bytes_under_any_name(tmp_path):
+    """A T-CNN file's bytes are a function of the model: its SHA-256 can name it (the demo's shipped CNNs are checked
+    that way). torch.save given a path names the archive's root after the file, which atomic writes make random."""
+    import hashlib
+    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), input_size=(3, 64, 64))
+    digests = []
+    for name in ('a.pt', 'other-name.pt', 'a.pt'):
+        tcnn.save(model, str(tmp_path / name))
+        digests.append(hashlib.sha256((tmp_path / name).read_bytes()).hexdigest())
+    assert len(set(digests)) == 1

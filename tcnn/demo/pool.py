@@ -64,11 +64,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def parallel_layout(device: str, seeds: int, jobs: Optional[int] = None,
+def parallel_layout(device: str, runs: int, jobs: Optional[int] = None,
                     cpus: Optional[int] = None) -> Tuple[int, Optional[int]]:
     """How many training processes run at once and the torch threads of each: ``(jobs, threads)``.
 
-    On a CPU, one process per core up to the number of seeds, each with one thread, whatever the machine: the
+    ``runs``: the fine-tuning runs that could train side by side (seeds x arms). On a CPU, one process per core up to
+    that number, each with one thread, whatever the machine: the
     threads of a process change how its sums are split, and so its rounding and every number after it, so a fixed
     count keeps a seed's numbers those of any other machine with the same kernels (docs/demo.md); the demo's small
     model keeps one thread busy, and two threads of one process wait for each other at every layer (measured in
@@ -78,7 +79,7 @@ def parallel_layout(device: str, seeds: int, jobs: Optional[int] = None,
     """
     cpus = cpus or available_cpus()
     if device == 'cpu':
-        return (jobs or max(1, min(seeds, cpus))), 1
+        return (jobs or max(1, min(runs, cpus))), 1
     jobs = jobs or 1
     return jobs, (max(1, cpus // jobs) if jobs > 1 else None)
 

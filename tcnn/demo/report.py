@@ -310,10 +310,10 @@ def _readme_method(results: Mapping[str, Any]) -> str:
     return f"""
 ## The task
 
-{ds['rule'].capitalize()}. Every image ({ds['task_params']['img_size']} px) holds {ds['task_params']['num_objects']}
-shapes of the kinds {', '.join(ds['classes'])}, with random positions (at least
-{ds['task_params']['min_distance']} image widths apart), sizes and colours on a random background. Telling the kinds
-apart is local; finding which kind is the single one needs the shapes to be compared across the image. Splits:
+{ds['rule'].capitalize()} (classes: {', '.join(ds['classes'])}). Every image ({ds['task_params']['img_size']} px)
+holds {ds['task_params']['num_objects']} shapes with random kinds, positions (at least
+{ds['task_params']['min_distance']} image widths apart) and sizes on a random background. Telling a shape's class
+apart is local; finding the single one needs the shapes to be compared across the image. Splits:
 {ds['sizes']['train']} train, {ds['sizes']['val']} val, {ds['sizes']['test']} test images (dataset seed
 {ds['seed']}); {ds['corrupt_count']} test images corrupted with {', '.join(ds['corruptions'])} at 5 severities
 (ImageNet-C parameters) in `data/test-c`.

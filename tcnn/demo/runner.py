@@ -196,7 +196,7 @@ def run_demo(
     check_device(device, 'device')
     check_output_dir(out, 'out')
     out = os.path.abspath(out)
-    jobs, threads = parallel_layout(device, p.seeds, jobs)
+    jobs, threads = parallel_layout(device, p.seeds * len(p.arms), jobs)
     # what the numbers depend on (the processes at once do not: each has one thread on a CPU)
     settings = {'format': DEMO_FORMAT, 'version': DEMO_VERSION, 'plan': p.to_dict(), 'device': device,
                 'workers': workers, 'threads': threads}

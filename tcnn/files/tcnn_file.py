@@ -35,7 +35,7 @@ from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookN
 from timm.models._features_fx import FeatureGraphNet
 
 from ..data.config import data_config, dense_data_config
-from ..atomic import atomic_write
+from ..atomic import atomic_torch_save, atomic_write
 from ..convert.fusion import FusedBranches
 from ..convert.settings import ConversionSettings, gpsa_layers
 from ..convert.transform import reparameterize
@@ -574,7 +574,7 @@ def save(model: nn.Module, path: str, *, data_config: Optional[Dict[str, Any]] =
         if ext == '.safetensors':
             atomic_write(path, lambda tmp: _save_safetensors(d, tmp))
         else:
-            atomic_write(path, lambda tmp: torch.save(d, tmp))
+            atomic_torch_save(d, path)  # the same model gives the same bytes (atomic_torch_save says why)
     except OSError as e:  # disk full, no permission, ...: nothing was left at path
         raise TcnnError(f'cannot write {path}: {e.strerror or e}') from e
     return os.path.abspath(path)
