@@ -1,15 +1,16 @@
 """Helpers the test files share, defined once (the fixtures are in ``conftest.py``): the relative error every
-equivalence check measures and the random image batches the models get.
+equivalence check measures, the random image batches the models get, and what a failing ``torch.save`` leaves.
 
 Imported by name, as ``formulas``, ``nontrivial`` and ``imagegen`` are: ``tests/`` has no ``__init__.py``, so pytest
 puts it on ``sys.path`` (wherever the folder is: CI's oldest stack and the mutation runs' copies alike).
 ``tests/test_layout.py`` fails on a test file that defines one of these again.
 """
+import os
 from typing import Any, Tuple, Union
 
 import torch
 
-__all__ = ['rel_err', 'images']
+__all__ = ['rel_err', 'images', 'write_partial']
 
 
 def rel_err(out: Any, ref: torch.Tensor) -> float:
@@ -39,3 +40,14 @@ def images(batch: int = 2, size: Union[int, Tuple[int, int]] = 64, *, chans: int
     """
     height, width = (size, size) if isinstance(size, int) else size
     return torch.randn(batch, chans, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+def write_partial(f, data: bytes) -> None:
+    """What a failing ``torch.save`` leaves: ``data`` written to ``f``, a path or an open file (tcnn gives torch.save
+    an open file, so that the same object saves to the same bytes)."""
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, 'wb') as fh:
+            fh.write(data)
+    else:
+        f.write(data)
+        f.flush()

@@ -14,7 +14,7 @@ import tcnn
 from tcnn.cli import main
 from tcnn.files.sources import create_cnn
 
-from helpers import images
+from helpers import images, write_partial
 
 
 def _run(argv, capsys):
@@ -169,8 +169,7 @@ def test_failed_write_leaves_previous_file(tmp_path, monkeypatch, capsys):
     out_path.write_bytes(b'previous')
 
     def failing_save(obj, f, *args, **kwargs):
-        with open(f, 'wb') as fh:
-            fh.write(b'partial')
+        write_partial(f, b'partial')
         raise OSError(28, 'No space left on device')
 
     monkeypatch.setattr(torch, 'save', failing_save)

@@ -15,6 +15,8 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -129,6 +131,17 @@ def test_the_shipped_cnns_are_converged_below_100_percent_and_packaged():
         assert model.num_classes == 6 and not any(isinstance(m, tcnn.GPSA) for m in model.modules())
     setup = open(os.path.join(REPO, 'setup.cfg'), encoding='utf-8').read()
     assert 'tcnn.demo = cnns/*.pt, cnns/*.jsonl, cnns/record.json' in setup
+
+
+def test_a_demo_with_more_seeds_than_shipped_cnns_is_refused_before_it_starts(tmp_path):
+    seeds = len(shipped.shipped_seeds())
+    r = subprocess.run([sys.executable, '-m', 'tcnn', 'demo', '--seeds', str(seeds + 1), '--out', str(tmp_path / 'o')],
+                       capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE='1'), timeout=120)
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        f'not seed {seeds}: pass --seeds {seeds} or fewer, or pass --train-cnns (tcnn demo) to train the CNNs from '
+        'scratch')
+    assert not (tmp_path / 'o').exists()  # refused before any data was made
 
 
 def test_a_shipped_cnn_is_refused_for_other_data_seeds_or_bytes(tmp_path):

@@ -19,7 +19,7 @@ from tcnn.files import run_folder
 from tcnn.errors import TcnnError
 from tcnn.files.sources import create_cnn
 
-from helpers import images
+from helpers import images, write_partial
 
 
 @pytest.fixture(scope='module')
@@ -206,8 +206,7 @@ def test_atomic_save_leaves_no_partial_file(t_model, tmp_path, monkeypatch):
     path.write_bytes(b'previous file')
 
     def failing_save(obj, f, *args, **kwargs):
-        with open(f, 'wb') as fh:
-            fh.write(b'partial')
+        write_partial(f, b'partial')
         raise OSError(28, 'No space left on device')
 
     monkeypatch.setattr(torch, 'save', failing_save)
@@ -842,8 +841,7 @@ def test_a_failed_write_leaves_nothing_and_says_why(t_model, tmp_path, monkeypat
     import errno
 
     def disk_full(obj, f, *args, **kwargs):
-        with open(f, 'wb') as out:
-            out.write(b'half a file')
+        write_partial(f, b'half a file')
         raise OSError(errno.ENOSPC, 'No space left on device')
 
     def quota(obj, f, *args, **kwargs):

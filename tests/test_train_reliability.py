@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tcnn
+from helpers import write_partial
 from tcnn.train import launch
 from tcnn.cli import main as tcnn_main
 from tcnn.train.distributed import EXIT_INTERRUPTED, EXIT_PREEMPTED, StopRequest
@@ -289,8 +290,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(data_dir, tmp_path, monk
 
     def disk_full(obj, f, *args, **kwargs):
         if os.path.isfile(run / 'last.pt'):  # epoch 1's checkpoint is on disk: the disk is full from now on
-            with open(f, 'wb') as fh:
-                fh.write(b'PK\x03\x04 partial')
+            write_partial(f, b'PK\x03\x04 partial')
             raise RuntimeError('[enforce fail at inline_container.cc:859] . PytorchStreamWriter failed writing file '
                                'data/3: file write failed')
         return real_save(obj, f, *args, **kwargs)

@@ -195,6 +195,8 @@ def run_demo(
         check_number(jobs, 'jobs', ge=1, integer=True)
     check_device(device, 'device')
     check_output_dir(out, 'out')
+    if p.cnns == SHIPPED:
+        shipped.check_plan(p)
     out = os.path.abspath(out)
     jobs, threads = parallel_layout(device, p.seeds * len(p.arms), jobs)
     # what the numbers depend on (the processes at once do not: each has one thread on a CPU)

@@ -17,8 +17,8 @@ from ..errors import TcnnError
 from ..files import run_folder
 from .plan import CNN, DATA_SEED, Plan, run_name
 
-__all__ = ['SHIPPED_DIR', 'RECORD_FILE', 'RECORD_FORMAT', 'data_key', 'load_record', 'shipped_seeds', 'install',
-           'model_name', 'metrics_name', 'sha256']
+__all__ = ['SHIPPED_DIR', 'RECORD_FILE', 'RECORD_FORMAT', 'data_key', 'load_record', 'shipped_seeds', 'check_plan',
+           'install', 'model_name', 'metrics_name', 'sha256']
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'cnns')
 RECORD_FILE = os.path.join(SHIPPED_DIR, 'record.json')
@@ -76,6 +76,14 @@ def _check(plan: Plan, record: Optional[Mapping[str, Any]], seed: int) -> Mappin
         raise TcnnError(f'tcnn ships converged demo CNNs for seeds {", ".join(sorted(record["cnns"], key=int))} '
                         f'only, not seed {seed}: pass --seeds {len(record["cnns"])} or fewer, or {fix}')
     return entry
+
+
+def check_plan(plan: Plan, folder: Optional[str] = None) -> None:
+    """Raise ``TcnnError`` (one line naming the fix) unless a converged CNN of the plan's data is shipped for every
+    one of its seeds: checked before a demo generates its data."""
+    record = load_record(folder)
+    for seed in range(plan.seeds):
+        _check(plan, record, seed)
 
 
 def install(plan: Plan, seed: int, model_file: str, run_dir: str, folder: Optional[str] = None) -> Dict[str, Any]:
