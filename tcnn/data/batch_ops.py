@@ -102,17 +102,22 @@ def resize(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:
 
 
 def _first_pass(size_in: Sequence[int], size: Sequence[int]) -> Tuple[int, int]:
-    """The size after Pillow's first resampling pass. Pillow resamples in two passes, each rounded to uint8 (and so
-    clipping bicubic's overshoot), the horizontal one first; Pillow 13 runs the vertical one first when the width
-    grows and the height shrinks (measured: in 290 of 290 such sizes; Pillow 10.4-12.1 horizontal first in them all).
-    Where both shrink Pillow 13 picks an order by a rule not reproduced here (horizontal first in 2 of 3 measured
-    sizes; the other order changes a level on a few % of the pixels)."""
-    if _VERTICAL_FIRST_WHEN_WIDENING and size[1] > size_in[1] and size[0] < size_in[0]:
+    """The size after Pillow's first resampling pass of a resize from ``size_in`` to ``size`` (height, width).
+
+    Pillow resamples in two passes, each rounded to uint8 (and so clipping bicubic's overshoot), so their order
+    changes the result by up to a few dozen levels at edges. Pillow 13 (``ImagingResampleInner``, ``libImaging/
+    Resample.c``) runs the vertical one first when the height shrinks by more than twice what the width shrinks,
+    ``h_in - h > 0 and h_in - h > 2 * (w_in - w)`` (a growing width shrinks by a negative amount), to make the
+    horizontal pass shorter; otherwise, and always before Pillow 13, the horizontal one first. Checked against
+    Pillow's output on random sizes (``benchmarks/pil_agreement.py``, docs/benchmarks.md).
+    """
+    shrink_h, shrink_w = size_in[0] - size[0], size_in[1] - size[1]
+    if _PILLOW_PICKS_THE_ORDER and shrink_h > 0 and shrink_h > 2 * shrink_w:
         return size[0], size_in[1]
     return size_in[0], size[1]
 
 
-_VERTICAL_FIRST_WHEN_WIDENING = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (13, 0)
+_PILLOW_PICKS_THE_ORDER = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (13, 0)
 
 
 def resize_float(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:
