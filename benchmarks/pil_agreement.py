@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How far the batched augmentation's pixels (``tcnn.data.batch_ops``) lie from timm's PIL transform's, in uint8 levels.
 
-    python benchmarks/pil_agreement.py                  # every section: about 4 minutes on 2 cores
+    python benchmarks/pil_agreement.py                  # every section: about 7 minutes on 2 busy cores
     python benchmarks/pil_agreement.py --quick          # fewer images: a smoke run
     python benchmarks/pil_agreement.py --section order resize
     python benchmarks/pil_agreement.py --save           # also writes results/cpu-pil-agreement-<date>.json
@@ -17,6 +17,9 @@ Sections (CPU, one torch thread; photo-like images from ``benchmarks/photos.py``
   over all crops and over the tall ones (Pillow resamples them vertically first; tcnn did not before issue 59).
 * ``affine``: the recipe's RandAugment draws of the geometric ops (Rotate, ShearX/Y, TranslateX/YRel at magnitude
   9, std 0.5) on 224 px crops, through ``BatchAugment``'s op against timm's PIL op, for each interpolation.
+* ``cost``: what matching Pillow's affine filters exactly would cost: rotations of 16 crops by ``batch_ops.rotate``
+  (``grid_sample``), by ``pillow_affine_reference`` (Pillow's arithmetic in torch ops, float64 and float32) and by
+  Pillow, their agreement with Pillow and their times.
 * ``jitter``: ``batch_ops.color_jitter`` (torchvision's tensor arithmetic) against torchvision's ColorJitter on PIL
   images (what timm's PIL pipeline runs), with ``ColorJitter(0.4, 0.4, 0.4, 0.1)``'s draws (factors and orders),
   each op alone and all four.
@@ -50,7 +53,7 @@ PIL_RESAMPLE = {'nearest': Image.NEAREST, 'bilinear': Image.BILINEAR, 'bicubic':
 SIZE = 224
 
 
-def _photos(count: int) -> List[np.ndarray]:
+def photo_arrays(count: int) -> List[np.ndarray]:
     """Photo-like HWC uint8 images, every fifth portrait."""
     return [np.array(photo(seed, *((500, 375) if seed % 5 == 4 else (375, 500)))) for seed in range(count)]
 
@@ -71,6 +74,8 @@ def _stats(diffs: Sequence[np.ndarray], **extra: Any) -> Dict[str, Any]:
 
 
 def _row(name: str, s: Dict[str, Any]) -> str:
+    if 'values' not in s:
+        return f'{name:<44} {s}'
     if not s['values']:
         return f'{name:<44} (none)'
     return f"{name:<44} differing {100 * s['differing']:7.3f}%  mean {s['mean']:.4f}  max {s['max']:3d}"
@@ -173,7 +178,7 @@ def resize_agreement(images: List[np.ndarray], seed: int = 0) -> Dict[str, Any]:
 
 def _crops_224(images: List[np.ndarray], seed: int) -> List[np.ndarray]:
     """The recipe's crops of ``images`` as Pillow makes them (bicubic): RandAugment's input."""
-    return [np.asarray(Image.fromarray(a).crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BICUBIC))
+    return [np.array(Image.fromarray(a).crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BICUBIC))
             for a, (top, left, h, w) in zip(images, _recipe_crops(images, seed))]
 
 
@@ -209,6 +214,95 @@ def affine_agreement(images: List[np.ndarray], seed: int = 1) -> Dict[str, Any]:
     return result
 
 
+def _cubic_(v1: torch.Tensor, v2: torch.Tensor, v3: torch.Tensor, v4: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Pillow's ``BICUBIC(v, v1, v2, v3, v4, d)`` (``libImaging/Geometry.c``: a cubic convolution with a = -1),
+    operation for operation in its order (so in double precision the same bits); consumes v1 and v3."""
+    p4 = (v2 - v1).sub_(v3).add_(v4)
+    p3 = (v1 - v2).mul_(2).add_(v3).sub_(v4)
+    p2 = v3.sub_(v1)
+    return p4.mul_(t).add_(p3).mul_(t).add_(p2).mul_(t).add_(v2)
+
+
+def pillow_affine_reference(images: torch.Tensor, matrix: torch.Tensor, code: int,
+                            dtype: torch.dtype = torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pillow's bilinear (``code`` 1) or bicubic (2) affine filter in torch ops: each output pixel's source point in
+    double (``affine_transform``), its 2 x 2 or 4 x 4 taps gathered with the edge repeated (``XCLIP``/``YCLIP``),
+    Pillow's formulas in ``dtype``, clipped and truncated. Returns the images and where the source lies inside
+    (the rest is the fill colour). What matching Pillow exactly costs outside ``grid_sample``'s fused kernel (the
+    ``cost`` section); not used by tcnn."""
+    n, ch, h, w = images.shape
+    a, b, c, d, e, f = (v.view(-1, 1, 1) for v in matrix.double().unbind(-1))
+    xo = torch.arange(w, dtype=torch.float64).add_(0.5).view(1, 1, w)
+    yo = torch.arange(h, dtype=torch.float64).add_(0.5).view(1, h, 1)
+    xs, ys = (a * xo + b * yo).add_(c), (d * xo + e * yo).add_(f)
+    inside = (xs >= 0) & (xs < w) & (ys >= 0) & (ys < h)
+    xs, ys = xs.sub_(0.5), ys.sub_(0.5)
+    x0, y0 = xs.floor(), ys.floor()
+    dx, dy = (xs - x0).view(1, -1).to(dtype), (ys - y0).view(1, -1).to(dtype)
+    first, taps = (0, 2) if code == batch_ops.BILINEAR else (-1, 4)
+    x0, y0 = x0.clamp_(-8, w + 8).long(), y0.clamp_(-8, h + 8).long()  # outside points: any tap, filled later
+    offset = (torch.arange(n) * (h * w)).view(n, 1, 1)
+    columns = [(x0 + (first + k)).clamp_(0, w - 1) for k in range(taps)]
+    pixels = images.transpose(0, 1).reshape(ch, n * h * w).to(dtype)
+
+    def row(j: int) -> List[torch.Tensor]:
+        base = (y0 + (first + j)).clamp_(0, h - 1).mul_(w).add_(offset)
+        return [pixels.index_select(1, (base + column).view(-1)) for column in columns]
+
+    if code == batch_ops.BILINEAR:  # BILINEAR(v, a, b, d): a + (b - a) * d
+        top, bottom = ((v1.sub_(v0).mul_(dx).add_(v0)) for v0, v1 in (row(0), row(1)))
+        v = bottom.sub_(top).mul_(dy).add_(top)
+    else:
+        v = _cubic_(*[_cubic_(*row(j), dx) for j in range(4)], dy)
+    out = v.clamp_(0, 255).to(torch.int16).to(torch.uint8).view(ch, n, h, w).transpose(0, 1).contiguous()
+    return out, inside
+
+
+def exact_cost(images: List[np.ndarray], repeats: int, seed: int = 3) -> Dict[str, Any]:
+    """Rotations of 224 px crops (random angles within the recipe's 30 degrees), one batch: ``batch_ops.rotate``
+    (``grid_sample``), the reference above in float64 and float32, and Pillow one image at a time; agreement with
+    Pillow and the medians of interleaved repeats (one thread)."""
+    import statistics
+    import time
+    crops = _crops_224(images, seed)
+    rng = random.Random(seed)
+    degrees = torch.tensor([rng.uniform(-30, 30) for _ in crops], dtype=torch.float64)
+    x = torch.stack([_tensor(c) for c in crops])
+    fill = BatchAugment(SIZE, **RECIPE).fill
+    fill_value = torch.tensor(fill, dtype=torch.uint8).view(1, 3, 1, 1)
+    theta = -torch.deg2rad(torch.remainder(degrees, 360.0))
+    cos, sin = torch.round(torch.cos(theta), decimals=15), torch.round(torch.sin(theta), decimals=15)
+    cx, cy = SIZE / 2, SIZE / 2
+    matrix = torch.stack([cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy], -1)
+    result: Dict[str, Any] = {'images': len(crops)}
+    for mode in ('bicubic', 'bilinear'):
+        code = batch_ops.INTERPOLATIONS.index(mode)
+        refs = [np.asarray(Image.fromarray(c).rotate(float(a), resample=PIL_RESAMPLE[mode], fillcolor=fill))
+                for c, a in zip(crops, degrees.tolist())]
+
+        def reference(dtype: torch.dtype) -> torch.Tensor:
+            out, inside = pillow_affine_reference(x, matrix, code, dtype)
+            return torch.where(inside.unsqueeze(1), out, fill_value)
+        candidates = {'grid_sample (tcnn)': lambda: batch_ops.rotate(x, degrees, fill, torch.full((len(x),), code)),
+                      'reference float64': lambda: reference(torch.float64),
+                      'reference float32': lambda: reference(torch.float32)}
+        for name, fn in candidates.items():
+            out = fn()
+            d = [np.abs(_levels(out[k]) - r.astype(np.int64)) for k, r in enumerate(refs)]
+            result[f'{mode} {name}'] = _stats(d)
+        candidates['Pillow'] = lambda: [Image.fromarray(c).rotate(float(a), resample=PIL_RESAMPLE[mode],
+                                                                  fillcolor=fill)
+                                        for c, a in zip(crops, degrees.tolist())]
+        times: Dict[str, List[float]] = {name: [] for name in candidates}
+        for r in range(repeats):
+            for name in (list(candidates) if r % 2 else list(candidates)[::-1]):
+                start = time.perf_counter()
+                candidates[name]()
+                times[name].append(time.perf_counter() - start)
+        result[f'{mode} ms per batch'] = {name: round(1000 * statistics.median(t), 1) for name, t in times.items()}
+    return result
+
+
 # ----------------------------------------------------------------------------------------------------- jitter
 
 
@@ -238,9 +332,10 @@ def jitter_agreement(images: List[np.ndarray], seed: int = 2) -> Dict[str, Any]:
 
 SECTIONS: Dict[str, Callable[[argparse.Namespace], Dict[str, Any]]] = {
     'order': lambda args: pass_order(300 if args.quick else 3000),
-    'resize': lambda args: resize_agreement(_photos(12 if args.quick else 200)),
-    'affine': lambda args: affine_agreement(_photos(24 if args.quick else 400)),
-    'jitter': lambda args: jitter_agreement(_photos(12 if args.quick else 200)),
+    'resize': lambda args: resize_agreement(photo_arrays(12 if args.quick else 200)),
+    'affine': lambda args: affine_agreement(photo_arrays(24 if args.quick else 400)),
+    'jitter': lambda args: jitter_agreement(photo_arrays(12 if args.quick else 200)),
+    'cost': lambda args: exact_cost(photo_arrays(4 if args.quick else 16), 3 if args.quick else 7),
 }
 
 

@@ -184,6 +184,27 @@ def test_affine_ops_against_timms(name, interpolation):
         assert d.max() <= (0 if interpolation == 'nearest' else 1)
 
 
+# The recipe's geometric RandAugment draws (Rotate, ShearX/Y, TranslateX/YRel at magnitude 9, std 0.5) on photo-like
+# 224 px crops (benchmarks/pil_agreement.py: 24 images, seeded) against timm's PIL ops: interpolation -> (share of the
+# values that differ, mean |diff|, max |diff|), a little above the measured values (in the comments), so that a
+# change of the kernel or of its edges shows. Bicubic: grid_sample's a = -0.75 against Pillow's a = -1, kept because
+# Pillow's arithmetic outside grid_sample's fused kernel costs 8-15x its time on the CPU (docs/benchmarks.md).
+GEOMETRY_ON_PHOTOS = {
+    'bicubic': (0.39, 0.49, 9),  # measured 37.39%, 0.4724, 9
+    'bilinear': (0.0005, 0.0005, 1),  # measured 0.042%, 0.0004, 1
+    'nearest': (0, 0, 0),
+}
+
+
+def test_geometric_ops_on_photos_differ_from_pillow_by_the_measured_amounts():
+    from benchmarks.pil_agreement import affine_agreement, photo_arrays
+    result = affine_agreement(photo_arrays(24))
+    for mode, (share, mean, top) in GEOMETRY_ON_PHOTOS.items():
+        s = result[f'all {mode}']
+        print(f"\n{mode}: {100 * s['differing']:.3f}% differ, mean {s['mean']:.4f}, max {s['max']}")
+        assert s['differing'] <= share and s['mean'] <= mean and s['max'] <= top, (mode, s)
+
+
 def test_relative_translations_and_fill_through_the_batch():
     """TranslateXRel/YRel through ``BatchAugment`` (pixels = fraction x side) fill with timm's img_mean."""
     aug = BatchAugment(96, scale=(1, 1), hflip=0, auto_augment='rand-n1-p1.0', interpolation='nearest', mean=MEAN,
@@ -395,6 +416,29 @@ def test_color_jitter_ops_against_torchvision(name):
     v2, pil = _jitter_diffs(name)
     max_v2, mean_pil = JITTER_TOLERANCE[name]
     assert v2.max() <= max_v2 and pil.mean() <= mean_pil, (v2.max(), pil.mean(), pil.max())
+
+
+# ColorJitter(0.4, 0.4, 0.4, 0.1)'s draws on photo-like 224 px crops (benchmarks/pil_agreement.py: 12 images, seeded),
+# the batched ops (torchvision's tensor arithmetic) against torchvision's PIL path (what timm's PIL pipeline runs):
+# op -> (share of the values that differ, mean |diff|, max |diff|), a little above the measured values (comments).
+# Contrast and saturation: a float grayscale against Pillow's fixed-point 'L'; hue: float HSV against Pillow's 8-bit
+# HSV image (the PIL path shifts the 8-bit hue by whole steps).
+JITTER_ON_PHOTOS = {
+    'brightness': (0, 0, 0),  # measured 0
+    'contrast': (0.103, 0.103, 1),  # measured 9.85%, 0.0985, 1
+    'saturation': (0.099, 0.099, 1),  # measured 9.42%, 0.0942, 1
+    'hue': (0.37, 0.78, 17),  # measured 35.69%, 0.7455, 17
+    'all four': (0.46, 0.82, 13),  # measured 44.68%, 0.7891, 13
+}
+
+
+def test_color_jitter_on_photos_differs_from_torchvisions_pil_path_by_the_measured_amounts():
+    from benchmarks.pil_agreement import jitter_agreement, photo_arrays
+    result = jitter_agreement(photo_arrays(12))
+    for op, (share, mean, top) in JITTER_ON_PHOTOS.items():
+        s = result[op]
+        print(f"\n{op}: {100 * s['differing']:.3f}% differ, mean {s['mean']:.4f}, max {s['max']}")
+        assert s['differing'] <= share and s['mean'] <= mean and s['max'] <= top, (op, s)
 
 
 @pytest.mark.parametrize('active', [(True, True, True, True), (True, True, True, False), (False, False, True, False)])
@@ -900,6 +944,18 @@ def test_the_pass_order_is_pillows_on_random_sizes():
     from benchmarks.pil_agreement import pass_order
     result = pass_order(300, seed=1)
     assert result['informative'] >= 250 and result['disagree'] == 0, result
+
+
+def test_the_agreement_benchmark_reproduces_pillows_affine_filters(capsys):
+    """``benchmarks/pil_agreement.py --section cost``: its reference (Pillow's formulas in torch ops, float64) gives
+    Pillow's rotations byte for byte, bicubic and bilinear; ``grid_sample``'s bicubic does not (what the section
+    times against it)."""
+    from benchmarks.pil_agreement import main
+    assert main(['--quick', '--section', 'cost']) == 0
+    rows = {line[:44].strip(): line[44:] for line in capsys.readouterr().out.splitlines()}
+    for mode in ('bicubic', 'bilinear'):
+        assert rows[f'{mode} reference float64'].split() == ['differing', '0.000%', 'mean', '0.0000', 'max', '0']
+    assert int(rows['bicubic grid_sample (tcnn)'].split()[-1]) > 1 and 'reference float32' in str(rows)
 
 
 def test_whole_image_crops_of_a_stacked_batch_are_one_copy():

@@ -18,11 +18,15 @@ calls it once and scatters the result back. Each mirrors what timm's transform r
 * ``affine``, ``rotate``, ``shear_x``/``shear_y``, ``translate_x``/``translate_y``: ``Image.transform(AFFINE)`` and
   ``Image.rotate`` with a fill colour: PIL's coordinate convention and its out-of-image test, resampled by
   ``grid_sample`` (bilinear, bicubic) or exactly (nearest, in Pillow's 16.16 fixed point). Pillow's transform
-  bicubic is a cubic convolution with a = -1 (``libImaging/Geometry.c``; its *resize* uses a = -0.5),
-  ``grid_sample``'s uses a = -0.75: those outputs differ from Pillow's by a few levels at edges (measured in
-  ``tests/test_batch_augment.py``).
+  bicubic is a cubic convolution with a = -1 (``BICUBIC`` in ``libImaging/Geometry.c``; its *resize* uses a =
+  -0.5), ``grid_sample``'s uses a = -0.75: bicubic outputs differ from Pillow's on many pixels, by several levels at
+  edges (measured on photo-like images in docs/benchmarks.md, pinned in ``tests/test_batch_augment.py``). Pillow's
+  own arithmetic in torch ops (``benchmarks/pil_agreement.py``'s reference: its bytes exactly) costs several times
+  ``grid_sample``'s fused kernel on the CPU, so it is not used.
 * ``adjust_brightness``, ``adjust_contrast``, ``adjust_saturation``, ``adjust_hue``: torchvision's ``ColorJitter``
-  ops with the arithmetic of ``torchvision.transforms.v2.functional`` on uint8 tensors.
+  ops with the arithmetic of ``torchvision.transforms.v2.functional`` on uint8 tensors (not its PIL path, which
+  timm's PIL pipeline runs: contrast and saturation differ from it by a level on some pixels, hue, through Pillow's
+  8-bit HSV image, by more; docs/benchmarks.md).
 * ``normalize`` (``ToTensor`` + ``Normalize``) and ``erase`` (timm's ``RandomErasing._erase`` for given boxes).
 
 Nothing here draws a random number except ``erase``, from generators seeded by its caller.
