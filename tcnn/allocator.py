@@ -8,10 +8,11 @@ quarter of a CPU training run, docs/benchmarks.md). With the mmap threshold at i
 and a 256 MiB top pad, the freed blocks stay in the process and the next step reuses them; the price is a higher
 resident size (measured in docs/benchmarks.md, "The CPU allocator").
 
-Only the command line's long-running processes call ``keep_freed_memory`` (``tcnn train`` and ``torchrun -m
-tcnn.train``, ``tcnn demo`` and the training processes it starts); ``import tcnn`` changes nothing. Other C libraries
-(musl, macOS) and a user's own ``MALLOC_*`` environment (glibc's tunables, read when the process starts) are left
-alone; ``TCNN_MALLOC=system`` turns it off.
+Only the command line's long-running processes call ``keep_freed_memory`` (``tcnn train``, ``python -m tcnn.train``
+and ``torchrun -m tcnn.train``, ``tcnn demo`` and the training processes it starts): the settings are process-wide
+and pass on to every process started later, so the Python API (``tcnn.train.main``, ``tcnn.train.launch.run``) and
+``import tcnn`` leave the caller's process alone. Other C libraries (musl, macOS) and a user's own ``MALLOC_*``
+environment (glibc's tunables, read when the process starts) are left alone; ``TCNN_MALLOC=system`` turns it off.
 """
 import ctypes
 import ctypes.util

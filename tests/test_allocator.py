@@ -63,13 +63,47 @@ def test_the_users_own_malloc_settings_win(monkeypatch):
     assert allocator.keep_freed_memory() == {}
 
 
-def test_tcnn_train_turns_it_on():
-    """``tcnn train`` calls it before its work starts, and passes it on to the processes it starts."""
-    code = ('import os, tcnn.train.launch as launch; launch.main(["--print-config"]); '
-            'print("TOP_PAD", os.environ.get("MALLOC_TOP_PAD_"))')
+# Each program, run as a process: its arguments (--print-config: done before any work), then what its process's
+# environment holds afterwards (what the processes it starts inherit)
+PROGRAMS = {
+    'tcnn train': 'from tcnn.cli import main; main(["train", "--print-config"])',
+    'python -m tcnn.train': ('import runpy, sys; sys.argv = ["tcnn.train", "--print-config"]\n'
+                             'try:\n    runpy.run_module("tcnn.train", run_name="__main__", alter_sys=True)\n'
+                             'except SystemExit:\n    pass'),
+}
+
+
+@pytest.mark.parametrize('program', list(PROGRAMS))
+def test_the_training_programs_turn_it_on(program):
+    """``tcnn train`` and ``python -m tcnn.train`` (what torchrun starts) tune their process and pass it on to the
+    processes they start (``tcnn.train.main`` called from Python does not: the next test)."""
+    code = PROGRAMS[program] + '\nimport os; print("TOP_PAD", os.environ.get("MALLOC_TOP_PAD_"))'
     out = subprocess.run([sys.executable, '-c', code], env=_env(), capture_output=True, text=True, check=True).stdout
     expected = str(allocator.MALLOC_SETTINGS['MALLOC_TOP_PAD_'][1]) if GLIBC else 'None'
-    assert f'TOP_PAD {expected}' in out
+    assert 'model: ' in out and f'TOP_PAD {expected}' in out, out[-300:]
+
+
+def test_a_training_run_through_the_python_api_leaves_malloc_and_the_environment_alone(data_dir, tmp_path,
+                                                                                       monkeypatch):
+    """In this process: ``tcnn.train.main`` with ``--print-config`` and a whole one-epoch run (loader workers
+    included) calls no ``mallopt`` and adds no ``MALLOC_*`` variable."""
+    import tcnn.train
+    environ = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != allocator.OPT_OUT}
+    monkeypatch.setattr(os, 'environ', environ)
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+    monkeypatch.setattr(allocator, '_glibc', lambda: Libc())
+    assert tcnn.train.main(['--print-config']) == 0
+    assert tcnn.train.main(['--data', data_dir, '--output', str(tmp_path / 'run'), '--model', 'resnet18d',
+                            '--no-pretrained', '--epochs', '1', '--batch-size', '4', '--img-size', '32',
+                            '--workers', '1', '--no-progress', '--no-sa', '--device', 'cpu']) == 0
+    assert (tmp_path / 'run' / 'last.pt').is_file()
+    assert calls == [] and not [k for k in os.environ if k.startswith('MALLOC_')]
+    assert allocator.keep_freed_memory() and len(calls) == len(allocator.MALLOC_SETTINGS)  # the spy sees a call
 
 
 def test_tcnn_demo_turns_it_on_for_its_training_processes(monkeypatch, tmp_path):

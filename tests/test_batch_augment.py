@@ -184,6 +184,27 @@ def test_affine_ops_against_timms(name, interpolation):
         assert d.max() <= (0 if interpolation == 'nearest' else 1)
 
 
+# The recipe's geometric RandAugment draws (Rotate, ShearX/Y, TranslateX/YRel at magnitude 9, std 0.5) on photo-like
+# 224 px crops (benchmarks/pil_agreement.py: 24 images, seeded) against timm's PIL ops: interpolation -> (share of the
+# values that differ, mean |diff|, max |diff|), a little above the measured values (in the comments), so that a
+# change of the kernel or of its edges shows. Bicubic: grid_sample's a = -0.75 against Pillow's a = -1, kept because
+# Pillow's arithmetic outside grid_sample's fused kernel costs 8-15x its time on the CPU (docs/benchmarks.md).
+GEOMETRY_ON_PHOTOS = {
+    'bicubic': (0.39, 0.49, 9),  # measured 37.39%, 0.4724, 9
+    'bilinear': (0.0005, 0.0005, 1),  # measured 0.042%, 0.0004, 1
+    'nearest': (0, 0, 0),
+}
+
+
+def test_geometric_ops_on_photos_differ_from_pillow_by_the_measured_amounts():
+    from benchmarks.pil_agreement import affine_agreement, photo_arrays
+    result = affine_agreement(photo_arrays(24))
+    for mode, (share, mean, top) in GEOMETRY_ON_PHOTOS.items():
+        s = result[f'all {mode}']
+        print(f"\n{mode}: {100 * s['differing']:.3f}% differ, mean {s['mean']:.4f}, max {s['max']}")
+        assert s['differing'] <= share and s['mean'] <= mean and s['max'] <= top, (mode, s)
+
+
 def test_relative_translations_and_fill_through_the_batch():
     """TranslateXRel/YRel through ``BatchAugment`` (pixels = fraction x side) fill with timm's img_mean."""
     aug = BatchAugment(96, scale=(1, 1), hflip=0, auto_augment='rand-n1-p1.0', interpolation='nearest', mean=MEAN,
@@ -216,8 +237,8 @@ def _with_crop(aug: BatchAugment, boxes: List[Tuple[int, int, int, int]], code: 
 # at 64 px: the width grows, the height shrinks)
 RESIZE_CASES = ((64, [(10, 5, 70, 80), (0, 0, 96, 96), (3, 7, 90, 55)]), (128, [(10, 5, 70, 80), (20, 30, 40, 33)]))
 # interpolation -> (mean |diff|, max |diff|) tolerance, 1.5x measured, for torch's uint8 kernel (the CPU) and the
-# float passes (other devices). The differences are Pillow 13's choice of pass order where both sides shrink
-# (batch_ops._first_pass) and, for the float passes, float32 vs Pillow's fixed-point weights.
+# float passes (other devices). The differences are the weights' rounding: torch's uint8 kernel's fixed point (coarser
+# than Pillow's when enlarging) and, for the float passes, float32 vs Pillow's fixed-point weights.
 RESIZE_TOLERANCE = {
     ('nearest', 'uint8'): (0, 0),  # measured 0, 0
     ('bilinear', 'uint8'): (0.0057, 1),  # measured 0.0038, 1
@@ -302,6 +323,49 @@ def test_resized_crops_of_a_batch_are_pillows_crop_resize_and_flip():
     assert np.array_equal(_levels(got), np.asarray(Image.fromarray(a).resize((71, 71), Image.NEAREST)))
 
 
+# (crop height, width) -> 48 px: Pillow 13 resamples vertically first where the height shrinks by more than twice what
+# the width shrinks (batch_ops._first_pass), else horizontally first. On the black-and-white blocks below, bicubic's
+# overshoot, clipped to uint8 after the first pass, makes the wrong order 12-22 levels off Pillow at each of these
+# sizes (measured), the right one at most 1
+PASS_ORDER_CASES = [
+    (150, 70),  # tall, both shrink: vertical first (the order Pillow 10-12 and tcnn before issue 59 did not take)
+    (110, 60), (101, 60),  # both shrink, 62 > 2 * 12 and 53 > 2 * 12: vertical first
+    (73, 60), (72, 60), (71, 60),  # both shrink around the boundary: 25 > 2 * 12 vertical; 24, 23 horizontal
+    (70, 150), (60, 110),  # wide, both shrink: horizontal first
+    (150, 30), (90, 40),  # the height shrinks, the width grows: vertical first
+    (30, 150), (20, 25),  # the height grows: horizontal first
+]
+
+
+@pytest.mark.parametrize('interpolation', ['bilinear', 'bicubic'])
+def test_each_resize_path_takes_pillows_pass_order(interpolation):
+    """Crops resized to 48 px by every path (the CPU's uint8 kernel, the per-image float passes, the batched product
+    a GPU runs) against Pillow's ``crop().resize()``: at most a level off (float32 sums against Pillow's fixed-point
+    ones), two for torch's uint8 kernel (its coarser fixed-point weights when enlarging: measured 2, as in
+    RESIZE_TOLERANCE). Bicubic sees the pass order (above); bilinear has no overshoot, its two orders differ by
+    rounding only. And a whole 96 px image resized to 96 px is the image on every path (the demo's crops)."""
+    blocks = np.random.default_rng(11).integers(0, 2, (54, 54, 3)).astype(np.uint8) * 255
+    a = np.ascontiguousarray(blocks.repeat(3, 0).repeat(3, 1)[:160, :160])  # 3 px blocks, every edge full range
+    boxes = [(5, 7, h, w) for h, w in PASS_ORDER_CASES]
+    code = batch_ops.INTERPOLATIONS.index(interpolation)
+    batched = batch_ops.resized_crops([_tensor(a)] * len(boxes), torch.tensor(boxes), 48,
+                                      torch.full((len(boxes),), code), torch.zeros(len(boxes), dtype=torch.bool))
+    for k, (top, left, h, w) in enumerate(boxes):
+        crop = _tensor(a)[:, top:top + h, left:left + w]
+        ref = np.asarray(Image.fromarray(a).crop((left, top, left + w, top + h)).resize((48, 48),
+                                                                                        PIL_RESAMPLE[interpolation]))
+        for path, out in (('uint8', batch_ops.resize(crop, (48, 48), interpolation)),
+                          ('float', batch_ops.resize_float(crop[None], (48, 48), interpolation)[0]),
+                          ('batched', batched[k])):
+            d = np.abs(_levels(out) - ref)
+            assert d.max() <= (2 if path == 'uint8' else 1), (path, (h, w), d.max(), (d > 0).mean())
+    whole = _tensor(SQUARE[0])
+    assert torch.equal(batch_ops.resize(whole, (96, 96), interpolation), whole)
+    assert torch.equal(batch_ops.resize_float(whole[None], (96, 96), interpolation)[0], whole)
+    assert torch.equal(batch_ops.resized_crops([whole], torch.tensor([[0, 0, 96, 96]]), 96, torch.tensor([code]),
+                                               torch.tensor([False]))[0], whole)
+
+
 def test_the_batched_resize_off_the_cpu_gives_the_per_image_augmentation(monkeypatch):
     """BatchAugment takes resized_crops where batch_augment.batched_resize says so (on a GPU): the batch that one
     float resize per image gives there (``resize_float``), but where a pass's sum lies within rounding error of .5
@@ -352,6 +416,29 @@ def test_color_jitter_ops_against_torchvision(name):
     v2, pil = _jitter_diffs(name)
     max_v2, mean_pil = JITTER_TOLERANCE[name]
     assert v2.max() <= max_v2 and pil.mean() <= mean_pil, (v2.max(), pil.mean(), pil.max())
+
+
+# ColorJitter(0.4, 0.4, 0.4, 0.1)'s draws on photo-like 224 px crops (benchmarks/pil_agreement.py: 12 images, seeded),
+# the batched ops (torchvision's tensor arithmetic) against torchvision's PIL path (what timm's PIL pipeline runs):
+# op -> (share of the values that differ, mean |diff|, max |diff|), a little above the measured values (comments).
+# Contrast and saturation: a float grayscale against Pillow's fixed-point 'L'; hue: float HSV against Pillow's 8-bit
+# HSV image (the PIL path shifts the 8-bit hue by whole steps).
+JITTER_ON_PHOTOS = {
+    'brightness': (0, 0, 0),  # measured 0
+    'contrast': (0.103, 0.103, 1),  # measured 9.85%, 0.0985, 1
+    'saturation': (0.099, 0.099, 1),  # measured 9.42%, 0.0942, 1
+    'hue': (0.37, 0.78, 17),  # measured 35.69%, 0.7455, 17
+    'all four': (0.46, 0.82, 13),  # measured 44.68%, 0.7891, 13
+}
+
+
+def test_color_jitter_on_photos_differs_from_torchvisions_pil_path_by_the_measured_amounts():
+    from benchmarks.pil_agreement import jitter_agreement, photo_arrays
+    result = jitter_agreement(photo_arrays(12))
+    for op, (share, mean, top) in JITTER_ON_PHOTOS.items():
+        s = result[op]
+        print(f"\n{op}: {100 * s['differing']:.3f}% differ, mean {s['mean']:.4f}, max {s['max']}")
+        assert s['differing'] <= share and s['mean'] <= mean and s['max'] <= top, (op, s)
 
 
 @pytest.mark.parametrize('active', [(True, True, True, True), (True, True, True, False), (False, False, True, False)])
@@ -848,6 +935,27 @@ def test_the_benchmark_runs(capsys):
     assert benchmarks.batch_augment.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
     out = capsys.readouterr().out
     assert 'batched train' in out and 'timm PIL train' in out and 'x PIL' in out
+
+
+def test_the_pass_order_is_pillows_on_random_sizes():
+    """``benchmarks/pil_agreement.py``'s order check on 300 random sizes (tall, wide, both shrinking or growing, and
+    at the rule's boundary): where the two pass orders give different pixels, ``_first_pass`` picks the one closer to
+    Pillow's resize in every case (the earlier rule, vertical first only where the width grows: in 85%)."""
+    from benchmarks.pil_agreement import pass_order
+    result = pass_order(300, seed=1)
+    assert result['informative'] >= 250 and result['disagree'] == 0, result
+
+
+def test_the_agreement_benchmark_reproduces_pillows_affine_filters(capsys):
+    """``benchmarks/pil_agreement.py --section cost``: its reference (Pillow's formulas in torch ops, float64) gives
+    Pillow's rotations byte for byte, bicubic and bilinear; ``grid_sample``'s bicubic does not (what the section
+    times against it)."""
+    from benchmarks.pil_agreement import main
+    assert main(['--quick', '--section', 'cost']) == 0
+    rows = {line[:44].strip(): line[44:] for line in capsys.readouterr().out.splitlines()}
+    for mode in ('bicubic', 'bilinear'):
+        assert rows[f'{mode} reference float64'].split() == ['differing', '0.000%', 'mean', '0.0000', 'max', '0']
+    assert int(rows['bicubic grid_sample (tcnn)'].split()[-1]) > 1 and 'reference float32' in str(rows)
 
 
 def test_whole_image_crops_of_a_stacked_batch_are_one_copy():

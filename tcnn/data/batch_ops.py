@@ -18,11 +18,15 @@ calls it once and scatters the result back. Each mirrors what timm's transform r
 * ``affine``, ``rotate``, ``shear_x``/``shear_y``, ``translate_x``/``translate_y``: ``Image.transform(AFFINE)`` and
   ``Image.rotate`` with a fill colour: PIL's coordinate convention and its out-of-image test, resampled by
   ``grid_sample`` (bilinear, bicubic) or exactly (nearest, in Pillow's 16.16 fixed point). Pillow's transform
-  bicubic is a cubic convolution with a = -1 (``libImaging/Geometry.c``; its *resize* uses a = -0.5),
-  ``grid_sample``'s uses a = -0.75: those outputs differ from Pillow's by a few levels at edges (measured in
-  ``tests/test_batch_augment.py``).
+  bicubic is a cubic convolution with a = -1 (``BICUBIC`` in ``libImaging/Geometry.c``; its *resize* uses a =
+  -0.5), ``grid_sample``'s uses a = -0.75: bicubic outputs differ from Pillow's on many pixels, by several levels at
+  edges (measured on photo-like images in docs/benchmarks.md, pinned in ``tests/test_batch_augment.py``). Pillow's
+  own arithmetic in torch ops (``benchmarks/pil_agreement.py``'s reference: its bytes exactly) costs several times
+  ``grid_sample``'s fused kernel on the CPU, so it is not used.
 * ``adjust_brightness``, ``adjust_contrast``, ``adjust_saturation``, ``adjust_hue``: torchvision's ``ColorJitter``
-  ops with the arithmetic of ``torchvision.transforms.v2.functional`` on uint8 tensors.
+  ops with the arithmetic of ``torchvision.transforms.v2.functional`` on uint8 tensors (not its PIL path, which
+  timm's PIL pipeline runs: contrast and saturation differ from it by a level on some pixels, hue, through Pillow's
+  8-bit HSV image, by more; docs/benchmarks.md).
 * ``normalize`` (``ToTensor`` + ``Normalize``) and ``erase`` (timm's ``RandomErasing._erase`` for given boxes).
 
 Nothing here draws a random number except ``erase``, from generators seeded by its caller.
@@ -102,17 +106,22 @@ def resize(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:
 
 
 def _first_pass(size_in: Sequence[int], size: Sequence[int]) -> Tuple[int, int]:
-    """The size after Pillow's first resampling pass. Pillow resamples in two passes, each rounded to uint8 (and so
-    clipping bicubic's overshoot), the horizontal one first; Pillow 13 runs the vertical one first when the width
-    grows and the height shrinks (measured: in 290 of 290 such sizes; Pillow 10.4-12.1 horizontal first in them all).
-    Where both shrink Pillow 13 picks an order by a rule not reproduced here (horizontal first in 2 of 3 measured
-    sizes; the other order changes a level on a few % of the pixels)."""
-    if _VERTICAL_FIRST_WHEN_WIDENING and size[1] > size_in[1] and size[0] < size_in[0]:
+    """The size after Pillow's first resampling pass of a resize from ``size_in`` to ``size`` (height, width).
+
+    Pillow resamples in two passes, each rounded to uint8 (and so clipping bicubic's overshoot), so their order
+    changes the result by up to a few dozen levels at edges. Pillow 13 (``ImagingResampleInner``, ``libImaging/
+    Resample.c``) runs the vertical one first when the height shrinks by more than twice what the width shrinks,
+    ``h_in - h > 0 and h_in - h > 2 * (w_in - w)`` (a growing width shrinks by a negative amount), to make the
+    horizontal pass shorter; otherwise, and always before Pillow 13, the horizontal one first. Checked against
+    Pillow's output on random sizes (``benchmarks/pil_agreement.py``, docs/benchmarks.md).
+    """
+    shrink_h, shrink_w = size_in[0] - size[0], size_in[1] - size[1]
+    if _PILLOW_PICKS_THE_ORDER and shrink_h > 0 and shrink_h > 2 * shrink_w:
         return size[0], size_in[1]
     return size_in[0], size[1]
 
 
-_VERTICAL_FIRST_WHEN_WIDENING = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (13, 0)
+_PILLOW_PICKS_THE_ORDER = tuple(int(p) for p in PIL.__version__.split('.')[:2]) >= (13, 0)
 
 
 def resize_float(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:

@@ -23,7 +23,6 @@ import sys
 from typing import Any, Optional, Sequence
 
 from .data import open_training_data
-from ..allocator import keep_freed_memory
 from ..errors import TcnnError, first_line
 from ..paths import check_output_dir, output_dir
 from .args import add_arguments
@@ -68,8 +67,12 @@ class RunStatus:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``tcnn train`` with parsed arguments; user mistakes raise ``TcnnError``."""
-    keep_freed_memory()  # before the first large allocation: every step reuses the memory the last one freed
+    """Run ``tcnn train`` with parsed arguments; user mistakes raise ``TcnnError``.
+
+    The calling process's malloc and environment are left as they are: the programs (``tcnn train``, ``python -m
+    tcnn.train``, ``torchrun -m tcnn.train``) tune malloc for themselves (``tcnn.allocator.keep_freed_memory``),
+    a Python caller decides for its own process.
+    """
     recipe, checkpoint, notes = resolve(args)
     if args.print_config:
         print(dump_recipe(recipe), end='')
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m tcnn.train`` / ``torchrun -m tcnn.train``: errors print as one line (``--debug``: traceback)."""
+    """``python -m tcnn.train`` / ``torchrun -m tcnn.train`` (and ``tcnn.train.main``, the Python API): errors print
+    as one line (``--debug``: traceback). Process-wide settings are the programs' (``run``)."""
     parser = argparse.ArgumentParser(prog='python -m tcnn.train', description=__doc__.split('\n\n')[0])
     parser.add_argument('--debug', action='store_true', help='show tracebacks of errors')
     add_arguments(parser)
