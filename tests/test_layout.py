@@ -26,7 +26,7 @@ ORDER: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('data', ('tcnn.data',)),
     ('files and weights', ('tcnn.files',)),
     ('timm models', ('tcnn.models',)),
-    ('deployment', ('tcnn.export', 'tcnn.flops')),
+    ('deployment', ('tcnn.export', 'tcnn.flops', 'tcnn.pruning')),
     ('analysis', ('tcnn.analysis',)),
     ('runtime', ('tcnn.runtime',)),
     ('training', ('tcnn.train',)),

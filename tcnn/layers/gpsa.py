@@ -357,10 +357,24 @@ class GPSA(nn.Module):
         ``ConvNormAct.in_channels``, also under TorchScript)."""
         return self.in_chs
 
+    @in_channels.setter
+    def in_channels(self, value: int) -> None:
+        # Torch-Pruning's tp.load_state_dict sets every public attribute that tp.state_dict read, after restoring the
+        # layer's __dict__ (its weights and in_chs): the same value is accepted, another one (which would not resize
+        # the weights) refused
+        if value != self.in_chs:
+            raise ValueError(f'in_channels of a GPSA layer follows its weights ({self.in_chs}); got {value}')
+
     @property
     def out_channels(self) -> int:
         """``nn.Conv2d``'s name for ``out_chs``."""
         return self.out_chs
+
+    @out_channels.setter
+    def out_channels(self, value: int) -> None:
+        # as in_channels' setter
+        if value != self.out_chs:
+            raise ValueError(f'out_channels of a GPSA layer follows its weights ({self.out_chs}); got {value}')
 
     def conv_parameters(self) -> int:
         """Parameter count of the conv this layer stands for (filter and bias), to count the source CNN's."""

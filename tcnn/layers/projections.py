@@ -48,12 +48,29 @@ def query_tokens(x: torch.Tensor, tokens: torch.Tensor, geometry: Geometry, *, o
     # the spatial axes are sliced after an ellipsis, not a ':' on the batch: torch 2.5's torch.export turns that ':'
     # into a guard on the batch size that no dynamic batch satisfies
     if ay < ph or ax < pw:  # queries on the border, in the padding: take them from the padded input
-        x_q = pad(x, geometry)[..., ay::sy, ax::sx][..., :h_out, :w_out]
+        x_q = pad(x, geometry)[..., ay::sy, ax::sx]
+        if _cut_needed(x_q.shape[-2], x_q.shape[-1], out_size):
+            x_q = x_q[..., :h_out, :w_out]
         return x_q.flatten(2).transpose(1, 2)
     if all_tokens:
         return tokens
-    grid = tokens.view(b, height, width, c)[..., ay - ph::sy, ax - pw::sx, :][..., :h_out, :w_out, :]
+    grid = tokens.view(b, height, width, c)[..., ay - ph::sy, ax - pw::sx, :]
+    if _cut_needed(grid.shape[-3], grid.shape[-2], out_size):
+        grid = grid[..., :h_out, :w_out, :]
     return grid.reshape(b, h_out * w_out, c)
+
+
+def _cut_needed(rows: int, cols: int, out_size: Tuple[int, int]) -> bool:
+    """Whether the strided grid of ``rows x cols`` query candidates must be cut to ``out_size``: skipped only where it
+    is a no-op known from plain ints in the call itself (eager, TorchScript, a static ``torch.export``), which
+    ``torch.export`` records as ``aten.alias``, a node Core ML's converter does not read. Kept for symbolic sizes (FX,
+    a dynamic ``torch.export``) and under ``torch.jit.trace``, whose graph must hold at other sizes."""
+    h_out, w_out = out_size
+    if torch.jit.is_tracing() or not isinstance(rows, int) or not isinstance(cols, int):
+        return True
+    if not isinstance(h_out, int) or not isinstance(w_out, int):
+        return True
+    return rows != h_out or cols != w_out
 
 
 def project(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
