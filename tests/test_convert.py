@@ -272,18 +272,21 @@ def test_a_model_that_cannot_take_the_random_input_is_one_line():
     class Masked(nn.Module):  # a forward that needs a second argument
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            # 64 input channels: with 3, some CPUs' kernels sum the conv and the layer in the same order (no float32
+            # miss for the float64 look below to explain)
+            self.conv = nn.Conv2d(64, 8, 3, padding=1)
             self.head = nn.Linear(8, 2)
 
         def forward(self, x, mask):
             return self.head((self.conv(x) * mask).mean((2, 3)))
 
+    torch.manual_seed(0)
     model = Masked().eval()
     with pytest.raises(tcnn.TcnnError, match=r'input_size \(3, 16, 16\) does not fit the model \(Masked\): '
                                              r'TypeError: .*mask.*example_inputs') as info:
         tcnn.reparameterize(model, stages='conv', input_size=(3, 16, 16))
     assert '\n' not in str(info.value)
-    x, mask = torch.randn(2, 3, 16, 16), torch.rand(2, 1, 16, 16)
+    x, mask = torch.randn(2, 64, 16, 16), torch.rand(2, 1, 16, 16)
     t_model = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask))
     assert t_model.tcnn_report.max_rel_err < 1e-5 and t_model.tcnn_report.output == ''
     # a float32 miss is measured again in float64 on the same example inputs (random images would not run)
@@ -705,12 +708,13 @@ def test_check_equivalence_makes_its_images_on_the_device_and_in_the_dtype_it_is
     class Probe(nn.Module):
         def __init__(self):
             super().__init__()
-            self.layer = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1))
+            # 32 input channels: with 3, some CPUs' kernels sum the conv and the layer in the same order (no miss)
+            self.layer = nn.Sequential(nn.Conv2d(32, 4, 3, padding=1))
             self.seen = []
 
         def forward(self, x):
             self.seen.append((x.device.type, x.dtype))
-            return self.layer(torch.ones(x.shape[0], 3, 6, 6))
+            return self.layer(torch.ones(x.shape[0], 32, 6, 6))
 
     cnn = Probe()
     t_cnn = tcnn.reparameterize(cnn, stages='layer', input_size=(3, 6, 6))
