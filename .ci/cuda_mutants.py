@@ -49,7 +49,7 @@ CUDA_MUTANTS = (
            _AUTOCAST_OFF.replace('enabled=False', 'enabled=True'), AUTOCAST_TEST + '[cuda]'),
     Mutant('tcnn.files.tcnn_file.x_safetensors_tensors__mutmut_3', 'tcnn/files/tcnn_file.py',
            "v = v.detach().to('cpu').contiguous()", 'v = v.detach().to(None).contiguous()',
-           'tests/test_io.py::test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu'),
+           'tests/test_safetensors_files.py::test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu'),
     Mutant('tcnn.files.integrity.x__crc32__mutmut_4', 'tcnn/files/integrity.py',
            "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
            'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),

@@ -7,7 +7,7 @@
     nice -n 19 python .ci/mutation.py --recheck recipe  # the last run's survivors again, one fresh process each
     nice -n 19 python .ci/mutation.py --resume tcnn_file  # go on with an interrupted run (the mutants left; the
                                                  # sources and tests as they are now: changed functions run again)
-    python .ci/mutation.py tcnn_file --only 'tcnn.files.tcnn_file.x__with_ema__*' --check tests/test_io.py::test_x
+    python .ci/mutation.py tcnn_file --only 'tcnn.files.tcnn_file.x__with_ema__*' --check tests/test_checkpoint_files.py::test_x
                                                  # which of those mutants a test kills (one process, mutmut's switch)
     python .ci/mutation.py --check-later layers  # the survivors against the owning tests the run left out (LATER)
     python .ci/mutation.py layers --only 'tcnn.layers.gpsa.x__forward_path__*' --check-scripted tests/test_gpsa.py
@@ -57,10 +57,13 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     # less the resumed training runs of earlier releases (18 s a mutant): test_the_recipe_of_an_earlier_releases_
     # checkpoint_loads reads the same recipes without training
     'recipe': (['tcnn/train/recipe.py'], ['tests/test_recipe.py'], ['-k', 'not run_resumes']),
-    # test_detection.py's test of saving a detector built by hand owns the torchvision detection and segmentation
-    # models' part (_dense_source, _check_rebuilds, _settings, _builder_example), which test_io.py does not call;
-    # test_timm_models.py's refusal of a fused T-CNN owns model_to_dict's message for it
-    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_io.py', 'tests/test_integrity.py',
+    # the T-CNN file tests (saving, loading, safetensors, training checkpoints); test_detection.py's test of saving a
+    # detector built by hand owns the torchvision detection and segmentation models' part (_dense_source,
+    # _check_rebuilds, _settings, _builder_example), which the file tests do not call; test_timm_models.py's refusal
+    # of a fused T-CNN owns model_to_dict's message for it
+    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_file_saving.py', 'tests/test_file_loading.py',
+                                              'tests/test_safetensors_files.py', 'tests/test_checkpoint_files.py',
+                                              'tests/test_integrity.py',
                                               'tests/test_detection.py::test_save_records_how_to_rebuild',
                                               'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_'
                                               'the_fix'], []),
