@@ -161,3 +161,30 @@ def test_one_way_to_read_a_model(tmp_path):
             load_model(spec, what)
     with pytest.raises(TcnnError, match='resnet18d is a model name'):
         load_model('resnet18d', use_ema=True, names=True)
+
+
+def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
+    """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
+    named recipe flag among them."""
+    from tcnn.train import launch
+    from tcnn.train.args import FLAGS
+    monkeypatch.setenv('COLUMNS', '120')
+    with pytest.raises(SystemExit):
+        main(['train', '--help'])
+    cli_help = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        launch.main(['--help'])
+    module_help = capsys.readouterr().out
+
+    def options(text: str) -> str:  # from --recipe's help on: the usage lines and descriptions differ by design
+        return ' '.join(text[text.index('\n  --recipe YAML'):].split())
+    assert options(cli_help) == options(module_help)
+    for flag, key, _ in FLAGS + (('--recipe', '', {}), ('--resume', '', {}), ('--set', '', {}),
+                                 ('--print-config', '', {})):
+        assert flag in cli_help and (not key or f'(recipe key {key})' in options(cli_help)), flag
+    assert 'recipe overrides' in cli_help
+    args = launch.argparse.ArgumentParser()
+    launch.add_arguments(args)
+    parsed = vars(args.parse_args(['--epochs', '3', '--no-pretrained', '--set', 'mixup=0', '--amp']))
+    assert parsed['epochs'] == 3 and parsed['pretrained'] is False and parsed['set_items'] == ['mixup=0']
+    assert parsed['amp'] == 'bf16' and parsed['lr'] is None
