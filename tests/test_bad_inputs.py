@@ -40,7 +40,7 @@ def bad_files(tmp_path):
     ('pickle', 'never loads (unpickling can run code)'),
     ('folder', 'is a folder, not a file'),
 ])
-def test_load_torch_file_one_line(bad_files, kind, message):
+def test_load_torch_file_refuses_bad_files_in_one_line_without_unpickling(bad_files, kind, message):
     with pytest.raises(TcnnError) as info:
         load_torch_file(str(bad_files[kind]), 'weights file')
     text = str(info.value)
@@ -55,7 +55,7 @@ def test_the_payload_runs_when_unpickled(bad_files):
 
 
 @pytest.mark.parametrize('kind, message', [('empty', 'is empty (0 bytes)'), ('pickle', 'never loads')])
-def test_convert_weights_bad_file_is_one_line(bad_files, tmp_path, capsys, kind, message):
+def test_convert_refuses_a_bad_weights_file_in_one_line(bad_files, tmp_path, capsys, kind, message):
     out = tmp_path / 'out' / 't.pt'
     assert main(['convert', 'resnet18d', '--weights', str(bad_files[kind]), '--out', str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -63,7 +63,7 @@ def test_convert_weights_bad_file_is_one_line(bad_files, tmp_path, capsys, kind,
     assert 'weights_only=False' not in err[0] and not out.exists() and not bad_files['marker'].exists()
 
 
-def test_output_checks(tmp_path):
+def test_output_checks_refuse_a_file_for_a_folder_and_an_unknown_extension(tmp_path):
     a_file = tmp_path / 'file.txt'
     a_file.write_text('x')
     with pytest.raises(TcnnError, match='is a file; give a folder'):
@@ -289,7 +289,7 @@ def test_safetensors_on_an_unusable_device_is_not_called_corrupt(small, tmp_path
     assert "onto map_location='cuda:99'" in str(info.value) and 'corrupt' not in str(info.value)
 
 
-def test_empty_safetensors_weights_is_one_line(tmp_path, capsys):
+def test_convert_refuses_empty_safetensors_weights_in_one_line(tmp_path, capsys):
     weights = tmp_path / 'w.safetensors'
     weights.write_bytes(b'')
     assert main(['convert', 'resnet18d', '--weights', str(weights), '--out', str(tmp_path / 't.pt')]) == 2

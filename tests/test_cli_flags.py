@@ -51,18 +51,18 @@ def test_every_shared_flag_is_defined_once():
         assert len(set(shapes.values())) == 1, (flag, shapes)
 
 
-def test_out():
+def test_out_means_the_same_in_every_command():
     for command, action in _having('--out').items():
         assert action.option_strings == ['--out', '-o'] and action.default is None, command  # the help says it
         assert action.metavar == ('DIR' if 'folder' in action.help else 'OUT'), (command, action.help)
 
 
-def test_use_ema():
+def test_use_ema_means_the_same_in_every_command():
     for command, action in _having('--use-ema').items():
         assert (action.help, action.default, action.const) == (USE_EMA_HELP, False, True), command
 
 
-def test_img_size():
+def test_img_size_is_parsed_one_way_in_every_command():
     for command, action in _having('--img-size').items():
         assert action.type is None and action.metavar == 'SIZE' and action.default is None, command
         if command == 'train':  # a recipe key: the side of the square training images
@@ -118,7 +118,7 @@ def test_eval_amp_fp16_on_the_cpu_is_one_line(tmp_path, capsys):
     assert err == ['tcnn eval: error: amp fp16 needs a GPU (use bf16 or none on CPU)'], err
 
 
-def test_device():
+def test_device_means_the_same_in_every_command_each_with_its_default():
     defaults = {}
     for command, action in _having('--device').items():
         assert action.metavar == 'DEVICE' and action.help.startswith(DEVICE_HELP), (command, action.help)
@@ -139,7 +139,7 @@ def test_device_errors_are_one_line(command, tmp_path, capsys):
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'demo').exists()
 
 
-def test_one_way_to_read_a_model(tmp_path):
+def test_commands_read_a_named_model_one_way(tmp_path):
     """tcnn eval, inspect and export read the model a user names with one helper: a file (tcnn.load, its EMA weights
     with --use-ema) or a Hub folder, a missing or empty file one line; a model name only where names are allowed."""
     torch.manual_seed(0)

@@ -54,7 +54,7 @@ def test_the_parameters_meaning_is_the_layers():
     assert [1 / a for a in alphas] == pytest.approx(layer.span().tolist(), rel=1e-6)
 
 
-def test_layer_summary():
+def test_layer_summary_derives_spans_sigmas_and_means_from_the_parameters():
     entry = gpsa_parameters.layer_summary([0.25, 0.75], [0.5, 2.0], [[-1.0, 0.0], [1.0, 1.0]])
     assert entry == {'gate': [0.25, 0.75], 'alpha': [0.5, 2.0], 'span': [2.0, 0.5], 'sigma': [1.0, 0.5],
                      'center': [[-1.0, 0.0], [1.0, 1.0]], 'gate_mean': 0.5, 'span_mean': 1.25, 'sigma_mean': 0.75}
@@ -93,7 +93,7 @@ def test_the_header_reader_reads_what_safetensors_reads(t_model, tmp_path):
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.float16, torch.bfloat16])
-def test_read_floats_of_every_float_dtype(tmp_path, dtype):
+def test_read_floats_reads_every_float_dtype(tmp_path, dtype):
     tensors = {'flat': torch.tensor(VALUES[1:-1]).to(dtype), 'rows': torch.randn(9, 2).to(dtype),
                'other': torch.arange(5, dtype=torch.int64)}
     path = str(tmp_path / 'x.safetensors')
