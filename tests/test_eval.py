@@ -74,7 +74,7 @@ def _colour_model() -> ColourNet:
     return ColourNet(list(CLASSES.values()), num_classes=4, outputs=range(4))
 
 
-def test_imagenet_c_known_answers(tmp_path):
+def test_imagenet_c_scores_give_the_known_accuracies(tmp_path):
     # (corruption, severity) -> images per class with the right colour (out of 4): known accuracy 25 * k %
     right = {('gaussian_noise', '1'): 4, ('gaussian_noise', '3'): 2, ('motion_blur', '1'): 3,
              ('motion_blur', '3'): 1, ('fog', '1'): 0, ('fog', '3'): 4, ('pixelate', '3'): 2,
