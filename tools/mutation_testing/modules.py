@@ -39,6 +39,25 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
         f'tests/test_timm_models.py::test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers[{name}]'
         for name in ('t_repvgg_a0', 't_mobileone_s0')),
         'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_the_fix'], []),
+    # tcnn eval's suites, scoring and tables (test_eval.py), the model card (test_hf.py), the figures
+    # (test_plots.py; test_analysis.py: the command) and their refusals of bad arguments (test_bad_inputs.py)
+    'evaluation': (['tcnn/evaluation/*'], ['tests/test_eval.py', 'tests/test_plots.py', 'tests/test_hf.py',
+                                          'tests/test_analysis.py', 'tests/test_bad_inputs.py'], []),
+    # the data pipeline below the batched augmentation: folders and bad images, the readers (webdataset), the
+    # encoded and resident pipelines and their decoding, the finishing thread, the data config
+    'data': ([f'tcnn/data/{name}.py' for name in ('config', 'images', 'decode', 'prefetch', 'folders', 'readers',
+                                                  'resident', 'encoded')],
+             ['tests/test_data_pipeline.py', 'tests/test_data.py', 'tests/test_train_wds.py',
+              'tests/test_train_reliability.py::test_bad_images_stop_the_run_or_are_skipped_and_logged'], []),
+    # glibc malloc's tuning for the training programs
+    'allocator': (['tcnn/allocator.py'], ['tests/test_allocator.py'], []),
+    # the training loop and its run (the recipe and the optimiser are campaigns of their own): what it prints
+    # (test_train_report.py), training, resuming and preemption (test_train.py, test_train_reliability.py) and its
+    # logs (test_dashboards.py)
+    'train': ([f'tcnn/train/{name}.py' for name in ('engine', 'trainer', 'data', 'builders', 'resume', 'distributed',
+                                                    'launch', 'dashboards', 'report', 'args')],
+              ['tests/test_train_report.py', 'tests/test_train.py', 'tests/test_train_reliability.py',
+               'tests/test_dashboards.py'], []),
 }
 # module -> owning tests left out of mutmut's run for their time, run on its survivors only (``check-later``)
 LATER: Dict[str, List[str]] = {
