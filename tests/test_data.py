@@ -132,3 +132,34 @@ def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
     cfg = recipe_data_config(dataclasses.replace(PAPER, img_size=96, crop_pct=None, mean=None), model)
     assert tuple(cfg['input_size']) == (3, 96, 96) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
     assert tuple(cfg['mean']) == tuple(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'
+
+
+# ---------------------------------------------------------------------- a streamed split (webdataset, HF, TFDS)
+
+
+def _stream(samples, num_classes):
+    from tcnn.data.readers import StreamDataset
+    return StreamDataset(samples, 'wds/shards', 'train', num_samples=len(samples), num_classes=num_classes, shards=1)
+
+
+def test_a_streamed_sample_whose_label_is_outside_the_class_count_stops_the_run_naming_the_fix():
+    from tcnn.data.folders import SampleError
+    assert list(_stream([('a', 0), ('b', 2)], 3)) == [('a', 0), ('b', 2)]
+    assert list(_stream([('a', 7), ('b', 'x')], None)) == [('a', 7), ('b', 'x')]  # no class count: labels unchecked
+    for label in (3, -1, '1', 1.0):
+        with pytest.raises(SampleError) as info:
+            list(_stream([('a', 0), ('b', label)], 3))
+        assert str(info.value) == (f'a sample of wds/shards (split train) has label {label!r}, outside 0..2: set '
+                                   'num_classes (--set num_classes=N) to the data\'s class count')
+
+
+def test_a_transform_that_fails_on_a_streamed_sample_names_the_dataset_and_the_error():
+    from tcnn.data.folders import SampleError
+    stream = _stream([(4, 0), (0, 1)], 2)
+    stream.transform = lambda x: 8 // x
+    with pytest.raises(SampleError) as info:
+        list(stream)
+    assert str(info.value) == 'the transform failed on a sample of wds/shards (ZeroDivisionError: integer division ' \
+                              'or modulo by zero)'
+    stream.transform = lambda x: x + 1
+    assert list(_stream([(4, 0)], 2)) == [(4, 0)] and list(stream)[0] == (5, 0)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
@@ -224,6 +225,11 @@ def test_robustness_figure_bars_are_seed_means_with_the_seed_spread(drawn, tmp_p
         assert [p.get_width() for p in container.patches] == pytest.approx([0.4] * 3)
         assert to_rgba(container.patches[0].get_facecolor()) == to_rgba(f'C{g}')
         assert np.allclose(_errorbar_spans(container.errorbar), np.stack([mean - std, mean + std], 1), rtol=1e-12)
+        # caps on the error bars: capsize 2 points, drawn as markers twice as wide
+        assert [cap.get_markersize() for cap in container.errorbar.lines[1]] == [4.0, 4.0]
+    # the corruption panel is 3 : 1.2 as wide as the severity panel
+    FigureCanvasAgg(fig)
+    assert ax_c.get_position().width / ax_s.get_position().width == pytest.approx(3 / 1.2, rel=1e-6)
     assert ax_c.get_ylabel() == 'top-1 (%)'
     assert ax_c.get_title() == 'A: accuracy by corruption (mean over severities)' and ax_c.title.get_fontsize() == 10
     legend = ax_c.get_legend()
@@ -240,6 +246,7 @@ def test_robustness_figure_bars_are_seed_means_with_the_seed_spread(drawn, tmp_p
         assert (line.get_marker(), line.get_markersize(), to_rgba(line.get_color())) == ('o', 3, to_rgba(f'C{g}'))
         mean, std = values.mean(0), values.std(0, ddof=1)
         assert np.allclose(_errorbar_spans(container), np.stack([mean - std, mean + std], 1), rtol=1e-12)
+        assert [cap.get_markersize() for cap in container.lines[1]] == [4.0, 4.0]
     assert (ax_s.get_xlabel(), ax_s.get_title()) == ('severity', 'B: by severity')
     assert ax_s.title.get_fontsize() == 10 and ax_s.xaxis.get_major_locator()._integer
 
@@ -252,3 +259,13 @@ def test_robustness_figure_of_one_seed_has_no_error_bars(drawn, tmp_path):
     assert [b.get_label() for b in bars] == ['no-sa', 't-cnn']  # arm names without titles
     assert all(b.errorbar is None for b in bars)
     assert all(not c.has_yerr for c in ax_s.containers)
+
+
+def test_robustness_figure_of_a_single_run_labels_its_corruptions_in_their_order(drawn, tmp_path):
+    run = _demo_runs()['runs'][0]
+    run['corruptions'] = {'fog': {'top1': 50.0}, 'gaussian_noise': {'top1': 30.0}}
+    plots.plot_demo_robustness({'runs': [run]}, str(tmp_path / 'fig3.png'))
+    ax_c, _ = drawn[0].axes
+    assert [t.get_text() for t in ax_c.get_xticklabels()] == ['clean', 'fog', 'gaussian noise']
+    (bars,) = [c for c in ax_c.containers if hasattr(c, 'patches')]
+    assert [p.get_height() for p in bars.patches] == [70.0, 50.0, 30.0]
