@@ -37,7 +37,7 @@ def test_recipe_is_the_papers_policy():
     assert load_recipe('t_resnet50_d').get('aa', PAPER.aa) == 'rand-m9-mstd0.5-inc1' and PAPER.reprob == 0.25
 
 
-def test_every_op_at_the_magnitude_extremes():
+def test_every_op_of_the_papers_policy_runs_at_the_magnitude_extremes():
     """Each op of the paper's RandAugment policy at magnitude 0 and 10 (the clip maximum), forced, not drawn."""
     ra = _rand_augment(_transforms(64)[0])
     names = sorted(op.name for op in ra.ops)
@@ -55,7 +55,7 @@ def test_every_op_at_the_magnitude_extremes():
     assert black == 1
 
 
-def test_soak_the_recipes_train_transform():
+def test_the_recipes_train_transform_gives_finite_images_of_its_size_in_a_soak():
     """Thousands of generated images through the exact train transform at three sizes, fixed seeds."""
     rng = np.random.default_rng(0)
     images = [draw_shape(('circle', 'square', 'triangle', 'cross')[i % 4], 40, rng) for i in range(64)]
@@ -116,7 +116,7 @@ def test_skip_bad_images_replaces_and_logs_each_once(folder_with_bad_images, wor
     assert dataset.bad_images() == []
 
 
-def test_folder_layout_errors(tmp_path):
+def test_a_missing_folder_or_one_without_class_folders_is_refused(tmp_path):
     flat = tmp_path / 'flat' / 'train'
     flat.mkdir(parents=True)
     draw_shape('circle', 32, np.random.default_rng(0)).save(flat / 'a.png')

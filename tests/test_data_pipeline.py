@@ -80,7 +80,7 @@ def test_batch_decoding_gives_pillows_pixels_on_the_cpu():
         assert out.dtype == torch.uint8 and torch.equal(out, reference)
 
 
-def test_what_the_batch_decoder_does_not_get():
+def test_the_batch_decoder_leaves_other_files_to_pillow_and_fails_a_broken_jpeg_alone():
     img = _photo()
     good = _jpeg(img)
     assert jpeg_size(good[:len(good) // 2]) is None  # cut: no end marker, the PIL path reports it
@@ -199,7 +199,7 @@ def folder_with_undecodable_jpeg(tmp_path):
 
 
 @pytest.mark.parametrize('workers, prefetch', [(0, 0), (2, 0), (0, 1)])
-def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, workers, prefetch):
+def test_bad_images_on_the_batched_pipeline_stop_or_are_skipped(folder_with_undecodable_jpeg, workers, prefetch):
     root, bad, cut = folder_with_undecodable_jpeg
     augment = _augment(32, auto_augment=None)
 

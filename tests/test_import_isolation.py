@@ -10,8 +10,9 @@ import pytest
 from helpers import fresh_python
 
 # the modules of tcnn.data that hold dataset code; tcnn.data.config is what files and exports need
-DATASET_MODULES = ('tcnn.data.folders', 'tcnn.data.readers', 'tcnn.data.transforms',
-                   'tcnn.data.images', 'tcnn.data.batch_augment', 'tcnn.data.batch_ops')
+DATASET_MODULES = ('tcnn.data.folders', 'tcnn.data.readers', 'tcnn.data.transforms', 'tcnn.data.images',
+                   'tcnn.data.batch_augment', 'tcnn.data.rand_augment', 'tcnn.data.batch_geometry',
+                   'tcnn.data.batch_colour', 'tcnn.data.batch_misc')
 
 
 def test_save_load_and_export_import_no_dataset_code():
