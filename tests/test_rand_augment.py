@@ -51,6 +51,27 @@ def test_level_arguments_are_timms_floats(monkeypatch):
                 assert rand_augment_level(name, magnitude, random.Random(seed), 43) == theirs, (name, magnitude)
 
 
+def test_timms_op_lists_are_those_the_batched_draws_were_checked_against():
+    """The ops a 'rand-...' string draws from are timm's lists, read from timm in its order (part of the draw): a timm
+    release that changes them must fail here, where the batched draws' comparisons with timm were made."""
+    default = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color',
+               'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+    increasing = tuple(name + 'Increasing' if name in ('Posterize', 'Solarize', 'Color', 'Contrast', 'Brightness',
+                                                       'Sharpness') else name for name in default)
+    weighted = {'Rotate': 3, 'ShearX': 2, 'ShearY': 2, 'TranslateXRel': 1, 'TranslateYRel': 1,
+                'ColorIncreasing': .25, 'SharpnessIncreasing': 0.25, 'AutoContrast': 0.25, 'SolarizeIncreasing': .05,
+                'SolarizeAdd': .05, 'ContrastIncreasing': .05, 'BrightnessIncreasing': .05, 'Equalize': .05,
+                'PosterizeIncreasing': 0.05, 'Invert': 0.05}
+    assert (tuple(timm_aa._RAND_TRANSFORMS), tuple(timm_aa._RAND_INCREASING_TRANSFORMS)) == (default, increasing)
+    assert list(timm_aa._RAND_WEIGHTED_0.items()) == list(weighted.items())
+    assert parse_rand_augment('rand-m9-mstd0.5').ops == default
+    assert parse_rand_augment('rand-m9-mstd0.5-inc1').ops == increasing
+    config = parse_rand_augment('rand-m9-n3-tweights')
+    assert config.ops == tuple(weighted) and config.num_layers == 3
+    assert config.weights == pytest.approx([w / sum(weighted.values()) for w in weighted.values()], rel=1e-15)
+    assert sum(config.weights) == pytest.approx(1.0, rel=1e-15)
+
+
 def test_the_table_holds_every_op_of_timms_lists_and_resamples_where_timm_does():
     """Each op of timm's RandAugment lists (default, increasing, weighted) has its entry, and an entry is geometric (its
     resample drawn) exactly where timm's op checks its resample arguments (``_check_args_tf``)."""

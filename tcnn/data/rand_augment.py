@@ -36,18 +36,6 @@ class UnsupportedAugmentation(TcnnError):
 _LEVEL_DENOM = 10.
 # timm's _HPARAMS_DEFAULT translate_pct: the relative translations' largest shift, a fraction of the side
 TRANSLATE_PCT = 0.45
-# timm's transform lists (timm.data.auto_augment), copied so that a timm upgrade that changes them fails our tests
-# rather than our draws
-_RAND_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color',
-                    'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
-_RAND_INCREASING_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
-                               'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing', 'ContrastIncreasing',
-                               'BrightnessIncreasing', 'SharpnessIncreasing', 'ShearX', 'ShearY', 'TranslateXRel',
-                               'TranslateYRel')
-_RAND_WEIGHTED_0 = {'Rotate': 3, 'ShearX': 2, 'ShearY': 2, 'TranslateXRel': 1, 'TranslateYRel': 1,
-                    'ColorIncreasing': .25, 'SharpnessIncreasing': 0.25, 'AutoContrast': 0.25,
-                    'SolarizeIncreasing': .05, 'SolarizeAdd': .05, 'ContrastIncreasing': .05,
-                    'BrightnessIncreasing': .05, 'Equalize': .05, 'PosterizeIncreasing': 0.05, 'Invert': 0.05}
 SUPPORTED_AA = "RandAugment strings ('rand-m9-mstd0.5-inc1', options m, n, p, mstd, mmax, inc, t)"
 
 
@@ -128,15 +116,18 @@ def parse_rand_augment(config_str: str) -> RandAugmentConfig:
     if choice in ('3a', '3aw'):
         raise UnsupportedAugmentation(f'auto_augment {config_str!r}: the op set t{choice} (3-Augment: Desaturate, '
                                       f'GaussianBlur) is not implemented; supported: the default sets and tweights')
+    # timm's op lists (default, increasing, 'tweights' with its weights): which ops a string draws from, in timm's
+    # order, which is part of the draw; tests/test_rand_augment.py pins them, so a timm that changes them fails there
+    from timm.data import auto_augment as timm_lists
     if choice == 'weights':
-        names = tuple(_RAND_WEIGHTED_0)
-        total = sum(_RAND_WEIGHTED_0.values())
-        weights = tuple(w / total for w in _RAND_WEIGHTED_0.values())
+        names = tuple(timm_lists._RAND_WEIGHTED_0)
+        total = sum(timm_lists._RAND_WEIGHTED_0.values())
+        weights = tuple(w / total for w in timm_lists._RAND_WEIGHTED_0.values())
         if num_layers > len(names):  # numpy's choice without replacement refuses it too
             raise UnsupportedAugmentation(f'auto_augment {config_str!r}: {num_layers} layers drawn without '
                                           f'replacement from {len(names)} ops')
     else:
-        names = _RAND_INCREASING_TRANSFORMS if increasing else _RAND_TRANSFORMS
+        names = tuple(timm_lists._RAND_INCREASING_TRANSFORMS if increasing else timm_lists._RAND_TRANSFORMS)
     return RandAugmentConfig(ops=names, weights=weights, num_layers=num_layers, magnitude=magnitude, prob=prob,
                              magnitude_std=hparams.get('magnitude_std', 0.), magnitude_max=hparams.get('magnitude_max'))
 
@@ -254,8 +245,7 @@ class RandAugmentOp(NamedTuple):
     geometric: bool
 
 
-# Every op of timm's _RAND_TRANSFORMS, _RAND_INCREASING_TRANSFORMS and _RAND_WEIGHTED_0 ('tweights'), and the
-# absolute translations
+# Every op of timm's RandAugment lists (default, increasing, 'tweights'), and the absolute translations
 RAND_AUGMENT: Mapping[str, RandAugmentOp] = MappingProxyType({
     'AutoContrast': RandAugmentOp(_no_argument, _images_only(pil_autocontrast), False),
     'Equalize': RandAugmentOp(_no_argument, _images_only(pil_equalize), False),
