@@ -163,3 +163,27 @@ def test_a_transform_that_fails_on_a_streamed_sample_names_the_dataset_and_the_e
                               'or modulo by zero)'
     stream.transform = lambda x: x + 1
     assert list(_stream([(4, 0)], 2)) == [(4, 0)] and list(stream)[0] == (5, 0)
+
+
+# ---------------------------------------------------------------------- errors that name a file, one line each
+
+
+def test_an_error_is_named_by_its_type_and_its_message_on_one_line_cut_at_200_characters():
+    from tcnn.data.folders import error_text
+    assert error_text(OSError('image file is truncated\n  (3 bytes   not processed)')) == \
+        'OSError: image file is truncated (3 bytes not processed)'
+    assert error_text(ValueError('x' * 250)) == 'ValueError: ' + 'x' * 200
+    assert error_text(ValueError('y' * 199 + ' z')) == 'ValueError: ' + 'y' * 199 + ' '
+    assert error_text(KeyError()) == 'KeyError' and error_text(RuntimeError(' \n ')) == 'RuntimeError'
+
+
+def test_a_bad_image_error_raised_in_a_loader_worker_comes_back_as_its_own_line():
+    from tcnn.data.folders import BadImageError, SampleError
+    worker = ('Caught BadImageError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n'
+              '  File "w.py", line 3, in f\n    raise BadImageError(x)\ntcnn.data.folders.BadImageError: cannot read '
+              'a.jpg (OSError: truncated)\n\n')
+    assert str(BadImageError(worker)) == 'cannot read a.jpg (OSError: truncated)'
+    # another type's last line stays whole; a message that is not a worker's is left as it is
+    assert str(SampleError(worker)) == 'tcnn.data.folders.BadImageError: cannot read a.jpg (OSError: truncated)'
+    for message in ('Caught a cold, no traceback', 'Original Traceback first\nthen Caught ', ''):
+        assert str(BadImageError(message)) == message

@@ -7,6 +7,7 @@ reparameterisation's marker). ``tests/test_analysis.py`` checks the command and 
 """
 import math
 
+import matplotlib
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,7 +21,8 @@ from tcnn.evaluation import plots
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """The figures the plots module saves, in order (each also written to its file)."""
+    """The figures the plots module saves, in order (each also written to its file), drawn under a matplotlib style
+    of other sizes than the defaults: the sizes the figures state are theirs, whatever style the user has."""
     figures = []
     save = plots.save_figure
 
@@ -28,7 +30,9 @@ def drawn(monkeypatch):
         figures.append(fig)
         return save(fig, path)
     monkeypatch.setattr(plots, 'save_figure', keep)
-    return figures
+    with matplotlib.rc_context({'font.size': 13.0, 'errorbar.capsize': 5.0, 'lines.linewidth': 1.7,
+                                'lines.markersize': 5.5}):
+        yield figures
 
 
 def _record(epoch, **values):
@@ -210,7 +214,7 @@ def test_robustness_figure_bars_are_seed_means_with_the_seed_spread(drawn, tmp_p
     assert tuple(fig.get_size_inches()) == pytest.approx((11, 3.8))
     assert [t.get_text() for t in ax_c.get_xticklabels()] == ['clean', 'gaussian noise', 'fog']
     assert list(ax_c.get_xticks()) == [0, 1, 2]
-    assert ax_c.get_xticklabels()[0].get_rotation() == 25 and ax_c.get_xticklabels()[0].get_fontsize() == 8
+    assert all((t.get_rotation(), t.get_fontsize(), t.get_ha()) == (25, 8, 'right') for t in ax_c.get_xticklabels())
     bars = [c for c in ax_c.containers if hasattr(c, 'patches')]
     assert [b.get_label() for b in bars] == ['no-sa', 'T-CNN']
     for g, (container, arm) in enumerate(zip(bars, ('no-sa', 't-cnn'))):
@@ -269,3 +273,16 @@ def test_robustness_figure_of_a_single_run_labels_its_corruptions_in_their_order
     assert [t.get_text() for t in ax_c.get_xticklabels()] == ['clean', 'fog', 'gaussian noise']
     (bars,) = [c for c in ax_c.containers if hasattr(c, 'patches')]
     assert [p.get_height() for p in bars.patches] == [70.0, 50.0, 30.0]
+
+
+def test_robustness_figure_of_two_seeds_shows_their_spread_with_severities_in_numeric_order(drawn, tmp_path):
+    runs = [r for r in _demo_runs()['runs'] if r['clean_top1'] in (70.0, 71.5)]  # no-SA, seeds 0 and 1
+    for r in runs:
+        r['corrupted_by_severity'] = {'10': r['corrupted_by_severity']['3'], '2': r['corrupted_by_severity']['2']}
+    plots.plot_demo_robustness({'runs': runs}, str(tmp_path / 'fig3.png'))
+    ax_c, ax_s = drawn[0].axes
+    (bars,) = [c for c in ax_c.containers if hasattr(c, 'patches')]
+    assert np.allclose(_errorbar_spans(bars.errorbar)[0], [70.75 - 1.5 / math.sqrt(2), 70.75 + 1.5 / math.sqrt(2)])
+    (points,) = ax_s.containers
+    assert list(points.lines[0].get_xdata()) == [2, 10]
+    assert list(points.lines[0].get_ydata()) == [51.0, 39.5] and points.has_yerr
