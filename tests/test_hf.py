@@ -449,3 +449,9 @@ def test_publish_push_offline_keeps_the_folder(converted_file, tmp_path, capsys,
                                        'set (offline mode)')
     assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'model.safetensors']
     assert "timm.create_model('hf-hub:my-org/t_resnet18d', pretrained=True)" in (out / 'README.md').read_text()
+
+
+def test_non_finite_numbers_of_a_card_become_null_and_others_stay_as_they_are():
+    finite = tcnn.evaluation.model_card._finite
+    assert [finite(v) for v in (float('nan'), float('inf'), -float('inf'))] == [None, None, None]
+    assert [finite(v) for v in (1.5, 0.0, 3, 'nan', None)] == [1.5, 0.0, 3, 'nan', None]

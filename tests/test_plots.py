@@ -286,3 +286,24 @@ def test_robustness_figure_of_two_seeds_shows_their_spread_with_severities_in_nu
     (points,) = ax_s.containers
     assert list(points.lines[0].get_xdata()) == [2, 10]
     assert list(points.lines[0].get_ydata()) == [51.0, 39.5] and points.has_yerr
+
+
+def test_metrics_are_read_from_a_run_folder_and_a_checkpoint_or_an_empty_file_is_refused_naming_the_fix(tmp_path):
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'metrics.jsonl').write_text('{"epoch": 1, "val_top1": 2.0}\n{"epoch": 0, "val_top1": 1.0}\n')
+    assert plots.load_metrics(run) == plots.load_metrics(str(run / 'metrics.jsonl')) == [
+        {'epoch': 0, 'val_top1': 1.0}, {'epoch': 1, 'val_top1': 2.0}]
+    for name in ('last.pt', 'best.pth', 'model.safetensors'):
+        (run / name).write_bytes(b'not metrics')
+        with pytest.raises(plots.TcnnError) as info:
+            plots.load_metrics(str(run / name))
+        assert str(info.value) == (f'{run / name} is a model or checkpoint file; tcnn plot takes the run folder that '
+                                   f'holds it ({run}) or its metrics.jsonl')
+    (run / 'metrics.jsonl').write_text('')
+    with pytest.raises(plots.TcnnError) as info:
+        plots.load_metrics(str(run))
+    assert str(info.value) == f'{run / "metrics.jsonl"} holds no epoch yet'
+    with pytest.raises(TypeError) as info:
+        plots.load_metrics(3)
+    assert str(info.value) == 'path must be a run folder or metrics file path, got int'
