@@ -52,12 +52,12 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     # glibc malloc's tuning for the training programs
     'allocator': (['tcnn/allocator.py'], ['tests/test_allocator.py'], []),
     # the training loop and its run (the recipe and the optimiser are campaigns of their own): what it prints
-    # (test_train_report.py), training, resuming and preemption (test_train.py, test_train_reliability.py) and its
-    # logs (test_dashboards.py)
+    # (test_train_report.py), where it starts (test_train_resume.py), training, resuming and preemption
+    # (test_train.py, test_train_reliability.py) and its logs (test_dashboards.py)
     'train': ([f'tcnn/train/{name}.py' for name in ('engine', 'trainer', 'data', 'builders', 'resume', 'distributed',
                                                     'launch', 'dashboards', 'report', 'args')],
-              ['tests/test_train_report.py', 'tests/test_train.py', 'tests/test_train_reliability.py',
-               'tests/test_dashboards.py'], []),
+              ['tests/test_train_report.py', 'tests/test_train_resume.py', 'tests/test_train.py',
+               'tests/test_train_reliability.py', 'tests/test_dashboards.py'], []),
 }
 # module -> owning tests left out of mutmut's run for their time, run on its survivors only (``check-later``)
 LATER: Dict[str, List[str]] = {
