@@ -15,12 +15,11 @@ import torch.nn.functional as F
 from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 from tcnn.gpsa_parameters import SOFTPLUS_BETA
 from tcnn.layers.content import padded_keys_logit
-from tcnn.layers.geometry import Geometry, conv_geometry
+from tcnn.layers.geometry import Geometry, conv_geometry, queries_are_tokens
 from tcnn.layers.kept_values import is_exporting, may_keep
-from tcnn.layers.gpsa import (EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5,
-                              upgrade_proj_weight)
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, check_unsharded, locality_to_raw, softplus_beta_5
 from tcnn.layers.positional import axis_offsets
-from tcnn.layers.projections import queries_are_tokens
+from tcnn.layers.projections import upgrade_proj_weight
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa

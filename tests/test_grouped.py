@@ -12,7 +12,8 @@ import torchvision
 import tcnn
 from tcnn.files import tcnn_file
 from tcnn.errors import InvalidArgumentError
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
+from tcnn.files.tcnn_file import match_grouped_storage
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 from tcnn.files.sources import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
