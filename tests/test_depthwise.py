@@ -97,7 +97,7 @@ def test_attention_gradient_takes_as_many_heads_as_the_budget_holds():
         assert type(got) is int and got == expected, (images, n_k, channels, num_heads)
 
 
-def test_which_order_each_shape_gets():
+def test_folding_pays_for_long_attention_rows_or_large_attended_values():
     # (batch, N_q, N_h, N_k, channels) of depthwise last stages at 224 px; docs/benchmarks.md has the timings
     assert depthwise.folding_pays(1, 49, 49, 49, 768)  # ConvNeXt 7x7: long attention rows
     assert depthwise.folding_pays(1, 49, 25, 49, 960)  # MobileNetV3 5x5
@@ -166,7 +166,7 @@ def test_folded_product_runs_on_the_meta_device(folded):
     assert [t.grad.shape for t in (attn, values, taps)] == [attn.shape, values.shape, taps.shape]
 
 
-def test_only_the_gradients_asked_for(folded, small_chunks, monkeypatch):
+def test_the_backward_computes_only_the_gradients_asked_for(folded, small_chunks, monkeypatch):
     """A frozen attention (no grad) and frozen values: only the taps' gradient, equal to the definition's; the backward
     computes (and returns) only the gradients asked for, and plans its chunks for the batch it is given (here more
     images than queries)."""
@@ -293,7 +293,7 @@ def test_folded_layer_compiles_without_graph_breaks(small_chunks):
                                torch.autograd.grad(ref.square().sum(), x)[0])
 
 
-def test_per_sample_gradients_with_torch_func(folded, small_chunks):
+def test_per_sample_gradients_with_torch_func_equal_one_backward_per_sample(folded, small_chunks):
     """torch.func's per-sample gradients (vmap(grad(...))) through the folded product equal one backward per sample;
     the taps shared by the samples, as a layer's filter is."""
     attn, values, taps = _inputs(4, 5, 9, 6, 16, 16)
@@ -315,7 +315,7 @@ def test_per_sample_gradients_with_torch_func(folded, small_chunks):
 
 
 @pytest.mark.parametrize('argnum', [0, 1, 2], ids=['attention', 'values', 'taps'])
-def test_per_sample_gradient_of_one_input(folded, small_chunks, argnum):
+def test_the_per_sample_gradient_of_one_input_equals_its_own_backward(folded, small_chunks, argnum):
     """``vmap(grad(...))`` asked for the gradient of one input only (e.g. a filter's per-sample gradient, DP-SGD's):
     the backward then computes only some of the three gradients, and each sample's equals its own backward through
     the written-out sum."""
@@ -333,7 +333,7 @@ def test_per_sample_gradient_of_one_input(folded, small_chunks, argnum):
         torch.testing.assert_close(per_sample[i], want)
 
 
-def test_vmap_over_some_inputs_at_any_dimension(folded, small_chunks):
+def test_vmap_over_some_inputs_at_any_dimension_is_the_sum_per_sample(folded, small_chunks):
     """``torch.vmap`` of the folded product over the attention only (the values shared, as they are by every query
     of a sample), at its second dimension, and over the values only: each equals the written-out sum per sample."""
     attn, values, taps = _inputs(3, 5, 9, 6, 16, 16)
@@ -368,7 +368,7 @@ def test_folded_product_is_twice_differentiable(folded, small_chunks, c_in, c_ou
 
 
 @pytest.mark.parametrize('frozen', ['attention', 'values', 'taps', 'values-taps'])
-def test_double_backward_with_frozen_inputs(folded, small_chunks, frozen):
+def test_double_backward_with_frozen_inputs_matches_finite_differences(folded, small_chunks, frozen):
     """Double backward against finite differences in float64 with some inputs constant (a frozen attention, a frozen
     filter): the first backward then returns no gradient for them, and the second must still sum the contributions
     of the others and reach the first backward's incoming gradient."""

@@ -12,7 +12,8 @@ import torchvision
 import tcnn
 from tcnn.files import tcnn_file
 from tcnn.errors import InvalidArgumentError
-from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA, match_grouped_storage
+from tcnn.files.tcnn_file import match_grouped_storage
+from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 from tcnn.files.sources import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
@@ -111,7 +112,7 @@ def _expected_parameters(cin: int, cout: int, n_h: int, groups: int, bias: bool,
     return 2 * n_h * qk_dim * cin + cin * cin // groups + cout * n_h * cin // groups + (cout if bias else 0) + 4 * n_h
 
 
-def test_parameter_counts_and_default_qk_dim():
+def test_parameter_counts_follow_the_formula_and_qk_dim_defaults_to_the_group_width():
     # the default q/k width: C_in // N_h for a dense conv (T-CNN Table 2), the group width for a grouped one
     for cin, cout, k, groups, qk_dim in [(512, 512, 3, 1, 56), (1024, 1024, 3, 32, 32), (768, 768, 3, 48, 16),
                                          (1152, 1152, 3, 1152, 1), (320, 320, 7, 320, 1), (64, 64, 3, 4, 7),

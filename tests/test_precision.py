@@ -119,7 +119,7 @@ TOLERANCE = {
 @pytest.mark.parametrize('amp_dtype', AMP_DTYPES)
 @pytest.mark.parametrize('init', ['paper', 'random'])
 @pytest.mark.parametrize('name', list(LAYERS))
-def test_autocast_output_against_float64(name, init, amp_dtype):
+def test_autocast_output_is_the_float64_output_within_the_measured_tolerance(name, init, amp_dtype):
     layer, x = _layer(name, init)
     ref = copy.deepcopy(layer).double()(x.double())
     with torch.autocast('cpu', dtype=amp_dtype):
@@ -260,7 +260,7 @@ def test_recorder_sees_a_round_trip_and_a_low_precision_softmax():
 
 @pytest.mark.parametrize('amp_dtype', [None] + AMP_DTYPES)
 @pytest.mark.parametrize('name', list(LAYERS))
-def test_channels_last_kept_through_the_layer(name, amp_dtype):
+def test_channels_last_is_kept_through_the_layer(name, amp_dtype):
     """A channels_last input gives a channels_last output and input gradient, in training and inference, under
     autocast: a GPU model trained channels_last (the recipe's default there) never converts around the layer."""
     layer, x = _layer(name, 'random')
@@ -349,7 +349,7 @@ def test_layer_trained_in_eval_mode_gets_positional_gradients(name):
         assert err < GRADIENT_TOLERANCE[name][1], (n, err)
 
 
-def test_float64_positional_and_gating_parameters_in_a_float32_layer():
+def test_float64_per_head_parameters_of_a_float32_layer_give_the_papers_formula():
     """Per-head parameters kept in float64 (``pos_centers``, ``pos_locality``, ``gating``) in a float32 layer: the
     positional attention and the gates are computed in float64 and mixed in the layer's attention dtype, float32,
     so the layer runs and is the papers' formula. Error relative to the largest output: 3.1e-7 (seed 0,

@@ -41,7 +41,8 @@ from ..convert.settings import ConversionSettings, gpsa_layers
 from ..convert.transform import reparameterize
 from ..convert.verify import EquivalenceReport
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_module
-from ..layers.gpsa import match_grouped_storage, upgrade_proj_weight
+from ..layers.gpsa import GPSA
+from ..layers.projections import upgrade_proj_weight
 from ..paths import check_output_file
 from ..version import EXTENSIONS, FORMAT_NAME, FORMAT_VERSION, PLAIN_FORMAT_VERSION, __version__
 from .integrity import safetensors_damage, tensor_checksums, verify_checksums
@@ -54,7 +55,7 @@ from .weights import (PICKLE_MAGIC, ZIP_MAGIC, check_map_location, check_path, e
 __all__ = ['FORMAT_NAME', 'FORMAT_VERSION', 'PLAIN_FORMAT_VERSION', 'EXTENSIONS', 'NotTcnnFileError', 'save', 'read',
            'read_raw', 'check_dict', 'validated', 'model_to_dict', 'model_from_dict', 'pretrained_cfg_of',
            'check_extension', 'report_to_dict', 'report_from_dict', 'CHECKSUMS_KEY', 'EMA_CHECKSUMS_KEY',
-           'unwrap_model', 'safetensors_tensors', 'safetensors_error']
+           'unwrap_model', 'safetensors_tensors', 'safetensors_error', 'match_grouped_storage']
 
 # The tensors' checksums (tcnn.files.integrity): an entry of a T-CNN dict (in .pt files, the .safetensors settings and a
 # training checkpoint's model_file) and 'ema_checksums' in a training checkpoint (a Hub folder's model.safetensors has
@@ -406,6 +407,35 @@ def _build(d: Dict[str, Any]) -> nn.Module:
         raise
     except (TypeError, ValueError, RuntimeError, AssertionError, KeyError) as e:
         raise TcnnError(f'cannot rebuild {name} with {kwargs}: {type(e).__name__}: {e}') from e
+
+
+def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor]) -> List[str]:
+    """Rebuild with dense storage (``groups=1``) every grouped GPSA layer of ``model`` for which ``state_dict``
+    holds a dense filter, so that the state dict loads; returns the names of the rebuilt layers.
+
+    tcnn 0.2.0 and earlier stored a grouped conv's filter as its dense block-diagonal equivalent, with a dense
+    ``W_val`` and the dense default ``qk_dim``; fine-tuning may have filled the off-diagonal blocks, so such a layer
+    is not cut back to its groups but loaded as the dense layer it is (``conv_groups`` keeps the source conv's groups
+    for parameter counts). A filter is dense when it has ``C_out * N_h * C_in`` elements (either stored layout);
+    ``qk_dim`` is read from the stored ``q_weight``. The model's layers are replaced in place (on their device and
+    dtype, meta included); a ``model`` that is itself a GPSA layer is left alone (build it with ``groups=1``).
+    """
+    rebuilt = []
+    for name, layer in list(model.named_modules()):
+        if not isinstance(layer, GPSA) or layer.groups == 1 or not name:
+            continue
+        weight, q = state_dict.get(f'{name}.proj_weight'), state_dict.get(f'{name}.q_weight')
+        if not isinstance(weight, torch.Tensor) or weight.numel() != layer.out_chs * layer.num_heads * layer.in_chs:
+            continue
+        qk_dim = q.shape[0] // layer.num_heads if isinstance(q, torch.Tensor) and q.ndim == 2 else layer.qk_dim
+        dense = GPSA(layer.in_chs, layer.out_chs, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+                     bias=layer.proj_bias is not None, padding_mode=layer.padding_mode, qk_dim=qk_dim,
+                     device=layer.proj_weight.device, dtype=layer.proj_weight.dtype)
+        dense.conv_groups = layer.conv_groups
+        dense.train(layer.training)
+        model.set_submodule(name, dense)
+        rebuilt.append(name)
+    return rebuilt
 
 
 def _load_weights(model: nn.Module, state_dict: Dict[str, torch.Tensor], where: str, assign: bool) -> None:

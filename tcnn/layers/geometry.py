@@ -1,5 +1,6 @@
 """The geometry of a GPSA layer as one frozen value: the conv it stands for (kernel, stride, padding, dilation,
-padding mode, groups), the query's place in the receptive field and the heads.
+padding mode, groups), the query's place in the receptive field and the heads; and what follows from it alone (the
+output size, the heads' kernel taps, whether every pixel is a query).
 
 A layer makes its ``Geometry`` once, in its constructor (``GPSA.geometry``), and passes it whole to the pure functions
 of ``tcnn.layers`` (projections, content and positional attention), which decide every branch from it: plain ints and
@@ -12,7 +13,9 @@ and ``torch.compile`` read its fields as Python constants, as they read the ints
 """
 from typing import NamedTuple, Tuple
 
-__all__ = ['Geometry', 'conv_geometry']
+import torch
+
+__all__ = ['Geometry', 'conv_geometry', 'output_size', 'kernel_centers', 'queries_are_tokens']
 
 
 class Geometry(NamedTuple):
@@ -47,3 +50,28 @@ def conv_geometry(kernel_size: Tuple[int, int], stride: Tuple[int, int], padding
     anchor = ((kh - 1) // 2 * dy, (kw - 1) // 2 * dx)
     return Geometry(kernel_size=(kh, kw), stride=stride, padding=padding, dilation=dilation, anchor=anchor,
                     padding_mode=padding_mode, groups=groups, num_heads=kh * kw)
+
+
+def output_size(height: int, width: int, geometry: Geometry) -> Tuple[int, int]:
+    """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
+    kernel_size, stride, padding, dilation = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
+    hp = height + 2 * padding[0]
+    wp = width + 2 * padding[1]
+    h_out = (hp - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
+    w_out = (wp - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
+    return h_out, w_out
+
+
+def kernel_centers(geometry: Geometry) -> torch.Tensor:
+    """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
+    (kh, kw), dilation, anchor = geometry.kernel_size, geometry.dilation, geometry.anchor
+    ky = torch.arange(kh, dtype=torch.float32) * dilation[0] - anchor[0]
+    kx = torch.arange(kw, dtype=torch.float32) * dilation[1] - anchor[1]
+    return torch.cartesian_prod(ky, kx)  # (ky[i], kx[j]) pairs, row-major
+
+
+def queries_are_tokens(geometry: Geometry) -> bool:
+    """Stride 1 and 'same' padding: every input pixel is a query (decided from the layer's geometry alone)."""
+    (sy, sx), (ay, ax), (ph, pw) = geometry.stride, geometry.anchor, geometry.padding
+    (kh, kw), (dy, dx) = geometry.kernel_size, geometry.dilation
+    return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)

@@ -1,82 +1,38 @@
-"""Gated Positional Self-Attention (GPSA) that can reproduce a k x k convolution exactly.
+"""Gated Positional Self-Attention (GPSA) that can reproduce a k x k convolution exactly: T-CNN (d'Ascoli et al.
+2021, arXiv:2106.05795) section 2 on top of the GPSA of ConViT (d'Ascoli et al. 2021, arXiv:2103.10697) section 3.
 
-The layer follows T-CNN (d'Ascoli et al. 2021, arXiv:2106.05795) section 2 on top of the GPSA of ConViT
-(d'Ascoli et al. 2021, arXiv:2103.10697) section 3:
+One head per kernel tap, head ``h = ky * kw + kx`` (row-major, the order of ``conv.weight.flatten(1)``). Queries are
+the conv's output positions and keys the input padded as the conv pads it, so borders and strides are exact (a
+stride-2 conv needs no pooling). The equations, and the code that computes each, in the order ``GPSA.forward`` runs
+them:
 
-* one head per kernel tap, head ``h = ky * kw + kx`` (row-major, the order of ``conv.weight.flatten(1)``);
-* positional attention ``softmax_k(-alpha_h * |delta_qk - Delta_h|^2)`` with ``delta = key - query``
-  (T-CNN eq. 4, ConViT eq. 5), ``alpha_h = softplus(alpha_raw_h, beta=5)`` (T-CNN footnote 1);
-  separable into a row and a column softmax (``tcnn.layers.positional``);
-* content attention ``softmax(Q_h K_h^T / sqrt(d_qk))`` with its own q/k width ``d_qk``;
-* gating ``A_h = (1 - sigmoid(lambda_h)) * content_h + sigmoid(lambda_h) * positional_h`` (T-CNN eq. 7);
-* values ``X W_val`` with one matrix shared by all heads (identity at init) and the output projection holding the
-  filter taps, ``out = sum_h A_h X W_val W_out^h`` (T-CNN eqs. 5-6);
-* grouped and depthwise convs keep their structure: ``W_val`` and every ``W_out^h`` are block-diagonal with the
-  conv's groups (diagonal for depthwise), stored as the groups' blocks only, while the attention is shared by all
-  channels.
+* queries ``Q_h``, keys ``K_h`` and values ``X W_val``, one ``W_val`` shared by all heads (the identity at conversion,
+  T-CNN eq. 6): ``GPSA._project`` (``tcnn.layers.projections.project``);
+* content scores ``Q_h K_h^T / sqrt(d_qk)`` (T-CNN eq. 1, ConViT eq. 1): ``content_scores``
+  (``tcnn.layers.content``);
+* what does not depend on the input's values, ``GPSA._attention_terms`` (in eager mode kept from call to call,
+  ``GPSA._kept_attention_terms``): the positional attention ``softmax_k(-alpha_h |delta_qk - Delta_h|^2)``,
+  ``delta = key - query`` (T-CNN eq. 4, ConViT eq. 5), separable into a row and a column softmax
+  (``GPSA._positional_and_gate``, ``tcnn.layers.positional``; ``delta``: ``GPSA._offsets``), with
+  ``alpha_h = softplus(pos_locality_h, beta=5)`` (T-CNN footnote 1, ``GPSA.locality_strength``), and the gates
+  ``sigmoid(lambda_h)`` (T-CNN eq. 7, ``GPSA.gate``);
+* the content softmax over the padded grid of keys (T-CNN eq. 1): ``GPSA._content_attention``;
+* the gated mixture ``A_h = (1 - sigmoid(lambda_h)) content_h + sigmoid(lambda_h) positional_h`` (T-CNN eq. 7):
+  ``_lerp``;
+* ``out = sum_h A_h X W_val W_out^h + bias``, ``W_out^h`` the conv filter's tap ``h`` (T-CNN eqs. 5-6):
+  ``GPSA._value_product`` (``tcnn.layers.projections.output_projection``; depthwise layers
+  ``tcnn.layers.depthwise``).
 
-Borders and strides are exact: the input is padded like the conv pads it (the padded tokens are keys and values),
-and queries exist only at the conv's output positions, so a stride-2 conv needs no pooling.
-
-Design choices (measured in ``docs/benchmarks.md``, "Design choices of the GPSA layer", and ``docs/convert.md``,
-parameter counts of grouped models):
-
-Computation is token-major (queries as rows), so that every projection is one GEMM over the whole batch:
-
-* ``Q``, ``K`` and ``V = X W_val`` come from the ``(B * N, C_in)`` token matrix (``K`` and ``V`` in one GEMM);
-* the mixed attention is written query-major, ``(B, N_q * N_h, N_k)``, so ``A V`` is ``(B, N_q * N_h, C_in)``:
-  per query, the ``N_h`` attended value vectors side by side, i.e. one im2col row of ``X W_val``;
-* the output projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the conv filter. In the
-  exact configuration the rows *are* im2col(X W_val) and the layer is literally the conv.
-
-Why token-major and not channel-first (``V A^T`` as ``(B, C_in, N_h * N_q)``, the conv's own im2col order): the
-channel-first output projection is ``B`` small GEMMs of ``N_q`` columns, or one GEMM after a transposed copy of
-the whole ``heads`` tensor; token-major gives one GEMM with ``B * N_q`` rows and copies nothing (faster at every
-grid and batch measured). The filter is stored to match, as ``(C_out, N_h, C_in)``: per head its tap, so
-``view(C_out, -1)`` is the projection matrix. State dicts of the old 2-D ``(C_out, C_in * N_h)`` layout still
-load (``_load_from_state_dict`` reorders them; the shapes differ, so neither can be mistaken for the other). A
-channels_last input is read without any copy; the output is channels_last in memory and made contiguous only for
-an NCHW input.
-
-Why the mixed attention matrix and not ``scaled_dot_product_attention``: the two attentions are mixed into one
-``N_h x N_q x N_k`` matrix (``torch.lerp``) and applied to the values once. SDPA would apply the content part
-per head with the value width C_in (above the flash kernels' head-dim limit) and the positional part would need
-a second value product: slower, and more FLOPs.
-
-Why keys and values are projected on the unpadded input: ``W_k`` and ``W_val`` are 1x1 projections without
-bias, which commute with every padding mode, so projecting first and padding afterwards is exact; with zero
-padding the padded values are zero, so the value product only needs the attention on real keys (both softmaxes
-are still normalised over the padded grid). This skips 32 of 81 tokens on a 7x7 grid. The padded keys' content
-scores are exactly 0 as well, so together they weigh ``n_pad * exp(0)`` in the content softmax: one extra key of
-score ``log(n_pad)`` stands for all of them (50 keys instead of 169 for a 7x7 kernel on a 7x7 grid).
-
-Why few operators: on a GPU at small batches the host's launches, not the kernels, set the layer's time, so the
-forward is written in as few operators as the math allows (counted in ``docs/benchmarks.md``): where every pixel is
-a query, Q, K and V come from one GEMM; both positional factors from one softmax where the axes match; the content
-scale is the score GEMM's ``alpha``; what depends on the input's size only, and in inference the positional attention
-and the gates, are kept from call to call in eager mode (``tcnn.layers.kept_values``: when, and what drops them).
-
-Precision: every attention computation (content scores, both softmaxes, gates, geometry) runs in
-``promote_types(dtype, float32)``: float32 for float16/bfloat16 layers and under autocast, float64 for a float64
-layer, which is then float64 throughout (``torch.autograd.gradcheck`` passes).
-
-Grouped and depthwise convs keep their groups in ``W_val``, the filter and the default ``qk_dim`` (the reasons and
-their measurements: ``docs/benchmarks.md``, "Design choices of the GPSA layer"); the computation is split into
-``tcnn.layers.projections`` (Q, K, V and the output projection), ``tcnn.layers.content`` (the content softmax),
-``tcnn.layers.positional`` and ``tcnn.layers.depthwise``.
-
-Reading the forward: ``GPSA.forward`` is the equations in order, each step a call by name: ``_project`` (Q, K, V),
-``content_scores`` (T-CNN eq. 1), the terms that do not depend on the input's values (the positional attention of
-eq. 4 and the gates; ``_attention_terms``, or ``_kept_attention_terms`` in eager mode), ``_content_attention``, the
-gated mixture (eq. 7, ``_lerp``), ``_value_product`` (the values and the output projection, eqs. 5-6). Which of its
-three paths runs (eager, TorchScript, exporters and tracers) is decided once per call, by ``_forward_path``, whose
-docstring says why each exists; everything else is the same code on all three. A layer's geometry (kernel, stride,
-padding, dilation, anchor, padding mode, groups, heads) is one frozen ``Geometry`` (``tcnn.layers.geometry``), made
-once in the constructor and passed whole: no function of ``tcnn.layers`` but a constructor takes more than eight
-parameters.
+Grouped and depthwise convs keep their groups: ``W_val`` and every ``W_out^h`` are block-diagonal (diagonal for
+depthwise), stored as the groups' blocks only, while the attention is shared by all channels. The computation reads
+the layer's geometry as one frozen ``Geometry`` (``tcnn.layers.geometry``), made in the constructor; every attention
+computation runs in ``promote_types(dtype, float32)``; which of the forward's three paths runs (eager, TorchScript,
+exporters and tracers) is decided once per call, by ``_forward_path``. Why the layer is computed this way
+(token-major, one mixed attention matrix, keys and values projected before padding, few operators) and what each
+choice measured: ``docs/benchmarks.md``, "Design choices of the GPSA layer".
 """
 import math
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Optional, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -85,16 +41,15 @@ import torch.nn.functional as F
 from .content import (at_least_float32, attention_dtype, content_attention, content_scores, padded_keys_logit,
                       real_key_content_attention)
 from .depthwise import attend_depthwise, attend_heads_first, attend_traceable
-from .geometry import Geometry, conv_geometry
+from .geometry import Geometry, conv_geometry, kernel_centers, output_size
 from .kept_values import KEPT_ATTRIBUTE, forget, is_exporting, keep, may_keep
-from .positional import axis_offsets, kernel_centers, outer, output_size, positional_factors
-from .projections import add_bias, output_projection, project
+from .positional import axis_offsets, outer, positional_factors
+from .projections import add_bias, output_projection, project, upgrade_proj_weight
 from .. import compat
 from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
 from ..gpsa_parameters import SOFTPLUS_BETA
 
-__all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'upgrade_proj_weight',
-           'match_grouped_storage', 'check_unsharded']
+__all__ = ['GPSA', 'EXACT_LOCALITY', 'EXACT_GATING', 'locality_to_raw', 'check_unsharded']
 
 # Locality strength and gate of the exact configuration (alpha >= 30 and lambda >= 20 suffice in float32).
 # With alpha = 50 a neighbouring tap gets weight exp(-50) ~ 2e-22, and sigmoid(40) = 1 - 4e-18 rounds to 1.0 in
@@ -106,59 +61,6 @@ EXACT_GATING = 40.0
 _PairInt = Union[int, Tuple[int, int]]
 
 
-def _pair(v: _PairInt, name: str, ge: int) -> Tuple[int, int]:
-    """An int or a pair of ints as a pair, each ``>= ge``; raises naming ``name`` otherwise."""
-    if isinstance(v, (tuple, list)) and len(v) == 2:
-        return int(check_number(v[0], name, ge=ge, integer=True)), int(check_number(v[1], name, ge=ge, integer=True))
-    if isinstance(v, (tuple, list)):
-        raise InvalidTypeError(f'{name} must be an int or a pair of ints, got {v!r}')
-    v = int(check_number(v, name, ge=ge, integer=True))
-    return v, v
-
-
-def _check_per_head(value: Union[float, torch.Tensor], name: str, num_heads: int) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != num_heads:
-            raise InvalidArgumentError(f'{name} must be a number or {num_heads} values (one per head), got '
-                                       f'a tensor of shape {tuple(value.shape)}')
-        if not bool(torch.isfinite(value).all()):
-            raise InvalidArgumentError(f'{name} must be finite, got {value.tolist()}')
-    else:
-        check_number(value, name)
-
-
-def locality_to_raw(alpha: float) -> float:
-    """Inverse of ``softplus(raw, beta=5)``: the raw parameter value that gives locality strength ``alpha``."""
-    check_number(alpha, 'locality_strength', gt=0)
-    return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
-
-
-def check_unsharded(layer: nn.Module, what: str, name: str = '') -> None:
-    """Raise a one-line ``TcnnError`` when the positional or gating parameters of GPSA ``layer`` (``name`` in its
-    model) are DTensors: FSDP2's ``fully_shard`` (or tensor parallelism) split them over the ranks. Training steps run
-    on them as on plain tensors, but what reads or sets the per-head values (``what``: ``gpsa_summary``,
-    ``set_gating``, ``exact_configuration``, ``check_equivalence``) would see or write one rank's shard: it is refused
-    before it changes anything, with the fix."""
-    if any(compat.is_dtensor(getattr(layer, n)) for n in GPSA.positional_params + GPSA.gating_params):
-        where = f' ({name})' if name else ''
-        raise TcnnError(f'{what} does not take FSDP2-sharded (DTensor) parameters, as the GPSA layer{where} has: call '
-                        f'it on the unsharded model (before fully_shard, or on a copy that loaded the full state dict '
-                        f'of torch.distributed.checkpoint.state_dict.get_model_state_dict(model, '
-                        f'options=StateDictOptions(full_state_dict=True)))')
-
-
-def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
-    """``softplus(raw, beta=5)`` written without softplus's ``beta``, for graphs that other tools read: OpenVINO's
-    TorchScript front end drops ``beta`` (it computed ``softplus(raw)``: every locality strength wrong). The terms of
-    torch's own kernel, ``raw`` where ``5 * raw > 20`` (its threshold) and ``log1p(exp(5 * raw)) / 5`` below: outputs
-    bitwise equal to ``F.softplus(raw, beta=5)``, gradients within 3 ulp (the 1/5 and the 5 apply in two steps).
-    Eager mode keeps ``F.softplus`` (one kernel instead of five)."""
-    # 5.0 is SOFTPLUS_BETA written as a literal: TorchScript compiles no global float (tests/test_gpsa.py holds the two
-    # to each other)
-    scaled = raw * 5.0
-    return torch.where(scaled > 20.0, raw, F.softplus(scaled) / 5.0)
-
-
 class GPSA(nn.Module):
     """Gated positional self-attention with one head per tap of a ``kh x kw`` kernel: a drop-in for the
     ``nn.Conv2d`` it stands for (same input, output shape and memory format, any input size), which it equals in
@@ -168,10 +70,10 @@ class GPSA(nn.Module):
     (``W_val``, block-diagonal); ``proj_weight`` ``(C_out, N_h, C_in // groups)`` (``W_out^h``: per head its tap of
     the conv filter) and ``proj_bias``; per head ``pos_centers`` ``(N_h, 2)``, ``pos_locality`` (raw alpha) and
     ``gating`` (lambda). Attention runs in ``promote_types(dtype, float32)``. The geometry is one frozen ``geometry``
-    (``tcnn.layers.geometry.Geometry``), made here and passed whole to the layer's functions; its fields are also
-    attributes (``kernel_size``, ``stride``, ``padding``, ``dilation``, ``anchor``, ``padding_mode``, ``groups``,
-    ``num_heads``). The design and its measurements: the module header and ``docs/benchmarks.md`` ("Design choices
-    of the GPSA layer").
+    (``tcnn.layers.geometry.Geometry``), made here and the one the computation reads, passed whole to the layer's
+    functions; its fields are also attributes, for readers (``kernel_size``, ``stride``, ``padding``, ``dilation``,
+    ``anchor``, ``padding_mode``, ``groups``, ``num_heads``). The equations each method computes: the module
+    docstring; the design and its measurements: ``docs/benchmarks.md`` ("Design choices of the GPSA layer").
 
     Args:
         in_chs: Input channels C_in.
@@ -191,6 +93,12 @@ class GPSA(nn.Module):
         gating_init: Initial lambda of every head (1.0 is the paper's fine-tuning init).
     """
 
+    # values kept from call to call in eager mode (``tcnn.layers.kept_values``): plain Python, never part of a
+    # TorchScript module
+    __jit_ignored_attributes__ = [KEPT_ATTRIBUTE]
+    # annotated for TorchScript, which otherwise types the attribute as a plain tuple, without its field names
+    geometry: Geometry
+
     # Parameter roles in fine-tuning (T-CNN section 3, as in ConViT). The gates get their own learning rate
     # (``tcnn.param_groups``). No weight decay (``no_weight_decay()``) on: the positional geometry and the gates (as
     # ConViT exempts them); the conv's bias ``proj_bias`` (timm and DeiT decay no bias, so the CNN's bias was not
@@ -199,16 +107,12 @@ class GPSA(nn.Module):
     # a zero output). A dense or grouped ``W_val`` is a channel-mixing matrix, the ``nn.Linear`` values of
     # ConViT/T-CNN's own code, which timm's factory decays with DeiT's weight decay there: decayed here too. The
     # filter parameters are the conv's (T-CNN eq. 6).
-    # values kept from call to call in eager mode (``tcnn.layers.kept_values``): plain Python, never part of a
-    # TorchScript module
-    __jit_ignored_attributes__ = [KEPT_ATTRIBUTE]
-    # annotated for TorchScript, which otherwise types the attribute as a plain tuple, without its field names
-    geometry: Geometry
-
     positional_params = ('pos_centers', 'pos_locality')
     gating_params = ('gating',)
     no_weight_decay_params = positional_params + gating_params + ('proj_bias',)
     filter_params = ('proj_weight', 'proj_bias')
+
+    # ------------------------------------------------------------------ construction
 
     def __init__(
             self,
@@ -247,75 +151,35 @@ class GPSA(nn.Module):
         check_number(gating_init, 'gating_init')
         self.in_chs = in_chs
         self.out_chs = out_chs
-        # what the computation reads, passed whole to the functions of tcnn.layers; made once, never changed
+        # what the computation reads (and nothing else of the conv's settings), passed whole to the functions of
+        # tcnn.layers; made once, never changed
         self.geometry = conv_geometry((kh, kw), _pair(stride, 'stride', ge=1), _pair(padding, 'padding', ge=0),
                                       _pair(dilation, 'dilation', ge=1), padding_mode, groups)
         # its fields as attributes too (nn.Conv2d's names, and ``anchor``: the query position inside the receptive
-        # field, in padded coordinates, the centre tap for odd kernels), for readers: plain attributes, not
-        # properties, as a scripted module shows TorchScript's properties to Python as property objects
+        # field, in padded coordinates, the centre tap for odd kernels), for readers, not read by the computation:
+        # plain attributes, not properties, as a scripted module shows TorchScript's properties to Python as property
+        # objects
         (self.kernel_size, self.stride, self.padding, self.dilation, self.anchor, self.padding_mode, self.groups,
          self.num_heads) = self.geometry
         # groups of the source conv, for the source CNN's parameter count (conv_parameters): the same as groups,
         # except in a layer that match_grouped_storage rebuilt dense for a file with a dense filter
         self.conv_groups = groups
-        self.qk_dim = int(qk_dim) if qk_dim is not None else max(min(in_chs // self.num_heads, in_chs // groups), 1)
+        num_heads = self.geometry.num_heads
+        self.qk_dim = int(qk_dim) if qk_dim is not None else max(min(in_chs // num_heads, in_chs // groups), 1)
         self.scale = self.qk_dim ** -0.5
 
-        qk_out = self.num_heads * self.qk_dim
+        qk_out = num_heads * self.qk_dim
         self.q_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
         self.k_weight = nn.Parameter(torch.empty(qk_out, in_chs, **dd))
         # W_val, block-diagonal: row o holds the weights of input group o // (C_in // g), like a 1x1 grouped conv
         self.v_weight = nn.Parameter(torch.empty(in_chs, in_chs // groups, **dd))
         # W_out^h of every head: proj_weight[:, h] is tap h of the conv filter (T-CNN eq. 6), per group its block.
-        self.proj_weight = nn.Parameter(torch.empty(out_chs, self.num_heads, in_chs // groups, **dd))
+        self.proj_weight = nn.Parameter(torch.empty(out_chs, num_heads, in_chs // groups, **dd))
         self.proj_bias = nn.Parameter(torch.zeros(out_chs, **dd)) if bias else None
-        self.pos_centers = nn.Parameter(torch.empty(self.num_heads, 2, **dd))
-        self.pos_locality = nn.Parameter(torch.empty(self.num_heads, **dd))
-        self.gating = nn.Parameter(torch.empty(self.num_heads, **dd))
+        self.pos_centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        self.pos_locality = nn.Parameter(torch.empty(num_heads, **dd))
+        self.gating = nn.Parameter(torch.empty(num_heads, **dd))
         self.reset_parameters(locality_strength, gating_init)
-
-    # ------------------------------------------------------------------ construction
-
-    def reset_parameters(self, locality_strength: float = 1.0, gating_init: float = 1.0) -> None:
-        """Random q/k/proj, identity values, centres on the kernel taps, the given alpha and lambda."""
-        nn.init.trunc_normal_(self.q_weight, std=0.02)
-        nn.init.trunc_normal_(self.k_weight, std=0.02)
-        nn.init.kaiming_uniform_(self.proj_weight.view(self.out_chs, -1), a=math.sqrt(5))  # fan-in N_h * C_in / g
-        with torch.no_grad():
-            self.v_weight.copy_(torch.eye(self.in_chs // self.groups).repeat(self.groups, 1))  # per group identity
-            self.pos_centers.copy_(self.kernel_centers())
-        self.set_locality_strength(locality_strength)
-        self.set_gating(gating_init)
-
-    def train(self, mode: bool = True) -> 'GPSA':
-        """``nn.Module.train``; also drops the values kept for inference (a mode switch is where training ends)."""
-        forget(self)
-        return super().train(mode)
-
-    def kernel_centers(self) -> torch.Tensor:
-        """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
-        return kernel_centers(self.geometry)
-
-    @torch.no_grad()
-    def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
-        """Set alpha (> 0) of every head (a float, or a ``(N_h,)`` tensor)."""
-        check_unsharded(self, 'set_locality_strength')
-        _check_per_head(alpha, 'locality_strength', self.num_heads)
-        if isinstance(alpha, torch.Tensor):
-            raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
-            self.pos_locality.copy_(raw.to(self.pos_locality))
-        else:
-            self.pos_locality.fill_(locality_to_raw(float(alpha)))
-
-    @torch.no_grad()
-    def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
-        """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
-        check_unsharded(self, 'set_gating')
-        _check_per_head(gating, 'gating', self.num_heads)
-        if isinstance(gating, torch.Tensor):
-            self.gating.copy_(gating.to(self.gating).reshape(self.gating.shape))
-        else:
-            self.gating.fill_(float(gating))
 
     @classmethod
     def from_conv(
@@ -349,7 +213,179 @@ class GPSA(nn.Module):
                 gpsa.proj_bias.copy_(conv.bias.detach())
         return gpsa
 
+    def reset_parameters(self, locality_strength: float = 1.0, gating_init: float = 1.0) -> None:
+        """Random q/k/proj, identity values, centres on the kernel taps, the given alpha and lambda."""
+        nn.init.trunc_normal_(self.q_weight, std=0.02)
+        nn.init.trunc_normal_(self.k_weight, std=0.02)
+        nn.init.kaiming_uniform_(self.proj_weight.view(self.out_chs, -1), a=math.sqrt(5))  # fan-in N_h * C_in / g
+        with torch.no_grad():
+            groups = self.geometry.groups
+            self.v_weight.copy_(torch.eye(self.in_chs // groups).repeat(groups, 1))  # per group identity
+            self.pos_centers.copy_(self.kernel_centers())
+        self.set_locality_strength(locality_strength)
+        self.set_gating(gating_init)
+
+    # ------------------------------------------------------------------ the forward, then its steps in call order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``out = sum_h A_h X W_val W_out^h + bias`` with ``A_h`` the gated mixture of the content and positional
+        attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv; an
+        unbatched ``(C_in, H, W)`` input gives ``(C_out, H_out, W_out)``, as ``nn.Conv2d``'s does."""
+        given, x = x, _batched_input(x, self.in_chs)  # the output: the shape and format given
+        b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
+        h_out, w_out = self.output_size(height, width)
+        scripted, exporting = _forward_path()
+        q, k, v = self._project(x, (h_out, w_out))  # queries at the output positions; keys, values X W_val
+        scores = content_scores(q, k, self.scale)  # Q_h K_h^T / sqrt(d_qk) (eq. 1), in the GEMM's dtype
+        dtype = attention_dtype(scores.dtype)
+        # positional attention (eq. 4) and gates sigmoid(lambda_h), kept from call to call in eager mode. The test is
+        # `scripted` as TorchScript reads it when it compiles: it compiles the first branch only
+        if torch.jit.is_scripting():
+            log_pad, pos, gate = self._attention_terms(height, width, x.device, dtype)
+        else:
+            log_pad, pos, gate = self._kept_attention_terms(height, width, x.device, dtype)
+        content = self._content_attention(scores, log_pad, height, width)  # softmax over the keys
+        attn = _lerp(content, pos, gate, exporting)  # eq. 7, both attentions in one matrix, query-major
+        out = self._value_product(attn, v, scripted, exporting)  # sum_h A_h V W_out^h + bias (eqs. 5-6)
+        out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
+        return _like_input_format(out, given)
+
+    def output_size(self, height: int, width: int) -> Tuple[int, int]:
+        """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
+        return output_size(height, width, self.geometry)
+
+    def _project(self, x: torch.Tensor,
+                 out_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, N_h, N_q, d)`` at the ``out_size`` output positions, keys ``(B, N_h, d, N_k)`` and values
+        ``X W_val`` ``(B, N_k, C_in)`` of input ``x`` (``tcnn.layers.projections.project``)."""
+        return project(x, self.q_weight, self.k_weight, self.v_weight, self.geometry, qk_dim=self.qk_dim,
+                       in_chs=self.in_chs, out_size=out_size)
+
+    def _attention_terms(self, height: int, width: int, device: torch.device,
+                         dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The attention's terms that do not depend on the input's values, in ``dtype``: the logit ``log(n_pad)`` of
+        the padded keys (``padded_keys_logit``) and ``_positional_and_gate``, computed on every call."""
+        pos, gate = self._positional_and_gate(height, width, dtype, self._offsets(height, width, device))
+        return padded_keys_logit(height, width, self.geometry, device, dtype), pos, gate
+
+    def _offsets(self, height: int, width: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
+        return axis_offsets(height, width, self.geometry, device=device, dtype=attention_dtype(self.pos_locality.dtype))
+
+    def _positional_and_gate(self, height: int, width: int, dtype: torch.dtype,
+                             offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (T-CNN eq. 4; real keys only with
+        zero padding, whose padded values are zero), and the gate ``sigmoid(lambda)`` ``(N_h, 1, 1)``, both in
+        ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
+        geometry = self.geometry
+        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
+                                    geometry, height=height, width=width, real_keys=geometry.padding_mode == 'zeros')
+        pos = outer(py, px).to(dtype).transpose(0, 1)
+        return pos, self.gate().to(dtype)[:, None, None]
+
+    def _content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
+                           width: int) -> torch.Tensor:
+        """The content softmax of ``content_scores`` (T-CNN eq. 1), query-major ``(B, N_q, N_h, keys_h, keys_w)``,
+        normalised over the padded grid of keys. With zero padding the padded tokens have zero values, so only the
+        real keys are returned (the padded ones normalise through ``log_pad``: ``real_key_content_attention``)."""
+        if self.geometry.padding_mode == 'zeros':
+            return real_key_content_attention(scores, log_pad, height, width)
+        return content_attention(scores, self.geometry, height, width).transpose(1, 2)
+
+    def _value_product(self, attn: torch.Tensor, v: torch.Tensor, scripted: bool, exporting: bool) -> torch.Tensor:
+        """``sum_h A_h V W_out^h + bias`` (T-CNN eqs. 5-6): the mixed attention ``(B, N_q, N_h, keys_h, keys_w)``
+        and the values ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``.
+
+        Dense and grouped layers attend first, ``(B, N_q * N_h, C_in)`` (per query, the ``N_h`` attended value
+        vectors side by side: one im2col row of ``X W_val``), then project in one GEMM (``output_projection``).
+        Depthwise layers (diagonal taps) take one of three forms of the same product, by ``_forward_path``: eager
+        mode the faster order for the shape (``attend_depthwise``); TorchScript, which cannot call that autograd
+        function, attends first (``attend_heads_first``); exporters and tracers get plain ops without the order and
+        chunks chosen from the sizes (``attend_traceable``)."""
+        b, n_q, n_k = attn.shape[0], attn.shape[1], attn.shape[-2] * attn.shape[-1]
+        if self.geometry.groups != self.in_chs:
+            heads = torch.bmm(attn.reshape(b, n_q * self.geometry.num_heads, n_k).to(v.dtype), v)
+            return output_projection(heads, self.proj_weight, self.proj_bias, self.geometry, in_chs=self.in_chs,
+                                     out_chs=self.out_chs, b=b, n_q=n_q)
+        attn = attn.reshape(b, n_q, self.geometry.num_heads * n_k)
+        taps = self.proj_weight.view(self.out_chs, self.geometry.num_heads).t()  # (N_h, C_out), a view
+        if exporting:
+            out = attend_traceable(attn, v, taps)
+        elif scripted:
+            out = attend_heads_first(attn, v, taps)
+        else:
+            out = self._attend_depthwise(attn, v, taps)
+        return add_bias(out, self.proj_bias)
+
+    @torch.jit.unused
+    def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        return attend_depthwise(attn, v, taps)  # an autograd function: eager mode only
+
     # ------------------------------------------------------------------ introspection
+
+    def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
+        ``(N_h, N_q, N_k)`` and ``mixed`` ``(B, N_h, N_q, N_k)``, plus the grid sizes as 0-d tensors.
+
+        Keys index the padded grid ``(H + 2 p_h) x (W + 2 p_w)``, queries the ``H_out x W_out`` output grid. An
+        unbatched ``(C_in, H, W)`` input counts as a batch of one.
+        """
+        x = _batched_input(x, self.in_chs)
+        height, width = x.shape[-2], x.shape[-1]
+        h_out, w_out = self.output_size(height, width)
+        q, k, _ = self._project(x, (h_out, w_out))
+        content = content_attention(content_scores(q, k, self.scale), self.geometry, height, width).flatten(-2)
+        pos = self.positional_attention(height, width, x.device)
+        mixed = torch.lerp(content, pos, self.gate()[:, None, None])
+        ph, pw = self.geometry.padding
+        key_size = [height + 2 * ph, width + 2 * pw]
+        return {
+            'content': content, 'positional': pos, 'mixed': mixed,
+            'out_size': torch.tensor([h_out, w_out]), 'key_size': torch.tensor(key_size),
+        }
+
+    def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
+        """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32 (float64 for a
+        float64 layer).
+
+        Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
+        """
+        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(),
+                                    self._offsets(height, width, device), self.geometry, height=height, width=width,
+                                    real_keys=False)
+        return outer(py, px).flatten(-2)
+
+    def gate(self) -> torch.Tensor:
+        """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""
+        return torch.sigmoid(at_least_float32(self.gating))
+
+    def locality_strength(self) -> torch.Tensor:
+        """Per-head locality strength alpha, ``(N_h,)``."""
+        raw = at_least_float32(self.pos_locality)
+        if not torch.jit.is_scripting():
+            if not is_exporting() and not torch.compiler.is_compiling():
+                return F.softplus(raw, beta=SOFTPLUS_BETA)  # eager: one kernel
+        return softplus_beta_5(raw)
+
+    def span(self) -> torch.Tensor:
+        """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""
+        return 1.0 / self.locality_strength()
+
+    def kernel_centers(self) -> torch.Tensor:
+        """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
+        return kernel_centers(self.geometry)
+
+    def conv_filter(self) -> torch.Tensor:
+        """The output projection as a conv filter ``(C_out, C_in // groups, kh, kw)`` (``nn.Conv2d``'s layout for
+        ``groups``): the conv the layer was made from, or what fine-tuning made of it (a copy)."""
+        kh, kw = self.geometry.kernel_size
+        return self.proj_weight.transpose(1, 2).reshape(self.out_chs, self.in_chs // self.geometry.groups, kh, kw)
+
+    def conv_parameters(self) -> int:
+        """Parameter count of the conv this layer stands for (filter and bias), to count the source CNN's."""
+        kh, kw = self.geometry.kernel_size
+        bias = self.out_chs if self.proj_bias is not None else 0
+        return self.out_chs * (self.in_chs // self.conv_groups) * kh * kw + bias
 
     @property
     def in_channels(self) -> int:
@@ -376,101 +412,53 @@ class GPSA(nn.Module):
         if value != self.out_chs:
             raise ValueError(f'out_channels of a GPSA layer follows its weights ({self.out_chs}); got {value}')
 
-    def conv_parameters(self) -> int:
-        """Parameter count of the conv this layer stands for (filter and bias), to count the source CNN's."""
-        kh, kw = self.kernel_size
-        bias = self.out_chs if self.proj_bias is not None else 0
-        return self.out_chs * (self.in_chs // self.conv_groups) * kh * kw + bias
-
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
         """Names of the parameters that take no weight decay (timm's ``no_weight_decay()`` contract; reasons at
         ``no_weight_decay_params``): the positional and gating parameters, the bias, and a per-channel ``W_val``."""
         names = {n for n in self.no_weight_decay_params if getattr(self, n) is not None}
-        if self.in_chs // self.groups == 1:
+        if self.in_chs // self.geometry.groups == 1:
             names.add('v_weight')
         return names
 
-    def gate(self) -> torch.Tensor:
-        """Per-head weight of the positional attention, sigmoid(lambda), ``(N_h,)``."""
-        return torch.sigmoid(at_least_float32(self.gating))
-
-    def conv_filter(self) -> torch.Tensor:
-        """The output projection as a conv filter ``(C_out, C_in // groups, kh, kw)`` (``nn.Conv2d``'s layout for
-        ``groups``): the conv the layer was made from, or what fine-tuning made of it (a copy)."""
-        kh, kw = self.kernel_size
-        return self.proj_weight.transpose(1, 2).reshape(self.out_chs, self.in_chs // self.groups, kh, kw)
-
-    def locality_strength(self) -> torch.Tensor:
-        """Per-head locality strength alpha, ``(N_h,)``."""
-        raw = at_least_float32(self.pos_locality)
-        if not torch.jit.is_scripting():
-            if not is_exporting() and not torch.compiler.is_compiling():
-                return F.softplus(raw, beta=SOFTPLUS_BETA)  # eager: one kernel
-        return softplus_beta_5(raw)
-
-    def span(self) -> torch.Tensor:
-        """Per-head attention span 1 / alpha, ``(N_h,)`` (T-CNN Fig. 4)."""
-        return 1.0 / self.locality_strength()
-
     def extra_repr(self) -> str:
-        s = (f'{self.in_chs}, {self.out_chs}, kernel_size={self.kernel_size}, stride={self.stride}, '
-             f'padding={self.padding}, dilation={self.dilation}, heads={self.num_heads}, qk_dim={self.qk_dim}')
-        if self.padding_mode != 'zeros':
-            s += f', padding_mode={self.padding_mode}'
-        if self.groups > 1:
-            s += f', groups={self.groups}'
+        g = self.geometry
+        s = (f'{self.in_chs}, {self.out_chs}, kernel_size={g.kernel_size}, stride={g.stride}, padding={g.padding}, '
+             f'dilation={g.dilation}, heads={g.num_heads}, qk_dim={self.qk_dim}')
+        if g.padding_mode != 'zeros':
+            s += f', padding_mode={g.padding_mode}'
+        if g.groups > 1:
+            s += f', groups={g.groups}'
         elif self.conv_groups > 1:
             s += f', conv_groups={self.conv_groups} (stored dense)'
         if self.proj_bias is None:
             s += ', bias=False'
         return s
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ per-head settings
 
-    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
-        # tcnn <= 0.1.0 stored the filter as (C_out, C_in * N_h), index c * N_h + h (conv.weight.reshape): reorder.
-        # (``args``: the rest of nn.Module's arguments, passed on as they are.)
-        key = prefix + 'proj_weight'
-        if isinstance(state_dict.get(key), torch.Tensor):
-            state_dict[key] = upgrade_proj_weight(state_dict[key], self.proj_weight.shape)
-        super()._load_from_state_dict(state_dict, prefix, *args)
+    @torch.no_grad()
+    def set_locality_strength(self, alpha: Union[float, torch.Tensor]) -> None:
+        """Set alpha (> 0) of every head (a float, or a ``(N_h,)`` tensor)."""
+        check_unsharded(self, 'set_locality_strength')
+        _check_per_head(alpha, 'locality_strength', self.geometry.num_heads)
+        if isinstance(alpha, torch.Tensor):
+            raw = torch.tensor([locality_to_raw(float(a)) for a in alpha.flatten()])
+            self.pos_locality.copy_(raw.to(self.pos_locality))
+        else:
+            self.pos_locality.fill_(locality_to_raw(float(alpha)))
 
-    def output_size(self, height: int, width: int) -> Tuple[int, int]:
-        """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
-        return output_size(height, width, self.geometry)
+    @torch.no_grad()
+    def set_gating(self, gating: Union[float, torch.Tensor]) -> None:
+        """Set lambda of every head (a float, or a ``(N_h,)`` tensor)."""
+        check_unsharded(self, 'set_gating')
+        _check_per_head(gating, 'gating', self.geometry.num_heads)
+        if isinstance(gating, torch.Tensor):
+            self.gating.copy_(gating.to(self.gating).reshape(self.gating.shape))
+        else:
+            self.gating.fill_(float(gating))
 
-    def positional_attention(self, height: int, width: int, device: torch.device) -> torch.Tensor:
-        """Positional attention for an input of ``height x width``: ``(N_h, N_q, N_k)`` in float32 (float64 for a
-        float64 layer).
-
-        Shared by the whole batch. Keys are the padded grid (row-major), queries the conv's output positions.
-        """
-        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(),
-                                    self._offsets(height, width, device), self.geometry, height=height, width=width,
-                                    real_keys=False)
-        return outer(py, px).flatten(-2)
-
-    def _offsets(self, height: int, width: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-        """``positional.axis_offsets`` of this layer, in the dtype of its positional computation."""
-        return axis_offsets(height, width, self.geometry, device=device, dtype=attention_dtype(self.pos_locality.dtype))
-
-    def _positional_and_gate(self, height: int, width: int, dtype: torch.dtype,
-                             offsets: Tuple[torch.Tensor, torch.Tensor, bool]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The positional attention query-major, ``(N_q, N_h, keys_h, keys_w)`` (T-CNN eq. 4; real keys only with
-        zero padding, whose padded values are zero), and the gate ``sigmoid(lambda)`` ``(N_h, 1, 1)``, both in
-        ``dtype``: what T-CNN eq. 7 mixes into the content attention."""
-        py, px = positional_factors(self.locality_strength(), at_least_float32(self.pos_centers).t(), offsets,
-                                    self.geometry, height=height, width=width, real_keys=self.padding_mode == 'zeros')
-        pos = outer(py, px).to(dtype).transpose(0, 1)
-        return pos, self.gate().to(dtype)[:, None, None]
-
-    def _attention_terms(self, height: int, width: int, device: torch.device,
-                         dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """The attention's terms that do not depend on the input's values, in ``dtype``: the logit ``log(n_pad)`` of
-        the padded keys (``padded_keys_logit``) and ``_positional_and_gate``, computed on every call."""
-        pos, gate = self._positional_and_gate(height, width, dtype, self._offsets(height, width, device))
-        return padded_keys_logit(height, width, self.geometry, device, dtype), pos, gate
+    # ------------------------------------------------------------------ values kept from call to call
 
     @torch.jit.unused
     def _kept_attention_terms(self, height: int, width: int, device: torch.device,
@@ -499,130 +487,60 @@ class GPSA(nn.Module):
                              lambda: self._positional_and_gate(height, width, dtype, offsets))
         return log_pad, pos, gate
 
-    def _project(self, x: torch.Tensor,
-                 out_size: Tuple[int, int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries ``(B, N_h, N_q, d)`` at the ``out_size`` output positions, keys ``(B, N_h, d, N_k)`` and values
-        ``X W_val`` ``(B, N_k, C_in)`` of input ``x`` (``tcnn.layers.projections.project``)."""
-        return project(x, self.q_weight, self.k_weight, self.v_weight, self.geometry, qk_dim=self.qk_dim,
-                       in_chs=self.in_chs, out_size=out_size)
+    def train(self, mode: bool = True) -> 'GPSA':
+        """``nn.Module.train``; also drops the values kept for inference (a mode switch is where training ends)."""
+        forget(self)
+        return super().train(mode)
 
-    def _content_attention(self, scores: torch.Tensor, log_pad: Optional[torch.Tensor], height: int,
-                           width: int) -> torch.Tensor:
-        """The content softmax of ``content_scores`` (T-CNN eq. 1), query-major ``(B, N_q, N_h, keys_h, keys_w)``,
-        normalised over the padded grid of keys. With zero padding the padded tokens have zero values, so only the
-        real keys are returned (the padded ones normalise through ``log_pad``: ``real_key_content_attention``)."""
-        if self.padding_mode == 'zeros':
-            return real_key_content_attention(scores, log_pad, height, width)
-        return content_attention(scores, self.geometry, height, width).transpose(1, 2)
+    # ------------------------------------------------------------------ loading
 
-    def _value_product(self, attn: torch.Tensor, v: torch.Tensor, scripted: bool, exporting: bool) -> torch.Tensor:
-        """``sum_h A_h V W_out^h + bias`` (T-CNN eqs. 5-6): the mixed attention ``(B, N_q, N_h, keys_h, keys_w)``
-        and the values ``(B, N_k, C_in)`` -> ``(B, N_q, C_out)``.
-
-        Dense and grouped layers attend first, ``(B, N_q * N_h, C_in)`` (per query, the ``N_h`` attended value
-        vectors side by side: one im2col row of ``X W_val``), then project in one GEMM (``output_projection``).
-        Depthwise layers (diagonal taps) take one of three forms of the same product, by ``_forward_path``: eager
-        mode the faster order for the shape (``attend_depthwise``); TorchScript, which cannot call that autograd
-        function, attends first (``attend_heads_first``); exporters and tracers get plain ops without the order and
-        chunks chosen from the sizes (``attend_traceable``)."""
-        b, n_q, n_k = attn.shape[0], attn.shape[1], attn.shape[-2] * attn.shape[-1]
-        if self.groups != self.in_chs:
-            heads = torch.bmm(attn.reshape(b, n_q * self.num_heads, n_k).to(v.dtype), v)
-            return output_projection(heads, self.proj_weight, self.proj_bias, self.geometry, in_chs=self.in_chs,
-                                     out_chs=self.out_chs, b=b, n_q=n_q)
-        attn = attn.reshape(b, n_q, self.num_heads * n_k)
-        taps = self.proj_weight.view(self.out_chs, self.num_heads).t()  # (N_h, C_out), a view
-        if exporting:
-            out = attend_traceable(attn, v, taps)
-        elif scripted:
-            out = attend_heads_first(attn, v, taps)
-        else:
-            out = self._attend_depthwise(attn, v, taps)
-        return add_bias(out, self.proj_bias)
-
-    @torch.jit.unused
-    def _attend_depthwise(self, attn: torch.Tensor, v: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-        return attend_depthwise(attn, v, taps)  # an autograd function: eager mode only
-
-    def attention(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Attention maps for input ``x``: dict of ``content`` ``(B, N_h, N_q, N_k)``, ``positional``
-        ``(N_h, N_q, N_k)`` and ``mixed`` ``(B, N_h, N_q, N_k)``, plus the grid sizes as 0-d tensors.
-
-        Keys index the padded grid ``(H + 2 p_h) x (W + 2 p_w)``, queries the ``H_out x W_out`` output grid. An
-        unbatched ``(C_in, H, W)`` input counts as a batch of one.
-        """
-        x = _batched_input(x, self.in_chs)
-        height, width = x.shape[-2], x.shape[-1]
-        h_out, w_out = self.output_size(height, width)
-        q, k, _ = self._project(x, (h_out, w_out))
-        content = content_attention(content_scores(q, k, self.scale), self.geometry, height, width).flatten(-2)
-        pos = self.positional_attention(height, width, x.device)
-        mixed = torch.lerp(content, pos, self.gate()[:, None, None])
-        key_size = [height + 2 * self.padding[0], width + 2 * self.padding[1]]
-        return {
-            'content': content, 'positional': pos, 'mixed': mixed,
-            'out_size': torch.tensor([h_out, w_out]), 'key_size': torch.tensor(key_size),
-        }
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``out = sum_h A_h X W_val W_out^h + bias`` with ``A_h`` the gated mixture of the content and positional
-        attentions (T-CNN eqs. 4-7): ``(B, C_in, H, W)`` -> ``(B, C_out, H_out, W_out)``, like the conv; an
-        unbatched ``(C_in, H, W)`` input gives ``(C_out, H_out, W_out)``, as ``nn.Conv2d``'s does."""
-        given, x = x, _batched_input(x, self.in_chs)  # the output: the shape and format given
-        b, height, width = x.shape[0], x.shape[-2], x.shape[-1]
-        h_out, w_out = self.output_size(height, width)
-        scripted, exporting = _forward_path()
-        q, k, v = self._project(x, (h_out, w_out))  # queries at the output positions; keys, values X W_val
-        scores = content_scores(q, k, self.scale)  # Q_h K_h^T / sqrt(d_qk) (eq. 1), in the GEMM's dtype
-        dtype = attention_dtype(scores.dtype)
-        # positional attention (eq. 4) and gates sigmoid(lambda_h), kept from call to call in eager mode. The test is
-        # `scripted` as TorchScript reads it when it compiles: it compiles the first branch only
-        if torch.jit.is_scripting():
-            log_pad, pos, gate = self._attention_terms(height, width, x.device, dtype)
-        else:
-            log_pad, pos, gate = self._kept_attention_terms(height, width, x.device, dtype)
-        content = self._content_attention(scores, log_pad, height, width)  # softmax over the keys
-        attn = _lerp(content, pos, gate, exporting)  # eq. 7, both attentions in one matrix, query-major
-        out = self._value_product(attn, v, scripted, exporting)  # sum_h A_h V W_out^h + bias (eqs. 5-6)
-        out = out.view(b, h_out, w_out, self.out_chs).permute(0, 3, 1, 2)  # NCHW, channels_last in memory
-        return _like_input_format(out, given)
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        # tcnn <= 0.1.0 stored the filter as (C_out, C_in * N_h), index c * N_h + h (conv.weight.reshape): reorder.
+        # (``args``: the rest of nn.Module's arguments, passed on as they are.)
+        key = prefix + 'proj_weight'
+        if isinstance(state_dict.get(key), torch.Tensor):
+            state_dict[key] = upgrade_proj_weight(state_dict[key], self.proj_weight.shape)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
-def upgrade_proj_weight(weight: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
-    """A ``proj_weight`` in the current ``(C_out, N_h, C_in)`` layout of ``shape``: a filter of tcnn <= 0.1.0's
-    ``(C_out, C_in * N_h)`` layout is reordered, anything else is returned unchanged."""
-    if len(shape) == 3 and weight.shape == (shape[0], shape[1] * shape[2]):
-        return weight.view(shape[0], shape[2], shape[1]).transpose(1, 2).contiguous()
-    return weight
+# ------------------------------------------------------------------ the construction's helpers
+
+def _pair(v: _PairInt, name: str, ge: int) -> Tuple[int, int]:
+    """An int or a pair of ints as a pair, each ``>= ge``; raises naming ``name`` otherwise."""
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return int(check_number(v[0], name, ge=ge, integer=True)), int(check_number(v[1], name, ge=ge, integer=True))
+    if isinstance(v, (tuple, list)):
+        raise InvalidTypeError(f'{name} must be an int or a pair of ints, got {v!r}')
+    v = int(check_number(v, name, ge=ge, integer=True))
+    return v, v
 
 
-def match_grouped_storage(model: nn.Module, state_dict: Dict[str, torch.Tensor]) -> List[str]:
-    """Rebuild with dense storage (``groups=1``) every grouped GPSA layer of ``model`` for which ``state_dict``
-    holds a dense filter, so that the state dict loads; returns the names of the rebuilt layers.
+def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:
+    """The symmetric padding of a conv whose padding is ``'valid'`` or ``'same'``."""
+    if conv.padding == 'valid':
+        return 0, 0
+    # 'same' (stride 1 only, as nn.Conv2d enforces): total padding d * (k - 1) per axis, symmetric when even.
+    pads = []
+    for k, d in zip(conv.kernel_size, conv.dilation):
+        total = d * (k - 1)
+        if total % 2:
+            raise ValueError('padding="same" with an even effective kernel pads asymmetrically; not supported')
+        pads.append(total // 2)
+    return pads[0], pads[1]
 
-    tcnn 0.2.0 and earlier stored a grouped conv's filter as its dense block-diagonal equivalent, with a dense
-    ``W_val`` and the dense default ``qk_dim``; fine-tuning may have filled the off-diagonal blocks, so such a layer
-    is not cut back to its groups but loaded as the dense layer it is (``conv_groups`` keeps the source conv's groups
-    for parameter counts). A filter is dense when it has ``C_out * N_h * C_in`` elements (either stored layout);
-    ``qk_dim`` is read from the stored ``q_weight``. The model's layers are replaced in place (on their device and
-    dtype, meta included); a ``model`` that is itself a GPSA layer is left alone (build it with ``groups=1``).
-    """
-    rebuilt = []
-    for name, layer in list(model.named_modules()):
-        if not isinstance(layer, GPSA) or layer.groups == 1 or not name:
-            continue
-        weight, q = state_dict.get(f'{name}.proj_weight'), state_dict.get(f'{name}.q_weight')
-        if not isinstance(weight, torch.Tensor) or weight.numel() != layer.out_chs * layer.num_heads * layer.in_chs:
-            continue
-        qk_dim = q.shape[0] // layer.num_heads if isinstance(q, torch.Tensor) and q.ndim == 2 else layer.qk_dim
-        dense = GPSA(layer.in_chs, layer.out_chs, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-                     bias=layer.proj_bias is not None, padding_mode=layer.padding_mode, qk_dim=qk_dim,
-                     device=layer.proj_weight.device, dtype=layer.proj_weight.dtype)
-        dense.conv_groups = layer.conv_groups
-        dense.train(layer.training)
-        model.set_submodule(name, dense)
-        rebuilt.append(name)
-    return rebuilt
+
+# ------------------------------------------------------------------ the forward's helpers
+
+def _batched_input(x: torch.Tensor, in_chs: int) -> torch.Tensor:
+    """``x`` as ``(B, C_in, H, W)``: an unbatched ``(C_in, H, W)`` input as a batch of one, like ``nn.Conv2d``;
+    another rank or number of channels is refused with the conv's message (not a GEMM's shape error)."""
+    if x.dim() != 3 and x.dim() != 4:
+        raise RuntimeError(f'Expected 3D (unbatched) or 4D (batched) input to GPSA, but got input of size: '
+                           f'{list(x.shape)}')
+    if x.shape[-3] != in_chs:
+        raise RuntimeError(f'GPSA expected input{list(x.shape)} to have {in_chs} channels, but got {x.shape[-3]} '
+                           f'channels instead')
+    return x.unsqueeze(0) if x.dim() == 3 else x
 
 
 def _forward_path() -> Tuple[bool, bool]:
@@ -660,18 +578,6 @@ def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, exportin
     return torch.lerp(start, end, weight)
 
 
-def _batched_input(x: torch.Tensor, in_chs: int) -> torch.Tensor:
-    """``x`` as ``(B, C_in, H, W)``: an unbatched ``(C_in, H, W)`` input as a batch of one, like ``nn.Conv2d``;
-    another rank or number of channels is refused with the conv's message (not a GEMM's shape error)."""
-    if x.dim() != 3 and x.dim() != 4:
-        raise RuntimeError(f'Expected 3D (unbatched) or 4D (batched) input to GPSA, but got input of size: '
-                           f'{list(x.shape)}')
-    if x.shape[-3] != in_chs:
-        raise RuntimeError(f'GPSA expected input{list(x.shape)} to have {in_chs} channels, but got {x.shape[-3]} '
-                           f'channels instead')
-    return x.unsqueeze(0) if x.dim() == 3 else x
-
-
 def _like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``out`` (channels_last in memory) in the shape and memory format of the input ``x``: free for channels_last
     models, one copy for NCHW ones, whose next layers would otherwise switch format; an unbatched input's output
@@ -690,14 +596,48 @@ torch.fx.wrap('attention_dtype')  # a leaf for FX, likewise
 torch.fx.wrap('attend_depthwise')  # a leaf for FX: an autograd function, its chunking and dtype set at run time
 
 
-def _string_padding(conv: nn.Conv2d) -> Tuple[int, int]:
-    if conv.padding == 'valid':
-        return 0, 0
-    # 'same' (stride 1 only, as nn.Conv2d enforces): total padding d * (k - 1) per axis, symmetric when even.
-    pads = []
-    for k, d in zip(conv.kernel_size, conv.dilation):
-        total = d * (k - 1)
-        if total % 2:
-            raise ValueError('padding="same" with an even effective kernel pads asymmetrically; not supported')
-        pads.append(total // 2)
-    return pads[0], pads[1]
+# ------------------------------------------------------------------ the per-head settings' helpers
+
+def _check_per_head(value: Union[float, torch.Tensor], name: str, num_heads: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != num_heads:
+            raise InvalidArgumentError(f'{name} must be a number or {num_heads} values (one per head), got '
+                                       f'a tensor of shape {tuple(value.shape)}')
+        if not bool(torch.isfinite(value).all()):
+            raise InvalidArgumentError(f'{name} must be finite, got {value.tolist()}')
+    else:
+        check_number(value, name)
+
+
+def locality_to_raw(alpha: float) -> float:
+    """Inverse of ``softplus(raw, beta=5)``: the raw parameter value that gives locality strength ``alpha``."""
+    check_number(alpha, 'locality_strength', gt=0)
+    return alpha + math.log(-math.expm1(-SOFTPLUS_BETA * alpha)) / SOFTPLUS_BETA
+
+
+def check_unsharded(layer: nn.Module, what: str, name: str = '') -> None:
+    """Raise a one-line ``TcnnError`` when the positional or gating parameters of GPSA ``layer`` (``name`` in its
+    model) are DTensors: FSDP2's ``fully_shard`` (or tensor parallelism) split them over the ranks. Training steps run
+    on them as on plain tensors, but what reads or sets the per-head values (``what``: ``gpsa_summary``,
+    ``set_gating``, ``exact_configuration``, ``check_equivalence``) would see or write one rank's shard: it is refused
+    before it changes anything, with the fix."""
+    if any(compat.is_dtensor(getattr(layer, n)) for n in GPSA.positional_params + GPSA.gating_params):
+        where = f' ({name})' if name else ''
+        raise TcnnError(f'{what} does not take FSDP2-sharded (DTensor) parameters, as the GPSA layer{where} has: call '
+                        f'it on the unsharded model (before fully_shard, or on a copy that loaded the full state dict '
+                        f'of torch.distributed.checkpoint.state_dict.get_model_state_dict(model, '
+                        f'options=StateDictOptions(full_state_dict=True)))')
+
+
+# ------------------------------------------------------------------ introspection's helpers
+
+def softplus_beta_5(raw: torch.Tensor) -> torch.Tensor:
+    """``softplus(raw, beta=5)`` written without softplus's ``beta``, for graphs that other tools read: OpenVINO's
+    TorchScript front end drops ``beta`` (it computed ``softplus(raw)``: every locality strength wrong). The terms of
+    torch's own kernel, ``raw`` where ``5 * raw > 20`` (its threshold) and ``log1p(exp(5 * raw)) / 5`` below: outputs
+    bitwise equal to ``F.softplus(raw, beta=5)``, gradients within 3 ulp (the 1/5 and the 5 apply in two steps).
+    Eager mode keeps ``F.softplus`` (one kernel instead of five)."""
+    # 5.0 is SOFTPLUS_BETA written as a literal: TorchScript compiles no global float (tests/test_gpsa.py holds the two
+    # to each other)
+    scaled = raw * 5.0
+    return torch.where(scaled > 20.0, raw, F.softplus(scaled) / 5.0)

@@ -14,27 +14,9 @@ from typing import Tuple
 
 import torch
 
-from .geometry import Geometry
+from .geometry import Geometry, output_size
 
-__all__ = ['kernel_centers', 'output_size', 'axis_offsets', 'positional_factors', 'outer']
-
-
-def kernel_centers(geometry: Geometry) -> torch.Tensor:
-    """Attention centres of the kernel taps, ``(N_h, 2)`` as (row, col) offsets from the query, row-major."""
-    (kh, kw), dilation, anchor = geometry.kernel_size, geometry.dilation, geometry.anchor
-    ky = torch.arange(kh, dtype=torch.float32) * dilation[0] - anchor[0]
-    kx = torch.arange(kw, dtype=torch.float32) * dilation[1] - anchor[1]
-    return torch.cartesian_prod(ky, kx)  # (ky[i], kx[j]) pairs, row-major
-
-
-def output_size(height: int, width: int, geometry: Geometry) -> Tuple[int, int]:
-    """Spatial size of the output for an input of ``height x width`` (the conv's formula)."""
-    kernel_size, stride, padding, dilation = geometry.kernel_size, geometry.stride, geometry.padding, geometry.dilation
-    hp = height + 2 * padding[0]
-    wp = width + 2 * padding[1]
-    h_out = (hp - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
-    w_out = (wp - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
-    return h_out, w_out
+__all__ = ['axis_offsets', 'positional_factors', 'outer']
 
 
 def _offsets(size: int, n_out: int, stride: int, anchor: int, device: torch.device,

@@ -4,18 +4,18 @@ projection that holds the conv's filter (T-CNN arXiv:2106.05795 eqs. 5-6).
 Computation is token-major (queries as rows), so that every projection is one GEMM over the whole batch: ``Q``,
 ``K`` and ``V = X W_val`` come from the ``(B * N, C_in)`` token matrix (``K`` and ``V`` in one GEMM), and the output
 projection is one ``(B * N_q, N_h * C_in) x (N_h * C_in, C_out)`` GEMM with the filter stored ``(C_out, N_h, C_in)``
-(why: ``tcnn.layers.gpsa``'s header). Every branch is decided from the layer's ``Geometry`` and sizes alone (plain
-ints, no data-dependent branch), so that FX traces these functions and TorchScript compiles them.
+(why: ``docs/benchmarks.md``, "Design choices of the GPSA layer"; a filter of the older 2-D layout is reordered as it
+loads, ``upgrade_proj_weight``). Every branch is decided from the layer's ``Geometry`` and sizes alone (plain ints, no
+data-dependent branch), so that FX traces these functions and TorchScript compiles them.
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .geometry import Geometry
+from .geometry import Geometry, queries_are_tokens
 
-__all__ = ['pad', 'queries_are_tokens', 'query_tokens', 'project', 'grouped_values', 'output_projection',
-           'add_bias']
+__all__ = ['pad', 'query_tokens', 'project', 'grouped_values', 'output_projection', 'add_bias', 'upgrade_proj_weight']
 
 
 def pad(x: torch.Tensor, geometry: Geometry) -> torch.Tensor:
@@ -25,13 +25,6 @@ def pad(x: torch.Tensor, geometry: Geometry) -> torch.Tensor:
         return x
     mode = 'constant' if geometry.padding_mode == 'zeros' else geometry.padding_mode
     return F.pad(x, (pw, pw, ph, ph), mode=mode)
-
-
-def queries_are_tokens(geometry: Geometry) -> bool:
-    """Stride 1 and 'same' padding: every input pixel is a query (decided from the layer's geometry alone)."""
-    (sy, sx), (ay, ax), (ph, pw) = geometry.stride, geometry.anchor, geometry.padding
-    (kh, kw), (dy, dx) = geometry.kernel_size, geometry.dilation
-    return sy == 1 and sx == 1 and ay == ph and ax == pw and 2 * ph == dy * (kh - 1) and 2 * pw == dx * (kw - 1)
 
 
 def query_tokens(x: torch.Tensor, tokens: torch.Tensor, geometry: Geometry, *, out_size: Tuple[int, int],
@@ -150,3 +143,11 @@ def add_bias(out: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
+
+
+def upgrade_proj_weight(weight: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+    """A ``proj_weight`` in the current ``(C_out, N_h, C_in)`` layout of ``shape``: a filter of tcnn <= 0.1.0's
+    ``(C_out, C_in * N_h)`` layout is reordered, anything else is returned unchanged."""
+    if len(shape) == 3 and weight.shape == (shape[0], shape[1] * shape[2]):
+        return weight.view(shape[0], shape[2], shape[1]).transpose(1, 2).contiguous()
+    return weight

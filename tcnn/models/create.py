@@ -39,8 +39,9 @@ from ..files.hub_folder import check_folder_weights, folder_config, timm_locatio
 from ..files.loading import tcnn_state_dict_settings
 from ..files.sources import (T_PREFIX, classifier_names, create_cnn, file_weights_origin, record_source,
                             transformed_model_name)
+from ..files.tcnn_file import match_grouped_storage
 from ..files.weights import checkpoint_head, checkpoint_num_classes, gpsa_layer_names, load_state_dict_file
-from ..layers.gpsa import GPSA, match_grouped_storage
+from ..layers.gpsa import GPSA
 from ..convert.settings import CONVERSION_KEYS, ConversionSettings, gpsa_layers
 from ..convert.stages import resolve_stages
 from ..convert.transform import reparameterize_
