@@ -16,11 +16,14 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     # the T-CNN file tests (saving, loading, safetensors, training checkpoints); test_detection.py's test of saving a
     # detector built by hand owns the torchvision detection and segmentation models' part (_dense_source,
     # _check_rebuilds, _settings, _builder_example), which the file tests do not call; test_timm_models.py's refusal
-    # of a fused T-CNN owns model_to_dict's message for it
+    # of a fused T-CNN owns model_to_dict's message for it; test_grouped.py's test of match_grouped_storage (moved here
+    # from the layer) owns it
     'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_file_saving.py', 'tests/test_file_loading.py',
                                               'tests/test_safetensors_files.py', 'tests/test_checkpoint_files.py',
                                               'tests/test_integrity.py',
                                               'tests/test_detection.py::test_save_records_how_to_rebuild',
+                                              'tests/test_grouped.py::test_dense_stored_grouped_filters_rebuild_'
+                                              'exactly_those_layers_dense',
                                               'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_'
                                               'the_fix'], []),
     # TorchScript cannot compile mutmut's trampolines (``*args``): the layers run with PYTORCH_JIT=0 (``jit.script``
@@ -28,8 +31,8 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     # TorchScript graph or count dynamo's graph breaks, which mutmut's trampolines add. Less, too, test_grouped.py's
     # whole-model tests (LATER: about 70% of the four files' time, run by every survivor of GPSA's forward); the run's
     # survivors are then checked against them (``check-later``), so their kills still count
-    'layers': (['tcnn/layers/*'], ['tests/test_gpsa.py', 'tests/test_precision.py', 'tests/test_depthwise.py',
-                                  'tests/test_grouped.py'],
+    'layers': (['tcnn/layers/*'], ['tests/test_gpsa.py', 'tests/test_kept_values.py', 'tests/test_geometry.py',
+                                  'tests/test_precision.py', 'tests/test_depthwise.py', 'tests/test_grouped.py'],
                ['-k', 'not softplus_without_beta and not without_graph_breaks and not models_are_exact and not '
                       'models_train and not dense_grouped_filters_loads_dense and not name_their_arguments']),
     # test_timm_models.py's fusion tests own fusion.py's RepVGG / MobileOne blocks (timm.utils.reparameterize_model),
