@@ -455,3 +455,20 @@ def test_non_finite_numbers_of_a_card_become_null_and_others_stay_as_they_are():
     finite = tcnn.evaluation.model_card._finite
     assert [finite(v) for v in (float('nan'), float('inf'), -float('inf'))] == [None, None, None]
     assert [finite(v) for v in (1.5, 0.0, 3, 'nan', None)] == [1.5, 0.0, 3, 'nan', None]
+
+
+def test_the_hub_config_holds_the_version_source_conversion_report_parameters_and_training_progress():
+    model = nn.Module()
+    model.tcnn_config = {'stages': [4], 'locality_strength': 1.0}
+    source = {'model': 'resnet18d', 'weights': 'random'}
+    d = {'source': source, 'parameters': {'total': 10}, 'training': {'epoch': 4, 'best_top1': 71.5,
+                                                                     'val_loss': float('nan')}}
+    config = tcnn.evaluation.model_card.hub_config(model, d)
+    assert config == {'tcnn_version': tcnn.__version__, 'source': source, 'conversion': model.tcnn_config,
+                      'report': None, 'parameters': {'total': 10},
+                      'training': {'epochs_completed': 5, 'best_top1': 71.5, 'val_loss': None}}
+    assert config['conversion'] is not model.tcnn_config  # a copy: the card cannot change the model's record
+    # an epoch that is no count (an old checkpoint's) is left out; nothing recorded is None
+    assert tcnn.evaluation.model_card.hub_config(model, {'source': source, 'training': {'epoch': None}})['training'] \
+        is None
+    assert tcnn.evaluation.model_card.hub_config(model, {'source': source})['parameters'] is None
