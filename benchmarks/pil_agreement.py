@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""How far the batched augmentation's pixels (``tcnn.data.batch_ops``) lie from timm's PIL transform's, in uint8 levels.
+"""How far the batched augmentation's pixels (``tcnn.data.batch_geometry``, ``batch_colour``) lie from timm's PIL
+transform's, in uint8 levels.
 
     python benchmarks/pil_agreement.py                  # every section: about 7 minutes on 2 busy cores
     python benchmarks/pil_agreement.py --quick          # fewer images: a smoke run
@@ -10,18 +11,18 @@ Sections (CPU, one torch thread; photo-like images from ``benchmarks/photos.py``
 
 * ``order``: Pillow's pass order. For random sizes (tall, wide, both shrinking, both growing, and around the rule's
   boundary), the two orders computed by torch's uint8 kernel (Pillow's fixed-point resampling) are compared with
-  Pillow's resize; where one order is closer, whether ``batch_ops._first_pass`` picks it.
+  Pillow's resize; where one order is closer, whether ``batch_geometry._first_pass`` picks it.
 * ``resize``: the recipe's random resized crops (``BatchAugment.draw``: scale (0.08, 1), ratio (3/4, 4/3)) resized
   to 224 px, bicubic and bilinear, by each path (``resize``: torch's uint8 kernel, the CPU's; ``resize_float``:
   per image, float passes; ``resized_crops``: the batched product a GPU runs) against Pillow's ``crop().resize()``,
   over all crops and over the tall ones (Pillow resamples them vertically first; tcnn did not before issue 59).
 * ``affine``: the recipe's RandAugment draws of the geometric ops (Rotate, ShearX/Y, TranslateX/YRel at magnitude
   9, std 0.5) on 224 px crops, through ``BatchAugment``'s op against timm's PIL op, for each interpolation.
-* ``cost``: what matching Pillow's affine filters exactly would cost: rotations of 16 crops by ``batch_ops.rotate``
-  (``grid_sample``), by ``pillow_affine_reference`` (Pillow's arithmetic in torch ops, float64 and float32) and by
-  Pillow, their agreement with Pillow and their times.
-* ``jitter``: ``batch_ops.color_jitter`` (torchvision's tensor arithmetic) against torchvision's ColorJitter on PIL
-  images (what timm's PIL pipeline runs), with ``ColorJitter(0.4, 0.4, 0.4, 0.1)``'s draws (factors and orders),
+* ``cost``: what matching Pillow's affine filters exactly would cost: rotations of 16 crops by
+  ``batch_geometry.rotate`` (``grid_sample``), by ``pillow_affine_reference`` (Pillow's arithmetic in torch ops,
+  float64 and float32) and by Pillow, their agreement with Pillow and their times.
+* ``jitter``: ``batch_colour.tv_color_jitter`` (torchvision's tensor arithmetic) against torchvision's ColorJitter on
+  PIL images (what timm's PIL pipeline runs), with ``ColorJitter(0.4, 0.4, 0.4, 0.1)``'s draws (factors and orders),
   each op alone and all four.
 
 Each row: the fraction of values (pixels x channels) that differ, the mean and the maximum |difference|.
@@ -41,8 +42,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from tcnn.data import batch_ops  # noqa: E402
+from tcnn.data import batch_colour, batch_geometry  # noqa: E402
 from tcnn.data.batch_augment import BatchAugment  # noqa: E402
+from tcnn.data.rand_augment import rand_augment_op  # noqa: E402
 
 from benchmarks.photos import photo  # noqa: E402
 from benchmarks.report import machine_info, write_json  # noqa: E402
@@ -124,7 +126,7 @@ def pass_order(cases: int, seed: int = 0) -> Dict[str, Any]:
         if horizontal == vertical:
             continue
         informative += 1
-        vertical_first = batch_ops._first_pass((h, w), size)[0] != h
+        vertical_first = batch_geometry._first_pass((h, w), size)[0] != h
         if vertical_first == (vertical < horizontal):
             agree += 1
         else:
@@ -155,16 +157,16 @@ def resize_agreement(images: List[np.ndarray], seed: int = 0) -> Dict[str, Any]:
     result: Dict[str, Any] = {'crops': len(boxes), 'tall crops': int(sum(vertical))}
     tensors = [_tensor(a) for a in images]
     for mode in ('bicubic', 'bilinear'):
-        code = batch_ops.INTERPOLATIONS.index(mode)
-        batched = batch_ops.resized_crops(tensors, torch.tensor(boxes), SIZE, torch.full((len(boxes),), code),
+        code = batch_geometry.INTERPOLATIONS.index(mode)
+        batched = batch_geometry.resized_crops(tensors, torch.tensor(boxes), SIZE, torch.full((len(boxes),), code),
                                           torch.zeros(len(boxes), dtype=torch.bool))
         diffs: Dict[str, List[np.ndarray]] = {'uint8': [], 'float': [], 'batched': []}
         for k, (a, (top, left, h, w)) in enumerate(zip(images, boxes)):
             ref = np.asarray(Image.fromarray(a).crop((left, top, left + w, top + h)).resize(
                 (SIZE, SIZE), PIL_RESAMPLE[mode])).astype(np.int64)
             crop = tensors[k][:, top:top + h, left:left + w]
-            outs = {'uint8': batch_ops.resize(crop, (SIZE, SIZE), mode),
-                    'float': batch_ops.resize_float(crop[None], (SIZE, SIZE), mode)[0], 'batched': batched[k]}
+            outs = {'uint8': batch_geometry.resize(crop, (SIZE, SIZE), mode),
+                    'float': batch_geometry.resize_float(crop[None], (SIZE, SIZE), mode)[0], 'batched': batched[k]}
             for path, out in outs.items():
                 diffs[path].append(np.abs(_levels(out) - ref))
         for path, d in diffs.items():
@@ -194,7 +196,7 @@ def affine_agreement(images: List[np.ndarray], seed: int = 1) -> Dict[str, Any]:
              if op >= 0 and aug.ra_ops[int(op)] in ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')]
     result: Dict[str, Any] = {}
     for mode in ('bicubic', 'bilinear', 'nearest'):
-        code = batch_ops.INTERPOLATIONS.index(mode)
+        code = batch_geometry.INTERPOLATIONS.index(mode)
         every: List[np.ndarray] = []
         for name in ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel'):
             chosen = [(i, arg) for i, op, arg in draws if op == name]
@@ -202,7 +204,7 @@ def affine_agreement(images: List[np.ndarray], seed: int = 1) -> Dict[str, Any]:
                 continue
             x = torch.stack([_tensor(crops[i]) for i, _ in chosen])
             args = torch.tensor([arg for _, arg in chosen], dtype=torch.float64)
-            out = aug._rand_augment_op(name, x, args, torch.full((len(chosen),), code))
+            out = rand_augment_op(name).apply(x, args, aug.fill, torch.full((len(chosen),), code), aug.img_size)
             d = []
             for k, (i, arg) in enumerate(chosen):
                 ref = timm_aa.NAME_TO_OP[name](Image.fromarray(crops[i]), arg, fillcolor=aug.fill,
@@ -239,7 +241,7 @@ def pillow_affine_reference(images: torch.Tensor, matrix: torch.Tensor, code: in
     xs, ys = xs.sub_(0.5), ys.sub_(0.5)
     x0, y0 = xs.floor(), ys.floor()
     dx, dy = (xs - x0).view(1, -1).to(dtype), (ys - y0).view(1, -1).to(dtype)
-    first, taps = (0, 2) if code == batch_ops.BILINEAR else (-1, 4)
+    first, taps = (0, 2) if code == batch_geometry.BILINEAR else (-1, 4)
     x0, y0 = x0.clamp_(-8, w + 8).long(), y0.clamp_(-8, h + 8).long()  # outside points: any tap, filled later
     offset = (torch.arange(n) * (h * w)).view(n, 1, 1)
     columns = [(x0 + (first + k)).clamp_(0, w - 1) for k in range(taps)]
@@ -249,7 +251,7 @@ def pillow_affine_reference(images: torch.Tensor, matrix: torch.Tensor, code: in
         base = (y0 + (first + j)).clamp_(0, h - 1).mul_(w).add_(offset)
         return [pixels.index_select(1, (base + column).view(-1)) for column in columns]
 
-    if code == batch_ops.BILINEAR:  # BILINEAR(v, a, b, d): a + (b - a) * d
+    if code == batch_geometry.BILINEAR:  # BILINEAR(v, a, b, d): a + (b - a) * d
         top, bottom = ((v1.sub_(v0).mul_(dx).add_(v0)) for v0, v1 in (row(0), row(1)))
         v = bottom.sub_(top).mul_(dy).add_(top)
     else:
@@ -259,9 +261,9 @@ def pillow_affine_reference(images: torch.Tensor, matrix: torch.Tensor, code: in
 
 
 def exact_cost(images: List[np.ndarray], repeats: int, seed: int = 3) -> Dict[str, Any]:
-    """Rotations of 224 px crops (random angles within the recipe's 30 degrees), one batch: ``batch_ops.rotate``
-    (``grid_sample``), the reference above in float64 and float32, and Pillow one image at a time; agreement with
-    Pillow and the medians of interleaved repeats (one thread)."""
+    """Rotations of 224 px crops (random angles within the recipe's 30 degrees), one batch:
+    ``batch_geometry.rotate`` (``grid_sample``), the reference above in float64 and float32, and Pillow one image at
+    a time; agreement with Pillow and the medians of interleaved repeats (one thread)."""
     import statistics
     import time
     crops = _crops_224(images, seed)
@@ -276,14 +278,15 @@ def exact_cost(images: List[np.ndarray], repeats: int, seed: int = 3) -> Dict[st
     matrix = torch.stack([cos, sin, cos * -cx + sin * -cy + cx, -sin, cos, -sin * -cx + cos * -cy + cy], -1)
     result: Dict[str, Any] = {'images': len(crops)}
     for mode in ('bicubic', 'bilinear'):
-        code = batch_ops.INTERPOLATIONS.index(mode)
+        code = batch_geometry.INTERPOLATIONS.index(mode)
         refs = [np.asarray(Image.fromarray(c).rotate(float(a), resample=PIL_RESAMPLE[mode], fillcolor=fill))
                 for c, a in zip(crops, degrees.tolist())]
 
         def reference(dtype: torch.dtype) -> torch.Tensor:
             out, inside = pillow_affine_reference(x, matrix, code, dtype)
             return torch.where(inside.unsqueeze(1), out, fill_value)
-        candidates = {'grid_sample (tcnn)': lambda: batch_ops.rotate(x, degrees, fill, torch.full((len(x),), code)),
+        candidates = {'grid_sample (tcnn)': lambda: batch_geometry.rotate(x, degrees, fill,
+                                                                          torch.full((len(x),), code)),
                       'reference float64': lambda: reference(torch.float64),
                       'reference float32': lambda: reference(torch.float32)}
         for name, fn in candidates.items():
@@ -318,7 +321,7 @@ def jitter_agreement(images: List[np.ndarray], seed: int = 2) -> Dict[str, Any]:
     for name, active in (('brightness', (True, False, False, False)), ('contrast', (False, True, False, False)),
                          ('saturation', (False, False, True, False)), ('hue', (False, False, False, True)),
                          ('all four', (True, True, True, True))):
-        out = batch_ops.color_jitter(x, factors, orders, active, out=torch.empty(x.shape)).to(torch.uint8)
+        out = batch_colour.tv_color_jitter(x, factors, orders, active, out=torch.empty(x.shape)).to(torch.uint8)
         d = []
         for k, c in enumerate(crops):
             img = Image.fromarray(c)

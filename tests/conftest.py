@@ -31,6 +31,23 @@ def one_thread():
 
 
 @pytest.fixture(scope='module')
+def t_model() -> torch.nn.Module:
+    """A converted resnet18d with non-default settings whose GPSA parameters moved away from their init: the model
+    that the T-CNN file tests save, load and read (a test file that needs another defines its own ``t_model``)."""
+    import tcnn  # here, not at the top: the tcnn of the checkout that the sys.path set-up above puts first
+    from tcnn.files.sources import create_cnn
+    torch.manual_seed(0)
+    cnn = create_cnn('resnet18d', pretrained=False, num_classes=10, zero_init_last=False, drop_path_rate=0.05)
+    model = tcnn.reparameterize(cnn, stages=[3, 4], qk_dim=16, gating_init=0.5, verify=False).eval()
+    with torch.no_grad():  # as after fine-tuning: per-head gates, moved centres, other localities
+        for _, layer in tcnn.gpsa_layers(model):
+            layer.gating.uniform_(-2, 2)
+            layer.pos_centers.add_(0.3 * torch.randn_like(layer.pos_centers))
+            layer.pos_locality.uniform_(0.2, 3)
+    return model
+
+
+@pytest.fixture(scope='module')
 def data_dir(request, tmp_path_factory) -> str:
     """A generated ImageFolder of drawn shapes (``imagegen.make_image_folder``) for the module's training runs: 3
     classes of 8 training and 4 validation images, 64 px, unless the module's ``IMAGE_FOLDER`` dict says otherwise."""

@@ -1,16 +1,19 @@
 """Helpers the test files share, defined once (the fixtures are in ``conftest.py``): the relative error every
-equivalence check measures, the random image batches the models get, and what a failing ``torch.save`` leaves.
+equivalence check measures, the random image batches the models get, what a failing ``torch.save`` leaves, and a
+fresh interpreter's output (what an import or a command imports, which this process has imported long ago).
 
 Imported by name, as ``formulas``, ``nontrivial`` and ``imagegen`` are: ``tests/`` has no ``__init__.py``, so pytest
 puts it on ``sys.path`` (wherever the folder is: CI's oldest stack and the mutation runs' copies alike).
 ``tests/test_layout.py`` fails on a test file that defines one of these again.
 """
 import os
+import subprocess
+import sys
 from typing import Any, Tuple, Union
 
 import torch
 
-__all__ = ['rel_err', 'images', 'write_partial']
+__all__ = ['rel_err', 'images', 'write_partial', 'fresh_python']
 
 
 def rel_err(out: Any, ref: torch.Tensor) -> float:
@@ -51,3 +54,18 @@ def write_partial(f, data: bytes) -> None:
     else:
         f.write(data)
         f.flush()
+
+
+def fresh_python(code: str, *options: str) -> str:
+    """stdout of ``code`` in a new interpreter that imports this checkout's tcnn (offline); fails the test if it fails.
+
+    Args:
+        code: Python source, run with ``python -c`` from the repository root.
+        *options: The interpreter's options before ``-c`` (``'-W', 'error'``: warnings are errors).
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''), HF_HUB_OFFLINE='1')
+    proc = subprocess.run([sys.executable, *options, '-c', code], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout

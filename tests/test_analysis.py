@@ -258,7 +258,7 @@ def test_inspect_images_dir_takes_a_seeded_sample_across_class_folders(t_cnn, tm
     assert sample_images(str(tmp_path / 'val'), 100, seed=0) == find_images(str(tmp_path / 'val'))
 
 
-def test_query_cell_and_errors():
+def test_query_cell_maps_a_pixel_to_its_grid_cell_and_refuses_one_outside():
     assert heads.query_cell(None, (224, 224), (7, 7)) == (3, 3)
     assert heads.query_cell((223, 0), (224, 224), (7, 7)) == (6, 0)
     with pytest.raises(TcnnError, match='outside'):
@@ -328,7 +328,7 @@ def test_plot_command_draws_training_curves(tmp_path, capsys):
         assert len(err) == 1 and message in err[0], err
 
 
-def test_inspect_command(t_cnn, tmp_path, capsys):
+def test_inspect_writes_the_summary_and_figures_of_the_images_it_is_given(t_cnn, tmp_path, capsys):
     path = tcnn.save(t_cnn, str(tmp_path / 't.pt'), data_config={'input_size': (3, 64, 64), 'crop_pct': 1.0})
     images = []
     rng = np.random.default_rng(0)

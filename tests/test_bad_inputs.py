@@ -40,7 +40,7 @@ def bad_files(tmp_path):
     ('pickle', 'never loads (unpickling can run code)'),
     ('folder', 'is a folder, not a file'),
 ])
-def test_load_torch_file_one_line(bad_files, kind, message):
+def test_load_torch_file_refuses_bad_files_in_one_line_without_unpickling(bad_files, kind, message):
     with pytest.raises(TcnnError) as info:
         load_torch_file(str(bad_files[kind]), 'weights file')
     text = str(info.value)
@@ -55,7 +55,7 @@ def test_the_payload_runs_when_unpickled(bad_files):
 
 
 @pytest.mark.parametrize('kind, message', [('empty', 'is empty (0 bytes)'), ('pickle', 'never loads')])
-def test_convert_weights_bad_file_is_one_line(bad_files, tmp_path, capsys, kind, message):
+def test_convert_refuses_a_bad_weights_file_in_one_line(bad_files, tmp_path, capsys, kind, message):
     out = tmp_path / 'out' / 't.pt'
     assert main(['convert', 'resnet18d', '--weights', str(bad_files[kind]), '--out', str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -63,7 +63,7 @@ def test_convert_weights_bad_file_is_one_line(bad_files, tmp_path, capsys, kind,
     assert 'weights_only=False' not in err[0] and not out.exists() and not bad_files['marker'].exists()
 
 
-def test_output_checks(tmp_path):
+def test_output_checks_refuse_a_file_for_a_folder_and_an_unknown_extension(tmp_path):
     a_file = tmp_path / 'file.txt'
     a_file.write_text('x')
     with pytest.raises(TcnnError, match='is a file; give a folder'):
@@ -289,7 +289,7 @@ def test_safetensors_on_an_unusable_device_is_not_called_corrupt(small, tmp_path
     assert "onto map_location='cuda:99'" in str(info.value) and 'corrupt' not in str(info.value)
 
 
-def test_empty_safetensors_weights_is_one_line(tmp_path, capsys):
+def test_convert_refuses_empty_safetensors_weights_in_one_line(tmp_path, capsys):
     weights = tmp_path / 'w.safetensors'
     weights.write_bytes(b'')
     assert main(['convert', 'resnet18d', '--weights', str(weights), '--out', str(tmp_path / 't.pt')]) == 2
@@ -373,136 +373,3 @@ def test_commands_refuse_a_read_only_output_folder(tmp_path, read_only, capsys, 
     assert main(argv) == 2
     assert 'is not writable' in _one_line(capsys, command[0])
     assert os.listdir(read_only) == []
-
-
-# ---------------------------------------------------------------------------------------------- start-up
-
-
-def _fresh_python(code: str) -> str:
-    """stdout of ``code`` in a new interpreter that imports this checkout's tcnn."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''), HF_HUB_OFFLINE='1')
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def test_cli_help_and_argument_errors_do_not_import_torch(tmp_path):
-    missing = str(tmp_path / 'missing.pt')
-    out = _fresh_python(
-        'import contextlib, io, sys\n'
-        'from tcnn.cli import main\n'
-        'for argv in (["--help"], ["convert", "--help"], ["convert"], ["eval", "--help"], ["inspect", "--help"],\n'
-        '             ["plot", "--help"], ["info", "--help"], ["convert", "resnet18d", "--out", "x.bin"],\n'
-        '             ["convert", "resnet18d", "--out", "x.pt", "--tol", "-1"], ["info", ' + repr(missing) + '],\n'
-        '             ["publish", "--help"], ["publish", ' + repr(missing) + ', "--out", ' + repr(str(tmp_path / 'o'))
-        + ']):\n'
-        '    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n'
-        '        try:\n'
-        '            rc = main(argv)\n'
-        '        except SystemExit as e:\n'
-        '            rc = e.code\n'
-        '    print(argv[0], rc)\n'
-        'print(sorted(m for m in ("torch", "timm", "torchvision", "matplotlib") if m in sys.modules))\n')
-    lines = out.strip().splitlines()
-    assert lines[-1] == '[]', out
-    assert [line.split()[-1] for line in lines[:-1]] == ['0', '0', '2', '0', '0', '0', '0', '2', '2', '2', '0',
-                                                         '2'], out
-
-
-def test_train_help_and_argument_errors_do_not_import_torch():
-    """``tcnn train`` takes its arguments from the torch-free ``tcnn.train.args`` and checks a fresh run's recipe
-    before importing ``tcnn.train.launch``: --help, argparse errors and recipe mistakes answer without importing
-    torch/timm (about 0.05 s instead of 1.5-2 s)."""
-    out = _fresh_python(
-        'import contextlib, io, sys, time\n'
-        'start = time.perf_counter()\n'
-        'import tcnn.commands.train\n'
-        'print("import", sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))\n'
-        'from tcnn.cli import main\n'
-        'for argv in (["train", "--help"], ["train", "--epochs", "x"], ["train", "--amp", "fp8"],\n'
-        '             ["train", "--lr", "nan"], ["train", "--set", "warmup_epoch=3"]):\n'
-        '    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:\n'
-        '        try:\n'
-        '            rc = main(argv)\n'
-        '        except SystemExit as e:\n'
-        '            rc = e.code\n'
-        '    print(argv[1], rc, ("invalid" in err.getvalue() or "recipe key" in err.getvalue()) if rc else "")\n'
-        'print("after", sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))\n')
-    lines = out.strip().splitlines()
-    assert lines[0] == 'import []' and lines[-1] == 'after []', out
-    assert lines[1:-1] == ['--help 0 ', '--epochs 2 True', '--amp 2 True', '--lr 2 True', '--set 2 True'], out
-
-
-def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
-    """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
-    named recipe flag among them."""
-    from tcnn.train import launch
-    from tcnn.train.args import FLAGS
-    monkeypatch.setenv('COLUMNS', '120')
-    with pytest.raises(SystemExit):
-        main(['train', '--help'])
-    cli_help = capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        launch.main(['--help'])
-    module_help = capsys.readouterr().out
-
-    def options(text: str) -> str:  # from --recipe's help on: the usage lines and descriptions differ by design
-        return ' '.join(text[text.index('\n  --recipe YAML'):].split())
-    assert options(cli_help) == options(module_help)
-    for flag, key, _ in FLAGS + (('--recipe', '', {}), ('--resume', '', {}), ('--set', '', {}),
-                                 ('--print-config', '', {})):
-        assert flag in cli_help and (not key or f'(recipe key {key})' in options(cli_help)), flag
-    assert 'recipe overrides' in cli_help
-    args = launch.argparse.ArgumentParser()
-    launch.add_arguments(args)
-    parsed = vars(args.parse_args(['--epochs', '3', '--no-pretrained', '--set', 'mixup=0', '--amp']))
-    assert parsed['epochs'] == 3 and parsed['pretrained'] is False and parsed['set_items'] == ['mixup=0']
-    assert parsed['amp'] == 'bf16' and parsed['lr'] is None
-
-
-def test_import_tcnn_is_light_and_still_registers_the_t_models():
-    out = _fresh_python(
-        'import sys\n'
-        'import tcnn\n'
-        'print("torch" in sys.modules, "timm" in sys.modules)\n'
-        'import timm\n'
-        'print(timm.is_model("t_resnet18d"), tcnn.GPSA.__name__, tcnn.__version__)\n')
-    assert out.split() == ['False', 'False', 'True', 'GPSA', tcnn_version()], out
-    out = _fresh_python('import timm, tcnn\nprint(timm.is_model("t_resnet18d"))\n')  # timm first
-    assert out.strip() == 'True', out
-
-
-def tcnn_version() -> str:
-    from tcnn.version import __version__
-    return __version__
-
-
-def test_info_reads_stored_counts_without_building_the_model(tmp_path):
-    import math
-    import warnings
-    import tcnn
-    from tcnn.commands import info
-    from tcnn.files.sources import create_cnn
-    cnn = create_cnn('resnet26d', pretrained=False, num_classes=5, cardinality=4, base_width=16)  # grouped convs
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        t_cnn = tcnn.reparameterize(cnn, verify=False, locality_strength=3.0, gating_init=-2.0)
-    for ext in ('.pt', '.safetensors'):
-        path = tcnn.save(t_cnn, str(tmp_path / f't{ext}'))
-        fast, rebuilt = info.collect(path), info._collect_by_rebuilding(path)
-        assert fast['parameters'] == rebuilt['parameters']
-        assert fast['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
-        assert {k: v for k, v in fast.items() if k != 'layers'} == {k: v for k, v in rebuilt.items() if k != 'layers'}
-        for name, layer in rebuilt['layers'].items():
-            assert fast['layers'][name]['center'] == layer['center']
-            for key in ('gate', 'alpha', 'span', 'sigma', 'gate_mean', 'span_mean', 'sigma_mean'):
-                a, b = fast['layers'][name][key], layer[key]
-                assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(*(([a], [b]) if isinstance(a, float)
-                                                                            else (a, b)))), (name, key)
-    out = _fresh_python('import sys\nfrom tcnn.cli import main\nmain(["info", ' + repr(path) + '])\n'
-                        'print(sorted(m for m in ("torch", "timm") if m in sys.modules))\n')
-    assert out.strip().splitlines()[-1] == '[]' and 'self-attention' in out, out

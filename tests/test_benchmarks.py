@@ -151,7 +151,7 @@ def test_peak_tensor_memory_sees_backward_and_optimizer():
     assert inference.peak < first.peak
 
 
-def test_interleaved_timing_and_ratio():
+def test_interleaved_timing_alternates_the_order_and_pairs_the_ratio():
     calls = []
     fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
     times = interleaved_times(fns, torch.device('cpu'), warmup=1, repeats=4, iters=2)
@@ -239,7 +239,7 @@ def test_cli_rejects_bad_arguments(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_presets_and_compile_warmup():
+def test_presets_and_options_make_the_settings_and_name_the_results():
     from benchmarks import run, report
     parser = run.build_parser()
     quick = run.make_settings(parser.parse_args(['--quick']), parser)
@@ -302,7 +302,7 @@ def test_cuda_graph_modes_start_a_step_before_each_compiled_call(monkeypatch):
         assert len(marks) == expected, mode
 
 
-def test_flops_at_the_papers_resolutions():
+def test_flops_at_the_papers_resolutions_match_its_table_2():
     from benchmarks import suites
     settings = suites.Settings(models=['resnetrs50'])
     models = suites.model_variants('resnetrs50', settings)
@@ -330,7 +330,7 @@ def test_depthwise_benchmark_runs_and_records_both_orders(tmp_path):
         assert all(v > 0 for v in r['ms'].values()) and r['picked'] == 'heads_first'  # 3x3 at batch 1
 
 
-def test_loop_benchmark_smoke_run(tmp_path):
+def test_the_loop_benchmark_runs_end_to_end_in_smoke_mode(tmp_path):
     """benchmarks/loop.py --smoke end to end: photo-like JPEGs generated, tcnn train under torchrun (gloo on the CPU)
     for the T-CNN and its CNN on two data pipelines, the run's own throughput numbers in the JSON, named after the
     device and the backend."""
@@ -441,7 +441,7 @@ def test_warm_compile_takes_run_options_and_one_function(tmp_path, capsys):
     assert 'expected cnn or tcnn' in capsys.readouterr().err
 
 
-def test_paper_demo_estimate_from_epoch_times():
+def test_the_paper_demos_time_is_estimated_from_epoch_times():
     """Phase 1: none, the paper plan fine-tunes the shipped converged CNNs; phase 2: 9 arms over the jobs (no-SA at
     the CNN's cost, the late arm half at each), each run's start-up added."""
     from benchmarks.demo_epoch import estimate_paper_demo
@@ -451,7 +451,7 @@ def test_paper_demo_estimate_from_epoch_times():
     assert est['total_s'] == est['phase1_cnns_s'] + est['phase2_arms_s']
 
 
-def test_demo_epoch_smoke_run(tmp_path):
+def test_the_demo_epoch_benchmark_runs_end_to_end_on_the_tiny_plan(tmp_path):
     """benchmarks/demo_epoch.py end to end on the tiny plan: the demo's own CNN and T-CNN runs, their epoch times, the
     estimate (the code path of first.sh's last step)."""
     out = tmp_path / 'demo-epoch.json'

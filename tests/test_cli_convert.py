@@ -38,7 +38,7 @@ def cnn_checkpoint(tmp_path_factory):
     return cnn, str(path)
 
 
-def test_convert_no_pretrained(tmp_path, capsys):
+def test_convert_without_pretrained_weights_writes_a_verified_t_cnn(tmp_path, capsys):
     out_path = str(tmp_path / 't_resnet18d.pt')
     rc, out, err = _run(['convert', 'resnet18d', '--no-pretrained', '--out', out_path, '--img-size', '64'], capsys)
     assert rc == 0, err
@@ -51,7 +51,7 @@ def test_convert_no_pretrained(tmp_path, capsys):
     assert os.listdir(tmp_path) == ['t_resnet18d.pt']
 
 
-def test_convert_weights_exact_init(cnn_checkpoint, tmp_path, capsys):
+def test_convert_of_a_checkpoint_at_the_exact_init_computes_its_logits(cnn_checkpoint, tmp_path, capsys):
     """--weights with the exact init: the file's T-CNN computes the checkpoint's logits."""
     cnn, ckpt = cnn_checkpoint
     out_path = str(tmp_path / 't.safetensors')
@@ -66,7 +66,7 @@ def test_convert_weights_exact_init(cnn_checkpoint, tmp_path, capsys):
         torch.testing.assert_close(model(images()), cnn(images()), rtol=1e-4, atol=1e-4)
 
 
-def test_convert_weights_paper_init(cnn_checkpoint, tmp_path, capsys):
+def test_convert_at_the_papers_init_reports_the_deviation_and_keeps_the_flags(cnn_checkpoint, tmp_path, capsys):
     """The default init (alpha = lambda = 1) is verified in the exact configuration, then reported as a deviation;
     --stages, --qk-dim and --num-classes reach the file."""
     cnn, ckpt = cnn_checkpoint
@@ -92,7 +92,7 @@ def test_convert_vacuous_check_is_flagged(tmp_path, capsys):
     assert rc == 0 and 'cannot catch a wrong conversion' in out
 
 
-def test_info(cnn_checkpoint, tmp_path, capsys):
+def test_info_prints_a_files_settings_parameters_and_heads(cnn_checkpoint, tmp_path, capsys):
     _, ckpt = cnn_checkpoint
     out_path = str(tmp_path / 't.pt')
     assert _run(['convert', 'resnet18d', '--weights', ckpt, '--out', out_path, '--no-verify'], capsys)[0] == 0

@@ -51,18 +51,18 @@ def test_every_shared_flag_is_defined_once():
         assert len(set(shapes.values())) == 1, (flag, shapes)
 
 
-def test_out():
+def test_out_means_the_same_in_every_command():
     for command, action in _having('--out').items():
         assert action.option_strings == ['--out', '-o'] and action.default is None, command  # the help says it
         assert action.metavar == ('DIR' if 'folder' in action.help else 'OUT'), (command, action.help)
 
 
-def test_use_ema():
+def test_use_ema_means_the_same_in_every_command():
     for command, action in _having('--use-ema').items():
         assert (action.help, action.default, action.const) == (USE_EMA_HELP, False, True), command
 
 
-def test_img_size():
+def test_img_size_is_parsed_one_way_in_every_command():
     for command, action in _having('--img-size').items():
         assert action.type is None and action.metavar == 'SIZE' and action.default is None, command
         if command == 'train':  # a recipe key: the side of the square training images
@@ -118,7 +118,7 @@ def test_eval_amp_fp16_on_the_cpu_is_one_line(tmp_path, capsys):
     assert err == ['tcnn eval: error: amp fp16 needs a GPU (use bf16 or none on CPU)'], err
 
 
-def test_device():
+def test_device_means_the_same_in_every_command_each_with_its_default():
     defaults = {}
     for command, action in _having('--device').items():
         assert action.metavar == 'DEVICE' and action.help.startswith(DEVICE_HELP), (command, action.help)
@@ -139,7 +139,7 @@ def test_device_errors_are_one_line(command, tmp_path, capsys):
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'demo').exists()
 
 
-def test_one_way_to_read_a_model(tmp_path):
+def test_commands_read_a_named_model_one_way(tmp_path):
     """tcnn eval, inspect and export read the model a user names with one helper: a file (tcnn.load, its EMA weights
     with --use-ema) or a Hub folder, a missing or empty file one line; a model name only where names are allowed."""
     torch.manual_seed(0)
@@ -161,3 +161,30 @@ def test_one_way_to_read_a_model(tmp_path):
             load_model(spec, what)
     with pytest.raises(TcnnError, match='resnet18d is a model name'):
         load_model('resnet18d', use_ema=True, names=True)
+
+
+def test_train_help_is_the_same_for_the_cli_and_the_module(capsys, monkeypatch):
+    """``tcnn train --help`` and ``python -m tcnn.train --help`` list the same arguments with the same help, every
+    named recipe flag among them."""
+    from tcnn.train import launch
+    from tcnn.train.args import FLAGS
+    monkeypatch.setenv('COLUMNS', '120')
+    with pytest.raises(SystemExit):
+        main(['train', '--help'])
+    cli_help = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        launch.main(['--help'])
+    module_help = capsys.readouterr().out
+
+    def options(text: str) -> str:  # from --recipe's help on: the usage lines and descriptions differ by design
+        return ' '.join(text[text.index('\n  --recipe YAML'):].split())
+    assert options(cli_help) == options(module_help)
+    for flag, key, _ in FLAGS + (('--recipe', '', {}), ('--resume', '', {}), ('--set', '', {}),
+                                 ('--print-config', '', {})):
+        assert flag in cli_help and (not key or f'(recipe key {key})' in options(cli_help)), flag
+    assert 'recipe overrides' in cli_help
+    args = launch.argparse.ArgumentParser()
+    launch.add_arguments(args)
+    parsed = vars(args.parse_args(['--epochs', '3', '--no-pretrained', '--set', 'mixup=0', '--amp']))
+    assert parsed['epochs'] == 3 and parsed['pretrained'] is False and parsed['set_items'] == ['mixup=0']
+    assert parsed['amp'] == 'bf16' and parsed['lr'] is None

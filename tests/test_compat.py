@@ -47,7 +47,7 @@ def _assert_same_logits(model: torch.nn.Module, expected: dict, key: str) -> Non
     ('t_demo_resnet10.safetensors', 't_demo_resnet10', 2),
     ('t_test_convnext.safetensors', 't_test_convnext', 1),
 ])
-def test_t_cnn_files_of_earlier_releases(release, name, key, layers):
+def test_t_cnn_files_of_earlier_releases_load_with_the_same_logits(release, name, key, layers):
     folder, expected = release
     model = tcnn.load(os.path.join(folder, name))
     assert len(gpsa_layers(model)) >= layers
@@ -55,7 +55,7 @@ def test_t_cnn_files_of_earlier_releases(release, name, key, layers):
 
 
 @pytest.mark.parametrize('ema, key', [(False, 'run_last'), (True, 'run_last_ema')])
-def test_training_checkpoint_of_earlier_releases(release, ema, key):
+def test_training_checkpoints_of_earlier_releases_load_with_the_same_logits(release, ema, key):
     folder, expected = release
     _assert_same_logits(tcnn.load(os.path.join(folder, 'run_last.pt'), ema=ema), expected, key)
 
@@ -66,7 +66,7 @@ def test_training_checkpoint_weights_differ_from_its_ema(release):
     assert not torch.allclose(expected['run_last'], expected['run_last_ema'])
 
 
-def test_hub_folder_of_earlier_releases(release):
+def test_hub_folders_of_earlier_releases_load_with_the_same_logits(release):
     folder, expected = release
     hub_folder = os.path.join(folder, 'hub_folder')
     _assert_same_logits(tcnn.load(hub_folder), expected, 'hub_folder')

@@ -29,7 +29,7 @@ MODELS = {
 
 
 @pytest.mark.parametrize('name', list(MODELS))
-def test_whole_model_equivalence_at_two_sizes(name):
+def test_whole_models_are_equivalent_at_two_sizes(name):
     torch.manual_seed(0)
     cnn = _nontrivial_batchnorm(MODELS[name]())
     before = {k: v.clone() for k, v in cnn.state_dict().items()}
@@ -58,7 +58,7 @@ def test_exact_init_is_the_cnn_without_temporary_configuration():
     assert t_cnn.tcnn_report.init_max_rel_err < 1e-5
 
 
-def test_paper_table2_parameter_counts():
+def test_parameter_counts_match_the_papers_table_2():
     # T-CNN (arXiv:2106.05795) Table 2 (millions, rounded): built on the meta device, no memory or weights needed
     expected = {'resnetrs50': (36, 38), 'resnetrs101': (64, 66), 'resnetrs152': (87, 89), 'resnetrs200': (93, 96),
                 'resnetrs270': (130, 133), 'resnetrs350': (164, 167)}
@@ -89,7 +89,7 @@ def test_size_change_and_dtype_change_after_first_forward():
     assert report.dtype == 'float64' and report.max_rel_err < 1e-12
 
 
-def test_several_stages_and_stage_names():
+def test_several_stages_convert_by_number_and_by_name():
     cnn = _nontrivial_batchnorm(timm.create_model('resnet18d'))
     t_cnn = tcnn.reparameterize(cnn, stages=[3, 'layer4'], input_size=(3, 96, 96))
     layers = [n for n, _ in tcnn.gpsa_layers(t_cnn)]
@@ -252,7 +252,7 @@ def test_detection_model_nested_outputs_and_example_inputs():
     assert tcnn.reparameterize(detector, stages='backbone.body.layer4', example_inputs=(images,)).tcnn_report.passed()
 
 
-def test_segmentation_model_and_features_only_backbone():
+def test_a_segmentation_model_and_a_features_only_backbone_convert_exactly():
     """A segmentation model's dict of maps and a timm features_only backbone's list of feature maps."""
     torch.manual_seed(0)
     seg = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=3,

@@ -258,7 +258,7 @@ def _assert_gpsa_trained(out, run):
     ['--amp', 'fp16', '--set', 'channels_last=true'],
     ['--amp', 'bf16', '--set', 'channels_last=true', '--compile'],
 ], ids=['bf16-channels_last', 'fp16-channels_last', 'bf16-channels_last-compile'])
-def test_train_one_epoch_on_cuda(data_dir, cnn_weights, tmp_path, capsys, flags):
+def test_an_epoch_on_cuda_trains_the_gpsa_layers(data_dir, cnn_weights, tmp_path, capsys, flags):
     run = tmp_path / 'run'
     assert launch.main(_gpsa_args(data_dir, run, cnn_weights, epochs=1, device='cuda') + flags) == 0
     out = capsys.readouterr().out
@@ -305,7 +305,7 @@ def test_cuda_graph_training_and_eval_match_eager(data_dir, cnn_weights, tmp_pat
     assert results[2]['num_images'] == 12
 
 
-def test_eval_command_on_cuda(tmp_path, capsys):
+def test_eval_on_cuda_scores_the_known_accuracies_with_amp_and_compile(tmp_path, capsys):
     # 4 classes with 1, 2, 3, 4 images: a model always answering class k scores (k + 1) / 10 (as in test_eval)
     plan = [[c] * (i + 1) for i, c in enumerate(CLASSES.values())]
     _class_folder(str(tmp_path / 'val'), CLASSES, plan)

@@ -37,7 +37,7 @@ def test_recipe_is_the_papers_policy():
     assert load_recipe('t_resnet50_d').get('aa', PAPER.aa) == 'rand-m9-mstd0.5-inc1' and PAPER.reprob == 0.25
 
 
-def test_every_op_at_the_magnitude_extremes():
+def test_every_op_of_the_papers_policy_runs_at_the_magnitude_extremes():
     """Each op of the paper's RandAugment policy at magnitude 0 and 10 (the clip maximum), forced, not drawn."""
     ra = _rand_augment(_transforms(64)[0])
     names = sorted(op.name for op in ra.ops)
@@ -55,7 +55,7 @@ def test_every_op_at_the_magnitude_extremes():
     assert black == 1
 
 
-def test_soak_the_recipes_train_transform():
+def test_the_recipes_train_transform_gives_finite_images_of_its_size_in_a_soak():
     """Thousands of generated images through the exact train transform at three sizes, fixed seeds."""
     rng = np.random.default_rng(0)
     images = [draw_shape(('circle', 'square', 'triangle', 'cross')[i % 4], 40, rng) for i in range(64)]
@@ -116,7 +116,7 @@ def test_skip_bad_images_replaces_and_logs_each_once(folder_with_bad_images, wor
     assert dataset.bad_images() == []
 
 
-def test_folder_layout_errors(tmp_path):
+def test_a_missing_folder_or_one_without_class_folders_is_refused(tmp_path):
     flat = tmp_path / 'flat' / 'train'
     flat.mkdir(parents=True)
     draw_shape('circle', 32, np.random.default_rng(0)).save(flat / 'a.png')
@@ -132,3 +132,58 @@ def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
     cfg = recipe_data_config(dataclasses.replace(PAPER, img_size=96, crop_pct=None, mean=None), model)
     assert tuple(cfg['input_size']) == (3, 96, 96) and cfg['crop_pct'] == model.pretrained_cfg['crop_pct']
     assert tuple(cfg['mean']) == tuple(model.pretrained_cfg['mean']) and cfg['interpolation'] == 'bicubic'
+
+
+# ---------------------------------------------------------------------- a streamed split (webdataset, HF, TFDS)
+
+
+def _stream(samples, num_classes):
+    from tcnn.data.readers import StreamDataset
+    return StreamDataset(samples, 'wds/shards', 'train', num_samples=len(samples), num_classes=num_classes, shards=1)
+
+
+def test_a_streamed_sample_whose_label_is_outside_the_class_count_stops_the_run_naming_the_fix():
+    from tcnn.data.folders import SampleError
+    assert list(_stream([('a', 0), ('b', 2)], 3)) == [('a', 0), ('b', 2)]
+    assert list(_stream([('a', 7), ('b', 'x')], None)) == [('a', 7), ('b', 'x')]  # no class count: labels unchecked
+    for label in (3, -1, '1', 1.0):
+        with pytest.raises(SampleError) as info:
+            list(_stream([('a', 0), ('b', label)], 3))
+        assert str(info.value) == (f'a sample of wds/shards (split train) has label {label!r}, outside 0..2: set '
+                                   'num_classes (--set num_classes=N) to the data\'s class count')
+
+
+def test_a_transform_that_fails_on_a_streamed_sample_names_the_dataset_and_the_error():
+    from tcnn.data.folders import SampleError
+    stream = _stream([(4, 0), (0, 1)], 2)
+    stream.transform = lambda x: 8 // x
+    with pytest.raises(SampleError) as info:
+        list(stream)
+    assert str(info.value) == 'the transform failed on a sample of wds/shards (ZeroDivisionError: integer division ' \
+                              'or modulo by zero)'
+    stream.transform = lambda x: x + 1
+    assert list(_stream([(4, 0)], 2)) == [(4, 0)] and list(stream)[0] == (5, 0)
+
+
+# ---------------------------------------------------------------------- errors that name a file, one line each
+
+
+def test_an_error_is_named_by_its_type_and_its_message_on_one_line_cut_at_200_characters():
+    from tcnn.data.folders import error_text
+    assert error_text(OSError('image file is truncated\n  (3 bytes   not processed)')) == \
+        'OSError: image file is truncated (3 bytes not processed)'
+    assert error_text(ValueError('x' * 250)) == 'ValueError: ' + 'x' * 200
+    assert error_text(ValueError('y' * 199 + ' z')) == 'ValueError: ' + 'y' * 199 + ' '
+    assert error_text(KeyError()) == 'KeyError' and error_text(RuntimeError(' \n ')) == 'RuntimeError'
+
+
+def test_a_bad_image_error_raised_in_a_loader_worker_comes_back_as_its_own_line():
+    from tcnn.data.folders import BadImageError, SampleError
+    worker = ('Caught BadImageError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n'
+              '  File "w.py", line 3, in f\n    raise BadImageError(x)\ntcnn.data.folders.BadImageError: cannot read '
+              'a.jpg (OSError: truncated)\n\n')
+    assert str(BadImageError(worker)) == 'cannot read a.jpg (OSError: truncated)'
+    # another type's last line stays whole; a message that is not a worker's is left as it is
+    assert str(SampleError(worker)) == 'tcnn.data.folders.BadImageError: cannot read a.jpg (OSError: truncated)'
+    for message in ('Caught a cold, no traceback', 'Original Traceback first\nthen Caught ', ''):
+        assert str(BadImageError(message)) == message

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from tcnn.train import launch
 from tcnn.data.batch_augment import BatchAugment
 from tcnn.data.decode import decode_batch, decode_pil, jpeg_size
-from tcnn.data.encoded import (BatchFinisher, CollateAndFinish, DeviceLoader, EncodedDataset, collate_encoded)
+from tcnn.data.encoded import (BatchFinisher, CollateAndFinish, DeviceLoader, EncodedBatch, EncodedDataset,
+                               collate_encoded, replace_failed)
 from tcnn.data.folders import BadImageError, open_dataset
 from tcnn.data.resident import ResidentLoader, ResidentSplit, estimate_decoded_bytes
 from tcnn.errors import TcnnError
@@ -79,7 +80,7 @@ def test_batch_decoding_gives_pillows_pixels_on_the_cpu():
         assert out.dtype == torch.uint8 and torch.equal(out, reference)
 
 
-def test_what_the_batch_decoder_does_not_get():
+def test_the_batch_decoder_leaves_other_files_to_pillow_and_fails_a_broken_jpeg_alone():
     img = _photo()
     good = _jpeg(img)
     assert jpeg_size(good[:len(good) // 2]) is None  # cut: no end marker, the PIL path reports it
@@ -198,7 +199,7 @@ def folder_with_undecodable_jpeg(tmp_path):
 
 
 @pytest.mark.parametrize('workers, prefetch', [(0, 0), (2, 0), (0, 1)])
-def test_bad_images_on_the_batched_pipeline(folder_with_undecodable_jpeg, workers, prefetch):
+def test_bad_images_on_the_batched_pipeline_stop_or_are_skipped(folder_with_undecodable_jpeg, workers, prefetch):
     root, bad, cut = folder_with_undecodable_jpeg
     augment = _augment(32, auto_augment=None)
 
@@ -343,3 +344,38 @@ def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_pat
     assert launch.main(['--resume', str(run), '--epochs', '3', '--no-progress']) == 0
     assert 'data pipeline pil (asked for)' in capsys.readouterr().out
     assert load(run / 'last.pt')['config']['data_pipeline'] == 'pil'
+
+
+# ---------------------------------------------------------------------- a batch with images that did not decode
+
+
+def test_an_image_that_did_not_decode_is_replaced_by_the_next_readable_sample_with_its_parameters_and_label():
+    a, b = torch.full((3, 4, 4), 1, dtype=torch.uint8), torch.full((3, 6, 2), 3, dtype=torch.uint8)
+    images = [None, a, None, b, None]
+    crop = torch.arange(20).reshape(5, 4)
+    batch = EncodedBatch(names=[f'{i}.jpg' for i in range(5)], payloads=[torch.zeros(1)] * 5,
+                         params={'crop': crop, 'flip': torch.tensor([0., 1., 0., 1., 0.])},
+                         targets=torch.tensor([10, 11, 12, 13, 14]))
+    out = replace_failed(images, batch, [0, 2, 4])
+    # the next readable sample of the batch (the PIL pipeline's skip policy); after the last, the first readable
+    assert [img is a for img in images] == [True, True, False, False, True] and images[2] is b and images[3] is b
+    assert out.targets.tolist() == [11, 11, 13, 13, 11]
+    assert out.params['crop'].tolist() == [crop[k].tolist() for k in (1, 1, 3, 3, 1)]
+    assert out.params['flip'].tolist() == [1., 1., 1., 1., 1.]
+    assert out.names == batch.names and out.payloads is batch.payloads
+    # the collated batch is left as it was (a DataLoader may hand it out again on a retry)
+    assert batch.targets.tolist() == [10, 11, 12, 13, 14] and batch.params['crop'].equal(torch.arange(20).reshape(5, 4))
+    with pytest.raises(BadImageError) as info:
+        replace_failed([None, None, None], dataclasses.replace(batch, names=['x.jpg', 'y.jpg', 'z.jpg']), [0, 1, 2])
+    assert str(info.value) == 'no image of a batch of 3 could be decoded (first: x.jpg): is the data folder intact?'
+
+
+@pytest.mark.parametrize('images, drop_last, batches', [(10, False, 3), (10, True, 2), (8, False, 2), (8, True, 2),
+                                                       (3, True, 0), (3, False, 1)])
+def test_a_resident_loader_has_as_many_batches_as_it_yields(images, drop_last, batches):
+    split = type('Split', (), {'device': torch.device('cpu'),
+                               'gather': staticmethod(lambda idx: (torch.tensor(idx), torch.tensor(idx)))})()
+    loader = ResidentLoader(split, range(images), 4, transform=lambda x: x, drop_last=drop_last, prefetch=0)
+    out = [x.tolist() for x, _ in loader]
+    assert len(loader) == len(out) == batches
+    assert sum(out, []) == list(range(batches * 4 if drop_last else images))

@@ -44,7 +44,7 @@ def tiny(tmp_path_factory):
     return out, results, lines
 
 
-def test_report_files_and_keys(tiny):
+def test_the_demo_writes_every_report_file_and_key(tiny):
     out, results, _ = tiny
     plan = PLANS['tiny']
     for f in ('results.json', 'README.md', 'eval.json', 'eval.md', 'demo.json', 'data/dataset.json',
@@ -445,7 +445,7 @@ def test_the_verdict_says_when_the_direction_does_not_hold_on_every_seed(tiny):
     ('cuda', 6, None, 16, (1, None)),  # one process on the GPU, torch's threads and tcnn train's loader workers
     ('cuda', 3, 4, 16, (4, 4)),  # processes sharing a GPU share the cores too
 ])
-def test_parallel_layout(device, runs, jobs, cpus, expected):
+def test_parallel_layout_shares_the_cores_between_runs(device, runs, jobs, cpus, expected):
     assert parallel_layout(device, runs, jobs, cpus) == expected
 
 
@@ -456,7 +456,7 @@ def test_parallel_layout(device, runs, jobs, cpus, expected):
     ('cuda', 4, 3),  # a GPU process with 4 cores: 3 workers feed it, its own thread drives the GPU
     ('cuda', 1, 1),
 ])
-def test_loader_workers(device, threads, expected):
+def test_loader_workers_follow_the_device_and_the_threads(device, threads, expected):
     assert loader_workers(device, threads) == expected
 
 

@@ -34,7 +34,7 @@ def test_a_flat_noisy_curve_is_at_its_plateau():
     assert not plateau(_rows([20 + 1.2 * i for i in range(50)]))['at_plateau']
 
 
-def test_plateau_edge_and_too_short_runs():
+def test_plateau_is_told_at_its_edge_and_not_for_too_short_runs():
     # exactly PLATEAU_POINTS above counts as the plateau, a hair more does not
     top = 50 + PLATEAU_POINTS
     assert plateau(_rows([0, 0, 50, 50, top, top]))['at_plateau']
@@ -93,7 +93,7 @@ def _demo_like(cnn_values, t_cnn_gates):
     return summarize_training(runs, metrics, warmup=1)
 
 
-def test_summarize_training_and_its_words():
+def test_summarize_training_measures_plateaus_and_dips_and_the_verdict_words_them():
     tr = _demo_like([10, 30, 50, 70, 71, 70, 70.5, 71, 70, 70.5], [0.9, 0.02])
     assert tr['cnns'] == 1 and tr['cnns_at_plateau'] == 1 and tr['cnn']['0']['final'] == 70.5
     assert tr['runs']['seed0-t-cnn']['dip']['dip'] == pytest.approx(15.5)  # 70.5 -> 55 in the warm-up epoch

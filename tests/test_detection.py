@@ -50,7 +50,7 @@ def _convert(cnn):
     ('fcn_resnet50', {'aux_loss': True}, '.pt'),
     ('deeplabv3_resnet50', {}, '.safetensors'),
 ])
-def test_round_trip(name, kwargs, ext, tmp_path):
+def test_a_detector_round_trips_with_its_builder_and_the_same_outputs(name, kwargs, ext, tmp_path):
     """create_cnn -> reparameterize -> save -> load: the builder, its arguments and class count are recorded, and the
     loaded model gives the same boxes, scores, labels or masks."""
     torch.manual_seed(0)
@@ -82,7 +82,7 @@ def test_round_trip(name, kwargs, ext, tmp_path):
         assert loaded.aux_classifier is not None and expected['out'].shape[1] == 7
 
 
-def test_ssd_round_trip(tmp_path):
+def test_an_ssd_round_trips_with_its_class_count(tmp_path):
     """An SSD's class count is not an attribute of its head (torchvision's ``SSDClassificationHead`` keeps it as
     ``num_columns``, the scores per anchor): save reads it there, and the loaded SSDlite gives the same detections."""
     torch.manual_seed(0)
@@ -143,7 +143,7 @@ def test_save_records_how_to_rebuild():
         tcnn_file.model_from_dict(dict(d, num_classes=5))
 
 
-def test_cli_convert_info_export(tmp_path, capsys):
+def test_convert_info_and_export_handle_a_torchvision_detector(tmp_path, capsys):
     """tcnn convert torchvision:fasterrcnn_resnet50_fpn with builder arguments, tcnn info, and tcnn export: the model
     itself is one line saying why not, its backbone exports."""
     out = str(tmp_path / 't_frcnn.pt')
@@ -184,7 +184,7 @@ def retinanet():
     return cnn, _convert(cnn)
 
 
-def test_verdict_rounding_and_wrong_conversion(retinanet):
+def test_a_detectors_miss_is_told_rounding_or_wrong_conversion(retinanet):
     """check_equivalence on a detector: float32 boxes differ by ~0.5 of their scale (rounding swaps picks) while float64
     copies agree to ~1e-15: 'rounding'; one GPSA filter scaled by 1.05 misses in float64 too: 'wrong conversion'."""
     cnn, t_model = retinanet

@@ -74,7 +74,7 @@ def _colour_model() -> ColourNet:
     return ColourNet(list(CLASSES.values()), num_classes=4, outputs=range(4))
 
 
-def test_imagenet_c_known_answers(tmp_path):
+def test_imagenet_c_scores_give_the_known_accuracies(tmp_path):
     # (corruption, severity) -> images per class with the right colour (out of 4): known accuracy 25 * k %
     right = {('gaussian_noise', '1'): 4, ('gaussian_noise', '3'): 2, ('motion_blur', '1'): 3,
              ('motion_blur', '3'): 1, ('fog', '1'): 0, ('fog', '3'): 4, ('pixelate', '3'): 2,
@@ -527,3 +527,23 @@ def test_imagenet_a_and_r_counts_are_checked_against_the_release(tmp_path):
     assert label == 'ImageNet-A top-1 % (2 of 7500 images) (higher is better)'
     notes = tables.results_notes(_report('imagenet-a', {'m': res}))
     assert notes == ['imagenet-a: 2 of 7500 images: a subset of the release']
+
+
+# ---------------------------------------------------------------------- what reaches the user from the loop
+
+
+def test_a_worker_error_becomes_the_one_line_that_tcnn_raised_in_the_worker():
+    # what DataLoader re-raises: its header, the worker's traceback, then the TcnnError's own line
+    worker = RuntimeError('Caught TcnnError in DataLoader worker process 0.\nOriginal Traceback (most recent call '
+                          'last):\n  File "x.py", line 1, in f\ntcnn.errors.TcnnError: cannot read image a.png: '
+                          'TcnnError: the inner one\n\n')
+    error = scoring._worker_error(worker)
+    assert isinstance(error, TcnnError) and str(error) == 'cannot read image a.png: TcnnError: the inner one'
+    assert str(scoring._worker_error(RuntimeError('plain last line'))) == 'plain last line'
+    for empty in ('', ' \n '):  # no message at all: the error's type
+        assert str(scoring._worker_error(ValueError(empty))) == 'ValueError'
+
+
+def test_an_imagenet_c_group_is_named_corruption_slash_severity():
+    assert suites._group_name(('fog', '3')) == 'fog/3'
+    assert suites._group_name(('imagenet', '')) == 'imagenet'

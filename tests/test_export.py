@@ -112,7 +112,7 @@ def test_every_family_exports_to_onnx_with_a_dynamic_batch(name, family_files, t
 
 
 @pytest.mark.parametrize('name', ['convnext_atto', 'efficientnet_b0'])
-def test_torchscript_exporter(name, family_files, tmp_path, capsys):
+def test_the_torchscript_exporter_writes_a_checked_opset_13_file(name, family_files, tmp_path, capsys):
     # the two families it failed on (aten::linalg_vecdot has no ONNX symbolic) before the traceable product
     path = family_files(name)
     out_path = str(tmp_path / 'model.onnx')
@@ -127,7 +127,7 @@ def test_torchscript_exporter(name, family_files, tmp_path, capsys):
 
 @torch_versions.DYNAMO_ONNX
 @torch_versions.DYNAMIC_SIZE
-def test_dynamic_size_onnx(family_files, tmp_path, capsys):
+def test_a_dynamic_size_onnx_file_runs_at_other_sizes(family_files, tmp_path, capsys):
     path = family_files('convnext_atto')
     out_path = str(tmp_path / 'model.onnx')
     rc, out, err = _run(['export', path, '--out', out_path, '--img-size', str(SIZE), '--dynamic-size'], capsys)
@@ -143,7 +143,7 @@ def test_dynamic_size_onnx(family_files, tmp_path, capsys):
 
 @pytest.mark.parametrize('dynamic_size', [False, pytest.param(True, marks=torch_versions.DYNAMIC_SIZE)],
                          ids=['batch', 'batch-and-size'])
-def test_pt2(dynamic_size, family_files, tmp_path, capsys):
+def test_a_pt2_program_matches_the_model_and_guards_its_size(dynamic_size, family_files, tmp_path, capsys):
     # EfficientNet: the family whose dynamic batch torch.export refused before the traceable product
     name = 'convnext_atto' if dynamic_size else 'efficientnet_b0'
     path = family_files(name)
@@ -166,7 +166,7 @@ def test_pt2(dynamic_size, family_files, tmp_path, capsys):
             program.module()(images(3, 96, seed=1))
 
 
-def test_api_report_and_metadata(tmp_path):
+def test_the_export_api_reports_its_checks_and_stores_the_metadata(tmp_path):
     import json
 
     import onnx
@@ -231,7 +231,7 @@ def test_exporters_trace_the_plain_op_product(monkeypatch, tracer):
             layer(features[2])  # outside an exporter: the eager product (here the stand-in that refuses)
 
 
-def test_eager_product_outside_exporters(monkeypatch):
+def test_outside_exporters_the_eager_product_has_the_traced_ones_gradients(monkeypatch):
     """Outside exporters training goes through the eager product's autograd function (it has a backward), whose
     gradients are those of the plain-op form that exporters trace, in float64."""
     assert not tcnn.layers.kept_values.is_exporting()
@@ -279,7 +279,7 @@ def small_file(family_files):
     (['--out', 'OUT/m.onnx', '--img-size', '64x'], '--img-size takes N or HxW'),
     (['--out', 'OUT/m.onnx', '--tol', 'nan'], '--tol must be a finite number'),
 ])
-def test_bad_options(small_file, tmp_path, capsys, args, message):
+def test_bad_export_options_are_refused_in_one_line(small_file, tmp_path, capsys, args, message):
     (tmp_path / 'blocker').write_text('a file where a folder is needed')
     args = [a.replace('OUT', str(tmp_path)) for a in args]
     rc, out, err = _run(['export', small_file] + args, capsys)
@@ -289,7 +289,7 @@ def test_bad_options(small_file, tmp_path, capsys, args, message):
 
 
 @torch_versions.DYNAMO_ONNX
-def test_plain_cnn_and_non_tcnn_files(tmp_path, capsys):
+def test_plain_cnns_and_non_t_cnn_files_are_refused_in_one_line(tmp_path, capsys):
     cnn = timm.create_model('resnet10t')
     tcnn.save(cnn, str(tmp_path / 'cnn.pt'))
     torch.save(cnn.state_dict(), str(tmp_path / 'sd.pth'))
@@ -313,7 +313,7 @@ def test_missing_onnxruntime_names_the_extra(small_file, tmp_path, capsys, monke
 
 
 @torch_versions.DYNAMO_ONNX
-def test_opset_the_exporter_cannot_convert(small_file, tmp_path, capsys):
+def test_an_opset_the_exporter_cannot_convert_is_refused_in_one_line(small_file, tmp_path, capsys):
     rc, out, err = _run(['export', small_file, '--out', str(tmp_path / 'm.onnx'), '--img-size', '32', '--opset',
                          '30'], capsys)
     assert rc == 2 and err.strip() == ('tcnn export: error: --opset 30: the dynamo exporter could not convert this '

@@ -99,7 +99,7 @@ def test_rank_zero_fails_too_so_the_error_is_printed(gpus, monkeypatch, tmp_path
     assert gpus == []
 
 
-def test_enough_gpus_and_single_process_devices(gpus, monkeypatch):
+def test_devices_resolve_to_the_ranks_gpu_or_name_the_gpus_there_are(gpus, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     _torchrun_env(monkeypatch, rank=1, world=2)
     assert resolve_device('auto', 2, 1, 2) == torch.device('cuda', 1) == gpus[-1]

@@ -160,7 +160,7 @@ def test_hf_hub_round_trip_from_the_cache(t_model, folder, offline_cache):
     assert '\n' not in str(info.value)
 
 
-def test_hf_hub_in_a_fresh_process(t_model, folder, offline_cache, tmp_path):
+def test_an_hf_hub_model_loads_in_a_fresh_process_from_the_cache(t_model, folder, offline_cache, tmp_path):
     """As a user meets it: only the environment variables point at the cache."""
     hf_cache(offline_cache, REPO, folder)
     out = tmp_path / 'logits.pt'
@@ -382,7 +382,7 @@ def test_card_names_the_source_weights(origin, text):
 
 
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check
-def test_publish_a_training_run(tmp_path, capsys):
+def test_publish_makes_a_model_card_of_a_training_run(tmp_path, capsys):
     data = make_image_folder(str(tmp_path / 'shapes'), num_classes=3, train_per_class=4, val_per_class=2, size=48)
     run = tmp_path / 'run'
     argv = ['train', '--data', data, '--output', str(run), '--model', 'resnet10t', '--no-pretrained',
@@ -413,7 +413,7 @@ def test_publish_a_training_run(tmp_path, capsys):
     assert f'{run}' in text and 'training    epoch' in text
 
 
-def test_publish_bad_input(converted_file, tmp_path, capsys):
+def test_publish_refuses_bad_input_in_one_line(converted_file, tmp_path, capsys):
     _, path = converted_file
     plain = tmp_path / 'cnn.safetensors'
     tcnn.save(timm.create_model('resnet10t'), str(plain))
@@ -449,3 +449,9 @@ def test_publish_push_offline_keeps_the_folder(converted_file, tmp_path, capsys,
                                        'set (offline mode)')
     assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'model.safetensors']
     assert "timm.create_model('hf-hub:my-org/t_resnet18d', pretrained=True)" in (out / 'README.md').read_text()
+
+
+def test_non_finite_numbers_of_a_card_become_null_and_others_stay_as_they_are():
+    finite = tcnn.evaluation.model_card._finite
+    assert [finite(v) for v in (float('nan'), float('inf'), -float('inf'))] == [None, None, None]
+    assert [finite(v) for v in (1.5, 0.0, 3, 'nan', None)] == [1.5, 0.0, 3, 'nan', None]

@@ -69,7 +69,7 @@ def test_random_init_records_the_source():
 
 
 @pytest.mark.parametrize('wrap', ['plain', 'state_dict', 'model', 'state_dict_ema', 'ddp', 'safetensors'])
-def test_local_weights_in_common_layouts(tmp_path, wrap):
+def test_local_weights_load_in_common_layouts(tmp_path, wrap):
     src = timm.create_model('resnet18d', num_classes=4)
     sd = src.state_dict()
     if wrap == 'safetensors':

@@ -17,7 +17,7 @@ from tcnn.files import tcnn_file
 from tcnn.files.safetensors_header import read_floats, read_header, read_tcnn_settings
 import tcnn.layers.gpsa
 
-from test_bad_inputs import _fresh_python
+from helpers import fresh_python
 
 # lambda and the raw locality strength of a trained T-CNN's heads, and the extremes a reader must survive
 VALUES = [-800.0, -30.0, -4.0, -1.0, -0.25, 0.0, 0.1, 0.5, 1.0, 3.0, 25.0, 40.0, 800.0]
@@ -54,7 +54,7 @@ def test_the_parameters_meaning_is_the_layers():
     assert [1 / a for a in alphas] == pytest.approx(layer.span().tolist(), rel=1e-6)
 
 
-def test_layer_summary():
+def test_layer_summary_derives_spans_sigmas_and_means_from_the_parameters():
     entry = gpsa_parameters.layer_summary([0.25, 0.75], [0.5, 2.0], [[-1.0, 0.0], [1.0, 1.0]])
     assert entry == {'gate': [0.25, 0.75], 'alpha': [0.5, 2.0], 'span': [2.0, 0.5], 'sigma': [1.0, 0.5],
                      'center': [[-1.0, 0.0], [1.0, 1.0]], 'gate_mean': 0.5, 'span_mean': 1.25, 'sigma_mean': 0.75}
@@ -93,7 +93,7 @@ def test_the_header_reader_reads_what_safetensors_reads(t_model, tmp_path):
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.float16, torch.bfloat16])
-def test_read_floats_of_every_float_dtype(tmp_path, dtype):
+def test_read_floats_reads_every_float_dtype(tmp_path, dtype):
     tensors = {'flat': torch.tensor(VALUES[1:-1]).to(dtype), 'rows': torch.randn(9, 2).to(dtype),
                'other': torch.arange(5, dtype=torch.int64)}
     path = str(tmp_path / 'x.safetensors')
@@ -126,8 +126,35 @@ def test_what_is_no_t_cnn_file_goes_the_full_way(t_model, tmp_path):
 
 def test_info_on_a_safetensors_file_imports_no_torch(t_model, tmp_path):
     path = tcnn.save(t_model, str(tmp_path / 't.safetensors'))
-    out = _fresh_python('import sys\nfrom tcnn.cli import main\nrc = main(["info", "--heads", ' + repr(path) + '])\n'
-                        'print(rc, sorted(m for m in ("torch", "timm", "torchvision", "safetensors", "numpy")\n'
-                        '                 if m in sys.modules))\n')
+    out = fresh_python('import sys\nfrom tcnn.cli import main\nrc = main(["info", "--heads", ' + repr(path) + '])\n'
+                       'print(rc, sorted(m for m in ("torch", "timm", "torchvision", "safetensors", "numpy")\n'
+                       '                 if m in sys.modules))\n')
     assert out.strip().splitlines()[-1] == '0 []', out
     assert 'layer4.1.conv2' in out and 'head 8: gate' in out, out
+
+
+def test_info_reads_stored_counts_without_building_the_model(tmp_path):
+    import math
+    import warnings
+    import tcnn
+    from tcnn.commands import info
+    from tcnn.files.sources import create_cnn
+    cnn = create_cnn('resnet26d', pretrained=False, num_classes=5, cardinality=4, base_width=16)  # grouped convs
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        t_cnn = tcnn.reparameterize(cnn, verify=False, locality_strength=3.0, gating_init=-2.0)
+    for ext in ('.pt', '.safetensors'):
+        path = tcnn.save(t_cnn, str(tmp_path / f't{ext}'))
+        fast, rebuilt = info.collect(path), info._collect_by_rebuilding(path)
+        assert fast['parameters'] == rebuilt['parameters']
+        assert fast['parameters']['cnn'] == sum(p.numel() for p in cnn.parameters())
+        assert {k: v for k, v in fast.items() if k != 'layers'} == {k: v for k, v in rebuilt.items() if k != 'layers'}
+        for name, layer in rebuilt['layers'].items():
+            assert fast['layers'][name]['center'] == layer['center']
+            for key in ('gate', 'alpha', 'span', 'sigma', 'gate_mean', 'span_mean', 'sigma_mean'):
+                a, b = fast['layers'][name][key], layer[key]
+                assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(*(([a], [b]) if isinstance(a, float)
+                                                                            else (a, b)))), (name, key)
+    out = fresh_python('import sys\nfrom tcnn.cli import main\nmain(["info", ' + repr(path) + '])\n'
+                       'print(sorted(m for m in ("torch", "timm") if m in sys.modules))\n')
+    assert out.strip().splitlines()[-1] == '[]' and 'self-attention' in out, out

@@ -323,7 +323,7 @@ def test_a_cnn_state_dict_for_a_t_cnn_name_gets_the_cnn_command(tmp_path, capsys
 # ---------------------------------------------------------------------------------------------- messages
 
 
-def test_unknown_architecture_in_a_folder(published, tmp_path):
+def test_an_unknown_architecture_in_a_folder_is_refused_in_one_line(published, tmp_path):
     out = str(tmp_path / 'hub')
     shutil.copytree(published, out)
     config_path = os.path.join(out, 'config.json')
@@ -381,7 +381,7 @@ def test_checksums_of_gpu_tensors_are_those_of_their_bytes():
     assert tensor_checksums({'a': t.cuda()}) == tensor_checksums({'a': t})
 
 
-def test_names_text():
+def test_names_text_lists_three_names_and_counts_the_rest():
     from tcnn.files.integrity import names_text
     assert names_text(['a', 'b', 'c']) == 'a, b, c'
     assert names_text(['a', 'b', 'c', 'd', 'e']) == 'a, b, c (and 2 more)'
@@ -451,14 +451,14 @@ ONE = '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'  # 54 bytes
     (_layout(ONE, 4), 'truncated (66 of its 70 bytes)'),
     (_layout(ONE), 'truncated (62 of its 70 bytes)'),
 ])
-def test_safetensors_damage_from_the_layout(tmp_path, content, expected):
+def test_safetensors_damage_is_read_from_the_layout(tmp_path, content, expected):
     from tcnn.files.integrity import safetensors_damage
     path = tmp_path / 'f.safetensors'
     path.write_bytes(content)
     assert safetensors_damage(str(path)) == expected
 
 
-def test_safetensors_damage_of_real_files(tmp_path):
+def test_safetensors_damage_finds_none_in_real_files_and_names_truncation(tmp_path):
     from safetensors.torch import save_file
     from tcnn.files.integrity import safetensors_damage
     for tensors in ({}, {'a': torch.ones(3)}):
@@ -479,7 +479,7 @@ def _with_nonfinite(names) -> torch.nn.Module:
     return model
 
 
-def test_nonfinite_messages():
+def test_nonfinite_messages_name_the_kind_and_the_damaged_tensors():
     from tcnn.files.integrity import nonfinite_kind, nonfinite_output_error, nonfinite_text, nonfinite_tensors
     assert nonfinite_kind(1, 0) == 'NaN' and nonfinite_kind(0, 2) == 'inf' and nonfinite_kind(3, 1) == 'NaN and inf'
     assert nonfinite_kind(0, 0) == 'non-finite'
@@ -501,7 +501,7 @@ def test_nonfinite_messages():
     assert type(copy) is type(error) and (copy.name, copy.detail) == (error.name, error.detail)
 
 
-def test_check_finite_outputs():
+def test_check_finite_outputs_refuses_non_finite_logits_naming_the_cause():
     from tcnn.files.integrity import check_finite_outputs
     check_finite_outputs(torch.ones(2, 3), _with_nonfinite(['0.bias']), 'cannot export m')  # finite: no error
     with pytest.raises(TcnnError) as e:

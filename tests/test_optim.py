@@ -278,7 +278,7 @@ def _tiny_t_cnn() -> torch.nn.Module:
                                tcnn.GPSA.from_conv(torch.nn.Conv2d(8, 8, 3, padding=1)))
 
 
-def test_create_optimizer_from_the_recipe():
+def test_create_optimizer_follows_the_recipe():
     from tcnn.train.optim import create_optimizer
     from tcnn.train.recipe import Recipe
     model = _tiny_t_cnn()
@@ -326,7 +326,7 @@ def test_create_scheduler_warm_up_then_decay_per_update(sched):
         assert math.isclose(lrs['gating_lr'], 500 * lr, rel_tol=1e-9), update
 
 
-def test_late_reparameterisation_groups():
+def test_late_reparameterisation_adds_the_gpsa_groups_to_the_optimiser():
     """``add_gpsa_groups``: the replaced conv weights leave the optimiser with their state, no group is left empty,
     and the GPSA parameters join in three groups at the base groups' initial lr (the scheduler sets it), gates at
     lr_scale = gating_lr / lr, weight decay on the decay group only."""
@@ -366,7 +366,7 @@ def test_late_reparameterisation_groups():
     assert [g['lr'] for g in opt.param_groups] == [5e-4] * 4
 
 
-def test_apply_group_settings_after_a_resume():
+def test_apply_group_settings_renews_the_groups_after_a_resume():
     from tcnn.train.optim import apply_group_settings
     groups = tcnn.param_groups(_tiny_t_cnn(), lr=1e-4, weight_decay=0.05, lr_scale=True, gpsa_separate=True)
     opt = torch.optim.AdamW(groups)
@@ -388,7 +388,7 @@ def test_group_lrs_reads_the_first_base_and_gating_groups():
     assert group_lrs(torch.optim.SGD([p[1]], lr=0.3)) == {'lr': 0.3, 'gating_lr': None}
 
 
-def test_param_groups_defaults_arguments_and_roles():
+def test_param_groups_keep_the_papers_defaults_and_each_parameters_role():
     """The paper's defaults (lr 1e-4, weight decay 0.05, gates at 1000 x lr), the messages of bad arguments, a model's
     own ``no_weight_decay()`` names, frozen parameters left out (the others all kept), a bare GPSA layer's roles, and
     ``only_gpsa`` (what late reparameterisation adds)."""

@@ -239,7 +239,7 @@ NON_NEGATIVE_KEYS = ('workers', 'warmup_epochs', 'warmup_lr', 'min_lr', 'weight_
 UNIT_INTERVAL_KEYS = ('drop_path_rate', 'reprob', 'mixup_prob', 'mixup_switch_prob', 'smoothing', 'crop_pct')
 
 
-def test_recipe_ranges_at_their_bounds():
+def test_recipe_ranges_hold_at_their_bounds():
     from tcnn.train.recipe import validate_recipe
     ok = Recipe(epochs=10, warmup_epochs=0)
     for key in POSITIVE_KEYS:
@@ -256,7 +256,7 @@ def test_recipe_ranges_at_their_bounds():
             validate_recipe(dataclasses.replace(ok, **{key: good}))
 
 
-def test_validate_recipe_combinations():
+def test_validate_recipe_refuses_combinations_word_for_word():
     from tcnn.train.recipe import validate_recipe
     ok = Recipe(epochs=10, warmup_epochs=2)
 
@@ -331,7 +331,7 @@ def test_values_are_coerced_and_checked_against_the_schema():
     assert apply_overrides(base, {}) == base
 
 
-def test_parse_set():
+def test_parse_set_reads_key_value_pairs_and_refuses_malformed_ones():
     assert parse_set(['lr=3e-4', 'stages=[3, 4]', ' warmup-epochs =2', 'crop_pct=', 'data=/d/a=b']) == {
         'lr': 3e-4, 'stages': [3, 4], 'warmup_epochs': 2, 'crop_pct': None, 'data': '/d/a=b'}  # the first '=' splits
     for bad in ('lr', '=3'):
@@ -340,7 +340,7 @@ def test_parse_set():
     assert _error(lambda: parse_set(['lr='])) == "recipe key 'lr' in --set must be float, got None"
 
 
-def test_load_recipe_files_and_their_bases(tmp_path):
+def test_load_recipe_reads_files_and_their_bases(tmp_path):
     from tcnn.train.recipe import find_recipe
     (tmp_path / 'a.yaml').write_text('base: b.yaml\nlr: 2.0e-4\n')
     (tmp_path / 'b.yaml').write_text('lr: 1.0e-3\nepochs: 7\n')
@@ -414,7 +414,7 @@ def test_the_schema_carries_the_help_lines():
     assert all(isinstance(key.help, str) and key.help for key in RECIPE_KEYS.values())
 
 
-def test_dump_to_dict_and_scaled_lrs():
+def test_recipes_dump_to_dicts_and_scale_their_lrs():
     from tcnn.train.recipe import scaled_lrs
     recipe = Recipe(opt_betas=(0.8, 0.9), lr=2e-4, absolute_lrs=['min_lr'])
     plain = recipe.to_dict()
@@ -428,7 +428,7 @@ def test_dump_to_dict_and_scaled_lrs():
         'factor': 1.0, 'lr': 2e-4, 'gating_lr': 0.1, 'warmup_lr': 1e-6, 'min_lr': 1e-6}
 
 
-def test_auto_workers(monkeypatch):
+def test_auto_workers_leave_a_core_and_cap_at_eight(monkeypatch):
     from tcnn.train.recipe import auto_workers
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(9)), raising=False)
     assert [auto_workers(), auto_workers(2), auto_workers(0), auto_workers(1, cap=3)] == [8, 3, 8, 3]

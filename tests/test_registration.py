@@ -6,22 +6,15 @@ imported ``tcnn.convert`` itself and failed there (a warning, and no ``t_*`` nam
 interpreter with warnings as errors.
 """
 import ast
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import fresh_python
 
 
 def _fresh_python(code: str) -> str:
     """stdout of ``code`` in a new interpreter (warnings are errors) that imports this checkout's tcnn."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''), HF_HUB_OFFLINE='1')
-    proc = subprocess.run([sys.executable, '-W', 'error', '-c', code], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return fresh_python(code, '-W', 'error')
 
 
 def _imports_timm_at_module_level(path: str) -> bool:

@@ -67,7 +67,7 @@ def _model(name: str) -> nn.Module:
     ('tv:convnext_tiny', 4, ['features.6', 'features.7']),  # measured levels: the downsample and the stage
     ('tv:efficientnet_b0', None, ['features.7']),  # features.8 is 1x1
 ])
-def test_resolve_stages(name, stages, expected):
+def test_resolve_stages_selects_numbered_named_and_default_stages(name, stages, expected):
     model = _model(name)
     assert resolve_stages(model, stages) == expected
     if stages is None:
@@ -227,7 +227,7 @@ def test_unsupported_convs_are_refused_word_for_word_and_the_others_found():
 # ---------------------------------------------------------------------------------------------- list_stages
 
 
-def test_list_stages_rows():
+def test_list_stages_describes_every_stage():
     rows = list_stages(_model('convnext_atto'), input_size=(3, 64, 64))
     assert [r.name for r in rows] == ['stages.0', 'stages.1', 'stages.2', 'stages.3']
     assert [r.default for r in rows] == [False, False, False, True] and [r.level for r in rows] == [1, 2, 3, 4]
@@ -246,7 +246,7 @@ def test_list_stages_rows():
                                                                                '3x3 grouped g55': 5}
 
 
-def test_cli_list_stages(capsys):
+def test_convert_list_stages_prints_the_stage_table(capsys):
     start = time.perf_counter()
     assert main(['convert', '--list-stages', 'convnext_tiny']) == 0  # random init, offline, nothing written
     elapsed = time.perf_counter() - start
@@ -284,7 +284,7 @@ def test_cli_list_stages(capsys):
     ('tv:convnext_tiny', None, 3),
     ('tv:efficientnet_b0', None, 1),
 ])
-def test_exact_conversion(name, stages, layers):
+def test_every_family_converts_exactly(name, stages, layers):
     cnn = nontrivial(_model(name))
     t_cnn = tcnn.reparameterize(cnn, stages=stages, input_size=(3, 64, 64))
     report = t_cnn.tcnn_report
@@ -294,7 +294,7 @@ def test_exact_conversion(name, stages, layers):
     assert odd.max_rel_err < 1e-5 and odd.init_max_rel_err > 1e-3, odd  # the paper init is another function
 
 
-def test_convert_command_other_family(tmp_path, capsys):
+def test_convert_command_rebuilds_another_family_as_its_registry_model(tmp_path, capsys):
     """A ConvNeXt through the command with a pattern: the file rebuilds as the t_* registry model."""
     path = str(tmp_path / 't.pt')
     assert main(['convert', 'convnext_atto', '--no-pretrained', '--out', path, '--img-size', '64',
@@ -307,7 +307,7 @@ def test_convert_command_other_family(tmp_path, capsys):
     assert [n for n, _ in tcnn.gpsa_layers(model)] == ['stages.3.blocks.0.conv_dw', 'stages.3.blocks.1.conv_dw']
 
 
-def test_torchvision_file_round_trip():
+def test_a_torchvision_t_cnn_other_than_a_resnet_round_trips():
     """A torchvision T-CNN other than a ResNet (classifier.1, not fc) saves with its class count and rebuilds."""
     from tcnn.files.sources import classifier_layer, create_cnn
     cnn = nontrivial(create_cnn('torchvision:efficientnet_b0', pretrained=False, num_classes=7))

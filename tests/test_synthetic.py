@@ -49,7 +49,7 @@ def _point_on(obj: synthetic.ShapeInstance):
     return int(round(y)), int(round(x))
 
 
-def test_odd_colour_rule_on_rendered_pixels():
+def test_the_odd_colour_rule_holds_on_the_rendered_pixels():
     """Read each shape's colour back from the image, classify its hue, and apply the rule to what the pixels say."""
     task = synthetic.OddColour()
     for i in range(24):
@@ -171,7 +171,7 @@ def test_generate_reuses_a_complete_dataset_and_replaces_another(tmp_path):
     assert synthetic.read_manifest(root)['seed'] == 1
 
 
-def test_generate_jpeg_files(tmp_path):
+def test_generate_writes_jpeg_files_that_decode_to_the_png_images(tmp_path):
     """JPEG datasets (benchmarks/loop.py: a loader decoding what photo datasets hold): .jpg files that decode to the
     PNG dataset's images up to JPEG's loss; a PNG dataset's manifest is as it was, and the format is part of reuse."""
     kwargs = dict(sizes={'train': 6, 'val': 6}, corruptions=(), workers=0, progress=False)
@@ -204,13 +204,13 @@ def test_generate_refuses_a_folder_of_other_files(tmp_path):
     (dict(sizes={'train': 12}, seed=-1), 'seed'),
     (dict(sizes={'train': 12}, task='odd'), 'task must be'),
 ])
-def test_generate_argument_errors(tmp_path, kwargs, match):
+def test_generate_refuses_bad_arguments_before_writing(tmp_path, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match):
         synthetic.generate(str(tmp_path / 'x'), progress=False, **kwargs)
     assert not (tmp_path / 'x').exists()
 
 
-def test_task_argument_errors():
+def test_tasks_refuse_bad_arguments_and_round_trip_as_dicts():
     with pytest.raises(InvalidArgumentError, match='at least 3 objects'):
         synthetic.OddColour(num_objects=2)
     with pytest.raises(InvalidArgumentError, match='shapes must be'):

@@ -121,7 +121,7 @@ def test_required_models_build(name):
 
 
 @pytest.mark.parametrize('name', SMALL + FAMILY_SMALL)
-def test_model_default_cfgs(name):
+def test_default_cfgs_pass_timms_checks(name):
     """timm's test_model_default_cfgs (on the meta device, at the default input size)."""
     with torch.device('meta'):
         model = timm.create_model(name, device='meta', dtype=torch.float32).eval()
@@ -149,7 +149,7 @@ def test_model_default_cfgs(name):
 
 
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50'])
-def test_model_api_contract(name):
+def test_models_keep_timms_api_contract(name):
     """timm's _assert_model_api_contract and the optimizer factory's use of no_weight_decay()."""
     model = timm.create_model(name, num_classes=10)
     names = {n for n, _ in model.named_parameters()}
@@ -178,7 +178,7 @@ def _model(name: str) -> nn.Module:
 
 
 @pytest.mark.parametrize('name', SMALL + FAMILY_SMALL)
-def test_model_forward(name):
+def test_models_pass_timms_forward_test_and_keep_it_with_checkpointing(name):
     """timm's test_model_forward at 96 and 128 px (3x3 and 4x4 GPSA grids; 160-px RS-50 sees 5x5 by default),
     plus: grad checkpointing leaves the output unchanged."""
     model = _model(name)
@@ -193,7 +193,7 @@ def test_model_forward(name):
 
 
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_seresnext26d_32x4d', 't_convnext_atto', 't_mobilenetv3_large_100'])
-def test_model_backward(name):
+def test_every_parameter_of_a_t_model_gets_a_gradient(name):
     """timm's test_model_backward: every parameter (GPSA q/k/v, centres, locality, gating too) gets a gradient."""
     model = timm.create_model(name, num_classes=42).train()
     out = model(images(2, 96))
@@ -203,7 +203,7 @@ def test_model_backward(name):
     assert not missing, missing
 
 
-def test_timm_kwargs():
+def test_timms_keyword_arguments_reach_the_model():
     """num_classes, drop_path_rate, in_chans, global_pool and our conversion kwargs reach the model."""
     model = timm.create_model('t_resnet18d', num_classes=7, drop_path_rate=0.1, in_chans=1, global_pool='catavgmax',
                               stages=[3, 4], qk_dim=8, locality_strength=2.0, gating_init=-1.0)
@@ -219,7 +219,7 @@ def test_timm_kwargs():
     assert model.eval()(images(2, 96, chans=1)).shape == (2, 7)
 
 
-def test_features_only():
+def test_features_only_models_pass_timms_features_test():
     """timm's test_model_forward_features (+ out_indices and the getter wrapper)."""
     name, size = 't_resnet50d', 96
     model = timm.create_model(name, features_only=True).eval()
@@ -239,7 +239,7 @@ def test_features_only():
         assert [o.shape[-1] for o in getter(images(1, size))] == [48, 24, 12, 6, 3]
 
 
-def test_features_only_grad_checkpointing_backward():
+def test_features_only_models_backpropagate_with_grad_checkpointing():
     """timm's test_features_only_grad_checkpointing_backward."""
     grads = []
     for checkpointing in (False, True):
@@ -254,7 +254,7 @@ def test_features_only_grad_checkpointing_backward():
 
 
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_regnety_002'])
-def test_forward_intermediates(name):
+def test_forward_intermediates_pass_timms_test_and_prune_the_gpsa_stage(name):
     """timm's test_model_forward_intermediates (+ pruning the GPSA stage away)."""
     model = _model(name)
     info = timm.models.FeatureInfo(model.feature_info, len(model.feature_info))
@@ -274,7 +274,7 @@ def test_forward_intermediates(name):
 
 @pytest.mark.parametrize('name', ['t_resnet18d', 't_resnetrs50', 't_convnext_atto', 't_efficientnet_b0',
                                   't_mobilenetv3_large_100', 't_regnety_002', 't_resnext26ts'])
-def test_torchscript(name):
+def test_scripted_models_equal_eager_to_rounding(name):
     """timm's test_model_forward_torchscript, plus equality with eager (to rounding: TorchScript evaluates depthwise
     GPSA layers' sum in another order, see tcnn.layers.depthwise)."""
     model = _model(name)
@@ -306,7 +306,7 @@ def _fx_matches_eager(name: str, size: int) -> tuple:
     return fx_model, x
 
 
-def test_fx_forward_backward_and_features():
+def test_fx_traced_models_pass_timms_forward_backward_and_feature_tests():
     """timm's test_model_forward_fx / test_model_backward_fx and FX feature extraction (feature_cls='fx')."""
     fx_model, x = _fx_matches_eager('t_resnet18d', 96)
     out = list(fx_model.train()(x).values())[0]
@@ -400,7 +400,7 @@ def test_pretrained_cfg_overlay_file_and_checkpoint_path(tmp_path):
             't_resnet26d', pretrained=True, pretrained_cfg_overlay=dict(file=path))  # offline: a local file
 
 
-def test_pretrained_cfg_overlay_plain_cnn_checkpoint(tmp_path):
+def test_a_plain_cnn_checkpoint_overlaid_on_the_pretrained_cfg_is_converted(tmp_path):
     """A plain checkpoint of the source CNN (wrapped, DDP prefixes) is converted on the fly."""
     cnn = _source_cnn()
     path = tmp_path / 'cnn.pth'
@@ -460,7 +460,7 @@ def test_families_registered_with_their_own_classes():
 
 @pytest.mark.parametrize('name, size', [('t_convnext_atto', 64), ('t_efficientnet_b0', 64),
                                         ('t_mobilenetv3_large_100', 96), ('t_resnext26ts', 64)])
-def test_family_features_only(name, size):
+def test_family_features_only_models_pass_timms_features_test(name, size):
     """timm's test_model_forward_features for the families (their stages are not direct children: flattened)."""
     model = timm.create_model(name, features_only=True).eval()
     channels, reductions = model.feature_info.channels(), model.feature_info.reduction()
@@ -474,7 +474,7 @@ def test_family_features_only(name, size):
     assert last.feature_info.channels() == channels[-1:] and gpsa_layers(last)
 
 
-def test_family_fx():
+def test_a_family_model_traced_by_fx_matches_eager():
     _fx_matches_eager('t_convnext_atto', 64)
 
 

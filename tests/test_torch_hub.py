@@ -128,7 +128,7 @@ def test_list_and_help_show_every_registered_t_model(hub):
     assert "T-CNN of timm's ``resnetrs50``" in hub['help'] and 'weights' in hub['help']
 
 
-def test_convert_and_load_helpers(hub):
+def test_the_hub_helpers_convert_and_load_the_same_weights(hub):
     """``convert`` verifies the conversion (exact to 1e-5 on a CNN whose every block counts) and returns the T-CNN at
     the fine-tuning init; ``t_resnet18d(weights=CNN checkpoint)`` converts the same weights to the same state dict but
     for the content queries and keys, which start random in both; ``load`` reads back what ``tcnn.save`` wrote, in

@@ -110,7 +110,7 @@ PAPER = {  # recipe: (timm model, fine-tuning resolution, stochastic depth); Tab
 
 
 @pytest.mark.parametrize('name', sorted(PAPER))
-def test_paper_recipes(name):
+def test_paper_recipes_hold_the_papers_settings(name):
     recipe = resolve_recipe(os.path.join(RECIPES, f'{name}.yaml'))
     model, size, dpr = PAPER[name]
     assert timm.is_model(recipe.model) and recipe.model == model
@@ -136,7 +136,7 @@ def test_bundled_recipes_by_name_from_any_folder(tmp_path, monkeypatch):
         load_recipe('t_resnet51_rs')
 
 
-def test_recipe_precedence_and_coercion(tmp_path):
+def test_flags_and_set_items_override_a_recipe_and_its_base(tmp_path):
     path = tmp_path / 'r.yaml'
     path.write_text(f'base: {os.path.join(RECIPES, "t_resnet50_rs.yaml")}\nlr: 2e-4\nepochs: 7\n')
     recipe = load_recipe(str(path))
@@ -158,7 +158,7 @@ def test_recipe_precedence_and_coercion(tmp_path):
     ('no_sa: true\nreparam_epoch: 2\n', 'exclude each other'),
     ('batch_size: 3\n', 'even batch_size'),
 ])
-def test_bad_recipe_files(tmp_path, text, message):
+def test_bad_recipe_files_are_refused_naming_the_problem(tmp_path, text, message):
     path = tmp_path / 'bad.yaml'
     path.write_text(text)
     with pytest.raises(TcnnError, match=message):
@@ -169,7 +169,7 @@ def test_bad_recipe_files(tmp_path, text, message):
     ('lrr=1', "unknown recipe key 'lrr'"), ('epochs', 'KEY=VALUE'), ('epochs=1.5', "'epochs'"),
     ('pretrained=maybe', "'pretrained'"),
 ])
-def test_bad_set_items(item, message):
+def test_bad_set_items_are_refused(item, message):
     with pytest.raises(TcnnError, match=message):
         parse_set([item])
 
@@ -208,7 +208,7 @@ def test_explicit_lr_in_a_run_and_on_resume(data_dir, tmp_path, capsys):
     assert 'lr 0.001 (as given)' in capsys.readouterr().out
 
 
-def test_print_config(capsys):
+def test_print_config_prints_the_resolved_recipe(capsys):
     rc = launch.main(['--recipe', os.path.join(RECIPES, 't_resnet152_d.yaml'), '--lr', '2e-4', '--set',
                           'mixup=0', '--print-config'])
     printed = yaml.safe_load(capsys.readouterr().out)
@@ -219,7 +219,7 @@ def test_print_config(capsys):
 
 # ------------------------------------------------------------------------------------------------ optimiser
 
-def test_param_groups_and_gating_lr_ratio():
+def test_param_groups_keep_the_gating_lr_ratio_when_scaled():
     model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), verify=False)
     recipe = Recipe(epochs=4, warmup_epochs=2)
     lrs = scaled_lrs(recipe, global_batch=256)
@@ -324,7 +324,7 @@ def test_resume_to_a_third_epoch_with_more_epochs(data_dir, tmp_path, capsys):
     assert last['epoch'] == 2 and last['num_updates'] == 3 * TRAIN_IMAGES // 4 and last['config']['epochs'] == 3
 
 
-def test_no_sa_baseline_with_accumulation(data_dir, tmp_path):
+def test_the_no_sa_baseline_trains_with_accumulation(data_dir, tmp_path):
     run = tmp_path / 'nosa'
     args = common(data_dir, run, epochs=1) + ['--no-sa', '--batch-size', '2', '--accum-steps', '2']
     assert launch.main(args) == 0
@@ -337,7 +337,7 @@ def test_no_sa_baseline_with_accumulation(data_dir, tmp_path):
     assert not tcnn.gpsa_layers(tcnn.load(str(run / 'last.pt')))
 
 
-def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeypatch, capsys):
+def test_late_reparameterisation_resumes_exactly_with_the_ema(data_dir, tmp_path, monkeypatch, capsys):
     """--reparam-epoch 1: one CNN epoch, then the same optimiser gains the GPSA groups; resume works before and
     after the conversion point and matches an uninterrupted run. With the EMA, best.pt is chosen on its validation."""
     straight, run = tmp_path / 'straight', tmp_path / 'run'
@@ -379,7 +379,7 @@ def test_late_reparameterisation_with_ema_and_resume(data_dir, tmp_path, monkeyp
     assert_same_weights(load(run / 'last.pt'), last)
 
 
-def test_bf16_channels_last_on_cpu(data_dir, tmp_path, monkeypatch):
+def test_bf16_and_channels_last_reach_the_forward_on_the_cpu(data_dir, tmp_path, monkeypatch):
     """--amp bf16 and channels_last reach the model's forward in training and validation: the stem conv and a GPSA
     layer run under CPU autocast in bfloat16 on channels-last inputs and weights, and both give bfloat16
     channels-last outputs (the GPSA layer too: no conversion around it)."""
@@ -562,7 +562,7 @@ def test_torchrun_with_accumulation_equals_one_process(data_dir, convnext_weight
 
 # ------------------------------------------------------------------------------------------------ bad input
 
-def test_bad_data_folders(data_dir, tmp_path, capsys):
+def test_bad_data_folders_are_refused_in_one_line(data_dir, tmp_path, capsys):
     base = common(data_dir, tmp_path / 'out', epochs=1)
     cases = []
     missing = base.copy()

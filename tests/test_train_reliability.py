@@ -348,7 +348,7 @@ def test_short_run_shortens_the_warmup_with_a_notice(capsys):
     assert recipe.warmup_epochs == 2
 
 
-def test_small_run_first_try(data_dir, tmp_path, capsys):
+def test_a_small_run_works_the_first_try(data_dir, tmp_path, capsys):
     """Defaults a user with a small folder meets: warm-up fitted, lr-scaling warning, the data kept decoded in memory
     (no loader workers), and the throughput of the loader against the step in the log and the metrics."""
     run = tmp_path / 'small'

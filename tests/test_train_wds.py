@@ -122,7 +122,7 @@ def test_wds_stop_in_the_first_epoch_leaves_no_checkpoint(shards, tmp_path, monk
     assert not (run / 'last.pt').exists()
 
 
-def test_wds_splits_named_by_shard_pattern(tmp_path, capsys):
+def test_wds_splits_are_named_by_their_shard_patterns(tmp_path, capsys):
     """Without _info.json the splits name their shards (brace patterns) and the training split its size (|N)."""
     root = make_shards(str(tmp_path / 'bare'), info=False)
     extra = ['--set', f'train_split=train-{{0000..0001}}.tar|{TRAIN_SHARDS * PER_SHARD}',

@@ -11,7 +11,7 @@
 #     - the exact mid-epoch resume on the device and resident pipelines with TCNN_TEST_DEVICE=cuda (the device
 #       pipeline now finishes its batches in a thread of its own, on a stream of its own);
 #     - the data: 10,000 + 1,000 ImageNet-size JPEGs (benchmarks/photos.py: 2,000 distinct);
-#     - the CUDA tests outside test_cuda.py and the mutants only they can kill (.ci/cuda_mutants.py: issue 47's
+#     - the CUDA tests outside test_cuda.py and the mutants only they can kill (tools/mutation.py cuda: issue 47's
 #       CUDA-only survivors, each written into a copy of tcnn; its test must fail there);
 #   phase 2, one at a time (timed):
 #     - the whole loop (benchmarks/loop.py): tcnn train under torchrun --nproc_per_node 1 (NCCL), resnet50d T-CNN and
@@ -74,7 +74,7 @@ DATA=$!
 ) &
 RESUME=$!
 (
-    step cuda_mutants timeout -k 10 "$P1" "$PY" .ci/cuda_mutants.py "${MUTANTS[@]}" \
+    step cuda_mutants timeout -k 10 "$P1" "$PY" tools/mutation.py cuda "${MUTANTS[@]}" \
         --json "$WORK/results/$([ "$SMOKE" = 1 ] && echo cpu-smoke || echo cuda)-mutants-$DATE.json"
 ) &
 MUTANTS_PID=$!

@@ -13,8 +13,11 @@ config only) does not import the dataset code:
 * ``batch_augment``: timm's training transform split in two: ``BatchAugment.draw`` draws one sample's random
   parameters in a loader worker (seeded, cheap), ``BatchAugment(images, params)`` applies them to a whole batch with
   tensor ops on the training device; ``BatchEval``, timm's eval transform on a batch; ``UnsupportedAugmentation``.
-* ``batch_ops``: the pixel ops behind them on uint8 batches (PIL's ``ImageOps``/``ImageEnhance``/affine transforms,
-  torchvision's ColorJitter ops, normalisation, random erasing), one argument per image.
+* ``rand_augment``: timm's RandAugment for the batched path: the ``rand-...`` string read, one table from op name to
+  (level function, batched op, geometric or not), the per-sample draw.
+* ``batch_geometry``, ``batch_colour``, ``batch_misc``: the pixel ops behind them on uint8 batches, one argument per
+  image: resize, crops and PIL's affine transforms; PIL's ``ImageOps``/``ImageEnhance`` (``pil_*``) and torchvision's
+  ColorJitter ops (``tv_*``); normalisation and random erasing.
 * ``folders``: ``open_dataset``, an ImageFolder split (``DATA/SPLIT/CLASS/IMAGE``) whose unreadable images either stop
   the run with one line naming the file (default) or are skipped and logged once each (``skip_bad_images``).
 * ``readers``: ``open_reader_datasets``, ``--data READER/...`` (timm's ``wds``, ``hfds``, ``hfids``, ``tfds``

@@ -6,81 +6,35 @@ on the training device (``BatchAugment.__call__``); and timm's eval transform on
 arguments, in timm's order (``transforms_imagenet_train``): ``RandomResizedCropAndInterpolation`` ->
 ``RandomHorizontalFlip`` -> ``RandAugment`` (``rand-...`` strings) or ``ColorJitter`` -> ``ToTensor``/``Normalize``
 -> ``RandomErasing``. The draws follow timm's distributions (``get_params``' 10 attempts and centre fallback,
-``RandAugment.__call__``'s op choice, ``AugmentOp``'s probability and magnitude noise, ``LEVEL_TO_ARG``,
-torchvision's ``ColorJitter.get_params``, ``RandomErasing._erase``); the pixel ops are ``tcnn.data.batch_ops``
-(equal to timm's PIL ops except where a resampler differs: see there). What the batched path does not implement
-raises ``UnsupportedAugmentation`` when the object is made, never silently does something else.
+``RandAugment.__call__``'s op choice, ``AugmentOp``'s probability and magnitude noise, ``LEVEL_TO_ARG``: see
+``tcnn.data.rand_augment``; torchvision's ``ColorJitter.get_params``, ``RandomErasing._erase``); the pixel ops are
+``tcnn.data.batch_geometry``, ``batch_colour`` and ``batch_misc`` (equal to timm's PIL ops except where a resampler
+differs: see there). What the batched path does not implement raises ``UnsupportedAugmentation`` when the object is
+made, never silently does something else.
 
-The parameters of one sample (``draw``; ``torch.utils.data.default_collate`` stacks them to ``(B, ...)``), for a
-``BatchAugment`` with ``L`` RandAugment layers (0 without RandAugment) and ``K = re_count`` erasing boxes:
-
-=============  ==============  =======  ==========================================================================
-key            shape           dtype    meaning
-=============  ==============  =======  ==========================================================================
-``crop``       ``(4,)``        int64    the crop box ``(top, left, height, width)`` in the source image
-``interp``     ``()``          int64    the crop's resize interpolation, an index of ``batch_ops.INTERPOLATIONS``
-``flip``       ``()``          bool     horizontal flip
-``ra_op``      ``(L,)``        int64    per RandAugment layer the op, an index of ``BatchAugment.ra_ops``; -1: the
-                                        layer was not applied (its probability)
-``ra_arg``     ``(L,)``        float64  the op's argument as timm's level function returns it (degrees, bits,
-                                        threshold, enhancement factor, shear, pixels, or fraction for ``*Rel``)
-``ra_interp``  ``(L,)``        int64    the resample of a geometric op (rotate, shear, translate); -1 for others
-``cj_factor``  ``(4,)``        float64  ColorJitter's brightness, contrast, saturation and hue factors (1, 1, 1, 0
-                                        where a component is off)
-``cj_order``   ``(4,)``        int64    the order of those four (torchvision's ``fn_idx``)
-``re_box``     ``(K, 4)``      int64    the erasing boxes ``(top, left, height, width)`` in drawing order; zeros:
-                                        no box
-``re_seed``    ``()``          int64    the seed of the erasing noise ('rand' and 'pixel' modes; else 0)
-=============  ==============  =======  ==========================================================================
+The parameters of one sample (``draw``; ``torch.utils.data.default_collate`` stacks them to ``(B, ...)``) are
+``PARAMS``: each key's shape, dtype and meaning, for a ``BatchAugment`` with ``L`` RandAugment layers (0 without
+RandAugment) and ``K = re_count`` erasing boxes.
 """
-import functools
 import math
 import random
-import re
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from timm.data.constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..errors import InvalidArgumentError, InvalidTypeError, TcnnError, check_number
-from . import batch_ops
-from .batch_ops import BICUBIC, BILINEAR, INTERPOLATIONS
+from ..errors import InvalidArgumentError, InvalidTypeError, check_number
+from . import batch_colour, batch_geometry, batch_misc
+from .batch_geometry import BICUBIC, BILINEAR, INTERPOLATIONS
+from .rand_augment import (SUPPORTED_AA, RandAugmentConfig, UnsupportedAugmentation, draw_rand_augment,
+                           parse_rand_augment, rand_augment_level, rand_augment_op)
 
 __all__ = ['UnsupportedAugmentation', 'RandAugmentConfig', 'parse_rand_augment', 'rand_augment_level',
-           'PARAMS', 'BatchAugment', 'BatchEval', 'RAND_AUGMENT_OPS', 'batched_resize']
+           'Param', 'PARAMS', 'BatchAugment', 'BatchEval', 'batched_resize']
 
 Tensor = torch.Tensor
 Images = Union[List[Tensor], Tensor]
 
-
-class UnsupportedAugmentation(TcnnError):
-    """A timm augmentation setting the batched path does not implement (message: which setting, and what is
-    supported)."""
-
-
-# timm's _LEVEL_DENOM: the 'Mx' magnitude scale's denominator
-_LEVEL_DENOM = 10.
-_GEOMETRIC = ('Rotate', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'TranslateXRel', 'TranslateYRel')
-# The RandAugment ops implemented: every op of timm's _RAND_TRANSFORMS, _RAND_INCREASING_TRANSFORMS and
-# _RAND_WEIGHTED_0 ('tweights'), and the absolute translations
-RAND_AUGMENT_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'PosterizeIncreasing', 'Solarize',
-                    'SolarizeIncreasing', 'SolarizeAdd', 'Color', 'ColorIncreasing', 'Contrast', 'ContrastIncreasing',
-                    'Brightness', 'BrightnessIncreasing', 'Sharpness', 'SharpnessIncreasing', 'ShearX', 'ShearY',
-                    'TranslateX', 'TranslateY', 'TranslateXRel', 'TranslateYRel')
-# timm's transform lists (timm.data.auto_augment), copied so that a timm upgrade that changes them fails our tests
-# rather than our draws
-_RAND_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color',
-                    'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
-_RAND_INCREASING_TRANSFORMS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
-                               'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing', 'ContrastIncreasing',
-                               'BrightnessIncreasing', 'SharpnessIncreasing', 'ShearX', 'ShearY', 'TranslateXRel',
-                               'TranslateYRel')
-_RAND_WEIGHTED_0 = {'Rotate': 3, 'ShearX': 2, 'ShearY': 2, 'TranslateXRel': 1, 'TranslateYRel': 1,
-                    'ColorIncreasing': .25, 'SharpnessIncreasing': 0.25, 'AutoContrast': 0.25,
-                    'SolarizeIncreasing': .05, 'SolarizeAdd': .05, 'ContrastIncreasing': .05,
-                    'BrightnessIncreasing': .05, 'Equalize': .05, 'PosterizeIncreasing': 0.05, 'Invert': 0.05}
-_SUPPORTED_AA = "RandAugment strings ('rand-m9-mstd0.5-inc1', options m, n, p, mstd, mmax, inc, t)"
 # On the CPU the batch is augmented a few images at a time (at most this many uint8 elements): each op's float
 # temporaries then stay in the caches and below glibc's mmap threshold, where one call on many images pays page
 # faults for fresh memory (measured at 224 px, an op on 64 images: a blend 5.7x, sharpness 12x, equalize 3.5x faster
@@ -88,124 +42,38 @@ _SUPPORTED_AA = "RandAugment strings ('rand-m9-mstd0.5-inc1', options m, n, p, m
 CPU_CHUNK_ELEMENTS = 1 << 19
 
 
-@dataclass(frozen=True)
-class RandAugmentConfig:
-    """A ``rand-...`` string as ``timm.data.auto_augment.rand_augment_transform`` reads it.
+class Param(NamedTuple):
+    """One key of a sample's parameters.
 
     Attributes:
-        ops: The op names, in timm's list order.
-        weights: The op choice's probabilities (``tweights``: no replacement), or None (uniform, with replacement).
-        num_layers: Ops per image (``n``, default 2).
-        magnitude: ``m`` (default 10).
-        prob: Probability of each chosen op (``p``, default 0.5).
-        magnitude_std: ``mstd`` (0: none; ``inf`` for ``mstd`` > 100: uniform in [0, m]).
-        magnitude_max: ``mmax``, the clip of the noisy magnitude instead of 10 (None: 10).
+        key: The dict key.
+        dtype: The tensor's dtype.
+        shape: One sample's shape: sizes, ``'L'`` for the RandAugment layers, ``'K'`` for the erasing boxes.
+        meaning: What the values are.
     """
-    ops: Tuple[str, ...]
-    weights: Optional[Tuple[float, ...]]
-    num_layers: int = 2
-    magnitude: float = _LEVEL_DENOM
-    prob: float = 0.5
-    magnitude_std: float = 0.
-    magnitude_max: Optional[int] = None
+    key: str
+    dtype: torch.dtype
+    shape: Tuple[Union[int, str], ...]
+    meaning: str
 
 
-def parse_rand_augment(config_str: str) -> RandAugmentConfig:
-    """``rand_augment_transform``'s reading of ``config_str`` (sections split by '-': ``m``, ``n``, ``p``, ``mstd``
-    (the first one counts; > 100 means uniform), ``mmax``, ``inc``, ``t`` (the op set: 'weights' for weighted choice
-    without replacement; timm's unknown names fall back to the default list).
-
-    Raises:
-        UnsupportedAugmentation: Not a 'rand' string, an unknown section, or an op set of ops not implemented
-            ('3a', '3aw': Desaturate, GaussianBlur).
-    """
-    config = config_str.split('-')
-    if config[0] != 'rand':
-        raise UnsupportedAugmentation(f'auto_augment {config_str!r} is not a RandAugment string; the batched '
-                                      f'augmentation supports {_SUPPORTED_AA}')
-    magnitude, num_layers, increasing, prob = _LEVEL_DENOM, 2, False, 0.5
-    hparams: Dict[str, float] = {}
-    choice = None
-    for c in config[1:]:
-        if c.startswith('t'):
-            choice = choice if choice is not None else c[1:]
-            continue
-        cs = re.split(r'(\d.*)', c)
-        if len(cs) < 2:
-            continue
-        key, val = cs[:2]
-        try:
-            if key == 'mstd':
-                mstd = float(val)
-                hparams.setdefault('magnitude_std', float('inf') if mstd > 100 else mstd)
-            elif key == 'mmax':
-                hparams.setdefault('magnitude_max', int(val))
-            elif key == 'inc':
-                increasing = bool(int(val))
-            elif key == 'm':
-                magnitude = int(val)
-            elif key == 'n':
-                num_layers = int(val)
-            elif key == 'p':
-                prob = float(val)
-            else:
-                raise UnsupportedAugmentation(f'auto_augment {config_str!r}: unknown RandAugment section {c!r} '
-                                              f'(supported, as in timm: m, n, p, mstd, mmax, inc, t)')
-        except ValueError as e:
-            raise UnsupportedAugmentation(f'auto_augment {config_str!r}: section {c!r} is not a number ({e}); '
-                                          f'supported: {_SUPPORTED_AA}') from None
-    weights = None
-    if choice in ('3a', '3aw'):
-        raise UnsupportedAugmentation(f'auto_augment {config_str!r}: the op set t{choice} (3-Augment: Desaturate, '
-                                      f'GaussianBlur) is not implemented; supported: the default sets and tweights')
-    if choice == 'weights':
-        names = tuple(_RAND_WEIGHTED_0)
-        total = sum(_RAND_WEIGHTED_0.values())
-        weights = tuple(w / total for w in _RAND_WEIGHTED_0.values())
-        if num_layers > len(names):  # numpy's choice without replacement refuses it too
-            raise UnsupportedAugmentation(f'auto_augment {config_str!r}: {num_layers} layers drawn without '
-                                          f'replacement from {len(names)} ops')
-    else:
-        names = _RAND_INCREASING_TRANSFORMS if increasing else _RAND_TRANSFORMS
-    return RandAugmentConfig(ops=names, weights=weights, num_layers=num_layers, magnitude=magnitude, prob=prob,
-                             magnitude_std=hparams.get('magnitude_std', 0.), magnitude_max=hparams.get('magnitude_max'))
-
-
-def _negate(value: float, rng: random.Random) -> float:
-    """timm's ``_randomly_negate``."""
-    return -value if rng.random() > 0.5 else value
-
-
-def rand_augment_level(name: str, level: float, rng: random.Random, translate_const: int,
-                       translate_pct: float = 0.45) -> float:
-    """timm's ``LEVEL_TO_ARG[name](level, hparams)[0]`` (0 for the ops without an argument), with its random
-    negation drawn from ``rng``: the same arithmetic, hence the same floats."""
-    if name in ('AutoContrast', 'Equalize', 'Invert'):
-        return 0.
-    if name == 'Rotate':
-        return _negate((level / _LEVEL_DENOM) * 30., rng)
-    if name == 'Posterize':
-        return int((level / _LEVEL_DENOM) * 4)
-    if name == 'PosterizeIncreasing':
-        return 4 - int((level / _LEVEL_DENOM) * 4)
-    if name == 'Solarize':
-        return min(256, int((level / _LEVEL_DENOM) * 256))
-    if name == 'SolarizeIncreasing':
-        return 256 - min(256, int((level / _LEVEL_DENOM) * 256))
-    if name == 'SolarizeAdd':
-        return min(128, int((level / _LEVEL_DENOM) * 110))
-    if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
-        return (level / _LEVEL_DENOM) * 1.8 + 0.1
-    if name in ('ColorIncreasing', 'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing'):
-        return max(0.1, 1.0 + _negate((level / _LEVEL_DENOM) * .9, rng))
-    if name in ('ShearX', 'ShearY'):
-        return _negate((level / _LEVEL_DENOM) * 0.3, rng)
-    if name in ('TranslateX', 'TranslateY'):
-        return _negate((level / _LEVEL_DENOM) * float(translate_const), rng)
-    if name in ('TranslateXRel', 'TranslateYRel'):
-        return _negate((level / _LEVEL_DENOM) * translate_pct, rng)
-    raise UnsupportedAugmentation(f'RandAugment op {name!r} is not implemented; supported: '
-                                  f'{", ".join(RAND_AUGMENT_OPS)}')
+# The parameters of one sample (``BatchAugment.draw``), in the order they are drawn
+PARAMS: Tuple[Param, ...] = (
+    Param('crop', torch.int64, (4,), 'the crop box (top, left, height, width) in the source image'),
+    Param('interp', torch.int64, (), "the crop's resize interpolation, an index of batch_geometry.INTERPOLATIONS"),
+    Param('flip', torch.bool, (), 'horizontal flip'),
+    Param('ra_op', torch.int64, ('L',), 'per RandAugment layer the op, an index of BatchAugment.ra_ops; -1: the '
+                                        'layer was not applied (its probability)'),
+    Param('ra_arg', torch.float64, ('L',), "the op's argument as timm's level function returns it (degrees, bits, "
+                                           'threshold, enhancement factor, shear, pixels, or fraction for *Rel)'),
+    Param('ra_interp', torch.int64, ('L',), 'the resample of a geometric op (rotate, shear, translate); -1 for others'),
+    Param('cj_factor', torch.float64, (4,), "ColorJitter's brightness, contrast, saturation and hue factors (1, 1, 1, "
+                                            '0 where a component is off)'),
+    Param('cj_order', torch.int64, (4,), "the order of those four (torchvision's fn_idx)"),
+    Param('re_box', torch.int64, ('K', 4), 'the erasing boxes (top, left, height, width) in drawing order; zeros: no '
+                                           'box'),
+    Param('re_seed', torch.int64, (), "the seed of the erasing noise ('rand' and 'pixel' modes; else 0)"),
+)
 
 
 def _interpolation_code(interpolation: str, what: str, allow_random: bool) -> int:
@@ -252,23 +120,16 @@ def _stack(images: Images) -> Tuple[List[Tensor], torch.device]:
     return images, device
 
 
-# The parameters of one sample (``BatchAugment.draw``): names and dtypes, in the order they are drawn
-PARAMS: Tuple[Tuple[str, torch.dtype], ...] = (
-    ('crop', torch.int64), ('interp', torch.int64), ('flip', torch.bool), ('ra_op', torch.int64),
-    ('ra_arg', torch.float64), ('ra_interp', torch.int64), ('cj_factor', torch.float64), ('cj_order', torch.int64),
-    ('re_box', torch.int64), ('re_seed', torch.int64))
-
-
 def batched_resize(device: torch.device) -> bool:
-    """Whether a batch's crops are resized together (``batch_ops.resized_crops``: a few matrix products) rather than
-    one ``batch_ops.resize`` per image: on a GPU, where each resize would be about ten kernel launches. The CPU
-    keeps torch's uint8 kernel, Pillow's fixed-point arithmetic and faster there."""
+    """Whether a batch's crops are resized together (``batch_geometry.resized_crops``: a few matrix products)
+    rather than one ``batch_geometry.resize`` per image: on a GPU, where each resize would be about ten kernel
+    launches. The CPU keeps torch's uint8 kernel, Pillow's fixed-point arithmetic and faster there."""
     return device.type == 'cuda'
 
 
 class BatchAugment:
     """timm's training transform (``create_transform(img_size, is_training=True, ...)``) with parameters drawn per
-    sample (``draw``) and pixels computed per batch (``__call__``). See the module docstring for the parameters.
+    sample (``draw``) and pixels computed per batch (``__call__``). ``PARAMS`` lists the parameters.
 
     Args:
         img_size: Output side.
@@ -313,7 +174,7 @@ class BatchAugment:
             if not auto_augment.startswith('rand'):
                 kind = 'AugMix' if auto_augment.startswith('augmix') else 'an AutoAugment policy'
                 raise UnsupportedAugmentation(f'auto_augment {auto_augment!r} ({kind}) is not implemented by the '
-                                              f'batched augmentation; supported: {_SUPPORTED_AA}')
+                                              f'batched augmentation; supported: {SUPPORTED_AA}')
             self.rand_augment = parse_rand_augment(auto_augment)
         self.ra_ops: Tuple[str, ...] = self.rand_augment.ops if self.rand_augment else ()
         # ColorJitter only without auto-augment (timm's disable_color_jitter); components as torchvision checks them
@@ -364,43 +225,6 @@ class BatchAugment:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def _draw_rand_augment(self, rng: random.Random) -> Tuple[List[int], List[float], List[int]]:
-        """``RandAugment.__call__`` and each chosen ``AugmentOp.__call__`` (probability, magnitude noise, level)."""
-        cfg = self.rand_augment
-        n = cfg.num_layers
-        if cfg.weights is None:  # numpy's choice with replacement: independent uniform picks
-            chosen = [rng.randrange(len(cfg.ops)) for _ in range(n)]
-        else:  # without replacement (timm: replace=choice_weights is None): successive weighted picks
-            chosen, left = [], list(range(len(cfg.ops)))
-            for _ in range(n):
-                u = rng.random() * sum(cfg.weights[k] for k in left)
-                pick = left[-1]
-                for k in left:
-                    u -= cfg.weights[k]
-                    if u < 0:
-                        pick = k
-                        break
-                chosen.append(pick)
-                left.remove(pick)
-        op, arg, interp = [-1] * n, [0.] * n, [-1] * n
-        upper = cfg.magnitude_max or _LEVEL_DENOM
-        for layer, k in enumerate(chosen):
-            if cfg.prob < 1.0 and rng.random() > cfg.prob:
-                continue
-            magnitude = cfg.magnitude
-            if cfg.magnitude_std > 0:
-                if cfg.magnitude_std == float('inf'):
-                    magnitude = rng.uniform(0, magnitude)
-                else:
-                    magnitude = rng.gauss(magnitude, cfg.magnitude_std)
-            magnitude = max(0., min(magnitude, upper))
-            name = cfg.ops[k]
-            op[layer] = k
-            arg[layer] = float(rand_augment_level(name, magnitude, rng, self.translate_const))
-            if name in _GEOMETRIC:  # timm's _check_args_tf: a resample choice per call with 'random'
-                interp[layer] = rng.choice((BILINEAR, BICUBIC)) if self.interp_code < 0 else self.interp_code
-        return op, arg, interp
-
     def _draw_erasing(self, rng: random.Random) -> List[Tuple[int, int, int, int]]:
         """``RandomErasing._erase``'s boxes (min_count 1, area 0.02-1/3 split over the count, log aspect 0.3-1/0.3)."""
         boxes: List[Tuple[int, int, int, int]] = []
@@ -421,16 +245,17 @@ class BatchAugment:
                     break
         return boxes
 
-    def _draw_values(self, rng: random.Random, size: Tuple[int, int]) -> Tuple[Any, ...]:
-        """One sample's parameters as plain values, in the order of ``PARAMS``: every random number from ``rng``, in
-        timm's order (crop, its interpolation, flip, RandAugment, ColorJitter, erasing and its seed)."""
+    def _draw_values(self, rng: random.Random, size: Tuple[int, int]) -> Dict[str, Any]:
+        """One sample's parameters as plain values by ``PARAMS``' keys: every random number from ``rng``, in timm's
+        order (crop, its interpolation, flip, RandAugment, ColorJitter, erasing and its seed)."""
         height, width = size
         if not (type(height) is int and type(width) is int and height >= 1 and width >= 1):  # the checks' fast path
             height, width = (int(check_number(s, 'size', ge=1, integer=True)) for s in size)
         top, left, h, w = self._draw_crop(rng, height, width)
         interp = rng.choice((BILINEAR, BICUBIC)) if self.interp_code < 0 else self.interp_code
         flip = self.hflip > 0 and rng.random() < self.hflip
-        ra_op, ra_arg, ra_interp = self._draw_rand_augment(rng) if self.rand_augment else ([], [], [])
+        ra_op, ra_arg, ra_interp = (draw_rand_augment(self.rand_augment, rng, self.translate_const, self.interp_code)
+                                    if self.rand_augment else ([], [], []))
         cj_factor, cj_order = [1., 1., 1., 0.], [0, 1, 2, 3]
         if any(r is not None for r in self.jitter):
             rng.shuffle(cj_order)  # torch.randperm(4): a uniform permutation
@@ -444,26 +269,27 @@ class BatchAugment:
             re_box = [list(b) for b in boxes] + re_box[len(boxes):]
             if self.re_mode != 'const':
                 seed = rng.getrandbits(63)
-        return [top, left, h, w], interp, flip, ra_op, ra_arg, ra_interp, cj_factor, cj_order, re_box, seed
+        return {'crop': [top, left, h, w], 'interp': interp, 'flip': flip, 'ra_op': ra_op, 'ra_arg': ra_arg,
+                'ra_interp': ra_interp, 'cj_factor': cj_factor, 'cj_order': cj_order, 're_box': re_box,
+                're_seed': seed}
 
     def draw_many(self, draws: Sequence[Tuple[random.Random, Tuple[int, int]]]) -> Dict[str, Tensor]:
         """The parameters of a batch, ``(rng, size)`` per sample: what ``draw`` of each, collated, gives, built with
         one tensor per key (a batch drawn in the training process: the resident pipeline)."""
         rows = [self._draw_values(rng, size) for rng, size in draws]
-        shapes = {'crop': (4,), 'ra_op': (self.num_layers,), 'ra_arg': (self.num_layers,),
-                  'ra_interp': (self.num_layers,), 'cj_factor': (4,), 'cj_order': (4,), 're_box': (self.re_count, 4)}
-        return {key: torch.tensor([row[i] for row in rows], dtype=dtype).view(len(rows), *shapes.get(key, ()))
-                for i, (key, dtype) in enumerate(PARAMS)}
+        sizes = {'L': self.num_layers, 'K': self.re_count}
+        return {p.key: torch.tensor([row[p.key] for row in rows], dtype=p.dtype).view(
+                    len(rows), *(sizes.get(d, d) for d in p.shape)) for p in PARAMS}
 
     def draw(self, rng: random.Random, size: Tuple[int, int]) -> Dict[str, Tensor]:
         """One sample's parameters for a source image of ``size`` (height, width): CPU tensors of fixed shapes and
-        dtypes (``PARAMS``, module docstring), every random number from ``rng``."""
+        dtypes (``PARAMS``), every random number from ``rng``."""
         return {key: value[0] for key, value in self.draw_many([(rng, size)]).items()}
 
     # ---------------------------------------------------------------------------------------------- applying
 
     @staticmethod
-    def _apply(out: Tensor, chosen: Tensor, fn: Callable[..., Tensor], *args: Tensor) -> None:
+    def _apply(out: Tensor, chosen: Tensor, fn: Callable[..., Tensor], *args: Any) -> None:
         """``out[chosen] = fn(out[chosen], *args)``: gather the images that drew an op, run it, scatter them back."""
         if not len(chosen):
             return
@@ -475,35 +301,6 @@ class BatchAugment:
                 torch.int32))
         else:
             out.index_copy_(0, index, result)
-
-    def _rand_augment_op(self, name: str, x: Tensor, arg: Tensor, interp: Tensor) -> Tensor:
-        """One RandAugment op on the images that drew it (``arg``: their level arguments)."""
-        if name == 'AutoContrast':
-            return batch_ops.autocontrast(x)
-        if name == 'Equalize':
-            return batch_ops.equalize(x)
-        if name == 'Invert':
-            return batch_ops.invert(x)
-        if name.startswith('Posterize'):
-            return batch_ops.posterize(x, arg.long())
-        if name.startswith('SolarizeAdd'):
-            return batch_ops.solarize_add(x, arg.long())
-        if name.startswith('Solarize'):
-            return batch_ops.solarize(x, arg.long())
-        for prefix, fn in (('Color', batch_ops.color), ('Contrast', batch_ops.contrast),
-                           ('Brightness', batch_ops.brightness), ('Sharpness', batch_ops.sharpness)):
-            if name.startswith(prefix):
-                return fn(x, arg)
-        if name == 'Rotate':
-            return batch_ops.rotate(x, arg, self.fill, interp)
-        if name == 'ShearX':
-            return batch_ops.shear_x(x, arg, self.fill, interp)
-        if name == 'ShearY':
-            return batch_ops.shear_y(x, arg, self.fill, interp)
-        # timm's translate_*_rel: pixels = pct * img.size[0 or 1], the square crop's side here
-        pixels = arg * self.img_size if name.endswith('Rel') else arg
-        translate = batch_ops.translate_x if name.startswith('TranslateX') else batch_ops.translate_y
-        return translate(x, pixels, self.fill, interp)
 
     def __call__(self, images: Images, params: Dict[str, Tensor]) -> Tensor:
         """The augmented batch: float32 ``(B, 3, img_size, img_size)``, normalised, erased, on the images' device.
@@ -531,7 +328,7 @@ class BatchAugment:
                           None if stacked is None else stacked[lo:lo + step])
         if self.re_prob > 0:
             boxes = [[tuple(b) for b in image_boxes if b[2] > 0 and b[3] > 0] for image_boxes in p['re_box'].tolist()]
-            batch_ops.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
+            batch_misc.erase(result, boxes, p['re_seed'].tolist(), self.re_mode)
         return result
 
     def _augment(self, images: List[Tensor], p: Dict[str, Tensor], result: Tensor,
@@ -545,28 +342,29 @@ class BatchAugment:
         whole = torch.tensor([0, 0, size, size], dtype=p['crop'].dtype)
         if stacked is not None and tuple(stacked.shape[-2:]) == (size, size) and bool((p['crop'] == whole).all()):
             out = stacked.clone()
-            self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
+            self._apply(out, p['flip'].nonzero().view(-1), batch_geometry.hflip)
         elif batched_resize(result.device):
-            out = batch_ops.resized_crops(images, p['crop'], size, p['interp'], p['flip'])
+            out = batch_geometry.resized_crops(images, p['crop'], size, p['interp'], p['flip'])
         else:
             out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=result.device)
             for i, ((top, left, h, w), code) in enumerate(zip(p['crop'].tolist(), p['interp'].tolist())):
-                out[i] = batch_ops.resize(images[i][:, top:top + h, left:left + w], (size, size), INTERPOLATIONS[code])
-            self._apply(out, p['flip'].nonzero().view(-1), batch_ops.hflip)
+                out[i] = batch_geometry.resize(images[i][:, top:top + h, left:left + w], (size, size),
+                                               INTERPOLATIONS[code])
+            self._apply(out, p['flip'].nonzero().view(-1), batch_geometry.hflip)
         # RandAugment: per layer, each op once on the images that drew it
         for layer in range(self.num_layers):
             column = p['ra_op'][:, layer]
             for k in torch.unique(column).tolist():
                 if k >= 0:
                     chosen = (column == k).nonzero().view(-1)
-                    self._apply(out, chosen, functools.partial(self._rand_augment_op, self.ra_ops[k]),
-                                p['ra_arg'][chosen, layer], p['ra_interp'][chosen, layer])
+                    self._apply(out, chosen, rand_augment_op(self.ra_ops[k]).apply, p['ra_arg'][chosen, layer],
+                                self.fill, p['ra_interp'][chosen, layer], size)
         active = [r is not None for r in self.jitter]
         if any(active):  # ColorJitter on the float batch the normalisation then reads (uint8 values, exactly)
-            batch_ops.color_jitter(out, p['cj_factor'], p['cj_order'], active, out=result)
-            batch_ops.normalize(result, self.mean, self.std, out=result)
+            batch_colour.tv_color_jitter(out, p['cj_factor'], p['cj_order'], active, out=result)
+            batch_misc.normalize(result, self.mean, self.std, out=result)
         else:
-            batch_ops.normalize(out, self.mean, self.std, out=result)
+            batch_misc.normalize(out, self.mean, self.std, out=result)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(img_size={self.img_size}, scale={self.scale}, ratio={self.ratio}, '
@@ -623,13 +421,14 @@ class BatchEval:
         """The eval batch: float32 ``(B, 3, img_size, img_size)``, normalised, on the images' device."""
         if isinstance(images, Tensor) and images.dim() == 4 and images.dtype == torch.uint8 and images.shape[1] == 3:
             # one size: one resize for the whole batch
-            x = batch_ops.resize(images, self._resized_size(*images.shape[-2:]), self.interpolation)
-            return batch_ops.normalize(self._center_crop(x), self.mean, self.std)
+            x = batch_geometry.resize(images, self._resized_size(*images.shape[-2:]), self.interpolation)
+            return batch_misc.normalize(self._center_crop(x), self.mean, self.std)
         images, device = _stack(images)
         out = torch.empty((len(images), 3, self.img_size, self.img_size), dtype=torch.uint8, device=device)
         for i, img in enumerate(images):
-            out[i] = self._center_crop(batch_ops.resize(img, self._resized_size(*img.shape[-2:]), self.interpolation))
-        return batch_ops.normalize(out, self.mean, self.std)
+            resized = batch_geometry.resize(img, self._resized_size(*img.shape[-2:]), self.interpolation)
+            out[i] = self._center_crop(resized)
+        return batch_misc.normalize(out, self.mean, self.std)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(img_size={self.img_size}, crop_pct={self.crop_pct}, '

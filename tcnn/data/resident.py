@@ -17,7 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import Compose
 
-from .batch_ops import normalize
+from .batch_misc import normalize
 from .folders import sample_seed
 from .prefetch import FinishedAhead, default_prefetch
 

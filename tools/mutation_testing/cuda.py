@@ -1,7 +1,7 @@
-"""The mutants that only a CUDA device can kill, checked on one (issue 47; docs/tests.md, "Scores").
+"""The mutants that only a CUDA device can kill, checked on one (docs/tests.md, "Scores").
 
-    python .ci/cuda_mutants.py --json results/cuda-mutants.json   # on a GPU machine (benchmarks/gpu/third.sh)
-    python .ci/cuda_mutants.py --smoke                             # the same machinery on the CPU
+    python tools/mutation.py cuda --json results/cuda-mutants.json   # on a GPU machine (benchmarks/gpu/third.sh)
+    python tools/mutation.py cuda --smoke                             # the same machinery on the CPU
 
 On the CPU these mutants are equivalent (a CPU tensor's ``.to(None)`` stays on the CPU; CPU autocast casts none of
 the depthwise chunks' operations), so the campaign recorded them as survivors that the CUDA case of a test is there
@@ -10,11 +10,10 @@ copy first on ``sys.path``; the copy's conftest also refuses to run when ``tcnn`
 runs in a fresh process: ``killed`` when it fails. First the tests run on the unmutated tree and must pass without
 a skip: a test that skips kills nothing. Exit status 0 when the baseline passed and every mutant was killed.
 
-``--smoke`` checks the script without a GPU: the CPU case of the autocast test must pass, the first autocast mutant
-must survive it (equivalent there), and a mutant the CPU case does see (the taps left in float32 under autocast) must
-be killed.
+``--smoke`` checks the machinery without a GPU: the CPU case of the autocast test must pass, the first autocast
+mutant must survive it (equivalent there), and a mutant the CPU case does see (the taps left in float32 under
+autocast) must be killed.
 """
-import argparse
 import json
 import os
 import shutil
@@ -24,9 +23,9 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Sequence
+from typing import Dict, NamedTuple, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AUTOCAST_TEST = 'tests/test_depthwise.py::test_autocast_casts_every_input_once'
 
 
@@ -49,7 +48,7 @@ CUDA_MUTANTS = (
            _AUTOCAST_OFF.replace('enabled=False', 'enabled=True'), AUTOCAST_TEST + '[cuda]'),
     Mutant('tcnn.files.tcnn_file.x_safetensors_tensors__mutmut_3', 'tcnn/files/tcnn_file.py',
            "v = v.detach().to('cpu').contiguous()", 'v = v.detach().to(None).contiguous()',
-           'tests/test_io.py::test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu'),
+           'tests/test_safetensors_files.py::test_safetensors_tensors_of_a_gpu_model_are_on_the_cpu'),
     Mutant('tcnn.files.integrity.x__crc32__mutmut_4', 'tcnn/files/integrity.py',
            "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
            'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),
@@ -143,12 +142,15 @@ def check(mutants: Sequence[Mutant]) -> Dict[str, object]:
     return report
 
 
-def main(argv: Sequence[str] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--json', type=Path, help='write the verdicts, times and test output tails here')
-    parser.add_argument('--smoke', action='store_true', help='check the machinery on the CPU (no GPU needed)')
-    args = parser.parse_args(argv)
-    if args.smoke:
+def check_all(smoke: bool = False, json_path: Optional[Path] = None) -> int:
+    """Check every CUDA mutant (``smoke``: the CPU's two, each against the verdict it must get there); returns the
+    exit status: 0 when the baseline passed and every mutant got its expected verdict.
+
+    Args:
+        smoke: Check the machinery on the CPU (no GPU needed).
+        json_path: Where to write the verdicts, times and test output tails.
+    """
+    if smoke:
         expected = {m.name: v for m, v in SMOKE_MUTANTS}
         report = check([m for m, _ in SMOKE_MUTANTS])
     else:
@@ -156,14 +158,10 @@ def main(argv: Sequence[str] = None) -> int:
         report = check(CUDA_MUTANTS)
     got = {name: r['verdict'] for name, r in report['mutants'].items()}
     report['ok'] = report['baseline']['verdict'] == 'survived' and got == expected
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix('.tmp')
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_suffix('.tmp')
         tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(args.json)
+        tmp.replace(json_path)
     print('every mutant got its expected verdict' if report['ok'] else f'expected {expected}, got {got}')
     return 0 if report['ok'] else 1
-
-
-if __name__ == '__main__':
-    sys.exit(main())

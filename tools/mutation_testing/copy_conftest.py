@@ -1,9 +1,9 @@
-"""The order of a mutant's tests, and a log of each mutant's run (copied by ``.ci/mutation.py`` as the
-``conftest.py`` of a module's copy; issue 47, docs/tests.md "Time").
+"""The order of a mutant's tests, and a log of each mutant's run (copied by ``tools/mutation.py`` as the
+``conftest.py`` of a module's copy; docs/tests.md, "Time").
 
 mutmut runs a mutant against the tests that called the mutated function, with ``-x``: the first failure ends the
 run. Its fork server passes those tests in the order of a Python set. With ``TCNN_MUTATION_ORDER=killers``
-(``.ci/mutation.py --killers-first``) they run instead
+(``tools/mutation.py run --killers-first``) they run instead
 
 1. first those that killed an earlier mutant of the same function in this run (the latest first): mutants of one
    function mostly break the same promise;

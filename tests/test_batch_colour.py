@@ -1,0 +1,137 @@
+"""Tests of ``tcnn.data.batch_colour``: PIL's ``ImageOps`` and ``ImageEnhance`` ops (``pil_*``) against timm's PIL
+ops, torchvision's ColorJitter ops (``tv_*``) against torchvision's, on a batch with one argument per image (how the
+tolerances were set: ``augmentation.py``)."""
+from typing import Tuple
+
+import numpy as np
+import pytest
+import timm.data.auto_augment as timm_aa
+import torch
+import torchvision.transforms.functional as TF1
+import torchvision.transforms.v2.functional as TF2
+from PIL import Image
+
+from augmentation import IMAGES, compare_op, make_image, to_levels, to_tensor
+from tcnn.data import batch_colour
+from tcnn.data.transforms import posterize as safe_posterize
+
+
+# ------------------------------------------------------------------------------------ PIL: ImageOps and ImageEnhance
+
+
+ENHANCE_FACTORS = [0.0, 0.1, 0.37, 0.5, 1.0, 1.3, 1.9, 2.5]
+# name, our op (on a batch, per-image argument), timm's argument values (including the extremes)
+EXACT_OPS = [
+    ('AutoContrast', lambda x, a: batch_colour.pil_autocontrast(x), [0]),
+    ('Equalize', lambda x, a: batch_colour.pil_equalize(x), [0]),
+    ('Invert', lambda x, a: batch_colour.pil_invert(x), [0]),
+    ('Posterize', lambda x, a: batch_colour.pil_posterize(x, a.long()), [0, 1, 2, 3, 4, 7, 8]),
+    ('Solarize', lambda x, a: batch_colour.pil_solarize(x, a.long()), [0, 1, 100, 128, 255, 256]),
+    ('SolarizeAdd', lambda x, a: batch_colour.pil_solarize_add(x, a.long()), [0, 30, 110]),
+    ('Color', batch_colour.pil_color, ENHANCE_FACTORS),
+    ('Contrast', batch_colour.pil_contrast, ENHANCE_FACTORS),
+    ('Brightness', batch_colour.pil_brightness, ENHANCE_FACTORS),
+    ('Sharpness', batch_colour.pil_sharpness, ENHANCE_FACTORS),
+]
+
+
+@pytest.mark.parametrize('name,ours,args', EXACT_OPS, ids=[o[0] for o in EXACT_OPS])
+def test_exact_ops_equal_timms(name, ours, args):
+    """PIL's integer and float32 arithmetic reproduced: measured max |diff| 0 for each, so the tolerance is 0."""
+    fn = timm_aa.NAME_TO_OP[name]
+    if name == 'Posterize':
+        fn = safe_posterize  # tcnn's posterize: 0 bits is black on every Pillow (what tcnn's transforms run)
+    d = compare_op(ours, lambda img, a: fn(img, a) if name not in ('AutoContrast', 'Equalize', 'Invert')
+                   else fn(img), args)
+    assert d.max() == 0, (name, d.max(), d.mean())
+
+
+def test_equalize_and_autocontrast_equal_pils_at_their_corner_cases():
+    """A flat image, two levels, one channel with a single level, a full-range image: tables as PIL makes them."""
+    cases = [np.full((9, 7, 3), 77, np.uint8), np.zeros((9, 7, 3), np.uint8)]
+    two = np.zeros((9, 7, 3), np.uint8)
+    two[:4] = 200
+    cases.append(two)
+    mixed = make_image(40, 30, 9)
+    mixed[..., 1] = 13
+    cases.append(mixed)
+    cases.append(np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, -1))
+    for a in cases:
+        for name, fn in (('AutoContrast', batch_colour.pil_autocontrast), ('Equalize', batch_colour.pil_equalize)):
+            ref = np.asarray(timm_aa.NAME_TO_OP[name](Image.fromarray(a))).astype(np.int64)
+            assert np.array_equal(to_levels(fn(to_tensor(a)[None])[0]), ref), (name, a.shape)
+
+
+# ------------------------------------------------------------------------------------------ torchvision: ColorJitter
+
+
+# ColorJitter op -> (max |diff| vs torchvision v2 on uint8 tensors (the reference), mean |diff| vs torchvision on PIL
+# images (ImageEnhance, what timm's PIL pipeline runs)), each 1.5x measured
+JITTER_TOLERANCE = {'brightness': (0, 0), 'contrast': (0, 0.374), 'saturation': (0, 0.279), 'hue': (0, 1.43)}
+# measured: v2 max 0 for each; vs PIL mean 0 (brightness: the same float32 product), 0.2496 (contrast: the mean of
+# a float grayscale vs PIL's rounded 'L' mean), 0.1860 (saturation: float vs fixed-point grayscale), 0.9544 (hue:
+# float HSV vs PIL's 8-bit HSV; max 16), max 1 for contrast and saturation
+JITTER_ARGS = {'brightness': [0.0, 0.6, 0.8123, 1.0, 1.2999, 1.4], 'contrast': [0.0, 0.6, 0.8123, 1.0, 1.2999, 1.4],
+               'saturation': [0.0, 0.6, 0.8123, 1.0, 1.2999, 1.4], 'hue': [-0.5, -0.1, 0.0, 0.05, 0.3, 0.5]}
+
+
+def _jitter_diffs(name: str) -> Tuple[np.ndarray, np.ndarray]:
+    ours = getattr(batch_colour, 'tv_' + name)
+    v2 = compare_op(ours, lambda img, f: TF2.to_pil_image(getattr(TF2, 'adjust_' + name)(TF2.pil_to_tensor(img), f)),
+                    JITTER_ARGS[name])
+    pil = compare_op(ours, lambda img, f: getattr(TF1, 'adjust_' + name)(img, f), JITTER_ARGS[name])
+    return v2, pil
+
+
+@pytest.mark.parametrize('name', list(JITTER_TOLERANCE))
+def test_color_jitter_ops_stay_within_the_measured_difference_from_torchvision(name):
+    v2, pil = _jitter_diffs(name)
+    max_v2, mean_pil = JITTER_TOLERANCE[name]
+    assert v2.max() <= max_v2 and pil.mean() <= mean_pil, (v2.max(), pil.mean(), pil.max())
+
+
+# ColorJitter(0.4, 0.4, 0.4, 0.1)'s draws on photo-like 224 px crops (benchmarks/pil_agreement.py: 12 images, seeded),
+# the batched ops (torchvision's tensor arithmetic) against torchvision's PIL path (what timm's PIL pipeline runs):
+# op -> (share of the values that differ, mean |diff|, max |diff|), a little above the measured values (comments).
+# Contrast and saturation: a float grayscale against Pillow's fixed-point 'L'; hue: float HSV against Pillow's 8-bit
+# HSV image (the PIL path shifts the 8-bit hue by whole steps).
+JITTER_ON_PHOTOS = {
+    'brightness': (0, 0, 0),  # measured 0
+    'contrast': (0.103, 0.103, 1),  # measured 9.85%, 0.0985, 1
+    'saturation': (0.099, 0.099, 1),  # measured 9.42%, 0.0942, 1
+    'hue': (0.37, 0.78, 17),  # measured 35.69%, 0.7455, 17
+    'all four': (0.46, 0.82, 13),  # measured 44.68%, 0.7891, 13
+}
+
+
+def test_color_jitter_on_photos_differs_from_torchvisions_pil_path_by_the_measured_amounts():
+    from benchmarks.pil_agreement import jitter_agreement, photo_arrays
+    result = jitter_agreement(photo_arrays(12))
+    for op, (share, mean, top) in JITTER_ON_PHOTOS.items():
+        s = result[op]
+        print(f"\n{op}: {100 * s['differing']:.3f}% differ, mean {s['mean']:.4f}, max {s['max']}")
+        assert s['differing'] <= share and s['mean'] <= mean and s['max'] <= top, (op, s)
+
+
+@pytest.mark.parametrize('active', [(True, True, True, True), (True, True, True, False), (False, False, True, False)])
+def test_color_jitter_in_place_on_floats_is_torchvisions_chain(active):
+    """The batch's ColorJitter (float images holding uint8 values, the images of one order together, in place on
+    one slice) against torchvision v2's uint8 ops chained per image in that image's order: bit-equal, on noise images
+    (every clamp reached) and on photos, with factors beyond ColorJitter's usual ranges."""
+    g = torch.Generator().manual_seed(11)
+    noise = torch.randint(0, 256, (40, 3, 20, 24), dtype=torch.uint8, generator=g)
+    photos = torch.stack([to_tensor(a)[:, :20, :24] for a in IMAGES])
+    images = torch.cat([noise, photos])
+    n = len(images)
+    factors = torch.stack([torch.rand(n, generator=g) * 2.0, torch.rand(n, generator=g) * 2.0,
+                           torch.rand(n, generator=g) * 2.0, torch.rand(n, generator=g) - 0.5], dim=1)
+    factors[:4, :3] = torch.tensor([0.0, 1.0, 2.0, 1.5]).view(4, 1)  # the blends' ends and a brightening
+    orders = torch.stack([torch.randperm(4, generator=g) for _ in range(n)])
+    ours = batch_colour.tv_color_jitter(images, factors, orders, active, out=torch.empty(images.shape))
+    fns = (TF2.adjust_brightness, TF2.adjust_contrast, TF2.adjust_saturation, TF2.adjust_hue)
+    for i in range(n):
+        x = images[i]
+        for f in orders[i].tolist():
+            if active[f]:
+                x = fns[f](x, float(factors[i, f]))
+        assert torch.equal(ours[i], x.float()), i

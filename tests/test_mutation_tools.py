@@ -1,0 +1,79 @@
+"""The mutation campaign's tooling (``tools/mutation.py``, docs/tests.md) stays in step with the tests it names.
+
+The tooling is not run by CI, so nothing else notices when a test it names is renamed or moved: each module's owning
+tests, the tests left for later and the CUDA-only mutants' tests must exist; the equivalent mutants are data, one
+mutant and its reason a line; the commands docs/tests.md gives are the command's own. No mutmut is needed here.
+"""
+import ast
+import csv
+import importlib
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Dict, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def tools(monkeypatch) -> Iterator[Dict[str, ModuleType]]:
+    """The command and its parts, imported as the command imports them (``tools/`` first on ``sys.path``), and
+    forgotten afterwards (with the folders a test set)."""
+    monkeypatch.syspath_prepend(str(ROOT / 'tools'))
+    before = set(sys.modules)
+    found = {name: importlib.import_module(name) for name in (
+        'mutation', 'mutation_testing.modules', 'mutation_testing.copies', 'mutation_testing.cuda',
+        'mutation_testing.verdicts')}
+    monkeypatch.setattr(found['mutation_testing.copies'], 'FOLDERS', {})
+    yield found
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def _test_functions(path: Path) -> set:
+    return {node.name for node in ast.parse(path.read_text(encoding='utf-8')).body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith('test_')}
+
+
+def test_every_test_the_mutation_tooling_names_exists(tools):
+    modules, cuda = tools['mutation_testing.modules'], tools['mutation_testing.cuda']
+    named = [test for _, tests, _ in modules.MODULES.values() for test in tests]
+    named += [test for tests in modules.LATER.values() for test in tests]
+    named += [mutant.test for mutant in cuda.CUDA_MUTANTS] + [mutant.test for mutant, _ in cuda.SMOKE_MUTANTS]
+    missing = []
+    for test in named:
+        path, _, function = test.partition('::')
+        if not (ROOT / path).is_file() or function and function.split('[')[0] not in _test_functions(ROOT / path):
+            missing.append(test)
+    assert not missing, 'tests named by tools/mutation_testing that do not exist:\n' + '\n'.join(missing)
+
+
+def test_the_equivalent_mutants_are_one_mutant_and_its_reason_a_line(tools):
+    path = ROOT / 'tools' / 'mutation_testing' / 'equivalent.tsv'
+    with open(path, encoding='utf-8', newline='') as f:
+        rows = list(csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
+    assert rows[0] == ['mutant', 'reason']
+    names = [row[0] for row in rows[1:]]
+    assert all(len(row) == 2 and row[1].strip() for row in rows[1:]), [row for row in rows if len(row) != 2]
+    assert all(re.fullmatch(r'tcnn(\.\w+)+\.x(ǁ\w+ǁ|_)\w+__mutmut_\d+', name) for name in names), names
+    assert len(set(names)) == len(names)
+    assert tools['mutation_testing.verdicts'].equivalent_mutants() == dict(row for row in rows[1:])
+
+
+def test_the_docs_commands_are_the_tools_own(tools):
+    text = (ROOT / 'docs' / 'tests.md').read_text(encoding='utf-8')
+    commands = re.findall(r'python tools/mutation\.py ([\w-]+)', text)
+    assert commands and set(commands) <= set(tools['mutation'].COMMANDS) | {'COMMAND', '--help'}, commands
+    assert 'tools/mutation_testing/equivalent.tsv' in text
+    assert '`.ci/mutation' not in text and '.ci/cuda_mutants' not in text
+
+
+def test_a_report_without_a_run_says_so_in_one_line(tools, capsys):
+    assert tools['mutation'].main(['report', 'integrity', '--folder', 'no-run-here']) == 1
+    captured = capsys.readouterr()
+    assert captured.out == '' and captured.err == (
+        f"integrity: no run in {ROOT / 'mutants' / 'no-run-here'}: start one with `python tools/mutation.py run "
+        'integrity`\n')

@@ -1,0 +1,69 @@
+"""The campaign's modules: the files each run mutates, the test files that own them, and the environment of every run.
+
+A module's owning tests are those that check the promises of its files; mutmut runs a mutant against the owning tests
+that called its function. Never change the owning tests of a run in progress (docs/tests.md, "Time"): mutmut's config
+fingerprint includes its test selection, and a changed selection drops every result.
+"""
+from typing import Dict, List, Tuple
+
+# module -> (files mutated, test files that own them, extra pytest arguments)
+MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
+    'integrity': (['tcnn/files/integrity.py'], ['tests/test_integrity.py'], []),
+    'optim': (['tcnn/train/optim.py'], ['tests/test_optim.py'], []),
+    # less the resumed training runs of earlier releases (18 s a mutant): test_the_recipe_of_an_earlier_releases_
+    # checkpoint_loads reads the same recipes without training
+    'recipe': (['tcnn/train/recipe.py'], ['tests/test_recipe.py'], ['-k', 'not run_resumes']),
+    # the T-CNN file tests (saving, loading, safetensors, training checkpoints); test_detection.py's test of saving a
+    # detector built by hand owns the torchvision detection and segmentation models' part (_dense_source,
+    # _check_rebuilds, _settings, _builder_example), which the file tests do not call; test_timm_models.py's refusal
+    # of a fused T-CNN owns model_to_dict's message for it
+    'tcnn_file': (['tcnn/files/tcnn_file.py'], ['tests/test_file_saving.py', 'tests/test_file_loading.py',
+                                              'tests/test_safetensors_files.py', 'tests/test_checkpoint_files.py',
+                                              'tests/test_integrity.py',
+                                              'tests/test_detection.py::test_save_records_how_to_rebuild',
+                                              'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_'
+                                              'the_fix'], []),
+    # TorchScript cannot compile mutmut's trampolines (``*args``): the layers run with PYTORCH_JIT=0 (``jit.script``
+    # returns the module itself, so the scripting tests compare eager with eager), less the tests that read a
+    # TorchScript graph or count dynamo's graph breaks, which mutmut's trampolines add. Less, too, test_grouped.py's
+    # whole-model tests (LATER: about 70% of the four files' time, run by every survivor of GPSA's forward); the run's
+    # survivors are then checked against them (``check-later``), so their kills still count
+    'layers': (['tcnn/layers/*'], ['tests/test_gpsa.py', 'tests/test_precision.py', 'tests/test_depthwise.py',
+                                  'tests/test_grouped.py'],
+               ['-k', 'not softplus_without_beta and not without_graph_breaks and not models_are_exact and not '
+                      'models_train and not dense_grouped_filters_loads_dense and not name_their_arguments']),
+    # test_timm_models.py's fusion tests own fusion.py's RepVGG / MobileOne blocks (timm.utils.reparameterize_model),
+    # which test_convert.py does not build: the two smallest models (float32) and the refusal to save a fused model;
+    # test_bad_inputs.py owns the refusals of bad arguments (reparameterize's, check_equivalence's; 12 s in all)
+    'convert': (['tcnn/convert/*'], ['tests/test_convert.py', 'tests/test_stages.py', 'tests/test_bad_inputs.py', *(
+        f'tests/test_timm_models.py::test_timm_reparameterize_model_keeps_the_function_and_the_gpsa_layers[{name}]'
+        for name in ('t_repvgg_a0', 't_mobileone_s0')),
+        'tests/test_timm_models.py::test_a_fused_t_cnn_is_refused_by_save_with_the_fix'], []),
+    # tcnn eval's suites, scoring and tables (test_eval.py), the model card (test_hf.py), the figures
+    # (test_plots.py; test_analysis.py: the command) and their refusals of bad arguments (test_bad_inputs.py)
+    'evaluation': (['tcnn/evaluation/*'], ['tests/test_eval.py', 'tests/test_plots.py', 'tests/test_hf.py',
+                                          'tests/test_analysis.py', 'tests/test_bad_inputs.py'], []),
+    # the data pipeline below the batched augmentation: folders and bad images, the readers (webdataset), the
+    # encoded and resident pipelines and their decoding, the finishing thread, the data config
+    'data': ([f'tcnn/data/{name}.py' for name in ('config', 'images', 'decode', 'prefetch', 'folders', 'readers',
+                                                  'resident', 'encoded')],
+             ['tests/test_data_pipeline.py', 'tests/test_data.py', 'tests/test_train_wds.py',
+              'tests/test_train_reliability.py::test_bad_images_stop_the_run_or_are_skipped_and_logged'], []),
+    # glibc malloc's tuning for the training programs
+    'allocator': (['tcnn/allocator.py'], ['tests/test_allocator.py'], []),
+    # the training loop and its run (the recipe and the optimiser are campaigns of their own): what it prints
+    # (test_train_report.py), training, resuming and preemption (test_train.py, test_train_reliability.py) and its
+    # logs (test_dashboards.py)
+    'train': ([f'tcnn/train/{name}.py' for name in ('engine', 'trainer', 'data', 'builders', 'resume', 'distributed',
+                                                    'launch', 'dashboards', 'report', 'args')],
+              ['tests/test_train_report.py', 'tests/test_train.py', 'tests/test_train_reliability.py',
+               'tests/test_dashboards.py'], []),
+}
+# module -> owning tests left out of mutmut's run for their time, run on its survivors only (``check-later``)
+LATER: Dict[str, List[str]] = {
+    'layers': ['tests/test_grouped.py::test_grouped_and_depthwise_models_are_exact',
+               'tests/test_grouped.py::test_grouped_and_depthwise_models_train',
+               'tests/test_grouped.py::test_file_with_dense_grouped_filters_loads_dense'],
+}
+# environment of every run: offline (no test downloads), TorchScript off (see 'layers')
+ENV = {'HF_HUB_OFFLINE': '1', 'PYTORCH_JIT': '0'}
