@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -210,6 +211,20 @@ def test_smoke_run_writes_results_and_readme(tmp_path):
     glance = readme.split('## At a glance')[1].split('\n## ')[0]  # one row for the run, its goals counted
     met = sum(g['passed'] for g in res['goals'])
     assert f'[{files[0].stem}](#{files[0].stem})' in glance and f'{met} / {len(res["goals"])}' in glance
+
+
+def test_rewriting_the_results_readme_keeps_its_hand_written_head_and_changes_nothing_else(tmp_path):
+    """``benchmarks/results/README.md`` as committed is what ``write_readme`` writes from that folder's JSON files below
+    its marker line, with its hand-written head (the files, the same-speed comparisons) above it: the next run's rewrite
+    keeps the head, and no generated table was edited by hand."""
+    from benchmarks import report
+    results = ROOT / 'benchmarks' / 'results'
+    shutil.copytree(results, tmp_path / 'results')
+    report.write_readme(str(tmp_path / 'results'))
+    committed = (results / 'README.md').read_text(encoding='utf-8')
+    assert (tmp_path / 'results' / 'README.md').read_text(encoding='utf-8') == committed
+    head = committed.split(report.GENERATED_BELOW)[0]
+    assert '## The same speed after each refactor' in head and '## At a glance' not in head
 
 
 def test_cli_rejects_bad_arguments(tmp_path):
