@@ -5,6 +5,7 @@ runs resume exactly on each pipeline."""
 import dataclasses
 import io
 import os
+import random
 import threading
 
 import numpy as np
@@ -379,3 +380,43 @@ def test_a_resident_loader_has_as_many_batches_as_it_yields(images, drop_last, b
     out = [x.tolist() for x, _ in loader]
     assert len(loader) == len(out) == batches
     assert sum(out, []) == list(range(batches * 4 if drop_last else images))
+
+
+def test_a_jpeg_padded_with_zero_bytes_after_its_end_marker_goes_to_the_batch_decoder():
+    buf = io.BytesIO()
+    Image.new('RGB', (6, 4), (10, 200, 30)).save(buf, format='JPEG')
+    data = buf.getvalue()
+    # some cameras and encoders pad the file after its end marker; it is still whole
+    assert jpeg_size(data + b'\x00' * 7) == jpeg_size(data) == (4, 6)
+    assert jpeg_size(data + b' \n') is None and jpeg_size(data[:-2] + b'\x00\x00') is None
+
+
+class _Split:
+    """A map-style split as the batched pipeline reads it: sample i is (name, payload, (h, w), label)."""
+
+    def __init__(self, augment_seed, epoch=3):
+        self.augment_seed, self.epoch = augment_seed, epoch
+
+    def __len__(self):
+        return 4
+
+    def read_encoded(self, index):
+        return f'{index}.jpg', torch.tensor([index], dtype=torch.uint8), (10 + index, 20), index % 2
+
+
+def test_an_encoded_sample_draws_its_parameters_from_seed_epoch_and_index_alone():
+    from tcnn.data.folders import sample_seed
+
+    def draw(rng, size):
+        return {'u': torch.tensor([rng.random(), float(size[0])])}
+    for seed in (None, 0, 7):
+        name, payload, params, target = EncodedDataset(_Split(seed), draw)[2]
+        expected = draw(random.Random(sample_seed(seed or 0, 3, 2)), (12, 20))  # no seed: seed 0
+        assert (name, payload.tolist(), target) == ('2.jpg', [2], 0) and params['u'].equal(expected['u'])
+    assert EncodedDataset(_Split(None), draw)[1][2]['u'].tolist() != EncodedDataset(_Split(1), draw)[1][2]['u'].tolist()
+    # evaluation draws nothing: an empty dict, which a batch of one collates to no parameters
+    sample = EncodedDataset(_Split(None))[1]
+    assert sample[2] == {}
+    batch = collate_encoded([sample])
+    assert batch.params == {} and batch.names == ['1.jpg'] and batch.targets.tolist() == [1]
+    assert batch.targets.dtype == torch.long

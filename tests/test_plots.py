@@ -307,3 +307,17 @@ def test_metrics_are_read_from_a_run_folder_and_a_checkpoint_or_an_empty_file_is
     with pytest.raises(TypeError) as info:
         plots.load_metrics(3)
     assert str(info.value) == 'path must be a run folder or metrics file path, got int'
+
+
+def test_the_panels_share_their_epoch_axis_and_a_gap_in_a_heads_values_is_a_gap_in_its_line(drawn, tmp_path):
+    records = [_record(e, train_top1=float(e), gpsa={'l.conv2': {'gate': [0.5, None if e == 1 else 0.6],
+                                                                 'span': [2, 3 + e]}}) for e in range(3)]
+    plots.plot_training_curves(records, str(tmp_path / 'c.png'))
+    a, b, c = drawn[0].axes
+    assert a.get_shared_x_axes().joined(a, b) and a.get_shared_x_axes().joined(a, c)
+    second_head = c.get_lines()[1].get_ydata()
+    assert second_head[0] == 0.6 and math.isnan(second_head[1])  # a value a strict-JSON writer logged as null
+    assert b.get_lines()[2].get_ydata().tolist() == [2.5, 3.0, 3.5]  # integer spans: their float mean
+    with pytest.raises(plots.TcnnError) as info:
+        plots.plot_training_curves([], str(tmp_path / 'd.png'))
+    assert str(info.value) == 'no epochs to plot'
