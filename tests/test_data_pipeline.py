@@ -388,7 +388,9 @@ def test_a_jpeg_padded_with_zero_bytes_after_its_end_marker_goes_to_the_batch_de
     data = buf.getvalue()
     # some cameras and encoders pad the file after its end marker; it is still whole
     assert jpeg_size(data + b'\x00' * 7) == jpeg_size(data) == (4, 6)
-    assert jpeg_size(data + b' \n') is None and jpeg_size(data[:-2] + b'\x00\x00') is None
+    # other bytes after the end marker (trailing garbage) or none at all: Pillow's path judges the file
+    assert jpeg_size(data + b' \n') is None and jpeg_size(data + b'XX') is None
+    assert jpeg_size(data[:-2] + b'\x00\x00') is None
 
 
 class _Split:
@@ -420,3 +422,23 @@ def test_an_encoded_sample_draws_its_parameters_from_seed_epoch_and_index_alone(
     batch = collate_encoded([sample])
     assert batch.params == {} and batch.names == ['1.jpg'] and batch.targets.tolist() == [1]
     assert batch.targets.dtype == torch.long
+
+
+def test_the_torchvision_decoder_decodes_on_the_device_asked_and_silences_only_torchvisions_notices(monkeypatch):
+    import warnings
+    import torchvision.io
+    from tcnn.data import decode
+    calls = []
+
+    def decode_jpeg(encoded, mode, device='cpu'):
+        calls.append((len(encoded), mode, device))
+        warnings.warn('prefer TorchCodec', UserWarning)
+        warnings.warn('decode_jpeg is deprecated', DeprecationWarning)
+        warnings.warn('corrupt data: 3 extraneous bytes', RuntimeWarning)
+        return [torch.zeros(3, 1, 1) for _ in encoded]
+    monkeypatch.setattr(torchvision.io, 'decode_jpeg', decode_jpeg)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        images = decode._torchvision_decoder()([torch.zeros(2, dtype=torch.uint8)] * 2, torch.device('meta'))
+    assert len(images) == 2 and calls == [(2, torchvision.io.ImageReadMode.RGB, torch.device('meta'))]
+    assert [(w.category, str(w.message)) for w in seen] == [(RuntimeWarning, 'corrupt data: 3 extraneous bytes')]
