@@ -442,3 +442,37 @@ def test_the_torchvision_decoder_decodes_on_the_device_asked_and_silences_only_t
         images = decode._torchvision_decoder()([torch.zeros(2, dtype=torch.uint8)] * 2, torch.device('meta'))
     assert len(images) == 2 and calls == [(2, torchvision.io.ImageReadMode.RGB, torch.device('meta'))]
     assert [(w.category, str(w.message)) for w in seen] == [(RuntimeWarning, 'corrupt data: 3 extraneous bytes')]
+
+
+def test_the_batch_decoder_is_torchvisions_else_torchcodecs_else_a_one_line_import_error(monkeypatch):
+    from tcnn.data import decode
+    monkeypatch.setattr(decode, '_DECODER', None)
+    assert decode.decoder_name() == 'torchvision'
+    fake = object()
+    monkeypatch.setattr(decode, '_DECODER', None)
+    monkeypatch.setattr(decode, '_torchvision_decoder', lambda: None)
+    monkeypatch.setattr(decode, '_torchcodec_decoder', lambda: fake)
+    assert decode.decoder_name() == 'torchcodec' and decode._decoder()[1] is fake
+    monkeypatch.setattr(decode, '_DECODER', None)
+    monkeypatch.setattr(decode, '_torchcodec_decoder', lambda: None)
+    with pytest.raises(ImportError) as info:
+        decode.decoder_name()
+    assert str(info.value) == 'decoding JPEGs in batches needs torchvision.io.decode_jpeg or torchcodec'
+
+
+def test_pixels_decoded_already_and_the_labels_go_to_the_batchs_device():
+    pixels = torch.full((3, 2, 2), 7, dtype=torch.uint8)
+    images, failed = decode_batch([pixels], torch.device('meta'))
+    assert images[0].device.type == 'meta' and images[0].shape == (3, 2, 2) and failed == []
+    seen = []
+
+    def evaluate(images, *params):
+        seen.append(params)
+        return torch.zeros(len(images), 3, 2, 2, device='meta')
+    finish = BatchFinisher(evaluate, torch.device('meta'), report_bad=None, train=False)
+    batch = EncodedBatch(names=['a.png'], payloads=[pixels], params={}, targets=torch.tensor([4]))
+    out, targets = finish(batch)
+    assert seen == [()] and out.device.type == 'meta' and targets.device.type == 'meta'  # evaluation: no params
+    finish = BatchFinisher(evaluate, torch.device('meta'), report_bad=None, train=True)
+    finish(dataclasses.replace(batch, params={'flip': torch.tensor([1.])}))
+    assert list(seen[1][0]) == ['flip']

@@ -183,6 +183,7 @@ def test_a_late_reparameterisation_is_marked_on_every_panel(drawn, tmp_path):
     assert note.get_text() == 'reparameterised' and tuple(note.xy) == (2.5, 0.02)
     assert (note.get_fontsize(), note.get_rotation(), note.get_ha(), note.get_va()) == (7, 90, 'right', 'bottom')
     assert to_rgba(note.get_color()) == to_rgba('grey')
+    assert note.xycoords == ('data', 'axes fraction')  # at the foot of the panel, whatever its accuracy range
     for ax in from_start.axes:  # GPSA layers from the first epoch: no marker
         assert not [line for line in ax.get_lines() if len(set(line.get_xdata())) == 1 and len(line.get_xdata()) == 2]
     assert not from_start.axes[0].texts
@@ -321,3 +322,11 @@ def test_the_panels_share_their_epoch_axis_and_a_gap_in_a_heads_values_is_a_gap_
     with pytest.raises(plots.TcnnError) as info:
         plots.plot_training_curves([], str(tmp_path / 'd.png'))
     assert str(info.value) == 'no epochs to plot'
+
+
+def test_a_reparameterisation_after_the_first_epoch_is_marked_too(drawn, tmp_path):
+    records = [_record(e, train_top1=1.0, **({'gpsa': {'l.conv2': _heads(e, 0)}} if e >= 1 else {}))
+               for e in range(3)]
+    plots.plot_training_curves(records, str(tmp_path / 'late.png'))
+    assert list(drawn[0].axes[0].get_lines()[-1].get_xdata()) == [1.5, 1.5]
+    assert drawn[0].axes[0].texts[0].xy == (1.5, 0.02)
