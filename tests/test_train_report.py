@@ -132,3 +132,11 @@ def test_an_epoch_line_adds_the_ema_the_best_checkpoint_and_a_data_bound_warning
     below = report.epoch_summary(_row(gpsa={}, data_wait=DATA_BOUND_FRACTION - 1e-9, ema_val_top1=None,
                                       is_best=False), 10)
     assert below.endswith('waiting for data 10% of the time), 12.3 s')
+
+
+def test_the_progress_bar_shows_the_mean_loss_lr_and_the_jobs_throughput_and_data_wait():
+    from tcnn.train.engine import EpochPosition, _bar_postfix
+    position = EpochPosition(updates=4, loss_sum=8.2, images=100, compute_time_s=3.0, data_time_s=1.0)
+    # 2 processes: 200 images in 4 s of loop, a quarter of it waiting for data
+    assert _bar_postfix(position, 1.5e-4, 2) == {'loss': '2.0500', 'lr': '0.00015', 'img_s': '50.0', 'data': '25%'}
+    assert _bar_postfix(EpochPosition(), 0.1, 1) == {'loss': '0.0000', 'lr': '0.1', 'img_s': '0.0', 'data': '0%'}
