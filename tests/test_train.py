@@ -654,6 +654,7 @@ def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     (['--sched', 'cosine'], 'use --set sched=cosine'),
     (['--mixup', '0.2', '--cutmix', '0'], 'use --set mixup=0.2'),
     (['--scale', '0.5', '1'], 'use --set scale=[0.5,1]'),
+    (['--smoothing', '0.1', '0.2'], 'use --set smoothing=[0.1,0.2]'),  # two values: a list, for the check to refuse
     (['--channels-last'], 'use --set channels_last=true'),
     (['-b', '64'], "-b is timm train.py's flag; tcnn train's way: --batch-size 64"),
     (['--grad-accum-steps', '2'], '--accum-steps 2'),
