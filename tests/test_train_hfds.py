@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tcnn.cli import main
+from tcnn.data.folders import BadImageError
 from tcnn.data.readers import ReaderDataset, open_reader_datasets
 from tcnn.errors import TcnnError
 from tcnn.train import launch
@@ -48,8 +49,27 @@ def test_a_local_hugging_face_dataset_opens_map_style_with_its_class_names_and_s
 def test_a_split_the_hugging_face_dataset_lacks_is_one_line_naming_it(hf_folder):
     with pytest.raises(TcnnError) as info:
         ReaderDataset(f'hfds/{hf_folder}', hf_folder, 'test')
-    message = str(info.value)
-    assert message.startswith(f"cannot open split 'test' of hfds/{hf_folder} (") and '\n' not in message
+    message = str(info.value)  # the datasets library's own error, named by its type, on one line
+    assert message.startswith(f"cannot open split 'test' of hfds/{hf_folder} (ValueError: ") and message.endswith(')')
+    assert '"test"' in message and '\n' not in message
+
+
+def test_a_hugging_face_split_takes_a_class_map_a_transform_and_the_bad_image_policy(hf_folder):
+    spec = f'hfds/{hf_folder}'
+    mapped = ReaderDataset(spec, hf_folder, 'train', class_map={'circle': 2, 'square': 0, 'triangle': 1})
+    assert mapped.class_to_idx == {'circle': 2, 'square': 0, 'triangle': 1}
+    assert [mapped.read_encoded(i)[3] for i in (0, 6, 12)] == [2, 0, 1]
+    transform = lambda img: img.size  # noqa: E731
+    skipping = ReaderDataset(spec, hf_folder, 'train', skip_bad_images=True, transform=transform)
+    assert skipping.transform is transform and skipping[0] == ((32, 32), 0)
+    skipping.report_bad(f'{spec}[train]#3')
+    skipping.report_bad(f'{spec}[train]#3')
+    assert skipping.bad_images() == [f'{spec}[train]#3']  # each once
+    strict = ReaderDataset(spec, hf_folder, 'train')
+    assert strict.skip_bad_images is False and strict.transform is None
+    with pytest.raises(BadImageError) as info:
+        strict.report_bad(f'{spec}[train]#3')
+    assert str(info.value).startswith(f'cannot decode image {spec}[train]#3: ')
 
 
 def _args(data: str, output, epochs: int = 2):
