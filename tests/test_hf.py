@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import huggingface_hub.constants
 import pytest
@@ -472,3 +473,32 @@ def test_the_hub_config_holds_the_version_source_conversion_report_parameters_an
     assert tcnn.evaluation.model_card.hub_config(model, {'source': source, 'training': {'epoch': None}})['training'] \
         is None
     assert tcnn.evaluation.model_card.hub_config(model, {'source': source})['parameters'] is None
+
+
+def test_the_cards_conversion_section_lists_the_settings_layers_and_parameters_word_for_word():
+    model = nn.Module()
+    model.tcnn_config = {'layers': ['layer4.0.conv2', 'layer4.1.conv2'], 'stages': [3, 4], 'locality_strength': 1.0,
+                         'gating_init': 2.5, 'qk_dim': None}
+    unverified = tcnn.evaluation.model_card._report_text(model)
+    section = tcnn.evaluation.model_card._conversion_section(model, {'parameters': {'total': 12_345_678,
+                                                                                    'cnn': 11_000_000}})
+    assert section == '\n'.join([
+        '## Conversion', '', '| setting | value |', '|:---|---:|', '| stages | 3, 4 |',
+        '| GPSA layers | 2: `layer4.0.conv2`, `layer4.1.conv2` |', '| initial locality strength alpha | 1 |',
+        '| initial gate lambda | 2.5 |', '| qk_dim | default (min(C_in // heads, C_in // groups)) |',
+        '| parameters | 12.35M (CNN 11.00M, +1.35M for self-attention) |', '', unverified, ''])
+    model.tcnn_config = dict(model.tcnn_config, qk_dim=16, stages=[4], layers=['l.c'], locality_strength=0.25)
+    section = tcnn.evaluation.model_card._conversion_section(model, {'parameters': {'total': 5}})
+    assert '| qk_dim | 16 |' in section and '| stages | 4 |' in section and '| GPSA layers | 1: `l.c` |' in section
+    assert '| initial locality strength alpha | 0.25 |' in section and 'parameters |' not in section
+    assert 'parameters |' not in tcnn.evaluation.model_card._conversion_section(model, {})
+    # a model of 16 G parameters, 8 G of them the CNN's: the counts in millions, to the hundredth
+    section = tcnn.evaluation.model_card._conversion_section(model, {'parameters': {'total': 16e9, 'cnn': 8e9}})
+    assert '| parameters | 16000.00M (CNN 8000.00M, +8000.00M for self-attention) |' in section
+    # the model's own verification report, in words
+    model.tcnn_report = types.SimpleNamespace(batch_size=2, input_size=(3, 64, 64), max_rel_err=1.5e-7,
+                                              max_abs_err=2e-6, dtype='float32', float64_max_rel_err=None,
+                                              vacuous=False, init_max_rel_err=0.3)
+    section = tcnn.evaluation.model_card._conversion_section(model, {})
+    assert section.endswith('\n\n' + tcnn.evaluation.model_card._report_text(model) + '\n')
+    assert 'to a max relative error of 1.5e-07 (max absolute 2e-06) on 2x3x64x64 random float32 inputs' in section
