@@ -301,3 +301,70 @@ def test_wandb_that_cannot_start_is_one_line(data_dir, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and '--log wandb: cannot start the W&B run (No API key configured' in err[0], err
     assert 'WANDB_MODE=offline' in err[0] and status(run)['state'] == 'failed'
+
+
+# ---------------------------------------------------------------------- what the W&B logger asks of wandb
+
+
+class _FakeWandB:
+    """The part of the ``wandb`` module the logger calls, recording each call."""
+
+    def __init__(self):
+        self.calls = []
+        test = self
+
+        class Run:
+            id, step = 'run-id', 0
+
+            def log(self, values, step):
+                test.calls.append(('log', dict(values), step))
+
+            def mark_preempting(self):
+                test.calls.append(('mark_preempting',))
+
+            def finish(self, exit_code):
+                test.calls.append(('finish', exit_code))
+        self.run = Run()
+
+    def init(self, **kwargs):
+        self.calls.append(('init', kwargs))
+        return self.run
+
+    def Image(self, pixels, caption=None):  # noqa: N802 - wandb's name
+        return ('Image', pixels, caption)
+
+
+@pytest.mark.parametrize('recipe_project, env_project, project', [('mine', 'env', 'mine'), (None, 'env', 'env'),
+                                                                  (None, None, 'tcnn')])
+def test_the_wandb_run_is_named_after_the_output_in_the_recipes_or_the_environments_project(
+        monkeypatch, tmp_path, recipe_project, env_project, project):
+    from tcnn.train.dashboards import _WandB
+    from tcnn.train.recipe import Recipe
+    fake = _FakeWandB()
+    monkeypatch.setitem(sys.modules, 'wandb', fake)
+    monkeypatch.delenv('WANDB_DIR', raising=False)
+    if env_project:
+        monkeypatch.setenv('WANDB_PROJECT', env_project)
+    else:
+        monkeypatch.delenv('WANDB_PROJECT', raising=False)
+    recipe = Recipe(wandb_project=recipe_project)
+    logger = _WandB(str(tmp_path / 'runs' / 'r1') + os.sep, recipe, 'id-7')
+    assert fake.calls == [('init', {'project': project, 'id': 'id-7', 'resume': 'allow', 'config': recipe.to_dict(),
+                                    'name': 'r1', 'dir': str(tmp_path / 'runs' / 'r1') + os.sep})]
+    monkeypatch.setenv('WANDB_DIR', str(tmp_path))
+    _WandB(str(tmp_path / 'r2'), recipe, None)
+    assert fake.calls[-1][1]['dir'] is None and fake.calls[-1][1]['name'] == 'r2'  # wandb reads WANDB_DIR itself
+    logger.image('attention', 'pixels', 'epoch 3', 5)
+    assert fake.calls[-1] == ('log', {'attention': ('Image', 'pixels', 'epoch 3')}, 5)
+    assert logger.state_dict() == {'wandb_id': 'run-id'}
+
+
+@pytest.mark.parametrize('exit_code, preempting', [(EXIT_PREEMPTED, True), (0, False), (EXIT_INTERRUPTED, False),
+                                                   (1, False)])
+def test_a_preempted_wandb_run_is_marked_preempting_before_it_finishes(monkeypatch, tmp_path, exit_code, preempting):
+    from tcnn.train.dashboards import _WandB
+    from tcnn.train.recipe import Recipe
+    fake = _FakeWandB()
+    monkeypatch.setitem(sys.modules, 'wandb', fake)
+    _WandB(str(tmp_path), Recipe(), None).close(exit_code)
+    assert fake.calls[1:] == [('mark_preempting',)] * preempting + [('finish', exit_code)]

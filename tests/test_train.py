@@ -655,6 +655,8 @@ def test_bad_recipe_and_model_fail_clearly(data_dir, tmp_path, capsys):
     (['--mixup', '0.2', '--cutmix', '0'], 'use --set mixup=0.2'),
     (['--scale', '0.5', '1'], 'use --set scale=[0.5,1]'),
     (['--smoothing', '0.1', '0.2'], 'use --set smoothing=[0.1,0.2]'),  # two values: a list, for the check to refuse
+    (['--smoothing', '-0.5'], 'use --set smoothing=-0.5'),  # a negative number is a value, not a flag
+    (['--smoothing', '-1e-3'], 'use --set smoothing=-1e-3'),
     (['--channels-last'], 'use --set channels_last=true'),
     (['-b', '64'], "-b is timm train.py's flag; tcnn train's way: --batch-size 64"),
     (['--grad-accum-steps', '2'], '--accum-steps 2'),
