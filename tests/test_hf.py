@@ -502,3 +502,40 @@ def test_the_cards_conversion_section_lists_the_settings_layers_and_parameters_w
     section = tcnn.evaluation.model_card._conversion_section(model, {})
     assert section.endswith('\n\n' + tcnn.evaluation.model_card._report_text(model) + '\n')
     assert 'to a max relative error of 1.5e-07 (max absolute 2e-06) on 2x3x64x64 random float32 inputs' in section
+
+
+def test_the_cards_fine_tuning_section_states_the_recipe_the_checkpoint_and_the_metrics_word_for_word():
+    training_section = tcnn.evaluation.model_card._training_section
+    stored = {'model': 'resnet18d', 'epochs': 10, 'batch_size': 32, 'lr': 5e-4, 'gating_lr': 0.5, 'img_size': 96,
+              'data': '/data/sets/shapes/', 'no_sa': False}
+    metrics = [{'epoch': 3, 'val_top1': 71.234, 'val_loss': 0.98765, 'train_loss': 1.5},
+               {'epoch': 9, 'val_top1': 80.5, 'val_top5': 99.0, 'ema_val_top1': 81.0}]
+    assert training_section({'training': {'epoch': 3, 'best_top1': 80.5}, 'recipe': stored}, metrics) == '\n'.join([
+        '## Fine-tuning', '',
+        'Fine-tuned with `tcnn train` (T-CNN, the recipe of T-CNN section 3 with the values below): 10 epochs '
+        'planned, batch 32 per process, lr 0.0005, gating lr 0.5, 96 px.',
+        'This checkpoint: after epoch 4.', 'Best validation top-1 of the run: 80.50%.', '',
+        '| metric | this checkpoint | last epoch (10) |', '|:---|---:|---:|', '| top-1 % | 71.23 | 80.5 |',
+        '| val loss | 0.9877 | - |', '| train loss | 1.5 | - |', '',
+        '<details><summary>recipe (paths shortened to their last component)</summary>', '', '```yaml',
+        '{model: resnet18d, no_sa: false, data: shapes, img_size: 96, epochs: 10, batch_size: 32,',
+        '  lr: 0.0005, gating_lr: 0.5}', '```', '', '</details>', '', ''])
+    # the last epoch's checkpoint, no recipe stored, a best top-1 that is not a number: the metrics only
+    assert training_section({'training': {'epoch': 9, 'best_top1': float('nan')}}, metrics) == '\n'.join([
+        '## Fine-tuning', '', 'This checkpoint: after epoch 10.', '', '| metric | this checkpoint |', '|:---|---:|',
+        '| top-1 % | 80.5 |', '| top-5 % | 99 |', '| EMA top-1 % | 81 |', '', ''])
+    baseline = training_section({'training': {}, 'recipe': dict(stored, no_sa=True)}, [])
+    assert baseline.startswith('## Fine-tuning\n\nFine-tuned with `tcnn train` (no-SA baseline, ')
+    assert 'This checkpoint' not in baseline and 'Best validation' not in baseline and '| metric |' not in baseline
+    assert training_section({'recipe': stored}, metrics) == ''  # not from a training run
+    # the checkpoint before the last of three; the data folder's last component, whatever it ends with
+    three = metrics[:1] + [{'epoch': 5, 'val_top1': 75.0}] + metrics[1:]
+    section = training_section({'training': {'epoch': 5}, 'recipe': dict(stored, data='/data/shapes-X/')}, three)
+    assert '| metric | this checkpoint | last epoch (10) |\n|:---|---:|---:|\n| top-1 % | 75 | 80.5 |' in section
+    assert 'data: shapes-X,' in section
+    # a checkpoint's recipe is shown as it was, even one a run would refuse now (warm-up longer than the run)
+    assert '2 epochs planned' in training_section({'training': {}, 'recipe': {'epochs': 2}}, [])
+    with pytest.raises(tcnn.errors.TcnnError) as info:  # a key this release does not know: named, with the source
+        training_section({'training': {}, 'recipe': {'epochs': 2, 'fancy_new_key': 1}}, [])
+    assert str(info.value) == ("unknown recipe key 'fancy_new_key' in the checkpoint's recipe; keys are listed in "
+                               'docs/train.md')

@@ -301,6 +301,9 @@ def test_metrics_are_read_from_a_run_folder_and_a_checkpoint_or_an_empty_file_is
             plots.load_metrics(str(run / name))
         assert str(info.value) == (f'{run / name} is a model or checkpoint file; tcnn plot takes the run folder that '
                                    f'holds it ({run}) or its metrics.jsonl')
+    with pytest.raises(plots.TcnnError) as info:
+        plots.load_metrics(str(tmp_path / 'nowhere'))
+    assert str(info.value) == f'no metrics file at {tmp_path / "nowhere"} (tcnn train writes RUN_DIR/metrics.jsonl)'
     (run / 'metrics.jsonl').write_text('')
     with pytest.raises(plots.TcnnError) as info:
         plots.load_metrics(str(run))
