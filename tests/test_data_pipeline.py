@@ -4,6 +4,7 @@ the resident pipelines give the same batches whatever the worker count, ``auto``
 runs resume exactly on each pipeline."""
 import dataclasses
 import io
+import math
 import os
 import random
 import threading
@@ -476,3 +477,60 @@ def test_pixels_decoded_already_and_the_labels_go_to_the_batchs_device():
     finish = BatchFinisher(evaluate, torch.device('meta'), report_bad=None, train=True)
     finish(dataclasses.replace(batch, params={'flip': torch.tensor([1.])}))
     assert list(seen[1][0]) == ['flip']
+
+
+# ---------------------------------------------------------------------- will a split fit: its size, the budget
+
+
+class _Files:
+    """A split of image files whose headers the estimate reads, recording which it opened."""
+
+    def __init__(self, paths):
+        self.paths, self.opened = paths, []
+
+    def __len__(self):
+        return len(self.paths)
+
+    def filename(self, i):
+        self.opened.append(i)
+        return self.paths[i]
+
+
+def test_a_splits_decoded_size_is_estimated_from_headers_spread_over_it(tmp_path):
+    sizes = [(10 + i, 20 + 2 * i) for i in range(10)]
+    paths = []
+    for i, (w, h) in enumerate(sizes):
+        paths.append(str(tmp_path / f'{i}.png'))
+        Image.new('RGB', (w, h)).save(paths[-1])
+    split = _Files(paths)
+    picked = [0, 3, 6, 9]  # 4 of 10, evenly spread, both ends included
+    mean = sum(sizes[i][0] * sizes[i][1] for i in picked) / 4
+    assert estimate_decoded_bytes(split, sample=4) == math.ceil(mean * 3 * 10) and split.opened == picked
+    split.opened.clear()
+    assert estimate_decoded_bytes(split, sample=64) == math.ceil(sum(w * h for w, h in sizes) / 10 * 3 * 10)
+    assert split.opened == list(range(10))
+    assert estimate_decoded_bytes(_Files(paths[:1]), sample=1) == sizes[0][0] * sizes[0][1] * 3
+    # a sample that is no readable file counts as the mean of the others, and the reading goes on after it
+    broken = list(paths)
+    broken[3] = str(tmp_path / 'missing.png')
+    mean = sum(sizes[i][0] * sizes[i][1] for i in (0, 6, 9)) / 3
+    assert estimate_decoded_bytes(_Files(broken), sample=4) == math.ceil(mean * 3 * 10)
+    assert estimate_decoded_bytes(_Files([str(tmp_path / 'missing.png')] * 3)) is None
+
+
+def test_the_memory_budget_is_a_share_of_available_memory_divided_between_the_local_processes(monkeypatch):
+    from tcnn.data.resident import memory_budget
+    monkeypatch.setattr(os, 'sysconf', lambda name: {'SC_AVPHYS_PAGES': 1000, 'SC_PAGE_SIZE': 4096}[name])
+    assert memory_budget(torch.device('cpu'), 0.5) == 2_048_000
+    assert memory_budget(torch.device('cpu'), 0.5, local_processes=4) == 512_000
+    assert memory_budget(torch.device('cpu'), 0.5, local_processes=0) == 2_048_000
+    asked = []
+    monkeypatch.setattr(torch.cuda, 'get_device_properties',
+                        lambda device: asked.append(device) or type('P', (), {'total_memory': 80 * 2 ** 30})())
+    assert memory_budget(torch.device('cuda', 1), 0.25, local_processes=2) == 10 * 2 ** 30
+    assert asked == [torch.device('cuda', 1)]  # the device's own GPU, not the current one
+
+    def no_sysconf(name):
+        raise ValueError(name)
+    monkeypatch.setattr(os, 'sysconf', no_sysconf)
+    assert memory_budget(torch.device('cpu'), 0.5) == 0  # unknown: nothing is kept resident

@@ -75,7 +75,8 @@ def estimate_decoded_bytes(dataset: Any, sample: int = 64) -> Optional[int]:
     spread over it (a header read costs microseconds; decoding would cost the pass itself); None where no header
     could be read (samples that are not files: a Hugging Face dataset)."""
     n = len(dataset)
-    picks = sorted({round(i * (n - 1) / max(sample - 1, 1)) for i in range(min(sample, n))})
+    k = min(sample, n)  # spread over the split: a split of fewer than ``sample`` files is read whole
+    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
     pixels = []
     for i in picks:
         try:
