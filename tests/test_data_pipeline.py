@@ -534,3 +534,22 @@ def test_the_memory_budget_is_a_share_of_available_memory_divided_between_the_lo
         raise ValueError(name)
     monkeypatch.setattr(os, 'sysconf', no_sysconf)
     assert memory_budget(torch.device('cpu'), 0.5) == 0  # unknown: nothing is kept resident
+
+
+def test_a_device_loader_finishes_ahead_in_a_thread_only_when_asked_or_on_a_gpu():
+    from tcnn.data.prefetch import FinishedAhead
+
+    class Finish:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def __call__(self, batch):
+            return torch.tensor([batch]), torch.tensor([batch % 2])
+    batches = [3, 4, 5]
+    assert DeviceLoader(batches, Finish('cpu')).prefetch == 0  # the step takes every core: none ahead
+    assert DeviceLoader(batches, Finish('cuda')).prefetch == 2
+    assert DeviceLoader(batches, None).prefetch == 0
+    assert list(iter(DeviceLoader(batches, None))) == batches  # the workers finished them
+    now, ahead = DeviceLoader(batches, Finish('cpu'), prefetch=0), DeviceLoader(batches, Finish('cpu'), prefetch=1)
+    assert not isinstance(iter(now), FinishedAhead) and isinstance(iter(ahead), FinishedAhead)
+    assert [x.item() for x, _ in now] == [x.item() for x, _ in ahead] == batches
