@@ -539,3 +539,43 @@ def test_the_cards_fine_tuning_section_states_the_recipe_the_checkpoint_and_the_
         training_section({'training': {}, 'recipe': {'epochs': 2, 'fancy_new_key': 1}}, [])
     assert str(info.value) == ("unknown recipe key 'fancy_new_key' in the checkpoint's recipe; keys are listed in "
                                'docs/train.md')
+
+
+def test_the_cards_small_texts_word_for_word():
+    mc = tcnn.evaluation.model_card
+    names = [f'c{i}' for i in range(12)]
+    assert mc._classes_text({'num_classes': 12, 'label_names': names}) == (
+        "12: `c0`, `c1`, `c2`, `c3`, `c4`, `c5`, `c6`, `c7`, `c8`, `c9`, ... (2 more, in config.json's `label_names`)")
+    assert mc._classes_text({'num_classes': 3, 'label_names': ['a', 'b', 'c']}) == '3: `a`, `b`, `c`'
+    assert mc._classes_text({'num_classes': 10, 'label_names': names[:10]}).endswith('`c9`')
+    assert mc._classes_text({'num_classes': 7}) == '7' == mc._classes_text({'num_classes': 7, 'label_names': []})
+    assert mc._usage('hf-hub:org/t_resnet18d') == '\n'.join([
+        '```python', 'import timm', 'import tcnn  # registers the t_* architectures with timm (pip install tcnn)', '',
+        "model = timm.create_model('hf-hub:org/t_resnet18d', pretrained=True).eval()",
+        'transform = timm.data.create_transform(**timm.data.resolve_data_config(model=model))',
+        "# or: model = tcnn.load('hf-hub:org/t_resnet18d')", '```', ''])
+    model = timm.create_model('resnet18d', pretrained=False)  # 224 px, crop 0.875; tested at 288 px, crop 0.95
+    assert mc._size_text(model) == '224x224 (crop 0.875, bicubic), tested at 288x288 (crop 0.95, bicubic)'
+    model.pretrained_cfg = {k: v for k, v in model.pretrained_cfg.items() if not k.startswith('test_')}
+    assert mc._size_text(model) == '224x224 (crop 0.875, bicubic)'
+
+
+def test_the_cards_verification_text_states_the_reports_numbers_word_for_word():
+    model = nn.Module()  # no report at all (no attribute): said so
+    assert tcnn.evaluation.model_card._report_text(model) == (
+        'The conversion was not verified, or its report was not recorded (converted with `--no-verify`, by '
+        '`timm.create_model` directly, or by tcnn 0.3 or earlier).')
+    model.tcnn_report = types.SimpleNamespace(batch_size=2, input_size=(3, 64, 48), max_rel_err=1.5e-7,
+                                              max_abs_err=2e-6, dtype='float32', float64_max_rel_err=3.2e-16,
+                                              vacuous=False, init_max_rel_err=0.3)
+    exact = ('Verified at conversion: with every GPSA layer in the exact configuration (alpha = 50, lambda = 40, as '
+             '`tcnn.exact_configuration` sets it) the T-CNN computed the CNN\'s logits to a max relative error of '
+             '1.5e-07 (max absolute 2e-06) on 2x3x64x48 random float32 inputs.')
+    assert tcnn.evaluation.model_card._report_text(model) == exact + (
+        ' In float64 the error is 3.2e-16: the float32 figure is the network\'s rounding, not the conversion.'
+        ' At the fine-tuning init the T-CNN departed from the CNN by 0.3 (relative), by design: the heads start "on '
+        'the verge of locality" (T-CNN section 2).')
+    model.tcnn_report = types.SimpleNamespace(**dict(vars(model.tcnn_report), float64_max_rel_err=None, vacuous=True))
+    assert tcnn.evaluation.model_card._report_text(model) == exact + (
+        ' The converted layers hardly changed those logits (e.g. zero-initialised residual branches), so the check '
+        'could not catch a wrong conversion.')
