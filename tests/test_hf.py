@@ -24,6 +24,7 @@ from timm.models import save_for_hf
 
 import tcnn
 import tcnn.evaluation.model_card
+import tcnn.files.hub_folder
 import tcnn.files.sources
 from helpers import images
 from imagegen import make_image_folder
@@ -382,6 +383,12 @@ def test_card_names_the_source_weights(origin, text):
     assert tcnn.evaluation.model_card._source_weights(source).startswith(text)
 
 
+def test_card_names_pretrained_weights_without_a_hub_copy_without_a_link():
+    assert timm.models.get_pretrained_cfg('gcvit_tiny.in1k').hf_hub_id is None  # released on GitHub only
+    assert tcnn.evaluation.model_card._source_weights({'model': 'gcvit_tiny.in1k', 'weights': 'pretrained'}) == \
+        "timm's pretrained weights of `gcvit_tiny.in1k`"
+
+
 @pytest.mark.filterwarnings('ignore:the replaced layers do not influence')  # random init: a vacuous check
 def test_publish_makes_a_model_card_of_a_training_run(tmp_path, capsys):
     data = make_image_folder(str(tmp_path / 'shapes'), num_classes=3, train_per_class=4, val_per_class=2, size=48)
@@ -579,3 +586,52 @@ def test_the_cards_verification_text_states_the_reports_numbers_word_for_word():
     assert tcnn.evaluation.model_card._report_text(model) == exact + (
         ' The converted layers hardly changed those logits (e.g. zero-initialised residual branches), so the check '
         'could not catch a wrong conversion.')
+
+
+def test_the_model_card_is_its_intro_details_usage_and_sections_word_for_word(converted_file):
+    mc = tcnn.evaluation.model_card
+    model, path = converted_file
+    model, d, metrics = tcnn.files.hub_folder.read_published(path)
+    card = mc.model_card(model, d, metrics, location='local-dir:/models/t')
+    assert d['source'] == {'model': 'resnet18d', 'kwargs': {}, 'weights': 'file:my-resnet18d.pth'}
+    assert (card['license'], card['tags'], card['citation']) == ('unknown', ['image-classification', 'timm', 'tcnn',
+                                                                            'transformed-cnn'], mc.PAPER_BIBTEX)
+    summary = tcnn.gpsa_summary(model)
+
+    def spread(values):
+        return f'{sum(values) / len(values):.3f} [{min(values):.3f}, {max(values):.3f}]'
+    gates = '\n'.join([
+        '## Gates and spans per layer', '',
+        'Per GPSA layer, over its heads: mean [min, max] of the gate sigmoid(lambda) (1: positional attention, the '
+        'convolution\'s; 0: content attention) and of the attention span 1/alpha (T-CNN Fig. 4).', '',
+        '| layer | heads | gate | span |', '|:---|---:|---:|---:|',
+        *[f'| `{name}` | {len(s["gate"])} | {spread(s["gate"])} | {spread(s["span"])} |' for name, s in summary.items()],
+        ''])
+    assert len(summary) == 8 and len({spread(s['gate']) for s in summary.values()}) > 1  # moved gates differ
+    assert card['description'] == '\n'.join([
+        'A Transformed CNN (T-CNN, [arXiv:2106.05795](https://arxiv.org/abs/2106.05795)) made with tcnn from timm\'s '
+        '`resnet18d`: the k x k convolutions of `layer3`, `layer4` are Gated Positional Self-Attention layers (ConViT, '
+        'arXiv:2103.10697) that started out as those convolutions (their filters are the output projections) and '
+        'were then free to learn content attention.', '', '## Model Details', '',
+        f'- **Architecture:** `{model.pretrained_cfg["architecture"]}` (timm; `import tcnn` registers it)',
+        '- **Source CNN:** `resnet18d`', '- **Source weights:** a local checkpoint, `my-resnet18d.pth`',
+        '- **License:** unknown: the weights did not come from a published checkpoint whose license tcnn knows; the '
+        'publisher states it',
+        '- **Classes:** 10', f'- **Image size:** {mc._size_text(model)}',
+        f'- **Made with:** tcnn {tcnn.__version__}, timm {timm.__version__}, torch {torch.__version__.split("+")[0]}',
+        '', '## Usage', '', mc._usage('local-dir:/models/t'), mc._conversion_section(model, d),
+        mc._training_section(d, list(metrics)), gates])
+    # a source CNN built with arguments, from timm's published weights (named with their tag), under their license
+    model.pretrained_cfg = dict(model.pretrained_cfg, license='apache-2.0')
+    d = dict(d, source={'model': 'resnet18d.ra2_in1k', 'kwargs': {'drop_rate': 0.1}, 'weights': 'pretrained'})
+    card = mc.model_card(model, d, [], location='x')
+    assert card['license'] == 'apache-2.0' and '- **License:**' not in card['description']
+    assert "made with tcnn from timm's `resnet18d.ra2_in1k`" in card['description']
+    assert "- **Source CNN:** `resnet18d.ra2_in1k` with `{'drop_rate': 0.1}`" in card['description']
+    # weights from a file: the tag names timm's published weights, not these; a training run's section and metrics
+    d = dict(d, source={'model': 'resnet18d.ra2_in1k', 'kwargs': {}, 'weights': 'file:mine.pth'},
+             training={'epoch': 0})
+    card = mc.model_card(model, d, [{'epoch': 0, 'val_top1': 50.0}], location='x')
+    assert "made with tcnn from timm's `resnet18d`:" in card['description']
+    assert mc._training_section(d, [{'epoch': 0, 'val_top1': 50.0}]) in card['description']
+    assert '| top-1 % | 50 |' in card['description']
