@@ -368,3 +368,11 @@ def test_a_preempted_wandb_run_is_marked_preempting_before_it_finishes(monkeypat
     monkeypatch.setitem(sys.modules, 'wandb', fake)
     _WandB(str(tmp_path), Recipe(), None).close(exit_code)
     assert fake.calls[1:] == [('mark_preempting',)] * preempting + [('finish', exit_code)]
+
+
+def test_an_epoch_row_without_gpsa_layers_gives_the_accuracy_and_loss_scalars_only():
+    from tcnn.train.dashboards import epoch_scalars
+    row = {'epoch': 2, 'train_loss': 1.5, 'val_top1': 60.0, 'val_top5': None}
+    scalars = epoch_scalars(row)
+    assert scalars['epoch'] == 3 and 1.5 in scalars.values() and 60.0 in scalars.values()
+    assert not [tag for tag in scalars if tag.startswith(('gate/', 'span/'))] and None not in scalars.values()

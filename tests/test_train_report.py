@@ -140,3 +140,37 @@ def test_the_progress_bar_shows_the_mean_loss_lr_and_the_jobs_throughput_and_dat
     # 2 processes: 200 images in 4 s of loop, a quarter of it waiting for data
     assert _bar_postfix(position, 1.5e-4, 2) == {'loss': '2.0500', 'lr': '0.00015', 'img_s': '50.0', 'data': '25%'}
     assert _bar_postfix(EpochPosition(), 0.1, 1) == {'loss': '0.0000', 'lr': '0.1', 'img_s': '0.0', 'data': '0%'}
+
+
+def test_each_logged_update_reports_its_own_numbers_and_the_jobs_throughput_since_the_last_report(monkeypatch):
+    import torch
+    from tcnn.train import engine
+    seen = []
+    plan = SimpleNamespace(on_update=seen.append, log_every=2)
+    position = engine.EpochPosition(images=10, compute_time_s=1.0, data_time_s=1.0)
+    reporter = engine._UpdateReporter(plan, position)
+    assert [reporter.wants(n) for n in (1, 2, 3, 4)] == [False, True, False, True]
+    monkeypatch.setattr(engine, 'world_size', lambda: 2)
+    position = engine.EpochPosition(images=30, compute_time_s=4.0, data_time_s=2.0)  # 20 images in 3 + 1 s
+    reporter.report(2, 0.5, {'lr': 1e-4, 'gating_lr': 0.1}, torch.tensor(3.0), position)
+    position = engine.EpochPosition(images=40, compute_time_s=5.0, data_time_s=2.0)  # 10 more in 1 s, no wait
+    reporter.report(4, 0.25, {'lr': 2e-4, 'gating_lr': None}, None, position)
+    assert seen == [
+        {'step': 2, 'loss': 0.5, 'lr': 1e-4, 'gating_lr': 0.1, 'grad_norm': 3.0, 'img_per_s': 10.0, 'data_wait': 0.25},
+        {'step': 4, 'loss': 0.25, 'lr': 2e-4, 'gating_lr': None, 'grad_norm': None, 'img_per_s': 20.0,
+         'data_wait': 0.0}]
+    assert not engine._UpdateReporter(SimpleNamespace(on_update=None, log_every=2), position).wants(2)
+    assert not engine._UpdateReporter(SimpleNamespace(on_update=seen.append, log_every=0), position).wants(2)
+
+
+def test_the_gradient_norm_is_the_float32_norm_of_every_gradient_together():
+    import torch
+    from tcnn.train.engine import grad_norm
+    a, b, c = (torch.zeros(3, requires_grad=True), torch.zeros(1000, dtype=torch.bfloat16, requires_grad=True),
+               torch.zeros(1, requires_grad=True))
+    a.grad = torch.tensor([3.0, 0.0, 4.0])
+    b.grad = torch.ones(1000, dtype=torch.bfloat16)  # its norm, sqrt(1000), is 31.625 in bfloat16
+    norm = grad_norm([a, b, c])  # c has no gradient
+    assert norm.dtype == torch.float32 and norm.item() == pytest.approx((25 + 1000) ** 0.5, rel=1e-6)
+    empty = grad_norm([c])
+    assert empty.shape == () and empty.item() == 0.0
