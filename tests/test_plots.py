@@ -333,3 +333,38 @@ def test_a_reparameterisation_after_the_first_epoch_is_marked_too(drawn, tmp_pat
     plots.plot_training_curves(records, str(tmp_path / 'late.png'))
     assert list(drawn[0].axes[0].get_lines()[-1].get_xdata()) == [1.5, 1.5]
     assert drawn[0].axes[0].texts[0].xy == (1.5, 0.02)
+
+
+def test_a_layer_without_head_values_is_skipped_and_the_layers_after_it_are_drawn(drawn, tmp_path):
+    records = [_record(e, gpsa={'a.conv2': {'gate': [], 'span': []}, 'b.conv2': _heads(e, 1)}) for e in range(2)]
+    plots.plot_training_curves(records, str(tmp_path / 'c.png'))
+    b = drawn[0].axes[1]
+    assert [line.get_label() for line in b.get_lines() if not line.get_label().startswith('_')] == ['b.c2']
+    assert to_rgba(b.get_lines()[-1].get_color()) == to_rgba('C1')  # the second layer keeps the second colour
+
+
+def test_eleven_layers_reuse_the_colour_cycle_from_the_first_colour(drawn, tmp_path):
+    layers = [f'layer{k}.conv2' for k in range(11)]
+    records = [_record(e, gpsa={name: _heads(e, k) for k, name in enumerate(layers)}) for e in range(2)]
+    plots.plot_training_curves(records, str(tmp_path / 'c.png'))
+    means = [line for line in drawn[0].axes[2].get_lines() if not line.get_label().startswith('_')]
+    assert [line.get_color() for line in means] == [f'C{i % 10}' for i in range(11)]
+
+
+@pytest.mark.parametrize('spread, widened', [(3.3, True), (3.9, False)])
+def test_spans_are_widened_to_a_factor_four_exactly_when_their_own_range_is_narrower(drawn, tmp_path, spread,
+                                                                                   widened):
+    records = [_record(e, gpsa={'l.conv2': {'span': [1.0, 1.0 + (spread - 1.0) * e], 'gate': [0.5, 0.5]}})
+               for e in range(2)]
+    plots.plot_training_curves(records, str(tmp_path / 'c.png'))
+    reference = Figure().subplots()
+    for line in drawn[0].axes[1].get_lines():
+        reference.plot(line.get_xdata(), line.get_ydata())
+    reference.set_yscale('log')
+    lo, hi = reference.get_ylim()
+    assert (hi / lo < 4) == widened  # 3.9: matplotlib's own limits span a factor between 4 and 5
+    if widened:
+        mid = math.sqrt(lo * hi)
+        assert drawn[0].axes[1].get_ylim() == pytest.approx((mid / 2, mid * 2), rel=1e-9)
+    else:
+        assert drawn[0].axes[1].get_ylim() == pytest.approx((lo, hi), rel=1e-9)
