@@ -154,15 +154,20 @@ def test_span_axis_is_logarithmic_with_the_gaussian_width_on_the_right(drawn, tm
     assert forward(np.array([8.0])) == pytest.approx([2.0]) and inverse(np.array([2.0])) == pytest.approx([8.0])
 
 
+def _own_log_limits(ax):
+    """The y limits matplotlib itself gives the lines of ``ax`` on a log axis (a fresh axes, nothing set)."""
+    reference = Figure().subplots()
+    for line in ax.get_lines():
+        reference.plot(line.get_xdata(), line.get_ydata())
+    reference.set_yscale('log')
+    return reference.get_ylim()
+
+
 def test_spans_that_barely_move_are_shown_over_a_factor_of_four(drawn, tmp_path):
     records = [_record(e, gpsa={'l.conv2': {'span': [3.0 + 0.01 * e, 3.1], 'gate': [0.5, 0.5]}}) for e in range(3)]
     plots.plot_training_curves(records, str(tmp_path / 'c.png'))
     # matplotlib's own limits of the same lines, centred geometrically and widened to a factor 4
-    reference = Figure().subplots()
-    for line in drawn[0].axes[1].get_lines():
-        reference.plot(line.get_xdata(), line.get_ydata())
-    reference.set_yscale('log')
-    auto_lo, auto_hi = reference.get_ylim()
+    auto_lo, auto_hi = _own_log_limits(drawn[0].axes[1])
     assert auto_hi / auto_lo < 4
     mid = math.sqrt(auto_lo * auto_hi)
     assert drawn[0].axes[1].get_ylim() == pytest.approx((mid / 2, mid * 2), rel=1e-9)
@@ -357,11 +362,7 @@ def test_spans_are_widened_to_a_factor_four_exactly_when_their_own_range_is_narr
     records = [_record(e, gpsa={'l.conv2': {'span': [1.0, 1.0 + (spread - 1.0) * e], 'gate': [0.5, 0.5]}})
                for e in range(2)]
     plots.plot_training_curves(records, str(tmp_path / 'c.png'))
-    reference = Figure().subplots()
-    for line in drawn[0].axes[1].get_lines():
-        reference.plot(line.get_xdata(), line.get_ydata())
-    reference.set_yscale('log')
-    lo, hi = reference.get_ylim()
+    lo, hi = _own_log_limits(drawn[0].axes[1])
     assert (hi / lo < 4) == widened  # 3.9: matplotlib's own limits span a factor between 4 and 5
     if widened:
         mid = math.sqrt(lo * hi)
