@@ -1,6 +1,7 @@
 """Helpers the test files share, defined once (the fixtures are in ``conftest.py``): the relative error every
-equivalence check measures, the random image batches the models get, what a failing ``torch.save`` leaves, and a
-fresh interpreter's output (what an import or a command imports, which this process has imported long ago).
+equivalence check measures, the random image batches the models get, what a failing ``torch.save`` leaves, a
+fresh interpreter's output (what an import or a command imports, which this process has imported long ago) and
+``torch.jit.script`` without a PyTorch flake that a long test session hits.
 
 Imported by name, as ``formulas``, ``nontrivial`` and ``imagegen`` are: ``tests/`` has no ``__init__.py``, so pytest
 puts it on ``sys.path`` (wherever the folder is: CI's oldest stack and the mutation runs' copies alike).
@@ -13,7 +14,7 @@ from typing import Any, Tuple, Union
 
 import torch
 
-__all__ = ['rel_err', 'images', 'write_partial', 'fresh_python']
+__all__ = ['rel_err', 'images', 'write_partial', 'fresh_python', 'script']
 
 
 def rel_err(out: Any, ref: torch.Tensor) -> float:
@@ -69,3 +70,21 @@ def fresh_python(code: str, *options: str) -> str:
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def script(module: torch.nn.Module) -> torch.jit.ScriptModule:
+    """``torch.jit.script(module)``, first dropping the entries of TorchScript's builtin table that name a dead op.
+
+    The table (``torch.jit._builtins``) maps ``id(op)`` to an op name and never forgets an id: when ``torch.library``
+    defines a new overload of an op, the op's Python object is replaced and the old one freed, its id left behind. A
+    module attribute allocated at that address later (a conv's padding list) is then taken for the op, and scripting
+    fails with "builtin cannot be used as a value" (seen once in CI on torch 2.5.1, after ~400 tests; the mechanism is
+    the same in torch 2.14). Every entry names a callable, and no two live objects share an id, so an entry at the id
+    of a live attribute that is not callable is stale: only those are dropped.
+    """
+    table = torch.jit._builtins._get_builtin_table()
+    for sub in module.modules():
+        for value in vars(sub).values():
+            if not callable(value):
+                table.pop(id(value), None)
+    return torch.jit.script(module)

@@ -11,7 +11,7 @@ from tcnn.layers import depthwise
 import tcnn.layers.gpsa
 from tcnn.layers.gpsa import GPSA
 
-from helpers import rel_err
+from helpers import rel_err, script
 from nontrivial import away_from_exact
 
 
@@ -248,7 +248,7 @@ def test_depthwise_layer_matches_its_torchscript_form(monkeypatch, small_chunks,
     torch.manual_seed(0)
     layer = GPSA.from_conv(nn.Conv2d(cin, cout, 5, stride, 2, groups=cin, bias=True, padding_mode=mode))
     away_from_exact(layer, value_noise=0.3)
-    scripted = torch.jit.script(layer)
+    scripted = script(layer)
     # eager mode folds (25 heads x 72 keys); script cannot
     monkeypatch.setattr(depthwise, 'attend_heads_first', _not_here)
     x = torch.randn(3, cin, 9, 8, requires_grad=True)

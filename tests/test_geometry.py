@@ -15,6 +15,8 @@ from tcnn.layers.geometry import Geometry, conv_geometry, queries_are_tokens
 from tcnn.layers.gpsa import GPSA
 from tcnn.layers.positional import axis_offsets
 
+from helpers import script
+
 
 # ---------------------------------------------------------------- one value, made once and read whole
 
@@ -29,7 +31,7 @@ def test_geometry_is_made_once_and_matches_the_attributes():
     assert all(getattr(layer, name) == value for name, value in geometry._asdict().items())
     with pytest.raises(AttributeError):
         geometry.stride = (1, 1)  # frozen
-    scripted = torch.jit.script(layer)
+    scripted = script(layer)
     assert scripted.geometry == geometry and scripted.stride == (2, 1)
     assert copy.deepcopy(layer).geometry == geometry
 

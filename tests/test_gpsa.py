@@ -19,7 +19,7 @@ from tcnn.layers.projections import upgrade_proj_weight
 
 from benchmarks.measure import OperatorCount
 from formulas import gpsa_formula as _reference_gpsa
-from helpers import rel_err
+from helpers import rel_err, script
 from nontrivial import away_from_exact
 
 
@@ -119,7 +119,7 @@ def test_an_unbatched_input_is_a_batch_of_one_as_for_the_conv(groups):
     assert out.shape == ref.shape == (16, 5, 4) and out.is_contiguous() and ref.is_contiguous()
     assert rel_err(out, ref) < 1e-5  # as test_exact_configuration_equals_conv
     assert torch.equal(out, layer(x[None])[0])
-    assert torch.equal(torch.jit.script(layer)(x), out) and torch.equal(torch.fx.symbolic_trace(layer)(x), out)
+    assert torch.equal(script(layer)(x), out) and torch.equal(torch.fx.symbolic_trace(layer)(x), out)
     assert layer.attention(x)['mixed'].shape == (1, 9, 20, 99)  # a batch of one: 9 heads, 5 x 4 queries, 11 x 9 keys
     out.sum().backward()
     assert x.grad.shape == x.shape and x.grad.abs().sum() > 0
@@ -505,7 +505,7 @@ def test_traced_and_scripted_layers_write_softplus_without_beta():
     """What OpenVINO (and any tool that ignores beta) reads: every softplus of the traced or scripted layer has beta 1
     (its values: the test above)."""
     layer = GPSA(4, 4, 3, padding=1).eval()
-    for graph in (torch.jit.trace(layer, torch.randn(1, 4, 5, 5)).inlined_graph, torch.jit.script(layer).inlined_graph):
+    for graph in (torch.jit.trace(layer, torch.randn(1, 4, 5, 5)).inlined_graph, script(layer).inlined_graph):
         softplus = [n for n in graph.nodes() if n.kind() == 'aten::softplus']
         assert softplus and all(n.inputsAt(1).toIValue() == 1 for n in softplus)
 
@@ -608,7 +608,7 @@ def test_scripted_and_fx_traced_layers_give_the_eager_output():
     gpsa = GPSA.from_conv(nn.Conv2d(8, 12, 3, stride=2, padding=1))
     x = torch.randn(2, 8, 9, 7)
     ref = gpsa(x)
-    torch.testing.assert_close(torch.jit.script(gpsa)(x), ref)
+    torch.testing.assert_close(script(gpsa)(x), ref)
     torch.testing.assert_close(torch.fx.symbolic_trace(gpsa)(x), ref)
 
 
@@ -620,7 +620,7 @@ def test_scripted_layer_runs_eager_modes_operations(groups):
     them)."""
     torch.manual_seed(0)
     layer = away_from_exact(GPSA(8, 8, 3, padding=1, groups=groups, qk_dim=3), 0.3)
-    scripted = torch.jit.script(layer)
+    scripted = script(layer)
     x = torch.randn(2, 8, 5, 6)
     for _ in range(2):
         assert torch.equal(scripted(x), layer(x))

@@ -17,7 +17,7 @@ from tcnn.layers.gpsa import EXACT_GATING, EXACT_LOCALITY, GPSA
 from tcnn.files.sources import create_cnn
 
 from benchmarks.reference_gpsa import block_diagonal as _block_diagonal
-from helpers import images, rel_err
+from helpers import images, rel_err, script
 from nontrivial import away_from_exact, nontrivial as _nontrivial_norms
 
 
@@ -85,7 +85,7 @@ def test_grouped_layer_is_its_dense_block_diagonal_layer_at_any_parameters(cin, 
     x = torch.randn(2, cin, 9, 8)
     out = grouped(x)
     torch.testing.assert_close(out, dense(x), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(torch.jit.script(grouped)(x), out)
+    torch.testing.assert_close(script(grouped)(x), out)
     torch.testing.assert_close(torch.fx.symbolic_trace(grouped)(x), out)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         low = grouped(x)
@@ -361,4 +361,4 @@ def test_empty_batch_gives_the_convs_empty_output(groups, kernel, mode):
     out = layer(x)
     out.sum().backward()
     assert out.shape == conv(x).shape == (0, 64, 5, 4) and x.grad.shape == x.shape
-    assert torch.jit.script(layer)(x).shape == out.shape
+    assert script(layer)(x).shape == out.shape

@@ -221,7 +221,7 @@ def test_readme_layout_matches_the_tree():
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # What every test file takes from tests/helpers.py and tests/conftest.py, and where each is defined
-SHARED_HELPERS = {'rel_err': 'helpers.py', 'images': 'helpers.py', 'data_dir': 'conftest.py',
+SHARED_HELPERS = {'rel_err': 'helpers.py', 'images': 'helpers.py', 'script': 'helpers.py', 'data_dir': 'conftest.py',
                   'one_thread': 'conftest.py'}
 # The names their copies had: (the shared helper, what the copy was)
 RETIRED_NAMES = {'_rel_err': 'rel_err', '_rel': 'rel_err', '_x': 'images'}
@@ -257,14 +257,21 @@ def _returns_seeded_randn(node: ast.FunctionDef) -> bool:
 def helper_copies(path: str) -> List[str]:
     """Where the test file ``path`` defines a shared helper again, under its name, a retired name or another one
     (what each copy is made of: a relative error ``X.abs().max() / Y.abs().max()``, a fixture that sets the thread
-    count, a function that returns seeded ``torch.randn`` images), in line order."""
+    count, a function that returns seeded ``torch.randn`` images, a ``torch.jit.script`` call outside a
+    ``pytest.raises`` block), in line order."""
     with open(path, encoding='utf-8') as f:
         tree = ast.parse(f.read(), path)
     found: List[Tuple[int, str]] = []
+    expected_to_fail = {id(n) for w in ast.walk(tree) if isinstance(w, ast.With) and
+                        any('pytest.raises' in ast.unparse(item.context_expr) for item in w.items)
+                        for statement in w.body for n in ast.walk(statement)}
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _abs_max(node.left) and \
                 _abs_max(node.right):
             found.append((node.lineno, 'computes a relative error: use helpers.rel_err(out, ref)'))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == 'torch.jit.script' and \
+                id(node) not in expected_to_fail:
+            found.append((node.lineno, 'calls torch.jit.script: use helpers.script (a stale builtin id fails it)'))
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         name = node.name
@@ -298,9 +305,11 @@ def test_the_helper_check_sees_copies_under_other_names(tmp_path):
         '    yield',
         'def _inputs(batch):', '    return torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(0))',
         '@pytest.fixture', 'def data_dir(tmp_path):', '    return str(tmp_path)',
-        'def _x():', '    return torch.zeros(1)', '']))
+        'def _x():', '    return torch.zeros(1)', 'scripted = torch.jit.script(torch.nn.ReLU())',
+        'with pytest.raises(RuntimeError):', '    torch.jit.script(torch.nn.ReLU())', '']))
     lines = [line.split(': ', 1)[1] for line in helper_copies(str(copies))]
     assert lines == ['computes a relative error: use helpers.rel_err(out, ref)',
                      "the fixture single_thread sets the thread count: use pytest.mark.usefixtures('one_thread')",
                      '_inputs returns seeded random images: use helpers.images',
-                     'defines data_dir again: it is in tests/conftest.py', 'defines _x, a copy of images: use that']
+                     'defines data_dir again: it is in tests/conftest.py', 'defines _x, a copy of images: use that',
+                     'calls torch.jit.script: use helpers.script (a stale builtin id fails it)']

@@ -24,7 +24,7 @@ from timm.optim import create_optimizer_v2
 import tcnn
 import tcnn.models.create
 import tcnn.files.sources
-from helpers import images, rel_err
+from helpers import images, rel_err, script
 from nontrivial import nontrivial, varied_heads
 from tcnn import GPSA, exact_configuration, gpsa_layers
 from tcnn.errors import TcnnError
@@ -278,12 +278,30 @@ def test_scripted_models_equal_eager_to_rounding(name):
     """timm's test_model_forward_torchscript, plus equality with eager (to rounding: TorchScript evaluates depthwise
     GPSA layers' sum in another order, see tcnn.layers.depthwise)."""
     model = _model(name)
-    scripted = torch.jit.script(model)
+    scripted = script(model)
     x = images(1, 128)
     with torch.no_grad():
         out, ref = scripted(x), model(x)
     assert rel_err(out, ref) < 1e-5
     assert out.shape == (1, 1000) and not torch.isnan(out).any()
+
+
+def test_scripting_survives_a_stale_builtin_id():
+    """The flake ``helpers.script`` guards against, planted: TorchScript's builtin table holds an entry at the address
+    of a conv's padding list (what a freed op leaves behind once that memory is reused). Plain ``torch.jit.script``
+    fails on it; the helper drops that entry and only that one (a live op keeps its entry)."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    table = torch.jit._builtins._get_builtin_table()
+    stale = id(conv._reversed_padding_repeated_twice)
+    table[stale] = 'aten::add'
+    try:
+        with pytest.raises(RuntimeError, match='builtin cannot be used as a value'):
+            torch.jit.script(nn.Sequential(conv))
+        x = images(1, 8)
+        torch.testing.assert_close(script(nn.Sequential(conv))(x), conv(x), rtol=0, atol=0)
+        assert stale not in table and table[id(torch.add)] == 'aten::add'
+    finally:
+        table.pop(stale, None)
 
 
 def _fx_model(model: nn.Module) -> nn.Module:
