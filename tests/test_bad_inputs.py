@@ -234,7 +234,7 @@ def _api_cases():
         ('evaluate device', lambda c, t, x, p: scoring.evaluate({'t': t}, 'imagenet', str(p), device='tpu'),
          ValueError, "device 'tpu' is not a device"),
         ('subset_wnids', lambda c, t, x, p: suites.subset_wnids('imagenet'), ValueError,
-         "suite 'imagenet' has no class subset"),
+         "suite 'imagenet' has no class subset; choose from imagenet-a, imagenet-r"),
         ('num_outputs', lambda c, t, x, p: suites.num_outputs(None), TypeError, 'model must be a torch.nn.Module'),
         ('results_table', lambda c, t, x, p: tables.results_table({}), ValueError, 'report must be a tcnn eval report'),
         ('plot_summary format', lambda c, t, x, p: figures.plot_summary({}, str(p / 's.xyz')), TcnnError,

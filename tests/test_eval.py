@@ -2,6 +2,7 @@
 answers are known."""
 import json
 import os
+import types
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -527,6 +528,93 @@ def test_imagenet_a_and_r_counts_are_checked_against_the_release(tmp_path):
     assert label == 'ImageNet-A top-1 % (2 of 7500 images) (higher is better)'
     notes = tables.results_notes(_report('imagenet-a', {'m': res}))
     assert notes == ['imagenet-a: 2 of 7500 images: a subset of the release']
+
+
+# ---------------------------------------------------------------------- ImageNet-C's results from the counts
+
+
+def _c_groups(counts: Dict[tuple, tuple]):
+    """What ``scoring._imagenet_c_results`` reads, from
+    ``{(corruption, severity): (images, top-1 hits, top-5 hits)}``."""
+    return types.SimpleNamespace(groups=list(counts)), torch.tensor(list(counts.values()), dtype=torch.int64)
+
+
+def test_a_folder_of_other_corruptions_only_is_summarised_over_them():
+    # no benchmark corruption: the means are over what is there, each corruption in its category or 'other';
+    # a group without images is left out (a mean over it would divide by zero), one of a single image is kept
+    data, counts = _c_groups({('spatter', '1'): (4, 1, 2), ('spatter', '2'): (4, 3, 4), ('saturate', '1'): (2, 2, 2),
+                              ('my_warp', '1'): (1, 1, 1), ('fog', '2'): (0, 0, 0)})
+    res = scoring._imagenet_c_results(data, counts, top5_valid=True, per_group={'mismatched': {}})
+    assert res == {
+        'top1': 75.0, 'top5': 87.5, 'mce': None, 'complete': False,
+        'partial': '(0/15 corruptions; means over the 3 other corruptions found)',
+        'mce_missing': list(suites.BENCHMARK_CORRUPTIONS), 'image_counts': {'mismatched': {}},
+        'categories': {'weather': 50.0, 'digital': 100.0, 'other': 100.0},
+        'severities': {'1': 75.0, '2': 75.0},
+        'corruptions': {
+            'my_warp': {'category': 'other', 'benchmark': False, 'top1': 100.0, 'top5': 100.0,
+                        'severities': {'1': 100.0}, 'ce': None},
+            'saturate': {'category': 'digital', 'benchmark': False, 'top1': 100.0, 'top5': 100.0,
+                         'severities': {'1': 100.0}, 'ce': None},
+            'spatter': {'category': 'weather', 'benchmark': False, 'top1': 50.0, 'top5': 75.0,
+                        'severities': {'1': 25.0, '2': 75.0}, 'ce': None}}}
+    assert list(res['corruptions']) == ['my_warp', 'saturate', 'spatter']
+    # top-5 of 5 labels or fewer is always 100%: no top-5 anywhere
+    res = scoring._imagenet_c_results(data, counts, top5_valid=False, per_group={'mismatched': {}})
+    assert res['top5'] is None and all(c['top5'] is None for c in res['corruptions'].values())
+    assert res['top1'] == 75.0 and res['corruptions']['spatter']['top1'] == 50.0
+
+
+def test_a_corruption_outside_the_release_is_in_category_other():
+    assert scoring._category('my_warp') == 'other'
+    assert scoring._category('spatter') == 'weather' and scoring._category('fog') == 'weather'
+    assert scoring._category('speckle_noise') == 'noise' and scoring._category('pixelate') == 'digital'
+
+
+@pytest.mark.parametrize('args, marker', [
+    ((15, 74, [], 15), '(15/15 corruptions, 74/75 corruption x severity pairs)'),
+    ((0, 0, [], 3), '(0/15 corruptions; means over the 3 other corruptions found)'),
+    ((0, 0, ['spatter/1'], 2), '(0/15 corruptions; means over the 2 other corruptions found; image counts differ: '
+                               'spatter/1)'),
+    ((2, 10, ['fog/1', 'fog/2', 'snow/3'], 2), '(2/15 corruptions; image counts differ: fog/1, fog/2, snow/3)'),
+    ((2, 9, ['fog/1', 'fog/2', 'snow/3', 'snow/4'], 2),
+     '(2/15 corruptions, 9/75 corruption x severity pairs; image counts differ: fog/1, fog/2, snow/3 and 1 more)'),
+    ((2, 10, ['a/1', 'b/1', 'c/1', 'd/1', 'e/1'], 2),
+     '(2/15 corruptions; image counts differ: a/1, b/1, c/1 and 2 more)'),
+])
+def test_the_partial_marker_names_what_the_means_miss(args, marker):
+    assert scoring._partial_marker(*args) == marker
+
+
+def test_image_counts_see_a_class_missing_from_the_last_group():
+    # the last group's last class has no image: the table still has a row and a column for it
+    data = types.SimpleNamespace(groups=[('fog', '1'), ('fog', '2')], classes=['a', 'b'],
+                                 group_ids=np.array([0, 0, 1]), targets=np.array([0, 1, 0]))
+    assert suites.image_counts(data) == {'images_per_group': 2,
+                                         'mismatched': {'fog/2': {'images': 1, 'expected': 2, 'classes': ['b']}}}
+
+
+def _counted(groups: Dict[tuple, List[int]]):
+    """A ``SuiteData`` stand-in with ``counts[k]`` images of class ``k`` in each ``(corruption, severity)`` group."""
+    group_ids, targets = [], []
+    for g, counts in enumerate(groups.values()):
+        for k, n in enumerate(counts):
+            group_ids += [g] * n
+            targets += [k] * n
+    return types.SimpleNamespace(groups=list(groups), classes=['a', 'b'], group_ids=np.array(group_ids),
+                                 targets=np.array(targets))
+
+
+def test_image_counts_take_the_benchmark_groups_as_the_reference():
+    # the held-out corruptions outnumber the benchmark's one group, and still the benchmark says what is complete
+    data = _counted({('fog', '1'): [2, 2], ('spatter', '1'): [1, 1], ('spatter', '2'): [1, 1],
+                     ('saturate', '1'): [1, 1]})
+    assert suites.image_counts(data) == {'images_per_group': 4, 'mismatched': {
+        g: {'images': 2, 'expected': 4, 'classes': ['a', 'b']} for g in ('spatter/1', 'spatter/2', 'saturate/1')}}
+    # without a benchmark group, every group votes (a tie goes to the first group)
+    data = _counted({('spatter', '1'): [1, 1], ('saturate', '1'): [1, 0], ('saturate', '2'): [1, 1]})
+    assert suites.image_counts(data) == {'images_per_group': 2, 'mismatched': {
+        'saturate/1': {'images': 1, 'expected': 2, 'classes': ['b']}}}
 
 
 # ---------------------------------------------------------------------- what reaches the user from the loop

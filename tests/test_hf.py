@@ -605,7 +605,8 @@ def test_the_model_card_is_its_intro_details_usage_and_sections_word_for_word(co
         'Per GPSA layer, over its heads: mean [min, max] of the gate sigmoid(lambda) (1: positional attention, the '
         'convolution\'s; 0: content attention) and of the attention span 1/alpha (T-CNN Fig. 4).', '',
         '| layer | heads | gate | span |', '|:---|---:|---:|---:|',
-        *[f'| `{name}` | {len(s["gate"])} | {spread(s["gate"])} | {spread(s["span"])} |' for name, s in summary.items()],
+        *[f'| `{name}` | {len(s["gate"])} | {spread(s["gate"])} | {spread(s["span"])} |'
+          for name, s in summary.items()],
         ''])
     assert len(summary) == 8 and len({spread(s['gate']) for s in summary.values()}) > 1  # moved gates differ
     assert card['description'] == '\n'.join([

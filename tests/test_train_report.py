@@ -49,7 +49,8 @@ def test_the_set_up_lines_say_late_reparameterisation_amp_determinism_compilatio
                                     ctx=DistContext(0, 1, 0, 1, torch.device('cpu'), False)))
     assert lines[0] == ('model resnet18d (T-CNN, reparameterised after 4 CNN epochs), 1.23M params, 7 classes, '
                         'device cpu, 1 process(es), amp torch.bfloat16, deterministic')
-    assert lines[1].startswith('data /data/x: 1000 train / unknown val images, 224 px')  # a split of unknown size (a stream's stated 0)
+    # a split of unknown size (a stream's stated 0)
+    assert lines[1].startswith('data /data/x: 1000 train / unknown val images, 224 px')
     assert '1 process(es) x 1 accum' in lines[1]
     assert lines[2].startswith('lr 6.25e-06 (recipe value, scale_lr off), gating lr 0.00625 (recipe value, '
                                'scale_lr off); 5 warm-up epochs')

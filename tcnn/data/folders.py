@@ -122,7 +122,8 @@ class ImageFolderDataset(Dataset):
                 return self._load(i, decode)
             except Exception as e:  # noqa: BLE001 - PIL raises OSError, ValueError, SyntaxError... for bad files
                 if not self.skip_bad_images:
-                    raise BadImageError(f'cannot read image {self.filename(i)} ({error_text(e)}): {SKIP_HINT}') from None
+                    raise BadImageError(
+                        f'cannot read image {self.filename(i)} ({error_text(e)}): {SKIP_HINT}') from None
                 self._bad_queue.put(self.filename(i))
         raise BadImageError(f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {self.filename(index)} on: '
                             'is the data folder intact?')

@@ -6,8 +6,9 @@ from typing import Any, Dict, List, Optional
 
 from .synthetic import OddColour
 
-__all__ = ['Plan', 'PLANS', 'PAPER_FINETUNE_EPOCHS', 'PRETRAIN_EPOCHS', 'ARMS', 'ARM_TITLES', 'CNN', 'SHIPPED', 'SCRATCH',
-           'DEMO_FORMAT', 'DEMO_VERSION', 'DATA_SEED', 'IMG_SIZE', 'recipe_changes', 'warmup_epochs', 'run_name']
+__all__ = ['Plan', 'PLANS', 'PAPER_FINETUNE_EPOCHS', 'PRETRAIN_EPOCHS', 'ARMS', 'ARM_TITLES', 'CNN', 'SHIPPED',
+           'SCRATCH', 'DEMO_FORMAT', 'DEMO_VERSION', 'DATA_SEED', 'IMG_SIZE', 'recipe_changes', 'warmup_epochs',
+           'run_name']
 
 
 DEMO_FORMAT = 'tcnn-demo'

@@ -114,12 +114,12 @@ class Recipe:
     skip_bad_images: bool = _key(False, 'replace unreadable or truncated training/validation images by readable ones '
                                  '(logged once each) instead of stopping')
     pin_memory: bool = _key(True, 'pin host memory of batches (GPU only)')
-    data_pipeline: str = _key('auto', 'where images are decoded and augmented: pil (timm\'s PIL transform, one image at '
-                              'a time in the loader workers), device (workers read file bytes and draw each sample\'s '
-                              'augmentation; a batch is decoded and augmented at once on the run\'s device: nvjpeg on '
-                              'a GPU), resident (the splits decoded once into memory on the device, no loader '
-                              'workers), auto (resident when the splits fit, else device; pil for streams and for '
-                              'augmentation the batched path lacks); the run records the one it chose',
+    data_pipeline: str = _key('auto', 'where images are decoded and augmented: pil (timm\'s PIL transform, one image '
+                              'at a time in the loader workers), device (workers read file bytes and draw each '
+                              'sample\'s augmentation; a batch is decoded and augmented at once on the run\'s device: '
+                              'nvjpeg on a GPU), resident (the splits decoded once into memory on the device, no '
+                              'loader workers), auto (resident when the splits fit, else device; pil for streams and '
+                              'for augmentation the batched path lacks); the run records the one it chose',
                               PIPELINES)
     # augmentation (DeiT)
     aa: Optional[str] = _key('rand-m9-mstd0.5-inc1', 'timm auto-augment policy (null: none)')
