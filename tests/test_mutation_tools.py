@@ -7,6 +7,7 @@ mutant and its reason a line; the commands docs/tests.md gives are the command's
 import ast
 import csv
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -77,3 +78,33 @@ def test_a_report_without_a_run_says_so_in_one_line(tools, capsys):
     assert captured.out == '' and captured.err == (
         f"integrity: no run in {ROOT / 'mutants' / 'no-run-here'}: start one with `python tools/mutation.py run "
         'integrity`\n')
+
+
+def test_a_check_gives_each_mutant_its_verdict_and_a_hanging_one_times_out_in_a_process_of_its_own(tools, tmp_path,
+                                                                                                  monkeypatch):
+    """``check``'s children (``switched.switch_each``), on a test that reads the mutant switched on as mutmut's
+    trampolines do: a failing test kills, a passing one lets survive, a hang is stopped and counted a timeout, and the
+    mutant after it gets its verdict from a new process; each verdict reaches the caller as it comes."""
+    monkeypatch.syspath_prepend(str(ROOT / 'tools'))
+    switched = importlib.import_module('mutation_testing.switched')
+    (tmp_path / 'test_switched.py').write_text('\n'.join([
+        'import os, time',
+        'def test_it():',
+        '    mutant = os.environ["MUTANT_UNDER_TEST"]',
+        '    with open(f"{mutant or \'none\'}.pid", "w") as f:',
+        '        f.write(str(os.getpid()))',
+        '    if mutant == "m.hangs":',
+        '        time.sleep(600)',
+        '    assert mutant != "m.breaks"', '']))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / 'tools'), TCNN_CHECK_TIMEOUT_S='2')
+    seen = []
+    outcome = switched.switch_each(['m.breaks', 'm.hangs', 'm.passes'], ['test_switched.py'], tmp_path, env,
+                                   on_verdict=lambda name, verdict: seen.append((name, verdict)))
+    assert outcome == {'m.breaks': 'killed', 'm.hangs': 'timeout', 'm.passes': 'survived'}
+    assert seen == [('m.breaks', 'killed'), ('m.hangs', 'timeout'), ('m.passes', 'survived')]
+    pid = {name: (tmp_path / f'{name}.pid').read_text() for name in ('m.breaks', 'm.hangs', 'm.passes')}
+    assert pid['m.breaks'] == pid['m.hangs'] != pid['m.passes']
+    # tests that fail without a mutant: no verdict, the child's own words
+    (tmp_path / 'test_switched.py').write_text('def test_it():\n    assert False\n')
+    with pytest.raises(RuntimeError, match='the tests fail without a mutant'):
+        switched.switch_each(['m.breaks'], ['test_switched.py'], tmp_path, env)

@@ -53,8 +53,8 @@ COMMANDS = {
     'check': ('which mutants these tests kill, in one process',
               "The given tests, as they are now, against the last run's mutants (those matching --only; all "
               "without), each switched on as mutmut does (MUTANT_UNDER_TEST) in one process: to check the tests "
-              "written for survivors. The survivors they kill count as killed (recheck.json); prints "
-              '{mutant: verdict}.'),
+              "written for survivors. The survivors they kill count as killed (recheck.json, as each comes); a mutant "
+              "whose tests run past 120 s is a timeout. Prints {mutant: verdict}."),
     'check-later': ('the survivors against the owning tests the run left out',
                     "The last run's survivors against the owning tests that the module's runs leave out for their "
                     'time (LATER), as check runs them.'),
@@ -126,11 +126,14 @@ def _print(value: object) -> None:
 def _checked(module: str, patterns: Sequence[str], tests: Sequence[str]) -> None:
     """``switched.check``'s verdicts printed; the run's survivors they kill count as killed by a test written since,
     as a recheck's (``recheck.json``)."""
-    outcome = switched.check(module, patterns, tests)
     survivors = {n for n, (status, _) in verdicts.results(module, rechecked=False).items()
                  if status in ('survived', 'no tests', 'equivalent')}
-    verdicts.record(module, {n: 'killed' for n, verdict in outcome.items() if verdict == 'killed' and n in survivors})
-    _print(outcome)
+
+    def record(name: str, verdict: str) -> None:  # each at once: a check stopped half-way keeps what it found
+        if verdict in ('killed', 'timeout') and name in survivors:
+            verdicts.record(module, {name: verdict})
+
+    _print(switched.check(module, patterns, tests, on_verdict=record))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -5,6 +5,7 @@ mutant's name and, after a tab, why it cannot change behaviour); the report coun
 """
 import csv
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Tuple
@@ -39,7 +40,9 @@ def record(module: str, verdicts: Dict[str, str], fresh: bool = False) -> Dict[s
     path = folder(module) / 'recheck.json'
     kept = json.loads(path.read_text()) if path.exists() and not fresh else {}
     kept.update(verdicts)
-    path.write_text(json.dumps(kept, indent=1) + '\n')
+    temp = path.with_suffix('.json.tmp')
+    temp.write_text(json.dumps(kept, indent=1) + '\n')
+    os.replace(temp, path)  # a check stopped while it writes leaves the verdicts it had
     return kept
 
 
