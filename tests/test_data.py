@@ -165,6 +165,46 @@ def test_a_transform_that_fails_on_a_streamed_sample_names_the_dataset_and_the_e
     assert list(_stream([(4, 0)], 2)) == [(4, 0)] and list(stream)[0] == (5, 0)
 
 
+def _draws(img):
+    """A transform that returns what Python's, numpy's and torch's global RNGs draw."""
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+def test_a_seeded_samples_draws_depend_on_seed_epoch_and_index_alone_and_leave_the_callers_rngs_as_they_were(tmp_path):
+    from tcnn.data.folders import sample_seed
+    dataset = open_dataset(make_image_folder(str(tmp_path / 'd'), num_classes=2, train_per_class=6, size=8), 'train')
+    dataset.transform = _draws
+    dataset.augment_seed = 5
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    states = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    first = [dataset[i][0] for i in range(len(dataset))]
+    assert random.getstate() == states[0] and np.array_equal(np.random.get_state()[1], states[1])
+    assert torch.equal(torch.get_rng_state(), states[2])
+    # again, in another order, after other draws: the same numbers for each sample
+    random.random(), np.random.rand(), torch.rand(3)
+    assert [dataset[i][0] for i in reversed(range(len(dataset)))] == first[::-1]
+    # each of the three generators is seeded from the sample's seed (numpy's takes 32 bits), so samples differ
+    seed = sample_seed(5, 0, 3)
+    assert first[3] == (random.Random(seed).random(), float(np.random.RandomState(seed % 2 ** 32).rand()),
+                        torch.rand(1, generator=torch.Generator().manual_seed(seed)).item())
+    assert all(len({draws[k] for draws in first}) == len(dataset) for k in range(3))
+    dataset.set_epoch(1)  # another epoch, other draws
+    assert all(a != b for a, b in zip(dataset[3][0], first[3]))
+
+
+def test_a_transform_that_fails_on_a_folders_image_names_the_file_and_the_error(tmp_path):
+    from tcnn.data.folders import SampleError
+    dataset = open_dataset(make_image_folder(str(tmp_path / 'd'), num_classes=2, train_per_class=2, size=8), 'train')
+    dataset.transform = lambda img: img.size[0] // 0
+    with pytest.raises(SampleError) as info:
+        dataset[1]
+    assert str(info.value) == (f'the transform failed on {dataset.filename(1)} (ZeroDivisionError: integer division '
+                               'or modulo by zero)')
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
 # ---------------------------------------------------------------------- errors that name a file, one line each
 
 
@@ -187,3 +227,4 @@ def test_a_bad_image_error_raised_in_a_loader_worker_comes_back_as_its_own_line(
     assert str(SampleError(worker)) == 'tcnn.data.folders.BadImageError: cannot read a.jpg (OSError: truncated)'
     for message in ('Caught a cold, no traceback', 'Original Traceback first\nthen Caught ', ''):
         assert str(BadImageError(message)) == message
+    assert str(BadImageError()) == ''

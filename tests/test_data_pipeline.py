@@ -260,6 +260,57 @@ def test_leaving_the_finishing_thread_early_stops_it():
     assert not any(t.name == 'tcnn-finish' and t.is_alive() for t in threading.enumerate())
 
 
+def test_a_finishing_thread_stopped_while_it_finishes_takes_no_further_batch_from_the_loader():
+    """A stop that comes while the thread finishes a batch ends it there: it does not take one more batch from the
+    loader (whose workers would have read and decoded it for nothing)."""
+    from tcnn.data.prefetch import FinishedAhead
+    taken, inside, release = [], threading.Event(), threading.Event()
+
+    def loader():
+        for i in range(100):
+            taken.append(i)
+            yield i
+
+    def finish(i):
+        if i == 1:
+            inside.set()
+            release.wait(10)
+        return torch.zeros(1), torch.tensor(i)
+    ahead = FinishedAhead(loader(), finish, torch.device('cpu'), depth=2)
+    assert int(next(ahead)[1]) == 0
+    assert inside.wait(10)
+    thread = ahead._thread
+    ahead.close()  # the thread is in finish(1): close waits a second for it, then leaves it to end
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive() and taken == [0, 1]
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnhandledThreadExceptionWarning')  # the thread's death, on purpose
+def test_a_finishing_thread_that_fails_before_its_first_batch_or_dies_mid_put_fails_the_consumer_not_hangs_it():
+    from tcnn.data.prefetch import FinishedAhead
+
+    def finish(i):
+        return torch.zeros(1), torch.tensor(i)
+    # its set-up fails (a device that is none): the error comes out where the first batch would have
+    with pytest.raises(AttributeError, match="'str' object has no attribute 'type'"):
+        next(FinishedAhead(iter(range(3)), finish, 'cuda:0', depth=2))
+    # its queue refuses the batch and then the error: the thread ends without a word, and the consumer is told
+    allowed = threading.Event()
+
+    def loader():
+        allowed.wait(10)
+        yield 0
+    ahead = FinishedAhead(loader(), finish, torch.device('cpu'), depth=2)
+
+    def refuse(item, timeout=None):
+        raise OSError('no room')
+    ahead._queue.put = refuse
+    allowed.set()
+    with pytest.raises(RuntimeError, match='the thread that finishes batches ended without a batch or an error'):
+        next(ahead)
+
+
 def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
     recipe = dataclasses.replace(PAPER, data=mixed_folder, img_size=32)
     data = tcnn.train.data.open_training_data(recipe)
@@ -349,6 +400,25 @@ def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_pat
 
 
 # ---------------------------------------------------------------------- a batch with images that did not decode
+
+
+def test_a_pinned_encoded_batch_pins_its_parameters_and_labels_and_keeps_its_files(monkeypatch):
+    """What ``DataLoader(pin_memory=True)`` calls on the batched pipeline's batches. Pinning needs a GPU, so what each
+    tensor's ``pin_memory`` returns is seen instead: a new tensor, which the batch must hold in place of its own."""
+    pinned = []
+
+    def pin(tensor):
+        pinned.append(tensor.clone())
+        return pinned[-1]
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', pin)
+    batch = EncodedBatch(names=['a.jpg', 'b.png'], payloads=[torch.zeros(5, dtype=torch.uint8), torch.ones(3, 2, 2)],
+                         params={'crop': torch.arange(8).reshape(2, 4), 'flip': torch.tensor([0., 1.])},
+                         targets=torch.tensor([3, 4]))
+    out = batch.pin_memory()
+    assert len(pinned) == 3 and out.params['crop'] is pinned[0] and out.params['flip'] is pinned[1]
+    assert out.targets is pinned[2] and out.targets.tolist() == [3, 4]
+    assert out.params['crop'].equal(batch.params['crop'])
+    assert out.names is batch.names and out.payloads is batch.payloads  # the files stay as read (decoded later)
 
 
 def test_an_image_that_did_not_decode_is_replaced_by_the_next_readable_sample_with_its_parameters_and_label():
@@ -443,6 +513,41 @@ def test_the_torchvision_decoder_decodes_on_the_device_asked_and_silences_only_t
         images = decode._torchvision_decoder()([torch.zeros(2, dtype=torch.uint8)] * 2, torch.device('meta'))
     assert len(images) == 2 and calls == [(2, torchvision.io.ImageReadMode.RGB, torch.device('meta'))]
     assert [(w.category, str(w.message)) for w in seen] == [(RuntimeWarning, 'corrupt data: 3 extraneous bytes')]
+
+
+def _jpeg(mode: str) -> torch.Tensor:
+    """A 20 x 30 JPEG of seeded noise in Pillow's ``mode`` ('RGB' or 'L'), as the bytes a loader reads."""
+    pixels = (np.random.RandomState(0).rand(20, 30, 3) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(out, 'JPEG', quality=90)
+    return torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
+
+
+def test_the_torchcodec_decoder_gives_torchvisions_rgb_pixels_on_the_device_asked(monkeypatch):
+    """TorchCodec's ``decode_jpeg``, the batch decoder where torchvision's is gone (torchvision >= 0.29 deprecates its
+    own): colour and greyscale JPEGs come out as RGB, pixel for pixel what torchvision decodes, and the device asked
+    reaches TorchCodec (a device CPU tests cannot decode on: seen on its way in)."""
+    try:
+        import torchcodec.decoders
+    except Exception as e:  # noqa: BLE001 - its native library is built for one torch: it fails to load on others
+        pytest.skip(f'torchcodec does not load beside torch {torch.__version__}: {type(e).__name__}: {e}')
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as torchvision_decode_jpeg
+    from tcnn.data import decode
+    encoded = [_jpeg('RGB'), _jpeg('L')]
+    images = decode._torchcodec_decoder()(encoded, torch.device('cpu'))
+    assert [tuple(img.shape) for img in images] == [(3, 20, 30)] * 2 and images[0].dtype == torch.uint8
+    for img, e in zip(images, encoded):
+        assert torch.equal(img, torchvision_decode_jpeg(e, mode=ImageReadMode.RGB))
+    seen = []
+    real = torchcodec.decoders.decode_jpeg
+
+    def on_the_cpu(source, *, device, **kwargs):
+        seen.append(device)
+        return real(source, device='cpu', **kwargs)
+    monkeypatch.setattr(torchcodec.decoders, 'decode_jpeg', on_the_cpu)
+    images = decode._torchcodec_decoder()(encoded, torch.device('cuda', 1))
+    assert seen == ['cuda:1', 'cuda:1'] and [tuple(img.shape) for img in images] == [(3, 20, 30)] * 2
 
 
 def test_the_batch_decoder_is_torchvisions_else_torchcodecs_else_a_one_line_import_error(monkeypatch):

@@ -39,11 +39,11 @@ def _finish_ahead(batches: Iterator, finish: Callable[[Any], Batch], device: tor
                 pass
         return False
 
-    cuda = device.type == 'cuda'
-    if cuda and device.index is not None:  # a new thread's current device is the first GPU: this process may train
-        torch.cuda.set_device(device)      # on another
-    stream = torch.cuda.Stream(device) if cuda else None
-    try:
+    try:  # all of it: an error anywhere here must reach the consumer, which would otherwise wait for a batch
+        cuda = device.type == 'cuda'
+        if cuda and device.index is not None:  # a new thread's current device is the first GPU: this process may
+            torch.cuda.set_device(device)      # train on another
+        stream = torch.cuda.Stream(device) if cuda else None
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
             for batch in batches:
                 if stop.is_set():
@@ -83,7 +83,7 @@ class FinishedAhead:
     def __next__(self) -> Batch:
         if self._ended:
             raise StopIteration
-        kind, value = self._queue.get()
+        kind, value = self._get()
         if kind != 'batch':
             self._ended = True
             self.close()
@@ -97,6 +97,18 @@ class FinishedAhead:
             images.record_stream(current)
             targets.record_stream(current)
         return images, targets
+
+    def _get(self) -> Tuple[str, Any]:
+        """The thread's next item; an error if the thread ended without one (its last put failed): never a wait
+        without end."""
+        while True:
+            try:
+                return self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    with contextlib.suppress(queue.Empty):  # what it put just before it ended
+                        return self._queue.get_nowait()
+                    raise RuntimeError('the thread that finishes batches ended without a batch or an error') from None
 
     def close(self) -> None:
         """Stop the thread (a consumer that leaves early: the end of an epoch's updates, a stop request)."""

@@ -52,6 +52,10 @@ CUDA_MUTANTS = (
     Mutant('tcnn.files.integrity.x__crc32__mutmut_4', 'tcnn/files/integrity.py',
            "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
            'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),
+    # no stream of its own: the thread launches on the default stream, which a CUDA graph capture refuses
+    Mutant('tcnn.data.prefetch.x__finish_ahead__mutmut_9', 'tcnn/data/prefetch.py', "cuda = device.type == 'cuda'",
+           'cuda = None',
+           'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers'),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
