@@ -515,14 +515,6 @@ def test_the_torchvision_decoder_decodes_on_the_device_asked_and_silences_only_t
     assert [(w.category, str(w.message)) for w in seen] == [(RuntimeWarning, 'corrupt data: 3 extraneous bytes')]
 
 
-def _jpeg(mode: str) -> torch.Tensor:
-    """A 20 x 30 JPEG of seeded noise in Pillow's ``mode`` ('RGB' or 'L'), as the bytes a loader reads."""
-    pixels = (np.random.RandomState(0).rand(20, 30, 3) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).convert(mode).save(out, 'JPEG', quality=90)
-    return torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
-
-
 def test_the_torchcodec_decoder_gives_torchvisions_rgb_pixels_on_the_device_asked(monkeypatch):
     """TorchCodec's ``decode_jpeg``, the batch decoder where torchvision's is gone (torchvision >= 0.29 deprecates its
     own): colour and greyscale JPEGs come out as RGB, pixel for pixel what torchvision decodes, and the device asked
@@ -534,7 +526,8 @@ def test_the_torchcodec_decoder_gives_torchvisions_rgb_pixels_on_the_device_aske
     from torchvision.io import ImageReadMode
     from torchvision.io import decode_jpeg as torchvision_decode_jpeg
     from tcnn.data import decode
-    encoded = [_jpeg('RGB'), _jpeg('L')]
+    photo = _photo(20, 30)
+    encoded = [_tensor(_jpeg(photo, quality=90)), _tensor(_jpeg(photo.convert('L')))]
     images = decode._torchcodec_decoder()(encoded, torch.device('cpu'))
     assert [tuple(img.shape) for img in images] == [(3, 20, 30)] * 2 and images[0].dtype == torch.uint8
     for img, e in zip(images, encoded):
