@@ -67,8 +67,11 @@ def switch_each(names: Sequence[str], tests: Sequence[str], cwd: Path, env: Dict
     outcome: Dict[str, str] = {}
     while len(outcome) < len(names):
         remaining = [n for n in names if n not in outcome]
-        child = subprocess.Popen([sys.executable, '-m', 'mutation_testing.switched', json.dumps(remaining), *tests],
-                                 cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        output = Path(cwd) / 'check-output.txt'  # pytest's own report of the last child (why the tests fail)
+        with open(output, 'w') as pytest_output:
+            child = subprocess.Popen([sys.executable, '-m', 'mutation_testing.switched', json.dumps(remaining),
+                                      *tests], cwd=cwd, stdout=pytest_output, stderr=subprocess.PIPE, text=True,
+                                     env=env)
         said: List[str] = []
         for line in child.stderr:
             if not line.startswith(VERDICT):
@@ -81,7 +84,7 @@ def switch_each(names: Sequence[str], tests: Sequence[str], cwd: Path, env: Dict
                 on_verdict(name, verdict)
         if len(outcome) == len(names) - len(remaining):  # not one verdict: it would fail the same way again
             child.wait()
-            raise RuntimeError('\n'.join(said + [f'(exit {child.returncode})']))
+            raise RuntimeError('\n'.join(said + [f'(exit {child.returncode}; pytest said: {output})']))
         child.wait()
     return outcome
 
