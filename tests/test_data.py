@@ -166,8 +166,8 @@ def test_a_transform_that_fails_on_a_streamed_sample_names_the_dataset_and_the_e
 
 
 def _draws(img):
-    """A transform that returns what Python's, numpy's and torch's global RNGs draw."""
-    return random.random(), float(np.random.rand()), torch.rand(1).item()
+    """A transform that returns the image's size and what Python's, numpy's and torch's global RNGs draw."""
+    return img.size, random.random(), float(np.random.rand()), torch.rand(1).item()
 
 
 def test_a_seeded_samples_draws_depend_on_seed_epoch_and_index_alone_and_leave_the_callers_rngs_as_they_were(tmp_path):
@@ -187,11 +187,11 @@ def test_a_seeded_samples_draws_depend_on_seed_epoch_and_index_alone_and_leave_t
     assert [dataset[i][0] for i in reversed(range(len(dataset)))] == first[::-1]
     # each of the three generators is seeded from the sample's seed (numpy's takes 32 bits), so samples differ
     seed = sample_seed(5, 0, 3)
-    assert first[3] == (random.Random(seed).random(), float(np.random.RandomState(seed % 2 ** 32).rand()),
+    assert first[3] == ((8, 8), random.Random(seed).random(), float(np.random.RandomState(seed % 2 ** 32).rand()),
                         torch.rand(1, generator=torch.Generator().manual_seed(seed)).item())
-    assert all(len({draws[k] for draws in first}) == len(dataset) for k in range(3))
+    assert all(len({draws[k] for draws in first}) == len(dataset) for k in (1, 2, 3))
     dataset.set_epoch(1)  # another epoch, other draws
-    assert all(a != b for a, b in zip(dataset[3][0], first[3]))
+    assert all(a != b for a, b in zip(dataset[3][0][1:], first[3][1:]))
 
 
 def test_a_transform_that_fails_on_a_folders_image_names_the_file_and_the_error(tmp_path):
