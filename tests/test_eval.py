@@ -3,7 +3,7 @@ answers are known."""
 import json
 import os
 import types
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -528,6 +528,227 @@ def test_imagenet_a_and_r_counts_are_checked_against_the_release(tmp_path):
     assert label == 'ImageNet-A top-1 % (2 of 7500 images) (higher is better)'
     notes = tables.results_notes(_report('imagenet-a', {'m': res}))
     assert notes == ['imagenet-a: 2 of 7500 images: a subset of the release']
+
+
+def test_a_plain_table_left_aligns_the_first_column_and_right_aligns_the_others_under_a_line_of_dashes():
+    # every cell but the widest of its column is padded, so each alignment shows; two spaces between columns
+    text = tables.format_table(['metric', 'a', 'model b'], [['top-1 %', '71.23', '5.00'], ['x', '-', '100.00']])
+    assert text.split('\n') == ['metric       a  model b',
+                                '-------  -----  -------',
+                                'top-1 %  71.23     5.00',
+                                'x            -   100.00']
+
+
+def test_table_values_have_two_decimals_and_a_dash_where_a_model_has_none():
+    # None (no top-5 over 5 labels or fewer) and NaN (a JSON report's NaN) both read as no value, never as 'nan'
+    res = {'m': {'img_size': 224, 'crop_pct': 0.875, 'top1': 100 / 3, 'top5': None},
+           'n': {'img_size': 224, 'crop_pct': 0.875, 'top1': float('nan'), 'top5': 5}}
+    header, rows = tables.results_table(_report('imagenet', res))
+    assert header == ['metric', 'm', 'n']
+    assert rows == [['ImageNet input: size, centre-crop fraction', '224 px, crop 0.875', '224 px, crop 0.875'],
+                    ['ImageNet top-1 % (higher is better)', '33.33', '-'],
+                    ['ImageNet top-5 % (higher is better)', '-', '5.00']]
+
+
+def test_results_table_refuses_what_is_not_a_report_and_titles_a_suite_it_does_not_know_by_its_name():
+    for report in ({'models': {}, 'suites': []}, {'models': [], 'suites': {}}, {'suites': {}}, ['models', 'suites']):
+        with pytest.raises(TcnnError) as error:
+            tables.results_table(report)
+        assert str(error.value) == 'report must be a tcnn eval report: a dict with "models" and "suites" entries'
+    # every suite has its rows, in the report's order; a hand-written report's own suite is titled by its name
+    result = {'img_size': 8, 'crop_pct': 1.0, 'top1': 50.0, 'top5': 75.0}
+    report = {'models': {'m': {}}, 'suites': {'imagenet-a': {'results': {'m': result}},
+                                              'my-suite': {'results': {'m': result}}}}
+    assert [r[0] for r in tables.results_table(report)[1]] == [
+        'ImageNet-A input: size, centre-crop fraction', 'ImageNet-A top-1 % (higher is better)',
+        'ImageNet-A top-5 % (higher is better)',
+        'my-suite input: size, centre-crop fraction', 'my-suite top-1 % (higher is better)',
+        'my-suite top-5 % (higher is better)']
+
+
+def test_imagenet_c_rows_of_other_corruptions_only_word_for_word_and_a_dash_where_a_model_has_no_entry():
+    # m: a folder of an extra and an unknown corruption only (scoring's summary: means over them, categories 'weather'
+    # and 'other', no mCE); n: a result reduced to its means, without the per-category, per-severity and
+    # per-corruption entries
+    mark = ' (0/15 corruptions; means over the 2 other corruptions found)'
+    m = {'img_size': 224, 'crop_pct': 1.0, 'top1': 60.0, 'mce': None, 'partial': mark[1:],
+         'categories': {'weather': 50.0, 'other': 70.0}, 'severities': {'1': 65.0, '2': 55.0},
+         'corruptions': {'spatter': {'top1': 50.0, 'ce': None}, 'my_warp': {'top1': 70.0, 'ce': None}}}
+    n = {'img_size': 224, 'crop_pct': 1.0, 'top1': 55.0, 'mce': 80.5}
+    header, rows = tables.results_table(_report('imagenet-c', {'m': m, 'n': n}))
+    assert rows == [
+        ['ImageNet-C input: size, centre-crop fraction', '224 px, crop 1.0', '224 px, crop 1.0'],
+        [f'ImageNet-C top-1 %, mean over corruptions x severities{mark} (higher is better)', '60.00', '55.00'],
+        [f'ImageNet-C mCE %, AlexNet = 100{mark} (lower is better)', '-', '80.50'],
+        # a section's title row has no values ('', not '-'), its rows are indented under it
+        [f'ImageNet-C top-1 % by category{mark} (higher is better)', '', ''],
+        ['  weather', '50.00', '-'],
+        ['  other', '70.00', '-'],
+        [f'ImageNet-C top-1 % by severity, mean over corruptions{mark} (higher is better)', '', ''],
+        ['  severity 1', '65.00', '-'],
+        ['  severity 2', '55.00', '-'],
+        ['ImageNet-C top-1 % of the extra corruptions, the only corruptions found: in the means above (higher is '
+         'better)', '', ''],
+        ['  spatter (extra)', '50.00', '-'],
+        ['  my_warp (other)', '70.00', '-']]
+
+
+def test_imagenet_c_rows_per_corruption_word_for_word_in_the_benchmark_order_with_the_extras_apart():
+    # the corruptions of every model, the benchmark ones in the release's order (not the results'), per-corruption
+    # rows without the partial marker (they are no means over the corruptions); a result without per-severity means
+    # (none here): no severity section
+    m = {'img_size': [224, 192], 'crop_pct': 0.875, 'top1': 45.0, 'mce': None, 'partial': '(2/15 corruptions)',
+         'categories': {'noise': 40.0, 'weather': 50.0},
+         'corruptions': {'fog': {'top1': 50.0, 'ce': None}, 'spatter': {'top1': 30.0, 'ce': None},
+                         'gaussian_noise': {'top1': 40.0, 'ce': 67.5}}}
+    n = {'img_size': 224, 'crop_pct': 1.0, 'top1': 46.0, 'mce': None, 'partial': '(2/15 corruptions)',
+         'categories': {'noise': 42.0, 'weather': 50.0},
+         'corruptions': {'gaussian_noise': {'top1': 42.0, 'ce': 65.0}, 'snow': {'top1': 50.0, 'ce': 57.68}}}
+    header, rows = tables.results_table(_report('imagenet-c', {'m': m, 'n': n}))
+    assert rows == [
+        ['ImageNet-C input: size, centre-crop fraction', '224x192 px, crop 0.875', '224 px, crop 1.0'],
+        ['ImageNet-C top-1 %, mean over corruptions x severities (2/15 corruptions) (higher is better)', '45.00',
+         '46.00'],
+        ['ImageNet-C mCE %, AlexNet = 100 (2/15 corruptions) (lower is better)', '-', '-'],
+        ['ImageNet-C top-1 % by category (2/15 corruptions) (higher is better)', '', ''],
+        ['  noise', '40.00', '42.00'],
+        ['  weather', '50.00', '50.00'],
+        ['ImageNet-C CE % by corruption, AlexNet = 100 (lower is better)', '', ''],
+        ['  gaussian_noise', '67.50', '65.00'],
+        ['  snow', '-', '57.68'],
+        ['  fog', '-', '-'],
+        ['ImageNet-C top-1 % by corruption, mean over severities (higher is better)', '', ''],
+        ['  gaussian_noise', '40.00', '42.00'],
+        ['  snow', '-', '50.00'],
+        ['  fog', '50.00', '-'],
+        ['ImageNet-C top-1 % of the extra corruptions, not in any mean (higher is better)', '', ''],
+        ['  spatter (extra)', '30.00', '-']]
+
+
+def test_notes_name_each_models_size_or_crop_word_for_word_where_they_differ():
+    report = {'models': {'CNN': {}, 'T-CNN': {}, 'third': {}}, 'suites': {
+        # sizes differ: one note, about resolution (the crops differ too: a size note says enough, no crop note)
+        'imagenet': {'results': {'CNN': {'img_size': 176, 'crop_pct': 0.875},
+                                 'T-CNN': {'img_size': [224, 192], 'crop_pct': 1.0}}},
+        # one size, two crops (two models: any difference is one), and a subset of the release: two notes
+        'imagenet-r': {'results': {'CNN': {'img_size': 224, 'crop_pct': 0.875, 'partial': '(2 of 30000 images)'},
+                                   'T-CNN': {'img_size': 224, 'crop_pct': 1.0, 'partial': '(2 of 30000 images)'}}},
+        # the same size and crop for all: nothing to say
+        'imagenet-a': {'results': {n: {'img_size': 224, 'crop_pct': 0.875} for n in ('CNN', 'T-CNN', 'third')}}}}
+    assert tables.results_notes(report) == [
+        'imagenet: the models ran at different input sizes (CNN 176 px, T-CNN 224x192 px): a difference between them '
+        'is partly one of resolution; give one size to compare them',
+        'imagenet-r: the models ran with different centre crops (CNN 0.875, T-CNN 1)',
+        'imagenet-r: 2 of 30000 images: a subset of the release']
+
+
+def _c_result(absent: Sequence[str] = (), short: Sequence[str] = (), mismatched: Sequence[str] = (),
+              partial: Optional[str] = None) -> dict:
+    """An ImageNet-C result as ``scoring`` builds it, reduced to what the notes read.
+
+    Args:
+        absent: Benchmark corruptions without a folder.
+        short: Benchmark corruptions with fewer than 5 severities.
+        mismatched: Groups (``corruption/severity``) with 2 images where the others have 3.
+        partial: The partial marker; None for a complete run.
+    """
+    return {'img_size': 224, 'crop_pct': 1.0, 'complete': partial is None, 'partial': partial,
+            'corruptions': {c: {'top1': 50.0} for c in suites.BENCHMARK_CORRUPTIONS if c not in absent},
+            # as scoring lists them: every benchmark corruption without a CE, the absent ones too, in benchmark order
+            'mce_missing': [c for c in suites.BENCHMARK_CORRUPTIONS if c in absent or c in short],
+            'image_counts': {'images_per_group': 3,
+                             'mismatched': {g: {'images': 2, 'expected': 3, 'classes': ['a']} for g in mismatched}}}
+
+
+@pytest.mark.parametrize('result, why', [
+    # every cause at once: the first absent corruption as the example, the first 3 short corruptions and benchmark
+    # groups by name with the counts of all, the extra corruption's uneven group (spatter/1) in no mean, left out
+    (_c_result(absent=('gaussian_noise', 'shot_noise'),
+               short=('defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur'),
+               mismatched=('spatter/1', 'snow/2', 'frost/1', 'fog/3', 'brightness/5'),
+               partial='(13/15 corruptions, 61/75 corruption x severity pairs; image counts differ: snow/2, frost/1, '
+                       'fog/3 and 1 more)'),
+     '2 of the 15 corruptions missing (e.g. gaussian_noise); 4 without all 5 severities (defocus_blur, glass_blur, '
+     'motion_blur); image counts differ: snow/2 2 images (others 3), frost/1 2 images (others 3), fog/3 2 images '
+     '(others 3)'),
+    # each cause alone: no empty part for the others
+    (_c_result(absent=('fog',), partial='(14/15 corruptions)'), '1 of the 15 corruptions missing (e.g. fog)'),
+    (_c_result(short=('fog',), partial='(15/15 corruptions, 74/75 corruption x severity pairs)'),
+     '1 without all 5 severities (fog)'),
+    (_c_result(mismatched=('fog/3',), partial='(15/15 corruptions; image counts differ: fog/3)'),
+     'image counts differ: fog/3 2 images (others 3)'),
+])
+def test_partial_imagenet_c_notes_say_word_for_word_why_there_is_no_mce(result: dict, why: str):
+    notes = tables.results_notes(_report('imagenet-c', {'m': result, 'n': result}))
+    assert notes == [f'imagenet-c: no mCE {result["partial"]}: {why}; the means cover the corruptions found']
+
+
+def test_a_complete_imagenet_c_run_or_one_that_does_not_say_it_is_partial_has_no_note():
+    complete = _c_result()
+    assert tables.results_notes(_report('imagenet-c', {'m': complete})) == []
+    # a hand-written or older report without 'complete': incomplete only when it says so, as the table's marker is
+    unsaid = {k: v for k, v in complete.items() if k not in ('complete', 'partial')}
+    assert tables.results_notes(_report('imagenet-c', {'m': unsaid})) == []
+
+
+def _small_report() -> dict:
+    """One model on a subset of ImageNet-A, without top-5: every kind of row and a note."""
+    return _report('imagenet-a', {'m': {'img_size': 224, 'crop_pct': 0.875, 'top1': 12.5, 'top5': None,
+                                        'partial': '(2 of 7500 images)'}})
+
+
+def test_write_results_writes_the_json_indented_and_the_markdown_table_with_its_notes_in_place_of_old_files(tmp_path):
+    json_path, md_path = tmp_path / 'r.json', tmp_path / 'r.md'
+    json_path.write_text('an older report')
+    md_path.write_text('an older table')
+    tables.write_results(_small_report(), str(json_path), str(md_path))
+    assert json_path.read_text() == '\n'.join([
+        '{',
+        '  "models": {',
+        '    "m": {}',
+        '  },',
+        '  "suites": {',
+        '    "imagenet-a": {',
+        '      "results": {',
+        '        "m": {',
+        '          "img_size": 224,',
+        '          "crop_pct": 0.875,',
+        '          "top1": 12.5,',
+        '          "top5": null,',
+        '          "partial": "(2 of 7500 images)"',
+        '        }',
+        '      }',
+        '    }',
+        '  }',
+        '}',
+        ''])
+    assert md_path.read_text() == '\n'.join([
+        '| metric | m |',
+        '|:---|---:|',
+        '| ImageNet-A input: size, centre-crop fraction | 224 px, crop 0.875 |',
+        '| ImageNet-A top-1 % (2 of 7500 images) (higher is better) | 12.50 |',
+        '| ImageNet-A top-5 % (2 of 7500 images) (higher is better) | - |',
+        '',
+        '- imagenet-a: 2 of 7500 images: a subset of the release',
+        ''])
+    # written atomically: a temporary file beside each, moved over it, none left behind
+    assert sorted(os.listdir(tmp_path)) == ['r.json', 'r.md']
+    # the markdown alone
+    md_path.unlink()
+    tables.write_results(_small_report(), None, str(md_path))
+    assert md_path.exists() and sorted(os.listdir(tmp_path)) == ['r.json', 'r.md']
+
+
+@pytest.mark.parametrize('json_name, md_name, refused, message', [
+    ('r.txt', None, 'r.txt', 'json_path {}: the extension must be one of .json'),
+    ('r.json', 'r.html', 'r.html', 'markdown_path {}: the extension must be one of .md'),
+])
+def test_write_results_refuses_a_wrong_extension_by_its_argument_and_writes_nothing(
+        tmp_path, json_name: str, md_name: Optional[str], refused: str, message: str):
+    with pytest.raises(TcnnError) as error:
+        tables.write_results(_small_report(), str(tmp_path / json_name), md_name and str(tmp_path / md_name))
+    assert str(error.value) == message.format(tmp_path / refused)
+    assert os.listdir(tmp_path) == []
 
 
 # ---------------------------------------------------------------------- ImageNet-C's results from the counts
