@@ -648,6 +648,9 @@ def test_a_device_loader_finishes_ahead_in_a_thread_only_when_asked_or_on_a_gpu(
     assert DeviceLoader(batches, Finish('cuda')).prefetch == 2
     assert DeviceLoader(batches, None).prefetch == 0
     assert list(iter(DeviceLoader(batches, None))) == batches  # the workers finished them
+    # the batched pipeline's own finisher holds the device it is given by name as a device
+    gpu = BatchFinisher(lambda images: images, 'cuda:1', print, train=False)
+    assert gpu.device == torch.device('cuda', 1) and DeviceLoader(batches, gpu).prefetch == 2
     now, ahead = DeviceLoader(batches, Finish('cpu'), prefetch=0), DeviceLoader(batches, Finish('cpu'), prefetch=1)
     assert not isinstance(iter(now), FinishedAhead) and isinstance(iter(ahead), FinishedAhead)
     assert [x.item() for x, _ in now] == [x.item() for x, _ in ahead] == batches
