@@ -73,9 +73,10 @@ STOP_SIGNALS = StopRequest.SIGNALS  # as a child that empties the class's sees t
 linux = pytest.mark.skipif(not hasattr(signal, 'sigwaitinfo'), reason='signal.sigwaitinfo and fork: Linux')
 
 
-def _threads() -> List[Tuple[str, bool]]:
-    """(name, daemon) of this process's threads other than the calling one."""
-    return sorted((t.name, t.daemon) for t in threading.enumerate() if t is not threading.current_thread())
+def _new_threads(before: Sequence[threading.Thread]) -> List[Tuple[str, bool]]:
+    """(name, daemon) of this process's threads started since ``before`` (libraries may restart threads of their own
+    in a forked child, e.g. wandb's OpenTelemetry exporters)."""
+    return sorted((t.name, t.daemon) for t in threading.enumerate() if t not in before)
 
 
 def _blocked() -> List[str]:
@@ -91,8 +92,9 @@ def _worker(report: Connection, linger: bool, without: Optional[str] = None) -> 
         del signal.sigwaitinfo  # the child's own module: not Linux
     elif without == 'signals':
         StopRequest.SIGNALS = ()
+    before = threading.enumerate()
     ignore_stop_signals()
-    report.send((_threads(), _blocked()))
+    report.send((_new_threads(before), _blocked()))
     if linger:
         time.sleep(60)
 
