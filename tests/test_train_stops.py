@@ -100,10 +100,17 @@ def _worker(report: Connection, linger: bool, without: Optional[str] = None) -> 
 
 
 def _start_worker(linger: bool, without: Optional[str] = None) -> Tuple[multiprocessing.Process, Any]:
-    """A forked ``_worker`` and what it reported."""
+    """A forked ``_worker`` and what it reported. Forked as ``start_workers`` forks a loader's: on Linux with the stop
+    signals blocked, so that the threads a library restarts in a forked child (wandb's OpenTelemetry exporters, after
+    the dashboards' tests) inherit the mask instead of taking a signal with its default action, killing the worker."""
     reports, report = multiprocessing.Pipe(duplex=False)
     worker = multiprocessing.get_context('fork').Process(target=_worker, args=(report, linger, without), daemon=True)
-    worker.start()
+    blocked = {getattr(signal, n) for n in STOP_SIGNALS} if without is None else set()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        worker.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     report.close()  # the child's end: recv raises EOFError if the child dies before reporting
     try:
         assert reports.poll(30), 'the worker did not start'
