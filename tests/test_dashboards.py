@@ -9,9 +9,11 @@ import os
 import struct
 import sys
 import zlib
+from typing import List
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from tcnn.train import launch
@@ -376,3 +378,90 @@ def test_an_epoch_row_without_gpsa_layers_gives_the_accuracy_and_loss_scalars_on
     scalars = epoch_scalars(row)
     assert scalars['epoch'] == 3 and 1.5 in scalars.values() and 60.0 in scalars.values()
     assert not [tag for tag in scalars if tag.startswith(('gate/', 'span/'))] and None not in scalars.values()
+
+
+def test_a_wandb_run_that_cannot_start_is_one_error_naming_the_ways_on(monkeypatch, tmp_path):
+    """wandb's own error (its first line) and the three ways on, word for word."""
+    from tcnn.errors import TcnnError
+    from tcnn.train.dashboards import _WandB
+    from tcnn.train.recipe import Recipe
+    fake = _FakeWandB()
+
+    def refuse(**kwargs):
+        raise RuntimeError('No API key configured.\nUse `wandb login` to log in.')
+    fake.init = refuse
+    monkeypatch.setitem(sys.modules, 'wandb', fake)
+    with pytest.raises(TcnnError) as error:
+        _WandB(str(tmp_path), Recipe(), None)
+    assert str(error.value) == ('--log wandb: cannot start the W&B run (No API key configured.); log in (wandb login), '
+                                'set WANDB_MODE=offline to sync later, or leave out wandb')
+
+
+# ------------------------------------------------------------------------------------------ the probe images
+
+
+class _Images:
+    """A map-style validation set of ``n`` one-pixel images whose value is their index."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return torch.full((3, 1, 1), float(i)), i % 2
+
+
+class _NamedImages(_Images):
+    """An image folder: its images have file names."""
+
+    def filename(self, i: int) -> str:
+        return f'/data/val/class{i % 2}/img{i:03d}.jpg'
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A stream of ``n`` such images: ``__getitem__`` (torch's Dataset has one) but no ``__len__``."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(_Images(self.n)[i] for i in range(self.n))
+
+
+def _probed(probe) -> List[int]:
+    return probe.images[:, 0, 0, 0].long().tolist()
+
+
+@pytest.mark.parametrize('n, indices', [(20, [0, 3, 5, 8, 11, 14, 16, 19]), (9, [0, 1, 2, 3, 5, 6, 7, 8]),
+                                        (8, list(range(8))), (3, [0, 1, 2]), (1, [0])])
+def test_the_probe_images_spread_over_a_map_style_validation_set_from_its_first_to_its_last(n, indices):
+    """``PROBE_IMAGES`` (8) images, evenly spaced over the split and each once (all of a smaller one); the figure is
+    titled with the first one's file name, or its index for a set without file names."""
+    from tcnn.train.dashboards import PROBE_IMAGES, _Probe
+    assert PROBE_IMAGES == 8
+    config = {'mean': (0.5,) * 3}
+    probe = _Probe(_NamedImages(n), config)
+    assert _probed(probe) == indices and probe.name == 'img000.jpg' and probe.data_config is config
+    assert probe.images.shape == (len(indices), 3, 1, 1)
+    unnamed = _Probe(_Images(n), config)
+    assert _probed(unnamed) == indices and unnamed.name == 'validation image 0'
+    assert _probed(_Probe(_Images(n), config, count=2)) == [0, n - 1][:min(n, 2)]
+
+
+def test_the_probe_images_of_a_stream_are_its_first_ones():
+    from tcnn.train.dashboards import _Probe
+    probe = _Probe(_Stream(20), {})
+    assert _probed(probe) == list(range(8)) and probe.name == 'first validation image'
+    assert _probed(_Probe(_Stream(3), {})) == [0, 1, 2]
+
+
+@pytest.mark.parametrize('dataset', [_Images(0), _Stream(0)])
+def test_an_empty_validation_set_has_no_probe_images(dataset):
+    from tcnn.errors import TcnnError
+    from tcnn.train.dashboards import _Probe
+    with pytest.raises(TcnnError, match='^the validation set is empty$'):
+        _Probe(dataset, {})

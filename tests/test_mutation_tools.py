@@ -7,6 +7,7 @@ mutant and its reason a line; the commands docs/tests.md gives are the command's
 import ast
 import csv
 import importlib
+import json
 import os
 import re
 import sys
@@ -108,3 +109,31 @@ def test_a_check_gives_each_mutant_its_verdict_and_a_hanging_one_times_out_in_a_
     (tmp_path / 'test_switched.py').write_text('def test_it():\n    assert False\n')
     with pytest.raises(RuntimeError, match='the tests fail without a mutant'):
         switched.switch_each(['m.breaks'], ['test_switched.py'], tmp_path, env)
+
+
+def test_a_survivor_of_any_kind_that_a_check_kills_counts_as_killed(tools, tmp_path, monkeypatch, capsys):
+    """A mutant mutmut left alive (survived, no tests, timed out, or 'suspicious': ended by a signal of its own, such
+    as a KeyboardInterrupt that stops pytest) that ``check`` kills is recorded and counts as killed in a fresh
+    process; a mutant mutmut killed keeps its status, and one the check did not kill stays a survivor."""
+    verdicts, mutation = tools['mutation_testing.verdicts'], tools['mutation']
+    monkeypatch.setattr(verdicts, 'folder', lambda module: tmp_path)
+    meta = tmp_path / 'mutants' / 'tcnn' / 'm.py.meta'
+    meta.parent.mkdir(parents=True)
+    codes = {'m.survived': 0, 'm.no_tests': 33, 'm.suspicious': -2, 'm.timeout': 36, 'm.killed': 1, 'm.left': 0}
+    meta.write_text(json.dumps({'exit_code_by_key': codes}))
+    checked = dict({name: 'killed' for name in codes}, **{'m.left': 'survived'})
+
+    def check(module, patterns, tests, on_verdict):
+        for name, verdict in checked.items():
+            on_verdict(name, verdict)
+        return checked
+    monkeypatch.setattr(mutation.switched, 'check', check)
+    mutation._checked('train', ['m.*'], ['tests/test_x.py'])
+    capsys.readouterr()
+    assert json.loads((tmp_path / 'recheck.json').read_text()) == {
+        name: 'killed' for name in ('m.survived', 'm.no_tests', 'm.suspicious', 'm.timeout')}
+    assert {name: status for name, (status, _) in verdicts.results('train').items()} == {
+        'm.survived': 'killed (fresh process)', 'm.no_tests': 'killed (fresh process)',
+        'm.suspicious': 'killed (fresh process)', 'm.timeout': 'killed (fresh process)', 'm.killed': 'killed',
+        'm.left': 'survived'}
+    assert verdicts.results('train', rechecked=False)['m.suspicious'][0] == 'suspicious'

@@ -337,11 +337,37 @@ def test_the_no_sa_baseline_trains_with_accumulation(data_dir, tmp_path):
     assert not tcnn.gpsa_layers(tcnn.load(str(run / 'last.pt')))
 
 
+def test_the_emas_gpsa_layers_start_from_the_models_init_and_keep_the_filters_of_its_own_convs():
+    """Late reparameterisation with an EMA: ``copy_gpsa_init`` gives the EMA's GPSA layers the model's content and
+    positional initialisation (rank 0's, which DDP gives every process), while each filter stays the one converted
+    from the EMA's own averaged conv; nothing else of the EMA changes."""
+    from tcnn.layers.gpsa import GPSA
+    from tcnn.train.builders import copy_gpsa_init
+    torch.manual_seed(0)
+    model = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), verify=False)
+    torch.manual_seed(1)  # other conv weights and another GPSA init
+    ema = tcnn.reparameterize(timm.create_model('resnet18d', num_classes=3), verify=False)
+    before = {n: p.clone() for n, p in ema.named_parameters()}
+    copy_gpsa_init(model, ema)
+    models = dict(model.named_parameters())
+    gpsa = {f'{name}.{pname}': pname for name, layer in tcnn.gpsa_layers(ema) for pname, _ in layer.named_parameters()}
+    assert 'proj_weight' in gpsa.values()  # the filter (these convs have no bias)
+    init = [n for n, p in gpsa.items() if p not in GPSA.filter_params]
+    assert any(not torch.equal(before[n], models[n]) for n in init)  # the two inits differ: the copy shows
+    for name, param in ema.named_parameters():
+        if name in init:
+            assert torch.equal(param, models[name]), name
+        else:
+            assert torch.equal(param, before[name]), name
+    assert any(not torch.equal(ema.get_parameter(n), models[n]) for n in gpsa if gpsa[n] in GPSA.filter_params)
+
+
 def test_late_reparameterisation_resumes_exactly_with_the_ema(data_dir, tmp_path, monkeypatch, capsys):
     """--reparam-epoch 1: one CNN epoch, then the same optimiser gains the GPSA groups; resume works before and
     after the conversion point and matches an uninterrupted run. With the EMA, best.pt is chosen on its validation."""
     straight, run = tmp_path / 'straight', tmp_path / 'run'
-    extra = ['--reparam-epoch', '1', '--model-ema', '--set', 'model_ema_decay=0.5']
+    # a gating lr off the default ratio (1000x): the gating group added at the conversion takes the run's (500x)
+    extra = ['--reparam-epoch', '1', '--model-ema', '--set', 'model_ema_decay=0.5', '--gating-lr', '0.5']
     assert launch.main(common(data_dir, straight, epochs=3) + extra) == 0
     rows = metrics(straight)
     # best.pt: the epoch of the best EMA validation (timm's rule with an EMA); the log and the metrics say so
@@ -354,7 +380,7 @@ def test_late_reparameterisation_resumes_exactly_with_the_ema(data_dir, tmp_path
     assert all(r['best_metric'] == 'ema_val_top1' for r in rows)
     assert rows[0]['gpsa'] == {} and rows[0]['gating_lr'] is None
     for row in rows[1:]:
-        assert len(row['gpsa']) == 4 and math.isclose(row['gating_lr'] / row['lr'], 1000.0, rel_tol=1e-9)
+        assert len(row['gpsa']) == 4 and math.isclose(row['gating_lr'] / row['lr'], 500.0, rel_tol=1e-9)
         assert 'ema_val_top1' in row
     last = load(straight / 'last.pt')
     groups = last['optimizer']['param_groups']

@@ -141,6 +141,9 @@ def test_the_progress_bar_shows_the_mean_loss_lr_and_the_jobs_throughput_and_dat
     # 2 processes: 200 images in 4 s of loop, a quarter of it waiting for data
     assert _bar_postfix(position, 1.5e-4, 2) == {'loss': '2.0500', 'lr': '0.00015', 'img_s': '50.0', 'data': '25%'}
     assert _bar_postfix(EpochPosition(), 0.1, 1) == {'loss': '0.0000', 'lr': '0.1', 'img_s': '0.0', 'data': '0%'}
+    # one update: its own loss; three quarters of the loop waiting: 75%
+    assert _bar_postfix(EpochPosition(updates=1, loss_sum=0.5, images=10, compute_time_s=1.0, data_time_s=3.0), 2e-3,
+                        1) == {'loss': '0.5000', 'lr': '0.002', 'img_s': '2.5', 'data': '75%'}
 
 
 def test_each_logged_update_reports_its_own_numbers_and_the_jobs_throughput_since_the_last_report(monkeypatch):

@@ -106,3 +106,19 @@ def test_a_resumed_run_cannot_change_what_defines_the_model_or_the_optimiser(arg
 def test_a_resumed_run_is_validated_with_its_overrides(tmp_path):
     with pytest.raises(TcnnError, match='warmup_epochs'):
         resume.resumed_recipe(_args('--set', 'warmup_epochs=12'), _checkpoint(), 'last.pt')
+
+
+@pytest.mark.parametrize('processes', [1, 2])
+def test_a_mid_epoch_resumes_sampler_and_loader_have_the_length_of_what_is_left_of_the_epoch(processes):
+    """An epoch resumed after 4 of this process's samples: the sampler yields the rest, and its length (the loader's
+    batch count) says so; the next epoch is whole again."""
+    from torch.utils.data import DataLoader
+    from tcnn.train.builders import EpochSampler
+    data = list(range(20))
+    sampler = EpochSampler(data, processes, 0, seed=3)
+    whole = 20 // processes
+    sampler.set_epoch(2, start=4)
+    assert len(sampler) == len(list(sampler)) == whole - 4
+    assert len(DataLoader(data, batch_size=4, sampler=sampler, drop_last=True)) == (whole - 4) // 4
+    sampler.set_epoch(3)
+    assert len(sampler) == len(list(sampler)) == whole

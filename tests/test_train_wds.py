@@ -5,13 +5,18 @@ import io
 import json
 import os
 import tarfile
+from types import SimpleNamespace
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
+import torch
+from torch.utils.data import DataLoader
 
 from tcnn.train import launch
 from tcnn.cli import main
-from tcnn.train.distributed import EXIT_PREEMPTED
+from tcnn.errors import TcnnError
+from tcnn.train.distributed import EXIT_PREEMPTED, ignore_stop_signals
 
 from imagegen import SHAPES, draw_shape
 from test_train import assert_same_weights, load, metrics, same_numbers
@@ -178,3 +183,124 @@ def test_wds_labels_beyond_num_classes_name_the_fix(shards, tmp_path, capsys):
     argv = args(f'wds/{shards}', tmp_path / 'out', epochs=1, workers=2, num_classes=2)
     err = _one_line_error(argv, capsys)
     assert 'has label 2, outside 0..1: set num_classes' in err
+
+
+# ------------------------------------------------------------------------------ the loaders of a stream, in-process
+
+
+class _Split(torch.utils.data.IterableDataset):
+    """The part of a ``StreamDataset`` that ``_stream_loaders`` uses, recording the worker counts it is given."""
+
+    def __init__(self, shards: int, split: str = 'train'):
+        self.shards, self.split = shards, split
+        self.workers: List[Optional[int]] = []
+        self.whole = False
+
+    def set_workers(self, workers: Optional[int]) -> None:
+        self.workers.append(workers)
+
+    def use_every_sample_in_this_process(self) -> None:
+        self.whole = True
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(())
+
+
+def _stream_loaders(shards: int, workers: int, *, val_shards: int = 1, world_size: int = 1, rank: int = 0,
+                    pin: bool = True) -> Tuple[Any, _Split, _Split, List[str], torch.Generator]:
+    """``builders._stream_loaders`` of fake splits: (its Loaders, the train and val splits, the lines it logged, the
+    generator it was given)."""
+    from tcnn.train.builders import _stream_loaders as build
+    from tcnn.train.distributed import DistContext
+    train, val = _Split(shards), _Split(val_shards, 'validation')
+    ctx = DistContext(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                      device=torch.device('cpu'), distributed=world_size > 1)
+    lines: List[str] = []
+    generator = torch.Generator()
+    recipe = SimpleNamespace(batch_size=4, data='wds/shards')  # the two keys it reads
+    return build(recipe, train, val, ctx, lines.append, workers, pin, generator), train, val, lines, generator
+
+
+def test_a_streams_loaders_batch_it_with_the_runs_workers_generator_and_signal_handling():
+    """Training drops the short last batch (every update a full batch) and its workers are seeded from the run's
+    generator; both loaders pin memory as asked and their workers leave job-wide stop signals to this process."""
+    loaders, train, val, lines, generator = _stream_loaders(shards=4, workers=2, val_shards=3)
+    assert lines == []  # two workers for four shards: no note
+    assert (loaders.sampler, loaders.generator, loaders.workers) == (None, generator, 2)
+    t = loaders.train
+    assert (t.dataset, t.batch_size, t.num_workers, t.pin_memory, t.drop_last, t.generator, t.worker_init_fn) == \
+        (train, 4, 2, True, True, generator, ignore_stop_signals)
+    v = loaders.val
+    assert (v.dataset, v.batch_size, v.num_workers, v.pin_memory, v.drop_last, v.worker_init_fn) == \
+        (val, 4, 2, True, False, ignore_stop_signals)
+    assert train.workers == [2] and val.workers == [2] and val.whole and not train.whole
+    assert _stream_loaders(shards=4, workers=2, pin=False)[0].train.pin_memory is False
+    assert _stream_loaders(shards=4, workers=2, pin=False)[0].val.pin_memory is False
+
+
+@pytest.mark.parametrize('workers, val_shards, val_workers', [(2, 1, 1), (1, 2, 1), (2, 5, 2), (0, 1, 0)])
+def test_a_streams_validation_has_the_training_workers_capped_at_its_shards(workers, val_shards, val_workers):
+    loaders, train, val, _, _ = _stream_loaders(shards=4, workers=workers, val_shards=val_shards)
+    assert loaders.val.num_workers == val_workers and val.workers == [val_workers]
+    assert loaders.train.num_workers == loaders.workers == workers and train.workers == [workers]
+
+
+@pytest.mark.parametrize('shards, world_size, workers, per_process', [(2, 1, 4, 2), (3, 2, 2, 1), (5, 2, 8, 2)])
+def test_a_streams_workers_are_capped_at_its_shards_per_process_with_a_note(shards, world_size, workers, per_process):
+    """Each worker needs a shard of its own (an idle one would end the epoch short): a process gets the whole shards
+    that fall to it, and the note says so."""
+    loaders, train, _, lines, _ = _stream_loaders(shards=shards, workers=workers, world_size=world_size)
+    assert lines == [f'note: {shards} training shards for {world_size} process(es): {per_process} loader worker(s) '
+                     f'per process instead of {workers} (each needs a shard)']
+    assert loaders.workers == loaders.train.num_workers == per_process and train.workers == [per_process]
+
+
+def test_a_stream_with_a_shard_for_each_worker_exactly_keeps_its_workers_without_a_note():
+    loaders, _, _, lines, _ = _stream_loaders(shards=2, workers=2)
+    assert lines == [] and loaders.workers == loaders.train.num_workers == 2
+
+
+@pytest.mark.parametrize('shards, world_size', [(1, 2), (3, 4)])
+def test_a_stream_with_fewer_shards_than_processes_is_refused_naming_the_fix(shards, world_size):
+    with pytest.raises(TcnnError) as error:
+        _stream_loaders(shards=shards, workers=1, world_size=world_size)
+    assert str(error.value) == (f"split 'train' of wds/shards has {shards} shard(s) for {world_size} processes: every "
+                                'process needs at least one; write more shards')
+
+
+def test_a_streams_validation_runs_on_the_first_process_only():
+    """The other ranks add nothing to the summed metrics: rank 0 streams the whole split."""
+    loaders, _, val, _, _ = _stream_loaders(shards=2, workers=1, world_size=2, rank=1)
+    assert loaders.val == [] and val.whole and loaders.train.num_workers == 1
+    assert isinstance(_stream_loaders(shards=2, workers=1, world_size=2, rank=0)[0].val, DataLoader)
+
+
+# ------------------------------------------------------------------------------ the message of a stop in a stream
+
+
+def _stopped_stream(epoch: int, updates: int, signal_name: Optional[str]) -> Tuple[int, List[str]]:
+    """``Trainer._stopped_stream`` on the attributes it reads: (its exit code, the lines it logged)."""
+    from tcnn.train.engine import EpochPosition
+    from tcnn.train.trainer import Trainer
+    lines: List[str] = []
+    run = SimpleNamespace(stop=SimpleNamespace(signal_name=signal_name, exit_code=EXIT_PREEMPTED),
+                          folder=SimpleNamespace(last='/runs/r/last.pt'), output='/runs/r',
+                          recipe=SimpleNamespace(data='wds/shards'), updates_per_epoch=12, log=lines.append)
+    return Trainer._stopped_stream(run, epoch, EpochPosition(updates=updates)), lines
+
+
+@pytest.mark.parametrize('signal_name, cause', [('SIGUSR1', 'SIGUSR1'), (None, 'a signal to another process')])
+def test_a_stop_in_a_streams_later_epoch_says_last_pt_holds_the_previous_epoch_which_resume_redoes(signal_name, cause):
+    """No signal name: another process was signalled and this one learnt of the stop from it."""
+    assert _stopped_stream(1, 5, signal_name) == (EXIT_PREEMPTED, [
+        f'stopped by {cause} in epoch 2 after update 5/12: /runs/r/last.pt holds the end of epoch 1; continue with '
+        '--resume /runs/r (epoch 2 is redone from its start: wds/shards is a stream) (exit code 75)'])
+    assert _stopped_stream(4, 11, signal_name)[1] == [
+        f'stopped by {cause} in epoch 5 after update 11/12: /runs/r/last.pt holds the end of epoch 4; continue with '
+        '--resume /runs/r (epoch 5 is redone from its start: wds/shards is a stream) (exit code 75)']
+
+
+def test_a_stop_in_a_streams_first_epoch_says_there_is_no_checkpoint():
+    assert _stopped_stream(0, 3, None) == (EXIT_PREEMPTED, [
+        'stopped by a signal to another process in epoch 1 after update 3/12: no epoch was completed, so there is no '
+        'checkpoint; --resume auto starts the run again (exit code 75)'])

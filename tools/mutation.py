@@ -127,7 +127,7 @@ def _checked(module: str, patterns: Sequence[str], tests: Sequence[str]) -> None
     """``switched.check``'s verdicts printed; the run's survivors they kill count as killed by a test written since,
     as a recheck's (``recheck.json``)."""
     survivors = {n for n, (status, _) in verdicts.results(module, rechecked=False).items()
-                 if status in ('survived', 'no tests', 'equivalent', 'timeout')}  # timeout: a loaded machine
+                 if status in (*verdicts.SURVIVING, 'equivalent')}  # 'suspicious' and 'timeout' too
 
     def record(name: str, verdict: str) -> None:  # each at once: a check stopped half-way keeps what it found
         if verdict in ('killed', 'timeout') and name in survivors:

@@ -93,7 +93,8 @@ class _Probe:
             indices = sorted(set(np.linspace(0, n - 1, min(count, n)).round().astype(int).tolist()))
             samples = [dataset[i] for i in indices]
             filename = getattr(dataset, 'filename', None)
-            self.name = os.path.basename(filename(indices[0])) if filename else f'validation image {indices[0]}'
+            if indices:  # none of an empty set, refused below
+                self.name = os.path.basename(filename(indices[0])) if filename else f'validation image {indices[0]}'
         else:  # a stream: its first images
             samples = list(itertools.islice(iter(dataset), count))
             self.name = 'first validation image'

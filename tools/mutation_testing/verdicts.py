@@ -64,9 +64,9 @@ def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]
         durations = data.get('durations_by_key', {})
         for name, code in data['exit_code_by_key'].items():
             status = STATUS.get(code, 'suspicious')
-            if status in ('survived', 'no tests') and again.get(name) == 'killed':
+            if status in SURVIVING and again.get(name) == 'killed':  # a suspicious or timed-out one too
                 status = 'killed (fresh process)'
-            elif status in ('survived', 'no tests') and again.get(name) == 'killed (TorchScript on)':
+            elif status in SURVIVING and again.get(name) == 'killed (TorchScript on)':
                 status = 'killed (TorchScript on)'
             elif status in ('survived', 'no tests', 'timeout') and name in equivalent:
                 status = 'equivalent'  # a timeout too: an equivalent one that ran past mutmut's limit, machine busy
