@@ -751,6 +751,82 @@ def test_write_results_refuses_a_wrong_extension_by_its_argument_and_writes_noth
     assert os.listdir(tmp_path) == []
 
 
+# ---------------------------------------------------------------------- the loop's counters and each suite's results
+
+
+def _space(num_labels: int = 7) -> suites.LabelSpace:
+    """Class folder k is label ``(k + 2) % num_labels``: a mapping that is not the identity."""
+    return suites.LabelSpace(targets=(torch.arange(num_labels) + 2) % num_labels, subset=None,
+                             num_labels=num_labels, mapping='test')
+
+
+def test_each_batch_adds_its_images_and_top1_and_top5_hits_to_their_groups():
+    # the target's rank in each image's logits: 1st, 5th (a top-5 hit only), 6th (no hit), 2nd
+    ranks, classes = [0, 4, 5, 1], torch.tensor([0, 1, 2, 3])
+    targets = _space().targets[classes]
+    logits = torch.zeros(4, 7)
+    for i, (rank, target) in enumerate(zip(ranks, targets.tolist())):
+        others = [c for c in range(7) if c != target]
+        order = others[:rank] + [target] + others[rank:]  # classes from the highest logit down
+        logits[i, order] = torch.arange(7, 0, -1, dtype=torch.float32)
+    counts = torch.ones(3, 3, dtype=torch.float64)  # what earlier batches counted
+    scoring._accumulate(counts, logits, classes, torch.tensor([0, 1, 1, 0]), _space(), n_groups=3)
+    # group 0: images 0 and 3 (one top-1 hit, two top-5); group 1: images 1 and 2 (one top-5 hit); group 2: none
+    assert counts.tolist() == [[3, 2, 3], [3, 1, 2], [1, 1, 1]]
+
+
+def test_images_with_a_nan_an_infinity_or_either_in_their_logits_are_counted():
+    logits = torch.tensor([[0., 1.], [float('nan'), 1.], [float('inf'), 1.], [float('nan'), -float('inf')]])
+    counts = torch.ones(3, dtype=torch.float64)
+    scoring._count_nonfinite(counts, logits)
+    assert counts.tolist() == [3, 3, 4]
+
+
+def test_models_share_a_pass_when_their_data_configs_are_equal_in_any_key_order():
+    key = scoring._config_key({'std': (0.5, 0.5), 'dtype': torch.float32})
+    assert key == '{"dtype": "torch.float32", "std": [0.5, 0.5]}'
+    assert scoring._config_key({'dtype': torch.float32, 'std': [0.5, 0.5]}) == key
+
+
+def test_a_suites_results_give_top5_over_more_than_five_labels_and_the_data_config_as_lists():
+    cfg = {'input_size': (3, 32, 48), 'crop_pct': 0.9, 'interpolation': 'bicubic'}
+    counts = torch.tensor([[4., 2., 3.], [4., 1., 4.]])
+    res = scoring._results(types.SimpleNamespace(suite='imagenet'), counts, _space(6), cfg, None)
+    assert res == {'top1': 37.5, 'top5': 87.5, 'partial': None, 'num_images': 8, 'labels': 'test', 'num_labels': 6,
+                   'img_size': [32, 48], 'crop_pct': 0.9,
+                   'data_config': {'input_size': [3, 32, 48], 'crop_pct': 0.9, 'interpolation': 'bicubic'}}
+    # top-5 of five labels is always 100%: none
+    assert scoring._results(types.SimpleNamespace(suite='imagenet'), counts, _space(5), cfg, None)['top5'] is None
+    # ImageNet-A: a folder of the release's 7500 images is complete, a smaller one a subset
+    whole = scoring._results(types.SimpleNamespace(suite='imagenet-a'), torch.tensor([[7500., 10., 20.]]), _space(6),
+                             cfg, None)
+    assert whole['complete'] is True and whole['partial'] is None and whole['img_size'] == [32, 48]
+    part = scoring._results(types.SimpleNamespace(suite='imagenet-a'), counts, _space(6), cfg, None)
+    assert part['complete'] is False and part['partial'] == '(8 of 7500 images)'
+    # ImageNet-C's results take the same top-5 rule
+    data, c_counts = _c_groups({('fog', '1'): (4, 2, 3)})
+    data.suite = 'imagenet-c'
+    square = dict(cfg, input_size=(3, 32, 32))
+    res = scoring._results(data, c_counts, _space(6), square, {'mismatched': {}})
+    assert res['top5'] == 75.0 and res['corruptions']['fog']['top5'] == 75.0 and res['img_size'] == 32
+    assert scoring._results(data, c_counts, _space(5), square, {'mismatched': {}})['top5'] is None
+
+
+def test_a_timm_without_its_class_lists_is_told_to_upgrade(monkeypatch):
+    import pkgutil
+    monkeypatch.setattr(pkgutil, 'get_data', lambda package, resource: None)
+    with pytest.raises(TcnnError) as info:
+        suites.imagenet_wnids()
+    assert str(info.value) == 'timm does not ship imagenet_synsets.txt; upgrade timm (>= 1.0.9)'
+
+
+def test_an_evaluated_image_reaches_the_transform_in_rgb_whatever_its_mode(tmp_path):
+    path = tmp_path / 'grey.png'
+    Image.new('L', (4, 3), 128).save(path)
+    data = types.SimpleNamespace(path=lambda i: str(path), targets=np.array([3]), group_ids=np.array([1]))
+    assert scoring._Images(data, lambda img: (img.mode, img.size))[0] == (('RGB', (4, 3)), 3, 1)
+
+
 # ---------------------------------------------------------------------- ImageNet-C's results from the counts
 
 
