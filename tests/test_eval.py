@@ -820,6 +820,14 @@ def test_a_timm_without_its_class_lists_is_told_to_upgrade(monkeypatch):
     assert str(info.value) == 'timm does not ship imagenet_synsets.txt; upgrade timm (>= 1.0.9)'
 
 
+@pytest.mark.parametrize('n_outputs, message', [(0, 'n_outputs must be >= 1, got 0'),
+                                                 (2.5, 'n_outputs must be an integer, got 2.5 (float)')])
+def test_a_label_space_needs_a_whole_positive_number_of_outputs(n_outputs, message):
+    with pytest.raises(TcnnError) as info:
+        suites.label_space('imagenet', ['a_red'], n_outputs)
+    assert str(info.value) == message
+
+
 def test_an_evaluated_image_reaches_the_transform_in_rgb_whatever_its_mode(tmp_path):
     path = tmp_path / 'grey.png'
     Image.new('L', (4, 3), 128).save(path)
