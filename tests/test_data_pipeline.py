@@ -614,6 +614,10 @@ def test_a_splits_decoded_size_is_estimated_from_headers_spread_over_it(tmp_path
     mean = sum(sizes[i][0] * sizes[i][1] for i in (0, 6, 9)) / 3
     assert estimate_decoded_bytes(_Files(broken), sample=4) == math.ceil(mean * 3 * 10)
     assert estimate_decoded_bytes(_Files([str(tmp_path / 'missing.png')] * 3)) is None
+    # by default 64 headers, spread over a larger split from its first file to its last
+    large = _Files(paths * 10)
+    estimate_decoded_bytes(large)
+    assert large.opened == sorted({round(i * 99 / 63) for i in range(64)}) and len(large.opened) == 64
 
 
 def test_the_memory_budget_is_a_share_of_available_memory_divided_between_the_local_processes(monkeypatch):
