@@ -8,6 +8,7 @@ import math
 import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -307,8 +308,28 @@ def test_a_finishing_thread_that_fails_before_its_first_batch_or_dies_mid_put_fa
         raise OSError('no room')
     ahead._queue.put = refuse
     allowed.set()
-    with pytest.raises(RuntimeError, match='the thread that finishes batches ended without a batch or an error'):
-        next(ahead)
+    outcome = []
+
+    def consume():  # in a thread of its own: a consumer that waits for ever fails the test instead of hanging it
+        try:
+            next(ahead)
+        except Exception as e:  # noqa: BLE001 - what the consumer gets is the point
+            outcome.append(e)
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(15)
+    assert not consumer.is_alive(), 'the consumer still waits for a batch'
+    assert [(type(e), str(e)) for e in outcome] == [
+        (RuntimeError, 'the thread that finishes batches ended without a batch or an error')]
+
+
+def test_a_batch_that_takes_longer_than_the_consumers_wait_still_comes():
+    from tcnn.data.prefetch import FinishedAhead
+
+    def slow(i):  # longer than the one second the consumer waits before it looks whether the thread still runs
+        time.sleep(1.5)
+        return torch.zeros(1), torch.tensor(i)
+    assert [int(y) for _, y in FinishedAhead(iter(range(2)), slow, torch.device('cpu'), depth=1)] == [0, 1]
 
 
 def test_auto_chooses_resident_when_the_splits_fit(mixed_folder, monkeypatch):
@@ -615,6 +636,9 @@ def test_a_splits_decoded_size_is_estimated_from_headers_spread_over_it(tmp_path
     assert estimate_decoded_bytes(_Files(broken), sample=4) == math.ceil(mean * 3 * 10)
     assert estimate_decoded_bytes(_Files([str(tmp_path / 'missing.png')] * 3)) is None
     # by default 64 headers, spread over a larger split from its first file to its last
+    two = _Files(paths)
+    estimate_decoded_bytes(two, sample=2)
+    assert two.opened == [0, 9]  # two headers: the first file's and the last's
     large = _Files(paths * 10)
     estimate_decoded_bytes(large)
     assert large.opened == sorted({round(i * 99 / 63) for i in range(64)}) and len(large.opened) == 64

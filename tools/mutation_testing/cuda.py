@@ -53,9 +53,15 @@ CUDA_MUTANTS = (
            "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
            'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),
     # no stream of its own: the thread launches on the default stream, which a CUDA graph capture refuses
-    Mutant('tcnn.data.prefetch.x__finish_ahead__mutmut_9', 'tcnn/data/prefetch.py', "cuda = device.type == 'cuda'",
-           'cuda = None',
-           'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers'),
+    *(Mutant(f'tcnn.data.prefetch.x__finish_ahead__mutmut_{n}', 'tcnn/data/prefetch.py', old, new,
+             'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers')
+      for n, old, new in (
+          (9, "cuda = device.type == 'cuda'", 'cuda = None'),
+          (11, "cuda = device.type == 'cuda'", "cuda = device.type == 'XXcudaXX'"),
+          (12, "cuda = device.type == 'cuda'", "cuda = device.type == 'CUDA'"),
+          (16, 'stream = torch.cuda.Stream(device) if cuda else None', 'stream = None'),
+          (17, 'stream = torch.cuda.Stream(device) if cuda else None',
+           'stream = torch.cuda.Stream(device) if (cuda) and False else None'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
