@@ -61,7 +61,12 @@ CUDA_MUTANTS = (
           (12, "cuda = device.type == 'cuda'", "cuda = device.type == 'CUDA'"),
           (16, 'stream = torch.cuda.Stream(device) if cuda else None', 'stream = None'),
           (17, 'stream = torch.cuda.Stream(device) if cuda else None',
-           'stream = torch.cuda.Stream(device) if (cuda) and False else None'))),
+           'stream = torch.cuda.Stream(device) if (cuda) and False else None'),
+          (20, 'with torch.cuda.stream(stream) if cuda else',
+           'with torch.cuda.stream(stream) if (cuda) and False else'),
+          (22, 'with torch.cuda.stream(stream) if cuda else', 'with torch.cuda.stream(None) if cuda else'),
+          # no event: the consumer reads a batch its kernels may still be writing
+          (26, 'event = torch.cuda.Event()', 'event = None'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
