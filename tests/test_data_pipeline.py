@@ -323,6 +323,18 @@ def test_a_finishing_thread_that_fails_before_its_first_batch_or_dies_mid_put_fa
         (RuntimeError, 'the thread that finishes batches ended without a batch or an error')]
 
 
+def test_a_finished_iterator_stays_finished_and_its_thread_is_a_named_daemon():
+    """The thread never keeps the process alive and is found by its name in a stack dump; an iterator that handed
+    out its last batch raises StopIteration again (the protocol), not an error about its ended thread."""
+    from tcnn.data.prefetch import FinishedAhead
+    ahead = FinishedAhead(iter(range(2)), lambda i: (torch.zeros(1), torch.tensor(i)), torch.device('cpu'), depth=1)
+    assert ahead._thread.name == 'tcnn-finish' and ahead._thread.daemon is True
+    assert [int(y) for _, y in ahead] == [0, 1]
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(ahead)
+
+
 def test_a_batch_that_takes_longer_than_the_consumers_wait_still_comes():
     from tcnn.data.prefetch import FinishedAhead
 

@@ -67,6 +67,15 @@ CUDA_MUTANTS = (
           (22, 'with torch.cuda.stream(stream) if cuda else', 'with torch.cuda.stream(None) if cuda else'),
           # no event: the consumer reads a batch its kernels may still be writing
           (26, 'event = torch.cuda.Event()', 'event = None'))),
+    # the consumer's side of the event: no wait on it, or no stream recorded for the batch's memory
+    *(Mutant(f'tcnn.data.prefetch.xǁFinishedAheadǁ__next____mutmut_{n}', 'tcnn/data/prefetch.py', old, new,
+             'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers')
+      for n, old, new in (
+          (12, 'current = torch.cuda.current_stream(images.device)', 'current = None'),
+          (13, 'current = torch.cuda.current_stream(images.device)', 'current = torch.cuda.current_stream(None)'),
+          (14, 'current.wait_event(event)', 'current.wait_event(None)'),
+          (15, 'images.record_stream(current)', 'images.record_stream(None)'),
+          (16, 'targets.record_stream(current)', 'targets.record_stream(None)'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
