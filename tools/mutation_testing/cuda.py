@@ -52,30 +52,29 @@ CUDA_MUTANTS = (
     Mutant('tcnn.files.integrity.x__crc32__mutmut_4', 'tcnn/files/integrity.py',
            "data = tensor.detach().to('cpu').contiguous()", 'data = tensor.detach().to(None).contiguous()',
            'tests/test_integrity.py::test_checksums_of_gpu_tensors_are_those_of_their_bytes'),
-    # no stream of its own: the thread launches on the default stream, which a CUDA graph capture refuses
-    *(Mutant(f'tcnn.data.prefetch.x__finish_ahead__mutmut_{n}', 'tcnn/data/prefetch.py', old, new,
+    # the batched pipeline's finishing thread (tcnn.data.prefetch): without a stream of its own it launches on the
+    # default stream, which a CUDA graph capture refuses; without the event (or the consumer's wait on it, or the
+    # stream recorded for the batch's memory) the consumer reads a batch its kernels may still be writing
+    *(Mutant(f'tcnn.data.prefetch.{function}__mutmut_{n}', 'tcnn/data/prefetch.py', old, new,
              'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers')
-      for n, old, new in (
-          (9, "cuda = device.type == 'cuda'", 'cuda = None'),
-          (11, "cuda = device.type == 'cuda'", "cuda = device.type == 'XXcudaXX'"),
-          (12, "cuda = device.type == 'cuda'", "cuda = device.type == 'CUDA'"),
-          (16, 'stream = torch.cuda.Stream(device) if cuda else None', 'stream = None'),
-          (17, 'stream = torch.cuda.Stream(device) if cuda else None',
+      for function, n, old, new in (
+          ('x__finish_ahead', 9, "cuda = device.type == 'cuda'", 'cuda = None'),
+          ('x__finish_ahead', 11, "cuda = device.type == 'cuda'", "cuda = device.type == 'XXcudaXX'"),
+          ('x__finish_ahead', 12, "cuda = device.type == 'cuda'", "cuda = device.type == 'CUDA'"),
+          ('x__finish_ahead', 16, 'stream = torch.cuda.Stream(device) if cuda else None', 'stream = None'),
+          ('x__finish_ahead', 17, 'stream = torch.cuda.Stream(device) if cuda else None',
            'stream = torch.cuda.Stream(device) if (cuda) and False else None'),
-          (20, 'with torch.cuda.stream(stream) if cuda else',
+          ('x__finish_ahead', 20, 'with torch.cuda.stream(stream) if cuda else',
            'with torch.cuda.stream(stream) if (cuda) and False else'),
-          (22, 'with torch.cuda.stream(stream) if cuda else', 'with torch.cuda.stream(None) if cuda else'),
-          # no event: the consumer reads a batch its kernels may still be writing
-          (26, 'event = torch.cuda.Event()', 'event = None'))),
-    # the consumer's side of the event: no wait on it, or no stream recorded for the batch's memory
-    *(Mutant(f'tcnn.data.prefetch.xǁFinishedAheadǁ__next____mutmut_{n}', 'tcnn/data/prefetch.py', old, new,
-             'tests/test_cuda.py::test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers')
-      for n, old, new in (
-          (12, 'current = torch.cuda.current_stream(images.device)', 'current = None'),
-          (13, 'current = torch.cuda.current_stream(images.device)', 'current = torch.cuda.current_stream(None)'),
-          (14, 'current.wait_event(event)', 'current.wait_event(None)'),
-          (15, 'images.record_stream(current)', 'images.record_stream(None)'),
-          (16, 'targets.record_stream(current)', 'targets.record_stream(None)'))),
+          ('x__finish_ahead', 22, 'with torch.cuda.stream(stream) if cuda else',
+           'with torch.cuda.stream(None) if cuda else'),
+          ('x__finish_ahead', 26, 'event = torch.cuda.Event()', 'event = None'),
+          ('xǁFinishedAheadǁ__next__', 12, 'current = torch.cuda.current_stream(images.device)', 'current = None'),
+          ('xǁFinishedAheadǁ__next__', 13, 'current = torch.cuda.current_stream(images.device)',
+           'current = torch.cuda.current_stream(None)'),
+          ('xǁFinishedAheadǁ__next__', 14, 'current.wait_event(event)', 'current.wait_event(None)'),
+          ('xǁFinishedAheadǁ__next__', 15, 'images.record_stream(current)', 'images.record_stream(None)'),
+          ('xǁFinishedAheadǁ__next__', 16, 'targets.record_stream(current)', 'targets.record_stream(None)'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
