@@ -352,3 +352,14 @@ def test_the_benchmark_runs(capsys):
     assert benchmarks.batch_augment.main(['--quick', '--repeats', '1', '--device', 'cpu']) == 0
     out = capsys.readouterr().out
     assert 'batched train' in out and 'timm PIL train' in out and 'x PIL' in out
+
+
+def test_the_transforms_print_every_setting():
+    """What a run's log and ``print(transform)`` show: every setting the batch is augmented with, by name."""
+    aug = BatchAugment(64, color_jitter=0.4, hflip=0., re_prob=0.25, interpolation='bicubic')
+    assert repr(aug) == ("BatchAugment(img_size=64, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), hflip=0.0, "
+                         "rand_augment=None, jitter=((0.6, 1.4), (0.6, 1.4), (0.6, 1.4), None), "
+                         "interpolation='bicubic', re_prob=0.25, re_mode='const', re_count=1)")
+    assert 'rand_augment=RandAugmentConfig(' in repr(BatchAugment(64, auto_augment='rand-m9-mstd0.5-inc1'))
+    assert repr(BatchEval(96, crop_pct=0.875)) == ("BatchEval(img_size=96, crop_pct=0.875, crop_mode='center', "
+                                                   "interpolation='bilinear')")

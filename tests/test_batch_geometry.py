@@ -268,3 +268,12 @@ def test_the_batched_resize_off_the_cpu_gives_the_per_image_augmentation(monkeyp
     d = np.abs(batched - per_image)
     print(f'\nbatched vs per image: mean {d.mean():.5f}, max {d.max()}')
     assert d.mean() <= 0.019 and d.max() <= 3
+
+
+@pytest.mark.parametrize('code', [batch_geometry.NEAREST, batch_geometry.BILINEAR, batch_geometry.BICUBIC])
+def test_crop_weights_are_built_on_the_images_device(code):
+    """The batched resize's weights are built where the images are (a GPU in a run): the crop boxes come as CPU
+    tensors, and each part of the matrix is moved to the device asked, seen on the meta device (no data)."""
+    start, extent = torch.tensor([0, 3]), torch.tensor([9, 6])
+    weights = batch_geometry._crop_weights(start, extent, 5, 12, code, torch.device('meta'))
+    assert weights.device.type == 'meta' and weights.shape == (2, 5, 12) and weights.dtype == torch.float64

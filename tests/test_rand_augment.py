@@ -39,16 +39,21 @@ def test_rand_augment_config_strings_parse_like_timms():
 
 
 def test_level_arguments_are_timms_floats(monkeypatch):
-    """``rand_augment_level`` = timm's ``LEVEL_TO_ARG`` (same negation draw) for every op and many magnitudes."""
-    hparams = dict(translate_const=43, img_mean=FILL)
-    for name in BatchAugment(96, auto_augment='rand-tweights').ra_ops + ('TranslateX', 'TranslateY', 'Posterize',
-                                                                         'Solarize', 'Color', 'Contrast'):
-        for magnitude in np.linspace(0, 10, 23):
-            for seed in range(3):
-                monkeypatch.setattr(timm_aa, 'random', random.Random(seed))
-                level_fn = timm_aa.LEVEL_TO_ARG[name]
-                theirs = level_fn(magnitude, hparams)[0] if level_fn else 0.
-                assert rand_augment_level(name, magnitude, random.Random(seed), 43) == theirs, (name, magnitude)
+    """``rand_augment_level`` = timm's ``LEVEL_TO_ARG`` (same negation draw) for every op and many magnitudes: up to
+    20, which ``mmax20`` lets a noisy magnitude reach (the levels' clips at 256 and 128 are reached only there), with
+    timm's default ``translate_pct`` and another."""
+    for pct in (None, 0.3):
+        hparams = dict(translate_const=43, img_mean=FILL, **({} if pct is None else {'translate_pct': pct}))
+        ours = {} if pct is None else {'translate_pct': pct}
+        for name in BatchAugment(96, auto_augment='rand-tweights').ra_ops + ('TranslateX', 'TranslateY', 'Posterize',
+                                                                             'Solarize', 'Color', 'Contrast'):
+            for magnitude in np.linspace(0, 20, 45):
+                for seed in range(3):
+                    monkeypatch.setattr(timm_aa, 'random', random.Random(seed))
+                    level_fn = timm_aa.LEVEL_TO_ARG[name]
+                    theirs = level_fn(magnitude, hparams)[0] if level_fn else 0.
+                    assert rand_augment_level(name, magnitude, random.Random(seed), 43, **ours) == theirs, (
+                        name, magnitude, pct)
 
 
 def test_timms_op_lists_are_those_the_batched_draws_were_checked_against():

@@ -52,6 +52,13 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
                                                   'resident', 'encoded')],
              ['tests/test_data_pipeline.py', 'tests/test_data.py', 'tests/test_train_wds.py',
               'tests/test_train_reliability.py::test_bad_images_stop_the_run_or_are_skipped_and_logged'], []),
+    # the batched augmentation (timm's recipe on whole batches, on the CPU or the device): the crop and flip draws,
+    # RandAugment's ops and sampling, the geometry, colour and erasing ops; each owning test compares with timm's or
+    # Pillow's own op (tests/augmentation.py)
+    'augment': ([f'tcnn/data/{name}.py' for name in ('batch_augment', 'rand_augment', 'batch_geometry', 'batch_colour',
+                                                     'batch_misc')],
+                ['tests/test_batch_augment.py', 'tests/test_rand_augment.py', 'tests/test_batch_geometry.py',
+                 'tests/test_batch_colour.py', 'tests/test_batch_misc.py'], []),
     # glibc malloc's tuning for the training programs
     'allocator': (['tcnn/allocator.py'], ['tests/test_allocator.py'], []),
     # the training loop and its run (the recipe and the optimiser are campaigns of their own): what it prints

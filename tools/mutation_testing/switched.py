@@ -1,11 +1,12 @@
 """Which of a run's mutants tests kill, as the tests are now: each mutant switched on as mutmut does, in one process.
 
-``check`` copies the run's mutated tree (``mutants/<module>/mutants``) to ``mutants/<module>/check`` with the
-repository's tests as they are now, and runs this module there (``python -m mutation_testing.switched NAMES
-TESTS...``): the tests once without a mutant (they must pass), then once for each mutant, switched on through
-``MUTANT_UNDER_TEST`` as mutmut's trampolines read it (``pytest -x``). Seconds a mutant, where a recheck starts a
-process and every owning test for each. Each verdict reaches the parent as it comes; a mutant that hangs is stopped
-after ``TIMEOUT_S`` and counted a timeout, and the mutants after it run in a fresh process.
+``check`` copies the run's mutated tree (``mutants/<module>/mutants``) to ``mutants/<module>/check`` (or the folder
+``$TCNN_CHECK_FOLDER`` names there: two checks of one module at once) with the repository's tests as they are now, and
+runs this module there (``python -m mutation_testing.switched NAMES TESTS...``): the tests once without a mutant (they
+must pass), then once for each mutant, switched on through ``MUTANT_UNDER_TEST`` as mutmut's trampolines read it
+(``pytest -x``). Seconds a mutant, where a recheck starts a process and every owning test for each. Each verdict
+reaches the parent as it comes; a mutant that hangs is stopped after ``TIMEOUT_S`` and counted a timeout, and the
+mutants after it run in a fresh process.
 """
 import fnmatch
 import json
@@ -41,7 +42,7 @@ def check(module: str, patterns: Sequence[str], tests: Sequence[str],
         tests: pytest node IDs (or files).
         on_verdict: Called with each mutant and its verdict as it comes (an interrupted check keeps what it found).
     """
-    run_tree, work = folder(module) / 'mutants', folder(module) / 'check'
+    run_tree, work = folder(module) / 'mutants', folder(module) / os.environ.get('TCNN_CHECK_FOLDER', 'check')
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(run_tree, work, ignore=shutil.ignore_patterns('__pycache__', 'tests', 'conftest.py', '*.jsonl'))
     shutil.copytree(ROOT / 'tests', work / 'tests', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
