@@ -11,6 +11,8 @@ import pytest
 import timm.data.auto_augment as timm_aa
 import timm.data.random_erasing as timm_re
 import torch
+import torchvision
+import torchvision.transforms.functional as TF
 import torchvision.transforms.v2.functional as TF2
 from PIL import Image
 from timm.data import create_transform
@@ -324,6 +326,28 @@ def test_batch_eval_stays_within_the_measured_difference_from_timms_eval_transfo
     assert d.mean() <= mean_tol and d.max() <= max_tol, (d.mean(), d.max())
     same = torch.stack([to_tensor(a) for a in TALL])
     assert torch.equal(ev(same), ev(list(same)))
+
+
+def test_the_eval_resize_takes_torchvisions_output_size_for_wide_tall_and_square_images():
+    """The shorter side to ``floor(img_size / crop_pct)``, the longer one scaled and truncated, as torchvision's
+    ``Resize(scale_size)`` in timm's eval transform sizes it; ``squash``: both sides."""
+    ev, squash = BatchEval(32, crop_pct=0.875), BatchEval(32, crop_pct=0.875, crop_mode='squash')
+    resize = torchvision.transforms.Resize(ev.scale_size, antialias=True)
+    for height, width in [(40, 70), (70, 40), (50, 50), (37, 36), (36, 37), (20, 91), (91, 20)]:
+        expected = tuple(resize(torch.zeros(1, height, width)).shape[-2:])
+        assert ev._resized_size(height, width) == expected, (height, width)
+        assert squash._resized_size(height, width) == (ev.scale_size, ev.scale_size)
+
+
+def test_the_eval_centre_crop_pads_and_crops_as_torchvision():
+    """``crop_pct`` > 1 resizes the image below ``img_size``: the crop pads with zeros as torchvision's
+    ``center_crop`` does (the odd pixel after), on one side or both; larger images are cropped at its offsets."""
+    ev = BatchEval(9, crop_pct=1.0)
+    generator = torch.Generator().manual_seed(0)
+    for height, width in [(5, 6), (6, 5), (4, 9), (9, 4), (7, 12), (12, 7), (9, 9), (14, 11), (2, 3)]:
+        x = torch.randint(1, 256, (2, 3, height, width), dtype=torch.uint8, generator=generator)
+        ours = ev._center_crop(x)
+        assert torch.equal(ours, TF.center_crop(x, [9, 9])), (height, width)
 
 
 # ------------------------------------------------------------------------------------ what is refused, the benchmark
