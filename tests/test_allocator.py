@@ -117,3 +117,66 @@ def test_tcnn_demo_turns_it_on_for_its_training_processes(monkeypatch, tmp_path)
     monkeypatch.setattr(tcnn.demo, 'run_demo', lambda *a, **k: seen.update(os.environ))
     assert command.run(build_parser('demo').parse_args(['demo', '--out', str(tmp_path / 'demo')])) == 0
     assert ('MALLOC_TOP_PAD_' in seen) == GLIBC
+
+
+class _Libc:
+    """A C library's stand-in that records ``mallopt``'s calls and answers ``result`` (glibc: 1 on success)."""
+
+    def __init__(self, result=1, refuse=()):
+        self.calls, self.result, self.refuse = [], result, refuse
+
+    def mallopt(self, param, value):
+        self.calls.append((param.value, value.value))
+        return 0 if param.value in self.refuse else self.result
+
+
+def test_each_setting_goes_to_mallopt_and_the_applied_ones_to_the_environment(monkeypatch):
+    """mallopt gets each parameter with its value; only those it accepted (1) are returned and exported as glibc's
+    tunables (their decimal values), so that processes started afresh get the same settings."""
+    # a copy of the environment, not an empty one: mutmut's mutation tests switch mutants on through it
+    environ = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != allocator.OPT_OUT}
+    monkeypatch.setattr(os, 'environ', environ)
+    libc = _Libc(refuse={-2})  # M_TOP_PAD refused
+    monkeypatch.setattr(allocator, '_glibc', lambda: libc)
+    applied = allocator.keep_freed_memory()
+    assert libc.calls == [(-4, 0), (-3, 32 * 2 ** 20), (-1, 2 ** 31 - 1), (-2, 256 * 2 ** 20)]
+    assert applied == {'MALLOC_MMAP_MAX_': 0, 'MALLOC_MMAP_THRESHOLD_': 33554432,
+                       'MALLOC_TRIM_THRESHOLD_': 2147483647}
+    assert {k: v for k, v in environ.items() if k.startswith('MALLOC_')} == {'MALLOC_MMAP_MAX_': '0', 'MALLOC_MMAP_THRESHOLD_': '33554432',
+                       'MALLOC_TRIM_THRESHOLD_': '2147483647'}
+
+
+def test_only_glibc_on_linux_is_tuned(monkeypatch):
+    """musl on Linux and other systems' C libraries are left alone: ``_glibc`` opens nothing there."""
+    opened = []
+    monkeypatch.setattr(allocator.ctypes, 'CDLL', lambda name: opened.append(name) or _Libc())
+    for system, libc in (('Linux', ('musl', '')), ('Darwin', ('', '')), ('Windows', ('', '')),
+                         ('Darwin', ('glibc', '2.39'))):
+        monkeypatch.setattr(allocator.platform, 'system', lambda: system)
+        monkeypatch.setattr(allocator.platform, 'libc_ver', lambda: libc)
+        assert allocator._glibc() is None, (system, libc)
+    assert opened == []
+    monkeypatch.setattr(allocator.platform, 'system', lambda: 'Linux')
+    monkeypatch.setattr(allocator.platform, 'libc_ver', lambda: ('glibc', '2.39'))
+    assert isinstance(allocator._glibc(), _Libc) and len(opened) == 1
+
+
+def test_the_c_library_is_the_one_ctypes_finds_else_glibcs_soname(monkeypatch):
+    """The library ctypes finds for ``c`` (its soname differs on some architectures: libc.so.6.1 on IA-64), else
+    ``libc.so.6``; a library without ``mallopt``, or one that does not open, is no glibc to tune."""
+    monkeypatch.setattr(allocator.platform, 'system', lambda: 'Linux')
+    monkeypatch.setattr(allocator.platform, 'libc_ver', lambda: ('glibc', '2.39'))
+    opened, found = [], {'c': 'libc.so.6.1'}
+    monkeypatch.setattr(allocator.ctypes.util, 'find_library', lambda name: found.get(name))
+    monkeypatch.setattr(allocator.ctypes, 'CDLL', lambda name: opened.append(name) or _Libc())
+    assert isinstance(allocator._glibc(), _Libc)
+    found.clear()
+    assert isinstance(allocator._glibc(), _Libc)
+    assert opened == ['libc.so.6.1', 'libc.so.6']
+    monkeypatch.setattr(allocator.ctypes, 'CDLL', lambda name: object())  # no mallopt
+    assert allocator._glibc() is None
+
+    def missing(name):
+        raise OSError(f'{name}: cannot open shared object file')
+    monkeypatch.setattr(allocator.ctypes, 'CDLL', missing)
+    assert allocator._glibc() is None

@@ -25,7 +25,7 @@ from augmentation import (ALPHA, FILL, IMAGES, MEAN, N_DRAWS, PIL_RESAMPLE, RECI
 from tcnn.data import batch_geometry
 from tcnn.data.batch_augment import PARAMS, BatchAugment, BatchEval, UnsupportedAugmentation
 from tcnn.data.transforms import posterize as safe_posterize
-from tcnn.errors import TcnnError
+from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
 
 
 # -------------------------------------------------------------------------------- the whole transform against timm's
@@ -341,13 +341,53 @@ def test_the_eval_resize_takes_torchvisions_output_size_for_wide_tall_and_square
 
 def test_the_eval_centre_crop_pads_and_crops_as_torchvision():
     """``crop_pct`` > 1 resizes the image below ``img_size``: the crop pads with zeros as torchvision's
-    ``center_crop`` does (the odd pixel after), on one side or both; larger images are cropped at its offsets."""
+    ``center_crop`` does (the odd pixel after), on one side or both; larger images are cropped at its offsets,
+    also where the other side pads (a side 1, 3 or 4 pixels longer than the crop: the offsets round half to even)."""
     ev = BatchEval(9, crop_pct=1.0)
     generator = torch.Generator().manual_seed(0)
-    for height, width in [(5, 6), (6, 5), (4, 9), (9, 4), (7, 12), (12, 7), (9, 9), (14, 11), (2, 3)]:
+    for height, width in [(5, 6), (6, 5), (4, 9), (9, 4), (7, 12), (12, 7), (7, 13), (13, 7), (7, 10), (10, 7),
+                          (9, 9), (14, 11), (2, 3)]:
         x = torch.randint(1, 256, (2, 3, height, width), dtype=torch.uint8, generator=generator)
         ours = ev._center_crop(x)
         assert torch.equal(ours, TF.center_crop(x, [9, 9])), (height, width)
+
+
+def test_eval_of_one_sized_batch_resizes_it_in_one_call_and_equals_the_list_path(monkeypatch):
+    """A ``(B, 3, H, W)`` uint8 batch is resized in one call (the point of the batch path); a list of the same images
+    takes one call each; both give the same floats (crops, and pads where crop_pct > 1 resizes below the crop), on
+    the images' device (meta: nothing is computed)."""
+    calls = []
+    resize = batch_geometry.resize
+    monkeypatch.setattr(batch_geometry, 'resize', lambda x, *args: calls.append(tuple(x.shape)) or resize(x, *args))
+    batch = torch.randint(0, 256, (3, 3, 12, 10), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for crop_pct in (0.875, 1.25):
+        calls.clear()
+        ev = BatchEval(9, crop_pct=crop_pct)
+        together = ev(batch)
+        assert calls == [(3, 3, 12, 10)]
+        apart = ev(list(batch))
+        assert calls[1:] == [(3, 12, 10)] * 3 and torch.equal(together, apart) and together.dtype == torch.float32
+    zero = together[0, :, 0, 0].view(3, 1)  # 12 x 10 -> 8 x 7 in 9 x 9: zeros in columns 0, 8 and row 8
+    assert torch.equal(zero.flatten(), -torch.tensor(MEAN) / torch.tensor(STD))
+    assert all((together[i, :, :, j] == zero).all() and (together[i, :, 8, :] == zero).all()
+               for i in range(3) for j in (0, 8))
+    assert not (together[:, :, :8, 1:8] == zero.view(3, 1, 1)).all()
+    calls.clear()
+    for images in (torch.empty(2, 3, 12, 10, dtype=torch.uint8, device='meta'),
+                   [torch.empty(3, 12, 10, dtype=torch.uint8, device='meta'),
+                    torch.empty(3, 9, 14, dtype=torch.uint8, device='meta')]):
+        out = ev(images)
+        assert out.device.type == 'meta' and out.shape == (2, 3, 9, 9) and out.dtype == torch.float32
+    assert [shape[0] for shape in calls] == [2, 3, 3]
+
+
+@pytest.mark.parametrize('images', [torch.zeros(2, 3, 12, 10), torch.zeros(2, 1, 12, 10, dtype=torch.uint8),
+                                    torch.zeros(2, 4, 12, 10, dtype=torch.uint8),
+                                    torch.zeros(3, 12, 10, dtype=torch.uint8)],
+                         ids=['float', 'one channel', 'four channels', 'one image'])
+def test_eval_refuses_what_is_not_a_uint8_rgb_batch(images):
+    with pytest.raises(InvalidArgumentError, match='must be'):
+        BatchEval(9)(images)
 
 
 # ------------------------------------------------------------------------------------ what is refused, the benchmark
@@ -361,6 +401,35 @@ def test_what_is_not_implemented_is_refused(kwargs):
     with pytest.raises(UnsupportedAugmentation) as info:
         BatchAugment(96, **kwargs)
     assert isinstance(info.value, TcnnError) and 'support' in str(info.value)
+
+
+@pytest.mark.parametrize('kwargs, error, message', [
+    (dict(img_size=0), InvalidArgumentError, 'img_size must be >= 1, got 0'),
+    (dict(img_size=9.0), InvalidTypeError, 'img_size must be an integer, got 9.0'),
+    (dict(img_size=9, crop_pct=0.0, crop_mode='squash'), None, 10),  # no crop_pct: timm's default, floor(9 / 0.875)
+    (dict(img_size=1, crop_pct=1.0), None, 1),
+    (dict(img_size=9, crop_pct=-0.5), InvalidArgumentError, 'crop_pct must be > 0, got -0.5'),
+    (dict(img_size=9, interpolation='random'), UnsupportedAugmentation, "interpolation 'random' is not implemented"),
+])
+def test_eval_checks_its_arguments_naming_them(kwargs, error, message):
+    if error is None:  # accepted: message is the scale size
+        assert BatchEval(**kwargs).scale_size == message
+        return
+    with pytest.raises(error) as info:
+        BatchEval(**kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_eval_takes_no_crop_mode_as_center():
+    image = torch.randint(0, 256, (1, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(BatchEval(4, crop_mode=None)(image), BatchEval(4, crop_mode='center')(image))
+
+
+def test_eval_to_one_pixel_is_torchvisions_resize_of_the_shorter_side():
+    image = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    ours = BatchEval(1, crop_pct=1.0, mean=(0, 0, 0), std=(1 / 255,) * 3)(image)
+    theirs = TF.resize(image, 1, antialias=True).float()
+    assert ours.shape == (2, 3, 1, 1) and (ours - theirs).abs().max() <= 1
 
 
 def test_eval_refuses_other_crop_modes():

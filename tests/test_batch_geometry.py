@@ -243,6 +243,20 @@ def test_each_resize_path_takes_pillows_pass_order(interpolation):
                                                     torch.tensor([False]))[0], whole)
 
 
+@pytest.mark.parametrize('interpolation', ['bilinear', 'bicubic'])
+def test_a_resize_to_one_pixel_is_pillows(interpolation):
+    """A resize to 1 x 1 (``BatchEval(1)``; torch's uint8 kernel fails an internal assert there from more than one
+    row) takes the float passes: within a level of Pillow's, for batches and single images."""
+    images = np.random.default_rng(3).integers(0, 256, (4, 5, 7, 3)).astype(np.uint8)
+    batch = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+    out = batch_geometry.resize(batch, (1, 1), interpolation)
+    assert out.shape == (4, 3, 1, 1) and out.dtype == torch.uint8
+    assert torch.equal(batch_geometry.resize(batch[0], (1, 1), interpolation), out[0])
+    for image, ours in zip(images, out):
+        ref = np.asarray(Image.fromarray(image).resize((1, 1), PIL_RESAMPLE[interpolation]))
+        assert np.abs(to_levels(ours).astype(int) - ref).max() <= 1
+
+
 def test_the_pass_order_is_pillows_on_random_sizes():
     """``benchmarks/pil_agreement.py``'s order check on 300 random sizes (tall, wide, both shrinking or growing, and
     at the rule's boundary): where the two pass orders give different pixels, ``_first_pass`` picks the one closer to
@@ -277,3 +291,108 @@ def test_crop_weights_are_built_on_the_images_device(code):
     start, extent = torch.tensor([0, 3]), torch.tensor([9, 6])
     weights = batch_geometry._crop_weights(start, extent, 5, 12, code, torch.device('meta'))
     assert weights.device.type == 'meta' and weights.shape == (2, 5, 12) and weights.dtype == torch.float64
+
+
+def _pillow_coefficients(extent: int, size: int, bicubic: bool) -> np.ndarray:
+    """Pillow's ``precompute_coeffs`` (libImaging/Resample.c) for a line of ``extent`` pixels resized to ``size``,
+    in Python's doubles: the ``(size, extent)`` weights of each output pixel."""
+    def triangle(x):
+        x = abs(x)
+        return 1.0 - x if x < 1.0 else 0.0
+
+    def cubic(x, a=-0.5):
+        x = abs(x)
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+        return (((x - 5) * x + 8) * x - 4) * a if x < 2.0 else 0.0
+    scale = extent / size
+    filterscale = max(scale, 1.0)
+    support = (2.0 if bicubic else 1.0) * filterscale
+    out = np.zeros((size, extent))
+    for xx in range(size):
+        centre = (xx + 0.5) * scale
+        low, high = max(int(centre - support + 0.5), 0), min(int(centre + support + 0.5), extent)
+        taps = [(cubic if bicubic else triangle)((x - centre + 0.5) * (1.0 / filterscale)) for x in range(low, high)]
+        out[xx, low:high] = np.array(taps) / (sum(taps) or 1.0)
+    return out
+
+
+@pytest.mark.parametrize('code', [batch_geometry.BILINEAR, batch_geometry.BICUBIC])
+def test_crop_weights_are_pillows_coefficients_in_double_precision(code):
+    """Each crop's rows of ``_crop_weights`` are Pillow's resampling coefficients for the crop, placed at its offset
+    in the line and zero elsewhere, to double precision (float32 anywhere in the computation is ~1e-8 off): shrinking
+    (the filter stretched), enlarging, odd scales."""
+    length = 40
+    start, extent = torch.tensor([0, 3, 7, 11, 2]), torch.tensor([40, 13, 29, 5, 37])
+    for size in (9, 16, 31):
+        weights = batch_geometry._crop_weights(start, extent, size, length, code, torch.device('cpu')).numpy()
+        for k, (s0, e) in enumerate(zip(start.tolist(), extent.tolist())):
+            expected = np.zeros((size, length))
+            expected[:, s0:s0 + e] = _pillow_coefficients(e, size, code == batch_geometry.BICUBIC)
+            assert np.abs(weights[k] - expected).max() < 1e-13, (size, s0, e)
+
+
+def test_exact_pairs_hold_bfloat16_values_that_sum_to_the_weights():
+    """The two halves of ``_exact_pair`` are bfloat16 values (so their products with uint8 levels are exact in TF32
+    and bfloat16 matmuls too), and their float64 sum is the weight to 2^-16 relative."""
+    weights = batch_geometry._crop_weights(torch.tensor([0, 5]), torch.tensor([37, 11]), 16, 40,
+                                           batch_geometry.BICUBIC, torch.device('cpu'))
+    high, low = batch_geometry._exact_pair(weights)
+    for half in (high, low):
+        assert half.dtype == torch.float32 and torch.equal(half.to(torch.bfloat16).float(), half)
+    assert (low != 0).any()  # the second half carries what bfloat16 drops
+    error = (high.double() + low.double() - weights).abs()
+    assert (error <= weights.abs() * 2 ** -16).all()
+
+
+def test_resized_crops_stay_on_the_images_device(monkeypatch):
+    """Every tensor the batched resize makes (its output, the weights, the flips, the index) is on the images'
+    device, seen on the meta device; every interpolation and both pass orders."""
+    images = [torch.empty(3, 40, 16, dtype=torch.uint8, device='meta'),
+              torch.empty(3, 12, 18, dtype=torch.uint8, device='meta'),
+              torch.empty(3, 14, 30, dtype=torch.uint8, device='meta')]
+    boxes = torch.tensor([[1, 2, 36, 8], [0, 0, 12, 12], [2, 1, 10, 25]])
+    devices = []
+    weights = batch_geometry._crop_weights
+    monkeypatch.setattr(batch_geometry, '_crop_weights', lambda *args: devices.append(args[-1]) or weights(*args))
+    for code in range(3):
+        out = batch_geometry.resized_crops(images, boxes, 8, torch.full((3,), code), torch.tensor([True, False, True]))
+        assert out.device.type == 'meta' and out.shape == (3, 3, 8, 8) and out.dtype == torch.uint8
+    assert len(devices) >= 6 and all(torch.device(d).type == 'meta' for d in devices)
+
+
+def test_resized_crops_go_in_chunks_of_images(monkeypatch):
+    """The padded float32 copy holds ``chunk`` images at most (64 by default): each chunk's weights are built for
+    its images once, in order, whatever the interpolations and pass orders mix."""
+    seen = []
+    weights = batch_geometry._crop_weights
+    monkeypatch.setattr(batch_geometry, '_crop_weights',
+                        lambda start, *args: seen.append(len(start)) or weights(start, *args))
+    rng = np.random.default_rng(0)
+    images = [torch.from_numpy(rng.integers(0, 256, (3, 10, 10), dtype=np.uint8)) for _ in range(70)]
+    boxes = torch.tensor([[0, 0, 10, 10]] * 70)
+    codes, flips = torch.ones(70, dtype=torch.int64), torch.zeros(70, dtype=torch.bool)
+    out = batch_geometry.resized_crops(images, boxes, 6, codes, flips)
+    assert seen == [64, 64, 6, 6]  # rows then columns, per chunk
+    seen.clear()
+    assert torch.equal(batch_geometry.resized_crops(images[:5], boxes[:5], 6, codes[:5], flips[:5], chunk=2), out[:5])
+    assert seen == [2, 2, 2, 2, 1, 1]
+
+
+def test_a_torch_without_the_uint8_kernel_resizes_in_float(monkeypatch):
+    """Where torch has no antialiased uint8 resize (it raises for uint8), ``resize`` takes the float passes; the probe
+    finds that out (once per mode), not a version number."""
+    real = torch.nn.functional.interpolate
+
+    def without_uint8_kernel(x, *args, **kwargs):
+        if x.dtype == torch.uint8 and kwargs.get('antialias'):
+            raise RuntimeError('"upsample_bilinear2d_aa" not implemented for \'Byte\'')
+        return real(x, *args, **kwargs)
+    assert batch_geometry._uint8_antialias('bilinear') and batch_geometry._uint8_antialias('bicubic')
+    monkeypatch.setattr(batch_geometry, '_UINT8_ANTIALIAS', {})
+    monkeypatch.setattr(batch_geometry.F, 'interpolate', without_uint8_kernel)
+    crop = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (2, 3, 20, 14), dtype=np.uint8))
+    for mode in ('bilinear', 'bicubic'):
+        assert batch_geometry._uint8_antialias(mode) is False
+        assert torch.equal(batch_geometry.resize(crop, (9, 6), mode), batch_geometry.resize_float(crop, (9, 6), mode))
+    assert batch_geometry._UINT8_ANTIALIAS == {'bilinear': False, 'bicubic': False}

@@ -8,6 +8,8 @@ cannot change behaviour. Each module runs in its own copy of the repository, ``m
     python tools/mutation.py list                          # the modules, their files and owning tests
     nice -n 19 python tools/mutation.py run integrity      # one module; several names run one after the other
     python tools/mutation.py report integrity              # the counts and every survivor of the last run
+    python tools/mutation.py save augment                  # the copy's results into git (state/augment.json): a
+                                                           # later session's run starts from them
     nice -n 19 python tools/mutation.py recheck recipe     # the last run's survivors again, one fresh process each
     nice -n 19 python tools/mutation.py resume tcnn_file   # go on with an interrupted run (the mutants left; the
                                                            # sources and tests as they are now: changed functions
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from mutation_testing import copies, cuda, rechecks, runs, switched, verdicts
+from mutation_testing import copies, cuda, rechecks, runs, state, switched, verdicts
 from mutation_testing.modules import LATER, MODULES
 
 # command -> (its line in the list of commands, what it does: its --help)
@@ -38,9 +40,11 @@ COMMANDS = {
              'Each module of the campaign: the files its run mutates <- the test files (or node IDs) that own them, '
              'and the extra pytest arguments of its runs.'),
     'run': ('run mutmut on modules, each in a fresh copy',
-            "A fresh copy of the repository under mutants/MODULE/ (the previous run's results are dropped), then "
-            "mutmut's run of every mutant of the module against the owning tests that call its function; prints the "
-            "report. mutmut's output goes to mutants/MODULE/mutmut.log."),
+            "A fresh copy of the repository under mutants/MODULE/ with the results saved in git "
+            "(tools/mutation_testing/state/MODULE.json; none with --fresh), then mutmut's run of every mutant of the "
+            'module without a result (the mutants of functions changed since their result run again) against the '
+            "owning tests that call its function; saves the results and prints the report. mutmut's output goes to "
+            'mutants/MODULE/mutmut.log.'),
     'resume': ('go on with an interrupted run',
                "The mutants without a result, in the run's copy refreshed with the repository's sources and tests "
                'as they are now (mutmut runs again the mutants of the functions changed since); the owning tests '
@@ -62,6 +66,11 @@ COMMANDS = {
                        "Each survivor matching --only (all without) applied to the copy's source as recheck applies "
                        'it, the given tests run with PYTORCH_JIT=1: mutants of the code only TorchScript runs, which '
                        "a run cannot test (TorchScript compiles no mutmut trampoline). Prints {mutant: verdict}."),
+    'save': ("the copy's results into git, for a later session's run",
+             "The results in mutants/MODULE/ (mutmut's, and the verdicts of rechecks and checks) written to "
+             'tools/mutation_testing/state/MODULE.json, each with the hash of its function: `run` starts from them '
+             'and runs again the mutants of the functions changed since. run, resume, recheck and check save on '
+             'their own (not with --fresh or --folder); save is for a run stopped before its end.'),
     'report': ("the last run's counts and survivors, without running",
                "Counts by status (mutmut's, the rechecks', the equivalent mutants of "
                'tools/mutation_testing/equivalent.tsv), the wall times and the survivors of the last run, as JSON.'),
@@ -88,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     commands = {name: sub.add_parser(name, help=short, description=long)
                 for name, (short, long) in COMMANDS.items()}
     modules = dict(type=_module_name, metavar='MODULE', help=f'of {", ".join(MODULES)}')
-    for name in ('run', 'resume', 'recheck', 'check-later', 'report'):
+    for name in ('run', 'resume', 'recheck', 'check-later', 'report', 'save'):
         commands[name].add_argument('modules', nargs='+', **modules)
     for name in ('check', 'check-scripted'):
         commands[name].add_argument('module', **modules)
@@ -107,10 +116,12 @@ def parser() -> argparse.ArgumentParser:
         commands[name].add_argument('--killers-first', action='store_true',
                                     help="each mutant's tests in tools/mutation_testing/copy_conftest.py's order "
                                          "(earlier killers of its function first, then the fastest), not mutmut's")
-    for name in ('run', 'resume', 'recheck', 'check', 'check-later', 'check-scripted', 'report'):
+    for name in ('run', 'resume', 'recheck', 'check', 'check-later', 'check-scripted', 'report', 'save'):
         commands[name].add_argument('--folder', metavar='NAME',
                                     help="the copy's folder under mutants/ (default: the module's name): a second "
                                          'copy, e.g. to time a sample in both orders at once')
+    commands['run'].add_argument('--fresh', action='store_true',
+                                 help='without the results saved in git: every mutant runs (and nothing is saved)')
     commands['cuda'].add_argument('--smoke', action='store_true',
                                   help='check the machinery on the CPU (no GPU needed)')
     commands['cuda'].add_argument('--json', type=Path, metavar='PATH',
@@ -165,6 +176,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f'{module}: no survivors to check')
                 continue
             _checked(module, survivors, LATER[module])
+        elif args.command == 'save':
+            print(f'{module}: saved to {state.save(module).relative_to(copies.ROOT)}')
         elif args.command == 'check':
             _checked(module, args.only or ['*'], args.tests)
         elif args.command == 'check-scripted':
@@ -175,8 +188,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rechecks.recheck(module, args.only)
                 (copies.folder(module) / 'recheck_time_s').write_text(f'{time.monotonic() - start:.0f}\n')
             elif args.command in ('run', 'resume'):
-                runs.run(module, args.max_children, args.only, args.killers_first, resume=args.command == 'resume')
+                runs.run(module, args.max_children, args.only, args.killers_first, resume=args.command == 'resume',
+                         fresh=getattr(args, 'fresh', False))
             _print(verdicts.report(module))
+        if args.command in ('run', 'resume', 'recheck', 'check', 'check-later', 'check-scripted') and not (
+                args.folder or getattr(args, 'fresh', False)):
+            state.save(module)  # a later session's run starts from these results
     return status
 
 

@@ -72,7 +72,8 @@ def resize(images: Tensor, size: Tuple[int, int], interpolation: str) -> Tensor:
         rows = _nearest_indices(x.shape[-2], size[0]).to(x.device)
         columns = _nearest_indices(x.shape[-1], size[1]).to(x.device)
         out = x.index_select(-2, rows).index_select(-1, columns)
-    elif x.device.type == 'cpu' and _uint8_antialias(interpolation):
+    # torch's uint8 kernel fails an internal assert on a one-pixel output from more than one row: the float passes
+    elif x.device.type == 'cpu' and _uint8_antialias(interpolation) and tuple(size) != (1, 1):
         first = _first_pass(x.shape[-2:], size)
         if first[0] != x.shape[-2]:  # the vertical pass first: torch's kernel runs the horizontal one first
             x = F.interpolate(x, size=first, mode=interpolation, antialias=True)

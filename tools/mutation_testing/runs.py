@@ -13,10 +13,11 @@ from typing import Sequence
 
 from .copies import mutmut, prepare, refresh
 from .modules import ENV
+from .state import restore
 
 
 def run(module: str, max_children: int, only: Sequence[str] = (), killers_first: bool = False,
-        resume: bool = False) -> float:
+        resume: bool = False, fresh: bool = False) -> float:
     """Run mutmut on ``module`` in its copy; returns the wall time (s). Its output goes to ``mutmut.log`` there.
 
     Args:
@@ -27,8 +28,14 @@ def run(module: str, max_children: int, only: Sequence[str] = (), killers_first:
             then the fastest), not mutmut's.
         resume: Go on with an interrupted run in its copy, refreshed (``copies.refresh``): mutmut tests only the
             mutants without a result.
+        fresh: A new copy without the results saved in git (``state.restore``): every mutant runs.
     """
     work = refresh(module) if resume else prepare(module)
+    if not resume and not fresh:
+        restored = restore(module)
+        if restored is not None:
+            print(f'{module}: {restored} results of earlier sessions restored (those of changed functions run again)',
+                  file=sys.stderr)
     start = time.monotonic()
     env = {'TCNN_MUTATION_ORDER': 'killers' if killers_first else 'mutmut'}
     with open(work / 'mutmut.log', 'a' if resume else 'w') as log:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 from .copies import folder
+from .state import saved_verdicts
 from .modules import MODULES
 
 EQUIVALENT = Path(__file__).with_name('equivalent.tsv')
@@ -53,11 +54,12 @@ def results(module: str, rechecked: bool = True) -> Dict[str, Tuple[str, float]]
 
     Args:
         module: The campaign's module.
-        rechecked: Whether the rechecks' verdicts (``recheck.json``) count; without them, mutmut's alone.
+        rechecked: Whether the rechecks' verdicts count (``recheck.json``, and those of earlier sessions that
+            ``state.restore`` brought back while their function is unchanged); without them, mutmut's alone.
     """
     equivalent = equivalent_mutants()
-    again = folder(module) / 'recheck.json'
-    again = json.loads(again.read_text()) if rechecked and again.exists() else {}
+    kept = folder(module) / 'recheck.json'
+    again = {**saved_verdicts(module), **(json.loads(kept.read_text()) if kept.exists() else {})} if rechecked else {}
     out = {}
     for meta in sorted((folder(module) / 'mutants').rglob('*.py.meta')):
         data = json.loads(meta.read_text(encoding='utf-8'))
