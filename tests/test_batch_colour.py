@@ -27,7 +27,7 @@ EXACT_OPS = [
     ('Invert', lambda x, a: batch_colour.pil_invert(x), [0]),
     ('Posterize', lambda x, a: batch_colour.pil_posterize(x, a.long()), [0, 1, 2, 3, 4, 7, 8]),
     ('Solarize', lambda x, a: batch_colour.pil_solarize(x, a.long()), [0, 1, 100, 128, 255, 256]),
-    ('SolarizeAdd', lambda x, a: batch_colour.pil_solarize_add(x, a.long()), [0, 30, 110]),
+    ('SolarizeAdd', lambda x, a: batch_colour.pil_solarize_add(x, a.long()), [0, 30, 110, 200, 255]),
     ('Color', batch_colour.pil_color, ENHANCE_FACTORS),
     ('Contrast', batch_colour.pil_contrast, ENHANCE_FACTORS),
     ('Brightness', batch_colour.pil_brightness, ENHANCE_FACTORS),
@@ -47,7 +47,8 @@ def test_exact_ops_equal_timms(name, ours, args):
 
 
 def test_equalize_and_autocontrast_equal_pils_at_their_corner_cases():
-    """A flat image, two levels, one channel with a single level, a full-range image: tables as PIL makes them."""
+    """A flat image, two levels, one channel with a single level, a full-range image, two neighbouring levels, a
+    level used by one pixel, two levels where the step is not 0: tables as PIL makes them."""
     cases = [np.full((9, 7, 3), 77, np.uint8), np.zeros((9, 7, 3), np.uint8)]
     two = np.zeros((9, 7, 3), np.uint8)
     two[:4] = 200
@@ -56,10 +57,91 @@ def test_equalize_and_autocontrast_equal_pils_at_their_corner_cases():
     mixed[..., 1] = 13
     cases.append(mixed)
     cases.append(np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, -1))
+    adjacent = np.full((9, 7, 3), 100, np.uint8)  # autocontrast: two neighbouring levels stretch to 0 and 255
+    adjacent[:3] = 101
+    cases.append(adjacent)
+    # equalize: 400 pixels, so the step is 1 or more: one pixel of the top level; two levels only
+    single = np.full((20, 20, 3), 10, np.uint8)
+    single[0, 0] = 200
+    two_levels = np.full((20, 20, 3), 50, np.uint8)
+    two_levels[15:] = 180
+    cases += [single, two_levels]
     for a in cases:
         for name, fn in (('AutoContrast', batch_colour.pil_autocontrast), ('Equalize', batch_colour.pil_equalize)):
             ref = np.asarray(timm_aa.NAME_TO_OP[name](Image.fromarray(a))).astype(np.int64)
             assert np.array_equal(to_levels(fn(to_tensor(a)[None])[0]), ref), (name, a.shape)
+
+
+@pytest.mark.parametrize('bits, kept', [(8, 'image'), (9, 'image'), (12, 'image'), (0, 'black'), (-1, 'black'),
+                                        (-4, 'black')])
+def test_posterize_beyond_its_range_keeps_the_image_or_blackens_it(bits, kept):
+    """8 or more bits keep every bit (the image), 0 or fewer keep none (black), as tcnn's posterize on one image."""
+    images = torch.stack([to_tensor(a) for a in IMAGES[:2]])
+    out = batch_colour.pil_posterize(images, torch.tensor([bits, bits]))
+    assert torch.equal(out, images if kept == 'image' else torch.zeros_like(images))
+    assert np.array_equal(to_levels(out[0]), np.asarray(safe_posterize(Image.fromarray(IMAGES[0]), bits)))
+
+
+@pytest.mark.parametrize('size', [(3, 3), (3, 7), (7, 3), (2, 9), (9, 2), (1, 1), (4, 5)])
+def test_sharpness_of_small_images_is_pils(size):
+    """Pillow's SMOOTH filter leaves an image under 3 pixels on a side as it is and filters the inner pixels of a
+    3-pixel side: the blend of ``ImageEnhance.Sharpness`` at every factor, on the smallest sizes."""
+    h, w = size
+    a = np.random.default_rng(h * 10 + w).integers(0, 256, (h, w, 3)).astype(np.uint8)
+    images = to_tensor(a)[None].expand(len(ENHANCE_FACTORS), -1, -1, -1).contiguous()
+    out = batch_colour.pil_sharpness(images, torch.tensor(ENHANCE_FACTORS))
+    for k, factor in enumerate(ENHANCE_FACTORS):
+        ref = np.asarray(timm_aa.NAME_TO_OP['Sharpness'](Image.fromarray(a), factor))
+        assert np.array_equal(to_levels(out[k]), ref), (size, factor)
+
+
+def test_grayscale_is_pils_l_conversion_in_uint8():
+    images = torch.stack([to_tensor(a) for a in IMAGES[:2]])
+    gray = batch_colour.pil_grayscale(images)
+    assert gray.dtype == torch.uint8 and gray.shape == (2, 1) + images.shape[-2:]
+    for k in range(2):
+        assert np.array_equal(gray[k, 0].numpy(), np.asarray(Image.fromarray(IMAGES[k]).convert('L')))
+
+
+def test_the_colour_ops_stay_on_the_images_device(monkeypatch):
+    """Every table, level range and offset an op makes is on the images' device, seen on the meta device (no data;
+    ``torch.bincount`` has no meta kernel: a stand-in there gives the histogram's shape on the input's device)."""
+    bincount = torch.bincount
+    monkeypatch.setattr(torch, 'bincount', lambda index, minlength=0: (
+        torch.empty(minlength, dtype=torch.int64, device='meta') if index.device.type == 'meta'
+        else bincount(index, minlength=minlength)))
+    images, factors = torch.empty(2, 3, 8, 8, dtype=torch.uint8, device='meta'), torch.tensor([0.5, 1.5])
+    for op in (batch_colour.pil_autocontrast, batch_colour.pil_equalize, batch_colour.pil_invert):
+        assert op(images).device.type == 'meta', op.__name__
+    for op in (batch_colour.pil_brightness, batch_colour.pil_contrast, batch_colour.pil_color,
+               batch_colour.pil_sharpness, batch_colour.tv_hue, batch_colour.tv_brightness,
+               batch_colour.tv_contrast, batch_colour.tv_saturation):
+        out = op(images, factors)
+        assert out.device.type == 'meta' and out.dtype == torch.uint8, op.__name__
+    for op in (batch_colour.pil_posterize, batch_colour.pil_solarize, batch_colour.pil_solarize_add):
+        assert op(images, torch.tensor([3, 100])).device.type == 'meta', op.__name__
+
+
+def test_hue_wraps_around_as_torchvisions_for_every_shift():
+    """Hue shifted by -0.5 .. 0.5 wraps modulo 1 as torchvision's ``adjust_hue`` does, bit for bit, on noise (every
+    hue; a wrap modulo 2 gives other floats, off by a level on a few pixels in a million)."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (64, 3, 64, 64), dtype=torch.uint8, generator=g)
+    factors = torch.linspace(-0.5, 0.5, 64)
+    ours = batch_colour.tv_hue(images, factors)
+    for i in range(64):
+        assert torch.equal(ours[i], TF2.adjust_hue(images[i], float(factors[i]))), float(factors[i])
+
+
+def test_hsv_to_rgb_is_torchvisions_up_to_a_hue_of_one():
+    """``_hsv_to_rgb`` gives torchvision's floats on a grid of hue, saturation and value, including a hue of exactly
+    1.0: a shifted hue just below 0 wraps to ``remainder(-1e-9, 1.0)``, which float32 rounds to 1.0."""
+    from torchvision.transforms.v2.functional._color import _hsv_to_rgb
+    assert float(torch.tensor([-1e-9]).remainder_(1.0)) == 1.0
+    h, s, v = torch.meshgrid(torch.cat([torch.linspace(0, 1, 97), torch.tensor([1 - 2 ** -24])]),
+                             torch.linspace(0, 1, 11), torch.linspace(0, 1, 7), indexing='ij')
+    hsv = torch.stack([h, s, v]).reshape(1, 3, 98, 77)
+    assert torch.equal(batch_colour._hsv_to_rgb(hsv), _hsv_to_rgb(hsv))
 
 
 # ------------------------------------------------------------------------------------------ torchvision: ColorJitter

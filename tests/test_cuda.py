@@ -389,7 +389,7 @@ def test_batch_decoding_on_cuda_is_close_to_pillows_pixels():
         f'the file with an empty Huffman table: failed {failed}, decoded {[img is not None for img in images]}')
 
 
-@pytest.mark.parametrize('setting', ['recipe', 'demo'])
+@pytest.mark.parametrize('setting', ['recipe', 'demo', 'hue'])
 def test_batch_augment_on_cuda_matches_the_cpu(setting):
     """The same parameters on both devices: the pixel ops are the same integer arithmetic; resizes and affine ops go
     through float kernels whose rounding may differ (measured and printed)."""
@@ -397,8 +397,9 @@ def test_batch_augment_on_cuda_matches_the_cpu(setting):
     from tcnn.data.batch_augment import BatchAugment
     from test_data_pipeline import _photo
     from tcnn.data.decode import pil_to_tensor
-    kwargs = (dict(auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25, re_mode='const') if setting == 'recipe' else
-              dict(auto_augment=None, color_jitter=0.3, scale=(1.0, 1.0)))
+    kwargs = {'recipe': dict(auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25, re_mode='const'),
+              'demo': dict(auto_augment=None, color_jitter=0.3, scale=(1.0, 1.0)),
+              'hue': dict(auto_augment=None, color_jitter=(0.3, 0.3, 0.3, 0.3), scale=(1.0, 1.0))}[setting]
     augment = BatchAugment(64, interpolation='bicubic', **kwargs)
     images = [pil_to_tensor(_photo(96 + 8 * (i % 3), 80 + 4 * (i % 5), seed=i)) for i in range(32)]
     params = augment.draw_many([(random.Random(i), tuple(img.shape[1:])) for i, img in enumerate(images)])

@@ -75,6 +75,13 @@ CUDA_MUTANTS = (
           ('xǁFinishedAheadǁ__next__', 14, 'current.wait_event(event)', 'current.wait_event(None)'),
           ('xǁFinishedAheadǁ__next__', 15, 'images.record_stream(current)', 'images.record_stream(None)'),
           ('xǁFinishedAheadǁ__next__', 16, 'targets.record_stream(current)', 'targets.record_stream(None)'))),
+    # hue's table of which of v, p, q, t each channel takes (tcnn.data.batch_colour._hsv_to_rgb) made on the CPU:
+    # indexed by the images' sectors on the GPU (the CPU and the meta device accept a CPU tensor there)
+    *(Mutant(f'tcnn.data.batch_colour.x__hsv_to_rgb__mutmut_{n}', 'tcnn/data/batch_colour.py',
+             'dtype=torch.long,\n                          device=img.device)', new,
+             'tests/test_cuda.py::test_batch_augment_on_cuda_matches_the_cpu[hue]')
+      for n, new in ((58, 'dtype=torch.long,\n                          device=None)'),
+                     (61, 'dtype=torch.long,\n                          )'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
