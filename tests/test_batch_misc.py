@@ -29,3 +29,24 @@ def test_random_erasing_fills_the_box_timms_erase_picks(mode):
             assert abs(inside.mean()) < 0.1 and abs(inside.std() - 1) < 0.1
         else:
             assert torch.equal(inside, inside[:, :1, :1].expand_as(inside))
+
+
+def test_erasing_noise_is_each_images_seeded_draw_in_the_images_dtype():
+    """The noise of image i comes from a generator seeded with seeds[i], box after box, drawn in the images' dtype
+    (as timm's ``_get_pixels``: float64 images get float64 draws, not float32 ones cast); images without boxes draw
+    nothing; 'const' needs no seeds."""
+    images = torch.full((3, 3, 12, 12), 7.0, dtype=torch.float64)
+    boxes = [[(1, 2, 4, 5), (6, 0, 3, 3)], [], [(0, 0, 2, 2)]]
+    out = batch_misc.erase(images.clone(), boxes, [5, 6, 9], 'pixel')
+    for i, seed in ((0, 5), (2, 9)):
+        g = torch.Generator().manual_seed(seed)
+        for top, left, h, w in boxes[i]:
+            noise = torch.randn((3, h, w), generator=g, dtype=torch.float64)
+            assert torch.equal(out[i, :, top:top + h, left:left + w], noise)
+    assert torch.equal(out[1], images[1])
+    per_box = batch_misc.erase(images.clone(), boxes, [5, 6, 9], 'rand')
+    g = torch.Generator().manual_seed(5)
+    colour = torch.randn((3, 1, 1), generator=g, dtype=torch.float64)
+    assert torch.equal(per_box[0, :, 1:5, 2:7], colour.expand(3, 4, 5))
+    const = batch_misc.erase(images.clone(), boxes, None, 'const')
+    assert (const[0, :, 1:5, 2:7] == 0).all() and (const[0, :, 0] == 7).all()

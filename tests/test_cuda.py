@@ -487,3 +487,13 @@ def test_a_cuda_graph_captured_beside_the_finishing_thread_replays_its_numbers()
         torch.testing.assert_close(static_out, new @ weight)
         assert int(labels[0]) == i and float(images[1, 2, 3, 4]) == float(i * (((1 * 3 + 2) * 96 + 3) * 96 + 4))
     assert i == 39
+
+
+def test_erasing_noise_on_cuda_is_drawn_there():
+    """The random erasing's noise on a GPU: each image's generator and draws on the images' device (a CPU generator
+    or draw there fails), the same numbers as a CUDA generator seeded alike."""
+    from tcnn.data.batch_misc import erase
+    images = torch.zeros(2, 3, 16, 16, device='cuda')
+    erase(images, [[(1, 2, 5, 6)], [(0, 0, 16, 16)]], [7, 8], 'pixel')
+    g = torch.Generator(device='cuda').manual_seed(7)
+    assert torch.equal(images[0, :, 1:6, 2:8], torch.randn((3, 5, 6), generator=g, device='cuda'))

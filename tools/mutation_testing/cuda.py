@@ -82,6 +82,13 @@ CUDA_MUTANTS = (
              'tests/test_cuda.py::test_batch_augment_on_cuda_matches_the_cpu[hue]')
       for n, new in ((58, 'dtype=torch.long,\n                          device=None)'),
                      (61, 'dtype=torch.long,\n                          )'))),
+    # random erasing's noise (tcnn.data.batch_misc.erase): a CPU generator, or a draw on the CPU with the GPU's one
+    *(Mutant(f'tcnn.data.batch_misc.x_erase__mutmut_{n}', 'tcnn/data/batch_misc.py', old, new,
+             'tests/test_cuda.py::test_erasing_noise_on_cuda_is_drawn_there')
+      for n, old, new in (
+          (10, 'torch.Generator(device=images.device)', 'torch.Generator(device=None)'),
+          (34, 'dtype=images.dtype, device=images.device)', 'dtype=images.dtype, device=None)'),
+          (38, 'dtype=images.dtype, device=images.device)', 'dtype=images.dtype, )'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
