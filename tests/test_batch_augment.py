@@ -23,6 +23,7 @@ from torchvision.transforms import ColorJitter
 from augmentation import (ALPHA, FILL, IMAGES, MEAN, N_DRAWS, PIL_RESAMPLE, RECIPE, SQUARE, STD, TALL,
                           chi2_p_value, denormalize, draw_params, ks_p_value, to_tensor)
 from tcnn.data import batch_geometry
+from tcnn.data import batch_augment
 from tcnn.data.batch_augment import PARAMS, BatchAugment, BatchEval, UnsupportedAugmentation
 from tcnn.data.transforms import posterize as safe_posterize
 from tcnn.errors import InvalidArgumentError, InvalidTypeError, TcnnError
@@ -388,6 +389,140 @@ def test_eval_of_one_sized_batch_resizes_it_in_one_call_and_equals_the_list_path
 def test_eval_refuses_what_is_not_a_uint8_rgb_batch(images):
     with pytest.raises(InvalidArgumentError, match='must be'):
         BatchEval(9)(images)
+
+
+def _params(aug: BatchAugment, sizes) -> Dict[str, torch.Tensor]:
+    return default_collate([aug.draw(random.Random(i), size) for i, size in enumerate(sizes)])
+
+
+def test_only_a_gpu_resizes_a_batchs_crops_together():
+    assert batch_augment.batched_resize(torch.device('cuda'))
+    assert not batch_augment.batched_resize(torch.device('cpu')) and not batch_augment.batched_resize(
+        torch.device('meta'))
+
+
+def test_batch_augment_stays_on_the_images_device():
+    """The result, the crops and the flipped images' index are on the images' device, seen on the meta device: a
+    batch of whole crops (one copy, flips gathered), and a list of images of other sizes (a resize each)."""
+    aug = BatchAugment(16, auto_augment=None, color_jitter=0.4, hflip=1.0, scale=(1, 1), ratio=(1, 1))
+    batch = torch.empty(4, 3, 16, 16, dtype=torch.uint8, device='meta')
+    out = aug(batch, _params(aug, [(16, 16)] * 4))
+    assert out.device.type == 'meta' and out.dtype == torch.float32 and out.shape == (4, 3, 16, 16)
+    aug = BatchAugment(16, auto_augment=None, re_prob=1.0, re_mode='const')
+    images = [torch.empty(3, 20 + i, 24, dtype=torch.uint8, device='meta') for i in range(3)]
+    out = aug(images, _params(aug, [(20 + i, 24) for i in range(3)]))
+    assert out.device.type == 'meta' and out.dtype == torch.float32 and out.shape == (3, 3, 16, 16)
+
+
+def test_rand_augment_on_the_cpu_goes_in_chunks_of_the_batch(monkeypatch):
+    """On the CPU a RandAugment batch goes through in chunks of CPU_CHUNK_ELEMENTS // (3 * size^2) images (at least
+    one), each with its slice of a stacked batch; colour jitter alone takes the batch at once. The chunks give the
+    batch's pixels."""
+    seen = []
+    augment = BatchAugment._augment
+
+    def spy(self, images, p, result, stacked=None):
+        seen.append((len(images), None if stacked is None else len(stacked), len(p['crop']), len(result)))
+        return augment(self, images, p, result, stacked)
+    monkeypatch.setattr(BatchAugment, '_augment', spy)
+    aug = BatchAugment(16, auto_augment='rand-m9-mstd0.5-inc1', scale=(1, 1), ratio=(1, 1))
+    batch = torch.randint(0, 256, (7, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    params = _params(aug, [(16, 16)] * 7)
+    whole = aug(batch, params)
+    assert seen == [(7, 7, 7, 7)]  # 1 << 19 elements: 682 images of 16 px
+    for elements, chunks in ((3 * 16 * 16 * 3, [3, 3, 1]), (100, [1] * 7)):
+        seen.clear()
+        monkeypatch.setattr(batch_augment, 'CPU_CHUNK_ELEMENTS', elements)
+        assert torch.equal(aug(batch, params), whole)
+        assert seen == [(k, k, k, k) for k in chunks]
+        seen.clear()
+        assert torch.equal(aug(list(batch), params), whole)
+        assert seen == [(k, None, k, k) for k in chunks]
+    seen.clear()
+    jitter = BatchAugment(16, auto_augment=None, color_jitter=0.4, scale=(1, 1), ratio=(1, 1))
+    jitter(batch, _params(jitter, [(16, 16)] * 7))
+    assert seen == [(7, 7, 7, 7)]
+
+
+def test_a_stacked_batch_of_whole_crops_is_copied_and_other_crops_are_resized(monkeypatch):
+    """Where every crop is the whole image of the output size (the demo's scale (1, 1) on its 96 px data), a stacked
+    batch is copied, not resized image by image; other crops of a stacked batch, and crops of the output size from
+    larger images, are resized: both as the list of the same images gives them."""
+    calls = []
+    resize = batch_geometry.resize
+    monkeypatch.setattr(batch_geometry, 'resize', lambda x, *args: calls.append(tuple(x.shape)) or resize(x, *args))
+    g = torch.Generator().manual_seed(2)
+    aug = BatchAugment(16, auto_augment=None, color_jitter=None, hflip=0.5, scale=(1, 1), ratio=(1, 1))
+    batch = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8, generator=g)
+    params = _params(aug, [(16, 16)] * 4)
+    whole = aug(batch, params)
+    assert calls == []
+    assert torch.equal(whole, aug(list(batch), params)) and len(calls) == 4
+    for images, crops in ((batch, [[0, 0, 16, 16], [2, 3, 10, 12], [0, 0, 16, 16], [1, 1, 15, 15]]),
+                          (torch.randint(0, 256, (4, 3, 20, 24), dtype=torch.uint8, generator=g),
+                           [[0, 0, 16, 16]] * 4)):
+        params['crop'] = torch.tensor(crops)
+        calls.clear()
+        out = aug(images, params)
+        assert len(calls) == 4 and torch.equal(out, aug(list(images), params))
+
+
+def test_ops_on_images_of_an_odd_size_gather_and_scatter_them_as_bytes():
+    """RandAugment's ops gather the images that drew them and scatter the results back as int32 words where an image
+    is whole words; an image of 3 x 15 x 15 bytes is not, and takes the byte copy: each image of the batch gets what
+    it gets augmented alone."""
+    aug = BatchAugment(15, auto_augment='rand-m9-n3-mstd0.5-inc1', color_jitter=None, scale=(1, 1), ratio=(1, 1))
+    batch = torch.randint(0, 256, (6, 3, 15, 15), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    params = _params(aug, [(15, 15)] * 6)
+    assert len(torch.unique(params['ra_op'])) > 3  # several ops, each on some of the images
+    out = aug(batch, params)
+    for i in range(6):
+        assert torch.equal(out[i:i + 1], aug(batch[i:i + 1], {k: v[i:i + 1] for k, v in params.items()}))
+
+
+@pytest.mark.parametrize('images, message', [
+    (torch.zeros(3, 12, 10, dtype=torch.uint8), 'images must be (B, 3, H, W), got shape (3, 12, 10)'),
+    ([], 'images is empty'),
+    ([np.zeros((3, 4, 4), np.uint8)], 'images[0] must be a uint8 (3, H, W) tensor, got ndarray'),
+    ([torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 4, 4)],
+     'images[1] must be a uint8 (3, H, W) tensor, got torch.float32 (3, 4, 4)'),
+    ([torch.zeros(3, 4, dtype=torch.uint8)], 'images[0] must be a uint8 (3, H, W) tensor, got torch.uint8 (3, 4)'),
+    ([torch.zeros(1, 4, 4, dtype=torch.uint8)], 'images[0] must be a uint8 (3, H, W) tensor, got torch.uint8 (1, 4, 4)'),
+    ([torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 4, 4, dtype=torch.uint8, device='meta')],
+     'images[1] is on meta, images[0] on cpu: one device only'),
+], ids=['one image', 'none', 'numpy', 'float', 'two dims', 'one channel', 'two devices'])
+def test_the_transforms_refuse_what_is_not_uint8_rgb_images_on_one_device_naming_it(images, message):
+    for transform in (BatchEval(9), BatchAugment(9, auto_augment=None)):
+        with pytest.raises(InvalidArgumentError) as info:
+            transform(images) if isinstance(transform, BatchEval) else transform(images, {})
+        assert str(info.value) == message
+
+
+def test_batch_augment_refuses_parameters_of_another_batch_size():
+    aug = BatchAugment(16, auto_augment=None)
+    images = [torch.zeros(3, 20, 24, dtype=torch.uint8)] * 3
+    with pytest.raises(InvalidArgumentError, match='^3 images but parameters for 5$'):
+        aug(images, _params(aug, [(20, 24)] * 5))
+
+
+def test_erasing_takes_every_box_with_pixels_and_skips_empty_ones():
+    """Boxes one pixel high or wide are erased; boxes with no pixel (zero height or width) draw no noise, so the
+    boxes after them get the first draws of the image's seed."""
+    aug = BatchAugment(16, auto_augment=None, color_jitter=None, re_prob=1.0, re_mode='rand', re_count=3,
+                       scale=(1, 1), ratio=(1, 1))
+    batch = torch.full((2, 3, 16, 16), 100, dtype=torch.uint8)
+    params = _params(aug, [(16, 16)] * 2)
+    params['flip'][:] = False
+    params['re_box'] = torch.tensor([[[2, 3, 0, 5], [4, 1, 6, 0], [5, 6, 4, 3]],
+                                     [[2, 3, 1, 5], [4, 1, 6, 1], [0, 0, 0, 0]]])
+    out = aug(batch, params)
+    plain = out[1, :, 0, 0]
+    g = torch.Generator().manual_seed(int(params['re_seed'][0]))
+    colour = torch.randn((3, 1, 1), generator=g)
+    assert torch.equal(out[0, :, 5:9, 6:9], colour.expand(3, 4, 3))
+    changed = (out != plain.view(1, 3, 1, 1)).any(1)
+    assert changed[0].sum() == 12 and changed[0, 5:9, 6:9].all()
+    assert changed[1].sum() == 5 + 6 and changed[1, 2, 3:8].all() and changed[1, 4:10, 1].all()
 
 
 # ------------------------------------------------------------------------------------ what is refused, the benchmark
