@@ -396,3 +396,36 @@ def test_a_torch_without_the_uint8_kernel_resizes_in_float(monkeypatch):
         assert batch_geometry._uint8_antialias(mode) is False
         assert torch.equal(batch_geometry.resize(crop, (9, 6), mode), batch_geometry.resize_float(crop, (9, 6), mode))
     assert batch_geometry._UINT8_ANTIALIAS == {'bilinear': False, 'bicubic': False}
+
+
+def test_a_same_size_resize_is_the_images_themselves():
+    """PIL's same-size resize is a copy of the pixels; ``resize`` hands back the images (no kernel runs)."""
+    batch = torch.randint(0, 256, (2, 3, 9, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for interpolation in batch_geometry.INTERPOLATIONS:
+        assert batch_geometry.resize(batch, (9, 7), interpolation) is batch
+        assert batch_geometry.resize(batch[0], (9, 7), interpolation).data_ptr() == batch.data_ptr()
+
+
+@pytest.mark.parametrize('size', [(20, 50), (15, 45), (50, 20)])
+def test_a_square_image_resized_to_another_shape_takes_pillows_pass_order(size):
+    """A square image to a wide size shrinks the height most: Pillow resamples vertically first (12-17 levels apart
+    from the other order on these 3 px blocks); a tall size horizontally first. Within a level of Pillow's."""
+    blocks = np.random.default_rng(0).integers(0, 2, (20, 20, 3)).astype(np.uint8) * 255
+    a = np.ascontiguousarray(blocks.repeat(3, 0).repeat(3, 1))
+    ours = batch_geometry.resize(to_tensor(a), size, 'bicubic')
+    ref = np.asarray(Image.fromarray(a).resize(size[::-1], PIL_RESAMPLE['bicubic']))
+    assert np.abs(to_levels(ours) - ref).max() <= 1
+
+
+def test_off_the_cpu_resize_runs_on_the_images_device_in_float(monkeypatch):
+    """Off the CPU (torch's uint8 kernel is the CPU's) bilinear and bicubic take the float passes, and nearest's
+    indices are moved to the images' device: seen on the meta device."""
+    dtypes = []
+    interpolate = torch.nn.functional.interpolate
+    monkeypatch.setattr(batch_geometry.F, 'interpolate', lambda x, *a, **k: dtypes.append(x.dtype) or interpolate(
+        x, *a, **k))
+    images = torch.empty(2, 3, 30, 20, dtype=torch.uint8, device='meta')
+    for interpolation in batch_geometry.INTERPOLATIONS:
+        out = batch_geometry.resize(images, (12, 9), interpolation)
+        assert out.device.type == 'meta' and out.shape == (2, 3, 12, 9) and out.dtype == torch.uint8
+    assert dtypes and set(dtypes) == {torch.float32}

@@ -50,3 +50,17 @@ def test_erasing_noise_is_each_images_seeded_draw_in_the_images_dtype():
     assert torch.equal(per_box[0, :, 1:5, 2:7], colour.expand(3, 4, 5))
     const = batch_misc.erase(images.clone(), boxes, None, 'const')
     assert (const[0, :, 1:5, 2:7] == 0).all() and (const[0, :, 0] == 7).all()
+
+
+def test_normalize_runs_on_the_images_device_in_float32():
+    """``(x / 255 - mean) / std`` with mean and std as float32 on the images' device (seen on the meta device), into
+    ``out`` when given, in place when ``out`` is the images."""
+    out = batch_misc.normalize(torch.empty(2, 3, 4, 4, dtype=torch.uint8, device='meta'), (0.5,) * 3, (0.25,) * 3)
+    assert out.device.type == 'meta' and out.dtype == torch.float32
+    images = torch.tensor([0, 51, 255], dtype=torch.uint8).view(1, 3, 1, 1).expand(1, 3, 2, 2)
+    expected = (images.float() / 255 - torch.tensor([0.5, 0.25, 0.0]).view(3, 1, 1)) / torch.tensor(
+        [0.25, 0.5, 1.0]).view(3, 1, 1)
+    assert torch.equal(batch_misc.normalize(images, (0.5, 0.25, 0.0), (0.25, 0.5, 1.0)), expected)
+    floats = images.float()
+    assert batch_misc.normalize(floats, (0.5, 0.25, 0.0), (0.25, 0.5, 1.0), out=floats) is floats
+    assert torch.equal(floats, expected)

@@ -497,3 +497,17 @@ def test_erasing_noise_on_cuda_is_drawn_there():
     erase(images, [[(1, 2, 5, 6)], [(0, 0, 16, 16)]], [7, 8], 'pixel')
     g = torch.Generator(device='cuda').manual_seed(7)
     assert torch.equal(images[0, :, 1:6, 2:8], torch.randn((3, 5, 6), generator=g, device='cuda'))
+
+
+def test_resize_and_normalize_on_cuda_match_the_cpu():
+    """``batch_geometry.resize`` on a GPU (the float passes; nearest picks Pillow's pixels with indices moved there)
+    within a level of the CPU's, and ``normalize``'s floats equal to the CPU's (mean and std moved there)."""
+    from tcnn.data import batch_geometry, batch_misc
+    images = torch.randint(0, 256, (3, 3, 41, 29), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for interpolation in batch_geometry.INTERPOLATIONS:
+        gpu = batch_geometry.resize(images.cuda(), (17, 23), interpolation)
+        cpu = batch_geometry.resize(images, (17, 23), interpolation)
+        assert gpu.device.type == 'cuda' and (gpu.cpu().int() - cpu.int()).abs().max() <= (
+            0 if interpolation == 'nearest' else 1), interpolation
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    assert torch.equal(batch_misc.normalize(images.cuda(), mean, std).cpu(), batch_misc.normalize(images, mean, std))

@@ -89,6 +89,23 @@ CUDA_MUTANTS = (
           (10, 'torch.Generator(device=images.device)', 'torch.Generator(device=None)'),
           (34, 'dtype=images.dtype, device=images.device)', 'dtype=images.dtype, device=None)'),
           (38, 'dtype=images.dtype, device=images.device)', 'dtype=images.dtype, )'))),
+    # resize's nearest indices and normalize's mean and std made on the CPU, and torch's uint8 kernel (the CPU's)
+    # taken off it (the meta device accepts CPU indices and in-place operands there)
+    *(Mutant(f'tcnn.data.{module}.{function}__mutmut_{n}', f'tcnn/data/{module}.py', old, new,
+             'tests/test_cuda.py::test_resize_and_normalize_on_cuda_match_the_cpu')
+      for module, function, n, old, new in (
+          ('batch_geometry', 'x_resize', 17, 'size[0]).to(x.device)', 'size[0]).to(None)'),
+          ('batch_geometry', 'x_resize', 26, 'size[1]).to(x.device)', 'size[1]).to(None)'),
+          ('batch_geometry', 'x_resize', 47, "elif x.device.type == 'cpu' and _uint8_antialias(interpolation)",
+           "elif x.device.type == 'cpu' or _uint8_antialias(interpolation)"),
+          ('batch_misc', 'x_normalize', 10, 'm = torch.tensor(mean, dtype=torch.float32, device=images.device)',
+           'm = torch.tensor(mean, dtype=torch.float32, device=None)'),
+          ('batch_misc', 'x_normalize', 13, 'm = torch.tensor(mean, dtype=torch.float32, device=images.device)',
+           'm = torch.tensor(mean, dtype=torch.float32, )'),
+          ('batch_misc', 'x_normalize', 27, 's = torch.tensor(std, dtype=torch.float32, device=images.device)',
+           's = torch.tensor(std, dtype=torch.float32, device=None)'),
+          ('batch_misc', 'x_normalize', 30, 's = torch.tensor(std, dtype=torch.float32, device=images.device)',
+           's = torch.tensor(std, dtype=torch.float32, )'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
