@@ -487,7 +487,8 @@ def test_ops_on_images_of_an_odd_size_gather_and_scatter_them_as_bytes():
     ([torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 4, 4)],
      'images[1] must be a uint8 (3, H, W) tensor, got torch.float32 (3, 4, 4)'),
     ([torch.zeros(3, 4, dtype=torch.uint8)], 'images[0] must be a uint8 (3, H, W) tensor, got torch.uint8 (3, 4)'),
-    ([torch.zeros(1, 4, 4, dtype=torch.uint8)], 'images[0] must be a uint8 (3, H, W) tensor, got torch.uint8 (1, 4, 4)'),
+    ([torch.zeros(1, 4, 4, dtype=torch.uint8)],
+     'images[0] must be a uint8 (3, H, W) tensor, got torch.uint8 (1, 4, 4)'),
     ([torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(3, 4, 4, dtype=torch.uint8, device='meta')],
      'images[1] is on meta, images[0] on cpu: one device only'),
 ], ids=['one image', 'none', 'numpy', 'float', 'two dims', 'one channel', 'two devices'])

@@ -106,6 +106,17 @@ CUDA_MUTANTS = (
            's = torch.tensor(std, dtype=torch.float32, device=None)'),
           ('batch_misc', 'x_normalize', 30, 's = torch.tensor(std, dtype=torch.float32, device=images.device)',
            's = torch.tensor(std, dtype=torch.float32, )'))),
+    # the nearest affine transform's coordinates made on the CPU (the meta device cannot run it: its running sums
+    # are read on the CPU)
+    *(Mutant(f'tcnn.data.batch_geometry.x__affine_nearest__mutmut_{n}', 'tcnn/data/batch_geometry.py', old, new,
+             'tests/test_cuda.py::test_nearest_affine_on_cuda_is_the_cpus')
+      for n, old, new in (
+          (16, '    dev = images.device\n', '    dev = None\n'),
+          (26, 'torch.arange(w, dtype=torch.float64, device=dev)', 'torch.arange(w, dtype=torch.float64, device=None)'),
+          (29, 'torch.arange(w, dtype=torch.float64, device=dev)', 'torch.arange(w, dtype=torch.float64, )'),
+          (41, 'torch.arange(h, dtype=torch.float64, device=dev)', 'torch.arange(h, dtype=torch.float64, device=None)'),
+          (44, 'torch.arange(h, dtype=torch.float64, device=dev)', 'torch.arange(h, dtype=torch.float64, )'),
+          (79, 'torch.cumsum(steps, dim=1).floor_().to(dev)', 'torch.cumsum(steps, dim=1).floor_().to(None)'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
