@@ -429,3 +429,16 @@ def test_off_the_cpu_resize_runs_on_the_images_device_in_float(monkeypatch):
         out = batch_geometry.resize(images, (12, 9), interpolation)
         assert out.device.type == 'meta' and out.shape == (2, 3, 12, 9) and out.dtype == torch.uint8
     assert dtypes and set(dtypes) == {torch.float32}
+
+
+def test_nearest_translations_just_short_of_a_half_pixel_are_pillows():
+    """A pure scale/translation (b = d = 0) takes Pillow's ImagingScaleAffine, the floor of a double running sum:
+    offsets 1e-7 short of a half pixel stay on their side (the 16.16 fixed point of the general transform rounds
+    them over, a whole pixel off). Both coordinates, with and without scaling."""
+    a = np.random.default_rng(0).integers(0, 256, (12, 15, 3)).astype(np.uint8)
+    for m in [(1, 0, 0.4999999, 0, 1, 0), (1, 0, 0, 0, 1, 0.4999999), (1, 0, -0.4999999, 0, 1, 1.4999999),
+              (0.7, 0, 0.3499999, 0, 1.3, 0.15000001)]:
+        ref = np.asarray(Image.fromarray(a).transform((15, 12), Image.AFFINE, m, Image.NEAREST, fillcolor=(1, 2, 3)))
+        ours = batch_geometry.affine(to_tensor(a)[None], torch.tensor([m], dtype=torch.float64), (1, 2, 3),
+                                     torch.tensor([batch_geometry.NEAREST]))[0]
+        assert np.array_equal(to_levels(ours), ref), m

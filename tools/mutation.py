@@ -11,6 +11,7 @@ cannot change behaviour. Each module runs in its own copy of the repository, ``m
     python tools/mutation.py save augment                  # the copy's results into git (state/augment.json): a
                                                            # later session's run starts from them
     nice -n 19 python tools/mutation.py recheck recipe     # the last run's survivors again, one fresh process each
+                                                           # (--tests: those tests instead of the owning ones)
     nice -n 19 python tools/mutation.py resume tcnn_file   # go on with an interrupted run (the mutants left; the
                                                            # sources and tests as they are now: changed functions
                                                            # run again)
@@ -110,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
             'check-scripted': 'the survivors to check (name patterns; default: all)'}
     for name, text in only.items():
         commands[name].add_argument('--only', nargs='+', default=(), metavar='PATTERN', help=text)
+    commands['recheck'].add_argument('--tests', nargs='+', default=(), metavar='TEST',
+                                     help='these pytest node IDs (or files) instead of the owning tests')
     for name in ('run', 'resume'):
         commands[name].add_argument('--max-children', type=int, default=1, metavar='N',
                                     help='mutants tested at once (default 1)')
@@ -185,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             if args.command == 'recheck':
                 start = time.monotonic()
-                rechecks.recheck(module, args.only)
+                rechecks.recheck(module, args.only, args.tests)
                 (copies.folder(module) / 'recheck_time_s').write_text(f'{time.monotonic() - start:.0f}\n')
             elif args.command in ('run', 'resume'):
                 runs.run(module, args.max_children, args.only, args.killers_first, resume=args.command == 'resume',

@@ -20,7 +20,7 @@ from .modules import ENV, MODULES
 from .verdicts import record, results
 
 
-def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
+def recheck(module: str, only: Sequence[str] = (), tests: Sequence[str] = ()) -> Dict[str, str]:
     """Every survivor (and 'no tests' mutant) of ``module``'s last run once more, the plain way (module docstring):
     ``{mutant: 'killed' | 'survived' | 'timeout'}``, also written to ``recheck.json`` beside the run (merged with
     an earlier recheck's).
@@ -29,9 +29,12 @@ def recheck(module: str, only: Sequence[str] = ()) -> Dict[str, str]:
         module: The campaign's module.
         only: The survivors whose names match these patterns (the others keep an earlier recheck's outcome, if
             any); all without.
+        tests: pytest node IDs to run instead of the owning tests (those that own the code the mutants change:
+            minutes saved per mutant where the owning tests are many).
     """
-    _, tests, pytest_args = MODULES[module]
-    return record(module, _applied(module, only, [*tests, *pytest_args], ENV, 'killed'), fresh=not only)
+    _, owning, pytest_args = MODULES[module]
+    return record(module, _applied(module, only, list(tests) or [*owning, *pytest_args], ENV, 'killed'),
+                  fresh=not (only or tests))
 
 
 def check_scripted(module: str, only: Sequence[str], tests: Sequence[str]) -> Dict[str, str]:
