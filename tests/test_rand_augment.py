@@ -236,3 +236,21 @@ def test_relative_translations_through_the_batch_fill_with_timms_img_mean():
             out = to_levels(denormalize(aug([to_tensor(SQUARE[0])], params)[0]))
             ref = np.asarray(fn(Image.fromarray(SQUARE[0]), pct, fillcolor=FILL, resample=Image.NEAREST))
             assert np.array_equal(out, ref), name
+
+
+@pytest.mark.parametrize('name', list(RAND_AUGMENT))
+def test_every_op_of_the_table_is_timms_through_its_batched_call(name):
+    """Each entry's batched call (the table built at import: which op, which of its arguments it passes, pixels =
+    fraction x side for the relative translations), given timm's level arguments at two magnitudes with a random
+    sign, gives timm's op on the same image with the same fill, nearest resample (Pillow's arithmetic exactly)."""
+    op = RAND_AUGMENT[name]
+    hparams = dict(translate_const=40, translate_pct=0.3, img_mean=FILL)
+    random.seed(7)
+    for magnitude in (5, 9):
+        args = timm_aa.LEVEL_TO_ARG[name](magnitude, hparams) if timm_aa.LEVEL_TO_ARG[name] else ()
+        images = torch.stack([to_tensor(a) for a in SQUARE[:2]])
+        arg = torch.full((2,), float(args[0]) if args else 0.0, dtype=torch.float64)
+        out = op.apply(images, arg, FILL, torch.zeros(2, dtype=torch.int64), 96)
+        for k in range(2):
+            ref = timm_aa.NAME_TO_OP[name](Image.fromarray(SQUARE[k]), *args, fillcolor=FILL, resample=Image.NEAREST)
+            assert np.array_equal(to_levels(out[k]), np.asarray(ref)), (name, magnitude, args)
