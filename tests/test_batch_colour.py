@@ -133,6 +133,23 @@ def test_hue_wraps_around_as_torchvisions_for_every_shift():
         assert torch.equal(ours[i], TF2.adjust_hue(images[i], float(factors[i]))), float(factors[i])
 
 
+def test_color_jitter_runs_each_order_once_on_its_images_together(monkeypatch):
+    """The batch is grouped by order: each op runs once per distinct order that has it (on that order's images in
+    one slice, their batch order kept), not once per run of neighbours, and every image gets its own factors."""
+    calls = []
+    brightness = batch_colour._tv_brightness_
+    monkeypatch.setattr(batch_colour, '_tv_brightness_',
+                        lambda x, f: calls.append(f.tolist()) or brightness(x, f))
+    images = torch.randint(0, 256, (6, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    orders = torch.tensor([[0, 1, 2, 3], [2, 1, 0, 3]] * 3)
+    factors = torch.tensor([[0.5 + 0.1 * i, 1.0, 1.0, 0.0] for i in range(6)], dtype=torch.float64)
+    active = [True, True, False, False]  # contrast at 1.0: the image as it is
+    out = batch_colour.tv_color_jitter(images, factors, orders, active, out=torch.empty(images.shape))
+    assert calls == [[0.5, 0.7, 0.9], [0.6, 0.8, 1.0]]  # keys (0, 1) and (1, 0): two groups, sorted
+    for i in range(6):
+        assert torch.equal(out[i], TF2.adjust_brightness(images[i], float(factors[i, 0])).float()), i
+
+
 def test_hsv_to_rgb_is_torchvisions_up_to_a_hue_of_one():
     """``_hsv_to_rgb`` gives torchvision's floats on a grid of hue, saturation and value, including a hue of exactly
     1.0: a shifted hue just below 0 wraps to ``remainder(-1e-9, 1.0)``, which float32 rounds to 1.0."""

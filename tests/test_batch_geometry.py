@@ -442,3 +442,78 @@ def test_nearest_translations_just_short_of_a_half_pixel_are_pillows():
         ours = batch_geometry.affine(to_tensor(a)[None], torch.tensor([m], dtype=torch.float64), (1, 2, 3),
                                      torch.tensor([batch_geometry.NEAREST]))[0]
         assert np.array_equal(to_levels(ours), ref), m
+
+
+def test_rotations_by_whole_and_quarter_turns_are_pillows():
+    """Pillow's rotate (nearest: its arithmetic exactly) at one degree either way and at the quarter turns, where
+    cos or sin round to 0 at 15 decimals; 0 degrees is the image itself."""
+    a = np.random.default_rng(0).integers(0, 256, (64, 80, 3)).astype(np.uint8)  # corners move by 0.9 px at 1 degree
+    degrees = [1.0, -1.0, 90.0, 180.0, 270.0, 0.0]
+    images = to_tensor(a)[None].expand(len(degrees), -1, -1, -1).contiguous()
+    out = batch_geometry.rotate(images, torch.tensor(degrees), (1, 2, 3), torch.zeros(len(degrees), dtype=torch.int64))
+    for k, deg in enumerate(degrees):
+        ref = np.asarray(Image.fromarray(a).rotate(deg, Image.NEAREST, fillcolor=(1, 2, 3)))
+        assert np.array_equal(to_levels(out[k]), ref), deg
+        assert (deg == 0) == np.array_equal(ref, a)
+
+
+def test_the_affine_ops_stay_on_the_images_device():
+    """Rotations (0 degrees too: the image itself), shears and translations, bilinear and bicubic, on the meta
+    device: the sampling grid and the masks are made on the images' device."""
+    images = torch.empty(3, 3, 9, 11, dtype=torch.uint8, device='meta')
+    codes = torch.tensor([batch_geometry.BILINEAR, batch_geometry.BICUBIC, batch_geometry.BILINEAR])
+    for op, arg in ((batch_geometry.rotate, torch.tensor([0.0, 10.0, -3.0])),
+                    (batch_geometry.shear_x, torch.tensor([0.1, -0.2, 0.0])),
+                    (batch_geometry.translate_y, torch.tensor([2.0, -1.5, 0.0]))):
+        out = op(images, arg, (1, 2, 3), codes)
+        assert out.device.type == 'meta' and out.shape == images.shape and out.dtype == torch.uint8, op.__name__
+
+
+def test_the_sampling_grid_is_pillows_map_in_double_then_float32():
+    """``_sampling_grid``: Pillow's map of each output pixel centre, (a (x + .5) + b (y + .5) + c, ...), in
+    grid_sample's normalised coordinates, computed in double from the pixel coordinates (as floats of Python) and
+    rounded to float32 term by term as the code sums them: the same float32 grid."""
+    h, w = 9, 11
+    matrix = torch.tensor([[0.98, -0.17, 1.3, 0.17, 0.98, -0.7], [1.0, 0.3, -2.0, 0.0, 1.0, 0.0]],
+                          dtype=torch.float64)
+    grid, _ = batch_geometry._sampling_grid(matrix, h, w)
+    ratio = h / w
+    for k, (a, b, c, d, e, f) in enumerate(matrix.tolist()):
+        for y in range(h):
+            for x in range(w):
+                xn, yn = (2 * x + 1) / w - 1, (2 * y + 1) / h - 1
+                gx = np.float32(np.float32(a * xn) + np.float32(b * ratio * yn)) + np.float32(
+                    a + b * ratio + 2 * c / w - 1)
+                gy = np.float32(np.float32(d / ratio * xn) + np.float32(e * yn)) + np.float32(
+                    d / ratio + e + 2 * f / h - 1)
+                assert (float(grid[k, y, x, 0]), float(grid[k, y, x, 1])) == (float(gx), float(gy)), (k, y, x)
+
+
+@pytest.mark.parametrize('interpolation', ['bilinear', 'bicubic'])
+def test_translations_by_half_a_pixel_fill_where_pillow_fills(interpolation):
+    """Pillow fills an output pixel whose source point lies outside [0, W) x [0, H): a half-pixel translation puts
+    the first or last column's (row's) source exactly on the edge, 0 (inside) or W (outside)."""
+    a = np.random.default_rng(1).integers(0, 256, (10, 12, 3)).astype(np.uint8)
+    code = batch_geometry.INTERPOLATIONS.index(interpolation)
+    for op, fn, pixels, fills in ((batch_geometry.translate_x, timm_aa.translate_x_abs, 0.5, 10),
+                                  (batch_geometry.translate_x, timm_aa.translate_x_abs, -0.5, 0),
+                                  (batch_geometry.translate_y, timm_aa.translate_y_abs, 0.5, 12),
+                                  (batch_geometry.translate_y, timm_aa.translate_y_abs, -0.5, 0)):
+        ours = op(to_tensor(a)[None], torch.tensor([pixels]), (1, 2, 3), torch.tensor([code]))[0]
+        ref = np.asarray(fn(Image.fromarray(a), pixels, fillcolor=(1, 2, 3), resample=PIL_RESAMPLE[interpolation]))
+        filled = (ref == (1, 2, 3)).all(-1)  # +0.5: the last column's (row's) source at W (H); -0.5: the first at 0
+        assert filled.sum() == fills and np.array_equal((to_levels(ours) == (1, 2, 3)).all(-1), filled)
+
+
+def test_an_affine_batch_of_mixed_resamples_gives_each_image_its_own():
+    """Each resample's images go through it together, and each image comes back with its own: nearest exactly
+    Pillow's, bilinear within a level of it (the first group is not the whole batch)."""
+    a = [np.random.default_rng(s).integers(0, 256, (14, 16, 3)).astype(np.uint8) for s in range(3)]
+    matrix = torch.tensor([[0.95, 0.2, -1.0, -0.15, 1.05, 0.5]] * 3, dtype=torch.float64)
+    codes = [batch_geometry.NEAREST, batch_geometry.BILINEAR, batch_geometry.NEAREST]
+    out = batch_geometry.affine(torch.stack([to_tensor(x) for x in a]), matrix, (1, 2, 3), torch.tensor(codes))
+    for k, code in enumerate(codes):
+        ref = np.asarray(Image.fromarray(a[k]).transform((16, 14), Image.AFFINE, tuple(matrix[k].tolist()),
+                                                         PIL_RESAMPLE[batch_geometry.INTERPOLATIONS[code]],
+                                                         fillcolor=(1, 2, 3)))
+        assert np.abs(to_levels(out[k]) - ref).max() <= (0 if code == batch_geometry.NEAREST else 1), k

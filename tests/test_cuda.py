@@ -515,12 +515,14 @@ def test_resize_and_normalize_on_cuda_match_the_cpu():
 
 def test_nearest_affine_on_cuda_is_the_cpus():
     """Pillow's nearest affine transform (the scale/translation running sums and the 16.16 fixed point) on a GPU:
-    the same pixels as on the CPU, the coordinates made on the images' device."""
+    the same pixels as on the CPU, the coordinates made on the images' device; a bilinear image among them (each
+    resample's images gathered on the device) within a level."""
     from tcnn.data import batch_geometry
     images = torch.randint(0, 256, (3, 3, 21, 17), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     matrix = torch.tensor([[1.0, 0.2, 0.5, 0.1, 1.0, 0.3], [1.0, 0.0, 2.5, 0.0, 1.0, -3.0],
                            [0.9, -0.3, 4.0, 0.3, 0.9, -2.0]])
-    codes = torch.zeros(3, dtype=torch.int64)
+    codes = torch.tensor([batch_geometry.NEAREST, batch_geometry.BILINEAR, batch_geometry.NEAREST])
     gpu = batch_geometry.affine(images.cuda(), matrix.cuda(), (124, 116, 104), codes.cuda())
     cpu = batch_geometry.affine(images, matrix, (124, 116, 104), codes)
-    assert gpu.device.type == 'cuda' and torch.equal(gpu.cpu(), cpu)
+    assert gpu.device.type == 'cuda' and torch.equal(gpu[[0, 2]].cpu(), cpu[[0, 2]])
+    assert (gpu[1].cpu().int() - cpu[1].int()).abs().max() <= 1

@@ -117,6 +117,14 @@ CUDA_MUTANTS = (
           (41, 'torch.arange(h, dtype=torch.float64, device=dev)', 'torch.arange(h, dtype=torch.float64, device=None)'),
           (44, 'torch.arange(h, dtype=torch.float64, device=dev)', 'torch.arange(h, dtype=torch.float64, )'),
           (79, 'torch.cumsum(steps, dim=1).floor_().to(dev)', 'torch.cumsum(steps, dim=1).floor_().to(None)'))),
+    # affine's per-resample gather and scatter with the chosen images' index left on the CPU
+    *(Mutant(f'tcnn.data.batch_geometry.x_affine__mutmut_{n}', 'tcnn/data/batch_geometry.py', old, new,
+             'tests/test_cuda.py::test_nearest_affine_on_cuda_is_the_cpus')
+      for n, old, new in (
+          (47, 'images.index_select(0, chosen.to(images.device))', 'images.index_select(0, chosen.to(None))'),
+          (56, 'matrix.index_select(0, chosen.to(matrix.device))', 'matrix.index_select(0, chosen.to(None))'),
+          (120, 'out.index_copy_(0, chosen.to(images.device), result)',
+           'out.index_copy_(0, chosen.to(None), result)'))),
 )
 # --smoke: (mutant, the verdict it must get on the CPU)
 SMOKE_MUTANTS = (
