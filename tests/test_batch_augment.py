@@ -499,6 +499,28 @@ def test_the_transforms_refuse_what_is_not_uint8_rgb_images_on_one_device_naming
         assert str(info.value) == message
 
 
+def test_color_jitter_strengths_are_torchvisions_ranges():
+    """Each component is a strength s (factors 1 - s .. 1 + s, clipped at 0; hue -s .. s) or a (min, max) pair, as
+    torchvision's ``ColorJitter`` reads it; 0 (or the pair (1, 1)) turns a component off."""
+    aug = BatchAugment(16, color_jitter=((0.6, 1.4), 1.5, 0, 0.1))
+    assert aug.jitter == ((0.6, 1.4), (0.0, 2.5), None, (-0.1, 0.1))
+    assert BatchAugment(16, color_jitter=(0.3, (1, 1), [0.5, 0.5], (-0.2, 0.3))).jitter == (
+        (0.7, 1.3), None, (0.5, 0.5), (-0.2, 0.3))
+
+
+@pytest.mark.parametrize('jitter, error, message', [
+    ((-0.1, 0.4, 0.4), InvalidArgumentError, 'color_jitter brightness must be non-negative, got -0.1'),
+    ((True, 0.4, 0.4), InvalidTypeError, 'color_jitter brightness must be a number or a (min, max) pair, got True'),
+    ((0.4, 'ab', 0.4), InvalidTypeError, "color_jitter contrast must be a number or a (min, max) pair, got 'ab'"),
+    ((0.4, 0.4, (0.5,)), InvalidTypeError, 'color_jitter saturation must be a number or a (min, max) pair, got (0.5,)'),
+    ((0.4, 0.4, 0.4, 0.6), InvalidArgumentError, 'color_jitter hue must lie in (-0.5, 0.5), got (-0.6, 0.6)'),
+])
+def test_color_jitter_refuses_what_torchvision_refuses_naming_the_component(jitter, error, message):
+    with pytest.raises(error) as info:
+        BatchAugment(16, color_jitter=jitter)
+    assert str(info.value) == message
+
+
 def test_batch_augment_refuses_parameters_of_another_batch_size():
     aug = BatchAugment(16, auto_augment=None)
     images = [torch.zeros(3, 20, 24, dtype=torch.uint8)] * 3
