@@ -3,6 +3,7 @@ batch, and ``BatchEval``, timm's eval transform on a batch, against timm itself 
 whole transform step by step against timm's ops, the crop, flip, ColorJitter and erasing draws against timm's and
 torchvision's, and the object's promises (determinism, batching, shapes, what is refused). The ops have their own
 files: ``test_batch_geometry.py``, ``test_batch_colour.py``, ``test_batch_misc.py``, ``test_rand_augment.py``."""
+import math
 import random
 from typing import Dict, List, Tuple
 
@@ -209,6 +210,54 @@ def test_erasing_draws_match_timms(count):
         for i, what in enumerate(('top', 'left')):
             p[what] = ks_p_value([b[i] for b in ours_pos], [b[i] for b in positions])
     assert min(p.values()) > ALPHA, p
+
+
+class _Recorder:
+    """An image for timm's ``RandomErasing._erase`` that records the boxes written into it."""
+
+    def __init__(self):
+        self.boxes = []
+
+    def __setitem__(self, key, value):
+        _, rows, columns = key
+        self.boxes.append((rows.start, columns.start, rows.stop - rows.start, columns.stop - columns.start))
+
+
+@pytest.mark.parametrize('count', [1, 3])
+def test_erasing_boxes_are_timms_draw_for_draw(count):
+    """The same random stream gives timm's ``_erase`` boxes, box for box (the count drawn only when it can vary,
+    the height from area x aspect, the width from area / aspect)."""
+    aug = BatchAugment(32, re_prob=0.5, re_mode='const', re_count=count)
+    eraser = timm_re.RandomErasing(probability=0.5, mode='const', max_count=count, device='cpu')
+    erased = 0
+    for seed in range(100):
+        ours = aug._draw_erasing(random.Random(seed))
+        random.seed(seed)
+        recorder = _Recorder()
+        eraser._erase(recorder, 3, 32, 32, torch.float32)
+        assert ours == recorder.boxes, seed
+        erased += bool(ours)
+    assert 30 < erased < 70
+
+
+def test_erasing_is_drawn_at_a_draw_equal_to_its_probability_and_given_up_after_ten_attempts(monkeypatch):
+    """timm erases unless ``random() > probability`` (a draw equal to it erases), and gives a box up after ten
+    attempts whose box does not fit."""
+    class Half(random.Random):
+        def random(self):
+            return 0.5
+    aug = BatchAugment(32, re_prob=0.5, re_mode='const')
+    assert len(aug._draw_erasing(Half(0))) == 1
+    too_big = [1 / 3, math.log(1 / 0.3)] * 10  # area 1/3 at aspect 1/0.3: 34 px high, more than the image
+    script = too_big + [0.1, 0.0]  # an eleventh attempt would fit
+
+    class Scripted(random.Random):
+        def uniform(self, a, b):
+            return script.pop(0)
+    assert BatchAugment(32, re_prob=1.0, re_mode='const')._draw_erasing(Scripted(0)) == []
+    assert script == [0.1, 0.0]
+    script[:] = [0.3, math.log(0.3), 0.1, 0.0]  # 10 x 32: as wide as the image, which does not fit; then 10 x 10
+    assert [box[2:] for box in BatchAugment(32, re_prob=1.0, re_mode='const')._draw_erasing(Scripted(0))] == [(10, 10)]
 
 
 # ------------------------------------------------------------------------------------------------- the object itself
@@ -506,6 +555,7 @@ def test_color_jitter_strengths_are_torchvisions_ranges():
     assert aug.jitter == ((0.6, 1.4), (0.0, 2.5), None, (-0.1, 0.1))
     assert BatchAugment(16, color_jitter=(0.3, (1, 1), [0.5, 0.5], (-0.2, 0.3))).jitter == (
         (0.7, 1.3), None, (0.5, 0.5), (-0.2, 0.3))
+    assert BatchAugment(16, color_jitter=(0, 0, 0, 0.5)).jitter == (None, None, None, (-0.5, 0.5))  # hue's bounds
 
 
 @pytest.mark.parametrize('jitter, error, message', [
