@@ -254,3 +254,41 @@ def test_every_op_of_the_table_is_timms_through_its_batched_call(name):
         for k in range(2):
             ref = timm_aa.NAME_TO_OP[name](Image.fromarray(SQUARE[k]), *args, fillcolor=FILL, resample=Image.NEAREST)
             assert np.array_equal(to_levels(out[k]), np.asarray(ref)), (name, magnitude, args)
+
+
+class _Fixed(random.Random):
+    """A stream whose ``random()`` is always ``value``."""
+
+    def __init__(self, value: float):
+        super().__init__(0)
+        self.value = value
+
+    def random(self):
+        return self.value
+
+
+def test_weighted_op_choice_at_the_ends_of_each_ops_interval_is_numpys():
+    """The weighted choice (timm's ``np.random.choice(p=weights)``: the first op whose cumulative weight exceeds the
+    draw) at a draw on the boundary between two ops (the later one, as numpy's ``searchsorted(side='right')``) and at
+    the top of [0, 1), where the rounded running sum can stay at or above 0 after the last op (the last op)."""
+    from tcnn.data.rand_augment import _choose_ops
+    ops = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize')
+    quarter = RandAugmentConfig(ops=ops[:3], weights=(0.25, 0.25, 0.5), num_layers=1)
+    assert _choose_ops(quarter, _Fixed(0.25)) == [1] and _choose_ops(quarter, _Fixed(0.0)) == [0]
+    assert int(np.searchsorted(np.cumsum(quarter.weights), 0.25, side='right')) == 1
+    top = RandAugmentConfig(ops=ops, weights=(0.006, 0.041, 0.621, 1.0, 0.873), num_layers=1)
+    assert _choose_ops(top, _Fixed(1 - 2 ** -53)) == [4]
+
+
+def test_a_level_is_negated_above_one_half_as_timms():
+    """timm's ``_randomly_negate``: negated when ``random() > 0.5``; a draw of exactly 0.5 keeps the sign."""
+    from tcnn.data.rand_augment import _negate
+    assert _negate(3.0, _Fixed(0.5)) == 3.0 and _negate(3.0, _Fixed(0.5000001)) == -3.0
+
+
+def test_a_layer_not_applied_is_recorded_as_op_minus_one_with_argument_zero():
+    """``draw_rand_augment``'s record of a layer whose op was not applied (its probability not met): op -1,
+    argument 0, resample -1, as ``PARAMS`` documents."""
+    from tcnn.data.rand_augment import draw_rand_augment
+    config = parse_rand_augment('rand-m9-n3-p0.5')
+    assert draw_rand_augment(config, _Fixed(0.75), 100, -1) == ([-1, -1, -1], [0.0, 0.0, 0.0], [-1, -1, -1])
