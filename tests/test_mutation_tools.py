@@ -5,6 +5,7 @@ tests, the tests left for later and the CUDA-only mutants' tests must exist; the
 mutant and its reason a line; the commands docs/tests.md gives are the command's own. No mutmut is needed here.
 """
 import ast
+import contextlib
 import csv
 import importlib
 import json
@@ -177,3 +178,31 @@ def test_saved_results_come_back_in_a_fresh_copy_and_a_recheck_holds_while_its_f
     assert state.saved_verdicts('train') == {}
     assert verdicts.results('train')['tcnn.m.x_f__mutmut_2'][0] == 'survived'
     assert state.restore('nothing-saved') is None
+
+
+def test_the_cuda_check_runs_mutants_at_once_and_reports_each_verdict_as_it_comes(tools, monkeypatch):
+    """``tools/mutation.py cuda --jobs N``: the mutants' tests run N at once, their verdicts come in the list's order,
+    and the report reaches the caller after the baseline and after each verdict (a time limit keeps what it had)."""
+    import threading
+    import time as time_
+    cuda = tools['mutation_testing.cuda']
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def run_tests(root, tests, timeout=600):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time_.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return {'rc': 1 if 'break' in str(root) else 0, 'failures': 1, 'seconds': 0.2, 'tail': ''}
+    monkeypatch.setattr(cuda, 'run_tests', run_tests)
+    monkeypatch.setattr(cuda, 'mutated_copy', lambda mutant, folder: mutant.new != 'absent')
+    monkeypatch.setattr(cuda.tempfile, 'TemporaryDirectory',
+                        lambda prefix: contextlib.nullcontext(prefix + 'break'))
+    mutants = [cuda.Mutant(f'm{i}', 'p', 'old', 'absent' if i == 2 else 'new', 't') for i in range(4)]
+    seen = []
+    report = cuda.check(mutants, jobs=3, on_result=lambda r: seen.append(list(r['mutants'])))
+    assert peak[0] == 3 and list(report['mutants']) == ['m0', 'm1', 'm2', 'm3']
+    assert [r['verdict'] for r in report['mutants'].values()] == ['killed', 'killed', 'not applied', 'killed']
+    assert seen == [[], ['m0'], ['m0', 'm1'], ['m0', 'm1', 'm2'], ['m0', 'm1', 'm2', 'm3']]

@@ -128,7 +128,9 @@ def parser() -> argparse.ArgumentParser:
     commands['cuda'].add_argument('--smoke', action='store_true',
                                   help='check the machinery on the CPU (no GPU needed)')
     commands['cuda'].add_argument('--json', type=Path, metavar='PATH',
-                                  help='write the verdicts, times and test output tails here')
+                                  help='write the verdicts, times and test output tails here (after each verdict)')
+    commands['cuda'].add_argument('--jobs', type=int, default=1, metavar='N',
+                                  help='mutants tested at once, each test a process of its own (default 1)')
     return main
 
 
@@ -158,7 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f'{name}: {" ".join(files)} <- {" ".join(tests + pytest_args)}')
         return 0
     if args.command == 'cuda':
-        return cuda.check_all(args.smoke, args.json)
+        return cuda.check_all(args.smoke, args.json, args.jobs)
     names = args.modules if hasattr(args, 'modules') else [args.module]
     if args.folder:
         copies.FOLDERS.update({module: args.folder for module in names})

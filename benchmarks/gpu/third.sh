@@ -29,7 +29,7 @@ if [ "$SMOKE" = 1 ]; then
     CUDA_SELECT=(-k 'finishing_thread or bad_images_on_the_batched')
     RESUME_SELECT=(-k 'resident')
     TEST_FILE=tests/test_data_pipeline.py  # test_cuda.py skips on the CPU: the same pipelines' CPU tests instead
-    MUTANTS=(--smoke)
+    MUTANTS=(--smoke --jobs 2)
     LOOP=(--smoke --device cpu --pipelines device pil --workers 2)
     DEMO=(--smoke --device cpu --jobs 2 --seeds 2)
     PHOTOS=(--train 48 --val 12 --unique 16)
@@ -40,7 +40,7 @@ else
     LOOP=(--device cuda --pipelines device pil --workers 8 --batch-size 256 --images 10000 --val-images 1000)
     DEMO=(--device cuda --jobs 4 --seeds 4 --epochs 2)
     PHOTOS=(--train 10000 --val 1000 --unique 2000)
-    MUTANTS=()
+    MUTANTS=(--jobs 4)  # 39 mutants, a pytest process each: one at a time they outlast the phase
 fi
 PYTEST=("$PY" -m pytest -p no:cacheprovider -rfEs --durations=15 -v)
 PARALLEL=()

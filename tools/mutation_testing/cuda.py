@@ -22,8 +22,9 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTOCAST_TEST = 'tests/test_depthwise.py::test_autocast_casts_every_input_once'
@@ -192,49 +193,72 @@ def mutated_copy(mutant: Mutant, folder: Path) -> bool:
     return True
 
 
-def check(mutants: Sequence[Mutant]) -> Dict[str, object]:
-    """The baseline on the unmutated tree, then every mutant in its own copy."""
+def _one(mutant: Mutant) -> Dict[str, object]:
+    """``mutant``'s test run in a copy of its own with the mutant written in: its verdict, times and output tail."""
+    with tempfile.TemporaryDirectory(prefix='tcnn-cuda-mutant.') as tmp:
+        if not mutated_copy(mutant, Path(tmp)):
+            return {'verdict': 'not applied', 'tail': f'{mutant.old!r} is not in {mutant.path} exactly once'}
+        result = run_tests(Path(tmp), [mutant.test])
+        return dict(result, verdict=verdict(result))
+
+
+def check(mutants: Sequence[Mutant], jobs: int = 1,
+          on_result: Optional[Callable[[Dict[str, object]], None]] = None) -> Dict[str, object]:
+    """The baseline on the unmutated tree, then every mutant in its own copy, ``jobs`` at once (each test is one
+    process; a GPU machine's cores and the GPU take several: 39 mutants one at a time outlast a device step).
+
+    Args:
+        mutants: The mutants, in the order their verdicts are reported.
+        jobs: Mutants tested at once.
+        on_result: Called with the report after the baseline and after each verdict (a step stopped by its time
+            limit keeps the verdicts it had).
+    """
     tests = list(dict.fromkeys(m.test for m in mutants))
     baseline = run_tests(ROOT, tests)
     report = {'baseline': {'tests': tests, 'verdict': verdict(baseline), **baseline}, 'mutants': {}}
     print(f'baseline ({len(tests)} tests): {report["baseline"]["verdict"]} in {baseline["seconds"]} s', flush=True)
+    if on_result is not None:
+        on_result(report)
     if report['baseline']['verdict'] != 'survived':  # the tests must pass, none skipped, before a mutant means much
         print(baseline['tail'])
         return report
-    for mutant in mutants:
-        with tempfile.TemporaryDirectory(prefix='tcnn-cuda-mutant.') as tmp:
-            if mutated_copy(mutant, Path(tmp)):
-                result = run_tests(Path(tmp), [mutant.test])
-                result['verdict'] = verdict(result)
-            else:
-                result = {'verdict': 'not applied', 'tail': f'{mutant.old!r} is not in {mutant.path} exactly once'}
-        report['mutants'][mutant.name] = {'test': mutant.test, **result}
-        print(f'{mutant.name}: {result["verdict"]} ({mutant.test})', flush=True)
-        if result['verdict'] not in ('killed', 'survived'):
-            print(result['tail'])
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads: each waits on its own pytest process
+        for mutant, result in zip(mutants, pool.map(_one, mutants)):
+            report['mutants'][mutant.name] = {'test': mutant.test, **result}
+            print(f'{mutant.name}: {result["verdict"]} ({mutant.test})', flush=True)
+            if result['verdict'] not in ('killed', 'survived'):
+                print(result['tail'])
+            if on_result is not None:
+                on_result(report)
     return report
 
 
-def check_all(smoke: bool = False, json_path: Optional[Path] = None) -> int:
+def check_all(smoke: bool = False, json_path: Optional[Path] = None, jobs: int = 1) -> int:
     """Check every CUDA mutant (``smoke``: the CPU's two, each against the verdict it must get there); returns the
     exit status: 0 when the baseline passed and every mutant got its expected verdict.
 
     Args:
         smoke: Check the machinery on the CPU (no GPU needed).
-        json_path: Where to write the verdicts, times and test output tails.
+        json_path: Where to write the verdicts, times and test output tails: after each verdict, atomically.
+        jobs: Mutants tested at once.
     """
     if smoke:
         expected = {m.name: v for m, v in SMOKE_MUTANTS}
-        report = check([m for m, _ in SMOKE_MUTANTS])
+        mutants = [m for m, _ in SMOKE_MUTANTS]
     else:
         expected = {m.name: 'killed' for m in CUDA_MUTANTS}
-        report = check(CUDA_MUTANTS)
+        mutants = list(CUDA_MUTANTS)
+
+    def write(report: Dict[str, object]) -> None:
+        got = {name: r['verdict'] for name, r in report['mutants'].items()}
+        report['ok'] = report['baseline']['verdict'] == 'survived' and got == expected
+        if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = json_path.with_suffix('.tmp')
+            tmp.write_text(json.dumps(report, indent=1))
+            tmp.replace(json_path)
+    report = check(mutants, jobs, on_result=write)
+    write(report)
     got = {name: r['verdict'] for name, r in report['mutants'].items()}
-    report['ok'] = report['baseline']['verdict'] == 'survived' and got == expected
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_path.with_suffix('.tmp')
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(json_path)
     print('every mutant got its expected verdict' if report['ok'] else f'expected {expected}, got {got}')
     return 0 if report['ok'] else 1
