@@ -110,11 +110,12 @@ def _stack(images: Images) -> Tuple[List[Tensor], torch.device]:
         images = list(images)
     if not images:
         raise InvalidArgumentError('images is empty')
-    device = images[0].device
+    device = None
     for i, img in enumerate(images):
         if not isinstance(img, Tensor) or img.dtype != torch.uint8 or img.dim() != 3 or img.shape[0] != 3:
             got = f'{img.dtype} {tuple(img.shape)}' if isinstance(img, Tensor) else type(img).__name__
             raise InvalidArgumentError(f'images[{i}] must be a uint8 (3, H, W) tensor, got {got}')
+        device = device or img.device  # read once it is a tensor (numpy < 2's arrays have no device)
         if img.device != device:
             raise InvalidArgumentError(f'images[{i}] is on {img.device}, images[0] on {device}: one device only')
     return images, device
