@@ -38,10 +38,11 @@ def _metas(module: str) -> Dict[str, dict]:
             for meta in sorted(mutants.rglob('*.py.meta'))}
 
 
-def hashes(module: str) -> Dict[str, str]:
-    """``{mutant: its function's hash}`` of every mutant in ``module``'s copy, as mutmut last generated them."""
+def hashes(module: str, metas: Optional[Dict[str, dict]] = None) -> Dict[str, str]:
+    """``{mutant: its function's hash}`` of every mutant in ``module``'s copy, as mutmut last generated them (from
+    ``metas``, its ``.meta`` files already read, if given)."""
     return {name: data.get('hash_by_function_name', {}).get(function_of(name), '')
-            for data in _metas(module).values() for name in data['exit_code_by_key']}
+            for data in (metas or _metas(module)).values() for name in data['exit_code_by_key']}
 
 
 def save(module: str) -> Path:
@@ -50,15 +51,15 @@ def save(module: str) -> Path:
     A result whose function has no hash (mutmut could not parse its file) is not kept: nothing could tell whether
     it still holds.
     """
-    files = {}
-    for source, data in _metas(module).items():
+    files, metas = {}, _metas(module)
+    for source, data in metas.items():
         known = data.get('hash_by_function_name', {})
         done = {name: code for name, code in data['exit_code_by_key'].items()
                 if code is not None and function_of(name) in known}
         durations = data.get('durations_by_key', {})
         files[source] = {'hashes': dict(sorted(known.items())), 'exit_codes': dict(sorted(done.items())),
                          'durations': {name: round(durations[name], 2) for name in sorted(done) if name in durations}}
-    now = hashes(module)
+    now = hashes(module, metas)
     rechecks = {name: [verdict, given] for name, (verdict, given) in _saved_rechecks(module).items()
                 if now.get(name) == given}
     kept = folder(module) / 'recheck.json'
