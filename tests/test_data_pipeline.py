@@ -401,8 +401,9 @@ def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, 
 
     finish_ahead()
 
-    def args(out):
-        return common(jpeg_dir, out, epochs=2) + ['--workers', str(workers), '--data-pipeline', pipeline]
+    def args(out):  # the smallest T-CNN at 32 px: the promise is the data's, 2.3x faster than resnet18d at 64 px
+        return common(jpeg_dir, out, epochs=2) + ['--workers', str(workers), '--data-pipeline', pipeline,
+                                                  '--model', 'resnet10t', '--img-size', '32']
 
     assert launch.main(args(straight)) == 0
     assert f'data pipeline {pipeline} (asked for)' in capsys.readouterr().out
@@ -418,7 +419,7 @@ def test_mid_epoch_resume_is_exact_on_the_batched_pipelines(jpeg_dir, tmp_path, 
 
 def test_auto_is_recorded_and_an_old_checkpoint_resumes_on_pil(jpeg_dir, tmp_path, capsys):
     run = tmp_path / 'run'
-    assert launch.main(common(jpeg_dir, run, epochs=2)) == 0
+    assert launch.main(common(jpeg_dir, run, epochs=2) + ['--model', 'resnet10t', '--img-size', '32']) == 0
     assert 'data pipeline resident (the splits take about' in capsys.readouterr().out
     ckpt = load(run / 'last.pt')
     assert ckpt['config']['data_pipeline'] == 'resident'

@@ -144,8 +144,8 @@ def test_saved_results_come_back_in_a_fresh_copy_and_a_recheck_holds_while_its_f
                                                                                                      monkeypatch):
     """``save`` keeps the mutants that ran (not those left) with their function's hash, and the rechecks' verdicts
     with the hash they were given for; ``restore`` writes mutmut's ``.meta`` files into a fresh copy, from which
-    mutmut keeps the results of unchanged functions; a restored recheck counts only while its function's hash is
-    the one it was given for."""
+    mutmut keeps the results of unchanged functions (less "no tests", which the owning tests may reach since); a
+    restored recheck counts only while its function's hash is the one it was given for."""
     state, verdicts = importlib.import_module('mutation_testing.state'), tools['mutation_testing.verdicts']
     copy = tmp_path / 'copy'
     monkeypatch.setattr(state, 'folder', lambda module: copy)
@@ -154,21 +154,24 @@ def test_saved_results_come_back_in_a_fresh_copy_and_a_recheck_holds_while_its_f
     meta = copy / 'mutants' / 'tcnn' / 'm.py.meta'
     meta.parent.mkdir(parents=True)
     codes = {'tcnn.m.x_f__mutmut_1': 1, 'tcnn.m.x_f__mutmut_2': 0, 'tcnn.m.xǁCǁg__mutmut_1': None,
-             'tcnn.m.xǁCǁg__mutmut_2': 0}
+             'tcnn.m.xǁCǁg__mutmut_2': 0, 'tcnn.m.xǁCǁg__mutmut_3': 33}
     meta.write_text(json.dumps({'exit_code_by_key': codes, 'hash_by_function_name': {'x_f': 'f1', 'xǁCǁg': 'g1'},
                                 'durations_by_key': {'tcnn.m.x_f__mutmut_1': 1.234}}))
     (copy / 'recheck.json').write_text(json.dumps({'tcnn.m.x_f__mutmut_2': 'killed'}))
     saved = json.loads(state.save('train').read_text(encoding='utf-8'))
     assert saved == {'files': {'tcnn/m.py': {
         'hashes': {'x_f': 'f1', 'xǁCǁg': 'g1'},
-        'exit_codes': {'tcnn.m.x_f__mutmut_1': 1, 'tcnn.m.x_f__mutmut_2': 0, 'tcnn.m.xǁCǁg__mutmut_2': 0},
+        'exit_codes': {'tcnn.m.x_f__mutmut_1': 1, 'tcnn.m.x_f__mutmut_2': 0, 'tcnn.m.xǁCǁg__mutmut_2': 0,
+                       'tcnn.m.xǁCǁg__mutmut_3': 33},
         'durations': {'tcnn.m.x_f__mutmut_1': 1.23}}}, 'rechecks': {'tcnn.m.x_f__mutmut_2': ['killed', 'f1']}}
     # a fresh copy: the results come back as mutmut's .meta, the recheck beside them
     import shutil
     shutil.rmtree(copy)
     assert state.restore('train') == 3
     restored = json.loads(meta.read_text())
-    assert restored['exit_code_by_key'] == saved['files']['tcnn/m.py']['exit_codes']
+    kept = saved['files']['tcnn/m.py']['exit_codes']
+    assert restored['exit_code_by_key'] == {name: code for name, code in kept.items()
+                                            if name != 'tcnn.m.xǁCǁg__mutmut_3'}  # "no tests": mutmut runs it again
     assert set(restored) == {'exit_code_by_key', 'hash_by_function_name', 'type_check_error_by_key',
                              'durations_by_key', 'estimated_durations_by_key'}  # what mutmut's load reads
     assert verdicts.results('train')['tcnn.m.x_f__mutmut_2'][0] == 'killed (fresh process)'

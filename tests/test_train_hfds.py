@@ -73,7 +73,7 @@ def test_a_hugging_face_split_takes_a_class_map_a_transform_and_the_bad_image_po
 
 
 def _args(data: str, output, epochs: int = 2):
-    return ['--data', data, '--output', str(output), '--model', 'resnet18d', '--no-pretrained', '--epochs', str(epochs),
+    return ['--data', data, '--output', str(output), '--model', 'resnet10t', '--no-pretrained', '--epochs', str(epochs),
             '--batch-size', '4', '--img-size', '32', '--workers', '0', '--no-progress', '--lr', '1e-3', '--set',
             f'warmup_epochs={epochs - 1}', '--set', 'scale_lr=false', '--device', 'cpu', '--set', 'data_pipeline=pil']
 

@@ -47,10 +47,13 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
     'evaluation': (['tcnn/evaluation/*'], ['tests/test_eval.py', 'tests/test_plots.py', 'tests/test_hf.py',
                                           'tests/test_analysis.py', 'tests/test_bad_inputs.py'], []),
     # the data pipeline below the batched augmentation: folders and bad images, the readers (webdataset), the
-    # encoded and resident pipelines and their decoding, the finishing thread, the data config
+    # encoded and resident pipelines and their decoding, the finishing thread, the data config (of timm and
+    # torchvision models: test_data_config.py), the image folders of `tcnn analyze` and `tcnn inspect`
+    # (test_images.py), the Hugging Face datasets (test_train_hfds.py)
     'data': ([f'tcnn/data/{name}.py' for name in ('config', 'images', 'decode', 'prefetch', 'folders', 'readers',
                                                   'resident', 'encoded')],
              ['tests/test_data_pipeline.py', 'tests/test_data.py', 'tests/test_train_wds.py',
+              'tests/test_data_config.py', 'tests/test_images.py', 'tests/test_train_hfds.py',
               'tests/test_train_reliability.py::test_bad_images_stop_the_run_or_are_skipped_and_logged'], []),
     # the batched augmentation (timm's recipe on whole batches, on the CPU or the device): the crop and flip draws,
     # RandAugment's ops and sampling, the geometry, colour and erasing ops; each owning test compares with timm's or
@@ -68,6 +71,22 @@ MODULES: Dict[str, Tuple[List[str], List[str], List[str]]] = {
                                                     'launch', 'dashboards', 'report', 'args')],
               ['tests/test_train_report.py', 'tests/test_train_resume.py', 'tests/test_train.py',
                'tests/test_train_reliability.py', 'tests/test_dashboards.py'], []),
+    # the exports (ONNX, torch.export, AOTInductor, ExecuTorch, OpenVINO, Core ML) and their checks against the eager
+    # model; each format's test skips, saying why, where its extra is not installed
+    'export': (['tcnn/export/*'], ['tests/test_export.py', 'tests/test_export_aoti.py', 'tests/test_export_openvino.py',
+                                   'tests/test_export_coreml.py'], []),
+    # the files around a T-CNN file (tcnn_file and integrity are campaigns of their own): the Hub folder (test_hf.py,
+    # test_hub.py: timm's own loaders), the sources a model is read from and their refusals (test_file_loading.py,
+    # test_cli_convert.py, test_torch_hub.py), the weights, the run folder, the safetensors header (test_info.py)
+    'files': ([f'tcnn/files/{name}.py' for name in ('hub_folder', 'sources', 'weights', 'loading', 'run_folder',
+                                                    'safetensors_header')],
+              ['tests/test_hf.py', 'tests/test_hub.py', 'tests/test_file_loading.py', 'tests/test_cli_convert.py',
+               'tests/test_torch_hub.py', 'tests/test_info.py'], []),
+    # what the attention heads learned (distances, centres, figures) and `tcnn analyze`
+    'analysis': (['tcnn/analysis/*'], ['tests/test_analysis.py'], []),
+    # `tcnn demo`: its plan, pools, runs, judgement and report, the synthetic data and the embedded reference
+    'demo': (['tcnn/demo/*'], ['tests/test_demo.py', 'tests/test_demo_dynamics.py', 'tests/test_demo_record.py',
+                               'tests/test_synthetic.py'], []),
 }
 # module -> owning tests left out of mutmut's run for their time, run on its survivors only (``check-later``)
 LATER: Dict[str, List[str]] = {

@@ -18,6 +18,7 @@ from .copies import folder
 
 STATE = Path(__file__).with_name('state')
 SAVED_RECHECKS = 'saved_rechecks.json'  # in the copy: {mutant: [verdict, its function's hash then]}
+NO_TESTS = (5, 33)  # mutmut's exit codes of a mutant whose function no owning test called
 
 
 def path(module: str) -> Path:
@@ -85,12 +86,15 @@ def restore(module: str) -> Optional[int]:
     mutants = folder(module) / 'mutants'
     count = 0
     for source, data in saved['files'].items():
+        # a "no tests" result is not kept: the module's owning tests may reach its function since (and it costs no
+        # time to find again)
+        codes = {name: code for name, code in data['exit_codes'].items() if code not in NO_TESTS}
         meta = mutants / f'{source}.meta'
         meta.parent.mkdir(parents=True, exist_ok=True)
-        meta.write_text(json.dumps({'exit_code_by_key': data['exit_codes'], 'hash_by_function_name': data['hashes'],
+        meta.write_text(json.dumps({'exit_code_by_key': codes, 'hash_by_function_name': data['hashes'],
                                     'type_check_error_by_key': {}, 'durations_by_key': data['durations'],
                                     'estimated_durations_by_key': {}}, indent=1), encoding='utf-8')
-        count += len(data['exit_codes'])
+        count += len(codes)
     (folder(module) / SAVED_RECHECKS).write_text(json.dumps(saved['rechecks'], indent=1) + '\n', encoding='utf-8')
     return count
 
