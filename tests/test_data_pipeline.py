@@ -142,17 +142,18 @@ def _batches(loader):
     return [(x.clone(), y.clone()) for x, y in loader]
 
 
-@pytest.mark.parametrize('workers, where', [(0, 'here'), (2, 'workers'), (2, 'thread')])
+@pytest.mark.parametrize('workers, where', [(0, 'here'), (2, 'workers'), (0, 'collate'), (2, 'thread')])
 def test_streamed_and_resident_pipelines_give_the_same_batches(mixed_folder, workers, where, one_thread):
     """The same samples, parameters (seeded per sample) and pixels, whether each batch is decoded from file bytes
     (in the loader workers' collate, in this process, or in this process's finishing thread as on a GPU) or gathered
-    from a split decoded once."""
+    from a split decoded once. ``collate``: the workers' collate run in this process, where the tests' trace sees
+    it."""
     dataset = open_dataset(mixed_folder, 'train')
     dataset.augment_seed = 3
     augment = _augment()
     sampler = EpochSampler(dataset, 1, 0, seed=0)
     finish = BatchFinisher(augment, torch.device('cpu'), dataset.report_bad, train=True)
-    in_workers = where == 'workers'
+    in_workers = where in ('workers', 'collate')
     loader = DeviceLoader(DataLoader(EncodedDataset(dataset, augment.draw), batch_size=4, sampler=sampler,
                                      num_workers=workers, drop_last=True,
                                      collate_fn=CollateAndFinish(finish) if in_workers else collate_encoded),

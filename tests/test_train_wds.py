@@ -367,3 +367,49 @@ def test_a_streams_validation_on_rank_0_reads_every_sample(shards):
     val.dataset.reader.dist_rank, val.dataset.reader.dist_num_replicas = 1, 2  # as timm sets them under torchrun
     val.use_every_sample_in_this_process()
     assert len(_seen(val)) == VAL_IMAGES
+
+
+def test_a_stream_over_a_split_with_two_shards_validates_every_sample_on_rank_0_with_loader_workers(shards):
+    """The whole split on rank 0 also when loader workers share it: timm's reader gives worker ``w`` of rank ``r``
+    the shards ``r * workers + w`` apart, so rank 0 of one process is needed, not only one process."""
+    from tcnn.data.readers import open_reader_datasets
+    _, val, _ = open_reader_datasets(f'wds/{shards}', 'train', 'train', num_classes=CLASSES, batch_size=4, seed=0)
+    val.dataset.reader.dist_rank, val.dataset.reader.dist_num_replicas = 1, 2  # as timm sets them under torchrun
+    val.use_every_sample_in_this_process()
+    val.set_workers(TRAIN_SHARDS)
+    loader = DataLoader(val, batch_size=None, num_workers=TRAIN_SHARDS)
+    assert sorted(_seen(loader)) == sorted(_seen(_stream(shards, 'train')))
+
+
+def test_a_streams_class_names_are_those_its_reader_gives():
+    """A stream whose reader names its classes (a Hugging Face dataset's label names) keeps them for the run's
+    records; one without (webdataset's bare indices) has none."""
+    from tcnn.data.readers import StreamDataset, class_names
+    named = StreamDataset(None, 'hfids/x', 'train', 8, 2, 1, class_to_idx={'cat': 0, 'dog': 1})
+    assert class_names(named, 2) == ['cat', 'dog'] and named.class_to_idx == {'cat': 0, 'dog': 1}
+    assert class_names(StreamDataset(None, 'wds/x', 'train', 8, 2, 1), 2) is None
+
+
+def test_a_shard_folders_info_file_that_does_not_read_as_a_json_object_is_refused_word_for_word(tmp_path):
+    """timm's ``_info.json`` (or ``info.json``) of a local shard folder: broken JSON and a JSON value other than an
+    object are refused naming the file; a folder without one has no info; remote and piped shards are not local."""
+    from tcnn.data.readers import _is_local, _read_info
+    assert _read_info(str(tmp_path)) == {}
+    (tmp_path / 'info.json').write_text('{"splits": {}}')
+    assert _read_info(str(tmp_path)) == {'splits': {}}
+    path = tmp_path / '_info.json'
+    path.write_text('{"splits": ')
+    try:
+        json.loads(path.read_text())
+    except ValueError as e:
+        reason = f'JSONDecodeError: {e}'
+    with pytest.raises(TcnnError) as error:
+        _read_info(str(tmp_path))
+    assert str(error.value) == f'cannot read {path} ({reason}): fix or remove it'
+    path.write_text('[1, 2]')
+    with pytest.raises(TcnnError) as error:
+        _read_info(str(tmp_path))
+    assert str(error.value) == f'{path} is not a JSON object (timm\'s webdataset info: {{"splits": {{...}}}})'
+    assert _is_local('/data/shards') and _is_local('shards')
+    assert not _is_local('pipe:aws s3 cp s3://b/shards -') and not _is_local('pipe:cat /data/shards')
+    assert not _is_local('https://host/shards')
