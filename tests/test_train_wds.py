@@ -413,3 +413,29 @@ def test_a_shard_folders_info_file_that_does_not_read_as_a_json_object_is_refuse
     assert _is_local('/data/shards') and _is_local('shards')
     assert not _is_local('pipe:aws s3 cp s3://b/shards -') and not _is_local('pipe:cat /data/shards')
     assert not _is_local('https://host/shards')
+
+
+def test_a_webdataset_split_that_cannot_be_found_or_read_is_refused_word_for_word(tmp_path):
+    """What ``--set train_split=...`` or the shard folder's _info.json gets wrong, each refused in a message that
+    says what the folder has; a brace pattern names its shards without an _info.json entry."""
+    from tcnn.data.readers import _wds_split
+    root = str(tmp_path)
+
+    def refusal(split, info):
+        with pytest.raises(TcnnError) as error:
+            _wds_split(root, split, info)
+        return str(error.value)
+
+    fix = ('name the split, or its shards and size in the split, e.g. --set train_split="train-{0000..0099}.tar|N" '
+           '(N: images in them)')
+    assert refusal('train', {}) == f"wds/{root} has no split 'train' (it has no _info.json): {fix}"
+    assert refusal('train', {'name': 'x'}) == f"wds/{root} has no split 'train' (its _info.json lists no splits): {fix}"
+    assert refusal('train', {'splits': ['train']}) == (f"wds/{root} has no split 'train' (its _info.json lists no "
+                                                       f"splits): {fix}")  # a list is not timm's {name: split}
+    broken = {'splits': {'train': {'name': 'train', 'num_samples': 4, 'filenames': ['train-0000.tar']}}}
+    assert refusal('train', broken) == (f"cannot read split 'train' of wds/{root} (KeyError: 'shard_lengths'): check "
+                                        'its _info.json or the split pattern NAME-{0000..0099}.tar|N')
+    for name in ('part-0000', 'part-0001'):
+        (tmp_path / name).touch()
+    assert _wds_split(root, 'part-{0000..0001}|8', {}) == ('part-{0000..0001}|8', [os.path.join(root, 'part-0000'),
+                                                                                   os.path.join(root, 'part-0001')], 8)
