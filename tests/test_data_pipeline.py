@@ -191,6 +191,21 @@ def test_a_resident_validation_split_gives_the_pil_pipelines_batches(mixed_folde
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
+
+def test_a_resident_split_takes_only_an_eval_transform_that_ends_in_its_normalisation():
+    """What the one decoding pass applies (the Pillow part) and what each batch gets (the normalisation) are read off
+    timm's eval transform; anything else is refused naming the steps it has, so that no split is kept half
+    transformed."""
+    transform = create_transform(32, is_training=False, mean=(0.5, 0.25, 0.125), std=(0.5, 0.75, 0.375))
+    normalize = ResidentSplit.normalizer(transform)
+    assert (normalize.mean, normalize.std) == ((0.5, 0.25, 0.125), (0.5, 0.75, 0.375))  # float32 exactly
+    for other, steps in ((lambda img: img, []), (transform.transforms[0], []),
+                         (type(transform)(transform.transforms[:-1]), ['Resize', 'CenterCrop', 'MaybeToTensor'])):
+        with pytest.raises(ValueError) as error:
+            ResidentSplit.normalizer(other)
+        assert str(error.value) == f'not an eval transform ending in ToTensor and Normalize: {steps}'
+
+
 @pytest.fixture()
 def folder_with_undecodable_jpeg(tmp_path):
     root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=4, val_per_class=2, size=32)
