@@ -44,7 +44,10 @@ def step_marks(monkeypatch):
 
 
 def compiled_run(data_dir, output, epochs=2, mode='reduce-overhead'):
-    return common(data_dir, output, epochs=epochs) + ['--batch-size', str(BATCH), '--compile', mode]
+    # resnet10t: what is checked (step marks, exact resume, the raw model saved) does not depend on the depth, and
+    # its graph compiles in about half resnet18d's time
+    return common(data_dir, output, epochs=epochs) + ['--batch-size', str(BATCH), '--compile', mode,
+                                                      '--model', 'resnet10t']
 
 
 # ------------------------------------------------------------------------------------------------ modes
@@ -125,7 +128,7 @@ def test_compiled_training_resumes_exactly_and_saves_the_raw_model(compiled_runs
     assert not any('_orig_mod' in k or k.startswith('module.') for k in state)
     # the checkpoint loads into an uncompiled model, which validates as the compiled run reported
     model = tcnn.load(str(root / 'whole' / 'last.pt'))
-    assert len(tcnn.gpsa_layers(model)) == 4 and not hasattr(model, '_orig_mod')
+    assert len(tcnn.gpsa_layers(model)) == 2 and not hasattr(model, '_orig_mod')  # resnet10t's layer4.0
     eager = evaluate_checkpoint(root / 'whole' / 'last.pt')
     row = metrics(root / 'whole')[-1]
     assert eager['val_top1'] == row['val_top1'] and eager['val_images'] == row['val_images'] == 12
