@@ -126,7 +126,7 @@ def test_offline_fails_fast_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, '-m', 'tcnn', 'convert', 'resnet50d', '--out', str(out_path)],
                           env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - start
-    assert proc.returncode == 2
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('tcnn convert: error:'), proc.stderr
     assert '--weights' in lines[0] and '--no-pretrained' in lines[0] and 'Traceback' not in proc.stderr
