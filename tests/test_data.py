@@ -2,6 +2,7 @@
 unreadable images (stop naming the file, or skip and log once), folder layouts."""
 import copy
 import dataclasses
+import os
 import random
 
 import numpy as np
@@ -125,6 +126,61 @@ def test_a_missing_folder_or_one_without_class_folders_is_refused(tmp_path):
     with pytest.raises(TcnnError, match='data folder not found'):
         open_dataset(str(tmp_path / 'nowhere'), 'train')
 
+
+def test_a_folders_refusals_word_for_word_and_what_it_opens(tmp_path):
+    """Each way a split folder is not timm's ImageFolder layout is refused naming the path and the layout; one image
+    is a split; a class map (the training set's) gives the labels; what the dataset keeps (no queue of bad images
+    unless they are skipped)."""
+    from timm.data.readers import create_reader
+    from tcnn.data.folders import ImageFolderDataset
+    layout = 'expected the ImageFolder layout DATA/train/CLASS/IMAGE'
+
+    def refusal(data):
+        with pytest.raises(TcnnError) as error:
+            open_dataset(str(data), 'train')
+        return str(error.value)
+
+    (tmp_path / 'no_split').mkdir()
+    assert refusal(tmp_path / 'no_split') == f'data folder not found: {tmp_path / "no_split" / "train"} ({layout})'
+    flat = tmp_path / 'flat' / 'train'
+    flat.mkdir(parents=True)
+    draw_shape('circle', 32, np.random.default_rng(0)).save(flat / 'a.png')
+    assert refusal(tmp_path / 'flat') == (f'{flat} has no class folders ({layout}): images directly in train/ would '
+                                          'make a 1-class problem')
+    empty = tmp_path / 'empty' / 'train'
+    (empty / 'cat').mkdir(parents=True)
+    with pytest.raises(RuntimeError) as timm_error:
+        create_reader('', root=str(empty))
+    first_line = str(timm_error.value).strip().splitlines()[0]
+    assert refusal(tmp_path / 'empty') == f'no images in {empty} ({layout}; {first_line})'
+    one = tmp_path / 'one' / 'train'
+    (one / 'b').mkdir(parents=True)
+    (one / 'a').mkdir()
+    draw_shape('circle', 32, np.random.default_rng(0)).save(one / 'a' / 'x.png')
+    draw_shape('square', 32, np.random.default_rng(0)).save(one / 'b' / 'y.png')
+    os.remove(one / 'b' / 'y.png')
+    dataset = open_dataset(str(tmp_path / 'one'), 'train')
+    assert len(dataset) == 1 and dataset.class_to_idx == {'a': 0}
+    assert dataset.root == str(one) and dataset.transform is None and not dataset.skip_bad_images
+    assert dataset._bad_queue is None  # a queue's pipe in every worker only where bad images are skipped
+    draw_shape('square', 32, np.random.default_rng(0)).save(one / 'b' / 'y.png')
+    mapped = open_dataset(str(tmp_path / 'one'), 'train', class_map={'a': 1, 'b': 0})
+    assert mapped.class_to_idx == {'a': 1, 'b': 0} and [mapped[i][1] for i in range(2)] == [1, 0]
+    mapped = ImageFolderDataset(str(one), class_map={'a': 1, 'b': 0}, transform=np.asarray)
+    assert [label for _, label in (mapped[0], mapped[1])] == [1, 0] and isinstance(mapped[0][0], np.ndarray)
+
+
+def test_the_decoder_hands_torch_an_array_of_its_own(monkeypatch):
+    """``pil_to_tensor`` copies Pillow's buffer into a writable array: a read-only one makes torch warn (once per
+    process) in every user's log, and the tensor would share memory it may not write."""
+    import tcnn.data.decode as decode
+    seen = []
+    from_numpy = torch.from_numpy
+    monkeypatch.setattr(decode.torch, 'from_numpy', lambda a: (seen.append(a.flags.writeable), from_numpy(a))[1])
+    image = Image.fromarray(np.arange(36, dtype=np.uint8).reshape(3, 4, 3))
+    tensor = decode.pil_to_tensor(image)
+    assert seen == [True] and tensor.dtype == torch.uint8 and tensor.is_contiguous()
+    assert torch.equal(tensor, torch.arange(36, dtype=torch.uint8).reshape(3, 4, 3).permute(2, 0, 1))
 
 def test_data_config_follows_the_model_unless_the_recipe_says(tmp_path):
     import timm

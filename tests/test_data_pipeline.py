@@ -206,6 +206,26 @@ def test_a_resident_split_takes_only_an_eval_transform_that_ends_in_its_normalis
         assert str(error.value) == f'not an eval transform ending in ToTensor and Normalize: {steps}'
 
 
+
+def test_a_resident_split_takes_torchvisions_to_tensor_and_eval_transforms_of_other_lengths():
+    """torchvision's ``ToTensor`` ends an eval transform as timm's ``MaybeToTensor`` does, and the Pillow part is
+    whatever comes before the last two steps, however many there are (one here, three below)."""
+    from torchvision import transforms as T
+    from tcnn.data.resident import _split_eval_transform
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
+    for steps in ([T.CenterCrop(24)], [T.Resize(36), T.CenterCrop(32), T.Resize(28)]):
+        for to_tensor in (T.ToTensor(), create_transform(32, is_training=False).transforms[-2]):
+            transform = T.Compose([*steps, to_tensor, T.Normalize((0.5, 0.25, 0.125), (0.5, 0.75, 0.375))])
+            pillow, (mean, std) = _split_eval_transform(transform)
+            assert [type(t) for t in pillow.transforms] == [type(t) for t in steps]
+            assert np.array_equal(np.asarray(pillow(image)), np.asarray(T.Compose(steps)(image)))
+            assert (mean, std) == ((0.5, 0.25, 0.125), (0.5, 0.75, 0.375))
+    for end in (['ToTensor'], ['Normalize'], ['Normalize', 'ToTensor']):
+        steps = [T.CenterCrop(24)] + [T.ToTensor() if n == 'ToTensor' else T.Normalize((0.5,), (0.5,)) for n in end]
+        with pytest.raises(ValueError) as error:
+            _split_eval_transform(T.Compose(steps))
+        assert str(error.value) == f"not an eval transform ending in ToTensor and Normalize: {['CenterCrop', *end]}"
+
 @pytest.fixture()
 def folder_with_undecodable_jpeg(tmp_path):
     root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=4, val_per_class=2, size=32)
@@ -502,6 +522,79 @@ def test_a_resident_loader_has_as_many_batches_as_it_yields(images, drop_last, b
     assert len(loader) == len(out) == batches
     assert sum(out, []) == list(range(batches * 4 if drop_last else images))
 
+
+def test_a_resident_loader_finishes_ahead_only_training_batches_and_only_when_told(monkeypatch):
+    """Training batches (with ``draw_many``) are finished ahead by ``default_prefetch`` of the device (a thread, from
+    one batch ahead on); evaluation batches are made when asked for; ``_index_batches`` ends at the last index."""
+    import itertools
+    import tcnn.data.resident as resident
+    from tcnn.data.prefetch import FinishedAhead
+    monkeypatch.setattr(resident, 'default_prefetch', lambda device: 3)  # as on a GPU
+    split = type('Split', (), {'device': torch.device('cpu'),
+                               'gather': staticmethod(lambda idx: (torch.tensor(idx), torch.tensor(idx)))})()
+    assert ResidentLoader(split, range(4), 2, transform=lambda x: x).prefetch == 0
+    assert ResidentLoader(split, range(4), 2, transform=lambda x, p: x, draw_many=lambda r: None).prefetch == 3
+    for prefetch, ahead in ((0, False), (1, True)):
+        loader = ResidentLoader(split, range(5), 2, transform=lambda x: x, prefetch=prefetch)
+        batches = iter(loader)
+        assert isinstance(batches, FinishedAhead) == ahead
+        assert [x.tolist() for x, _ in batches] == [[0, 1], [2, 3], [4]]
+    for drop_last, expected in ((False, [[0, 1], [2, 3], [4]]), (True, [[0, 1], [2, 3]])):
+        loader = ResidentLoader(split, range(5), 2, transform=lambda x: x, drop_last=drop_last, prefetch=0)
+        assert list(itertools.islice(loader._index_batches(iter(range(5))), 6)) == expected
+
+
+def test_a_resident_training_split_without_a_seed_draws_as_seed_0(tmp_path):
+    """A split whose ``augment_seed`` was never set (a dataset used outside ``tcnn train``) draws each sample's
+    parameters from seed 0, as the PIL pipeline's ``ImageFolderDataset`` does."""
+    root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=3, val_per_class=1, size=24)
+    dataset = open_dataset(root, 'train')
+    split = ResidentSplit(dataset, 'cpu')
+    drawn = []
+
+    def draw_many(rngs_and_sizes):
+        drawn.append([rng.random() for rng, _ in rngs_and_sizes])
+        return None
+
+    for seed in (None, 0, 1):
+        dataset.augment_seed = seed
+        list(ResidentLoader(split, range(6), 3, transform=lambda x, p: x, draw_many=draw_many, prefetch=0))
+    assert drawn[0:2] == drawn[2:4] and drawn[4:6] != drawn[0:2]
+
+
+def test_a_resident_split_decodes_in_its_workers_onto_its_device_and_says_what_it_holds(tmp_path, monkeypatch):
+    """The one decoding pass runs in ``workers`` loader processes (none by default); the pixels and labels go to the
+    split's device (the meta device here: a CPU tensor left behind shows); the log line names the image count, the
+    folder, the device and the decoded size in MiB (uint8 RGB: 3 bytes a pixel)."""
+    import tcnn.data.resident as resident
+    root = make_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8, val_per_class=1, size=256)
+    dataset = open_dataset(root, 'train')
+    workers = []
+    data_loader = resident.DataLoader
+    monkeypatch.setattr(resident, 'DataLoader', lambda *a, **k: (workers.append(k['num_workers']),
+                                                                 data_loader(*a, **k))[1])
+    logged = []
+    split = ResidentSplit(dataset, 'cpu', log=logged.append)
+    assert split.nbytes == 16 * 256 * 256 * 3 == 3 * 2 ** 20
+    assert logged == [f'decoded 16 images of {dataset.root} into memory on cpu (3 MiB)']
+    ResidentSplit(dataset, 'cpu', workers=2)
+    assert workers == [0, 2]
+    stacked = ResidentSplit(dataset, 'meta')  # 256 px images: one (16, 3, 256, 256) tensor
+    read = dataset.read_decoded
+    dataset.read_decoded = lambda i, prepare: read(i, lambda img: img.resize((200 + 8 * i,) * 2))
+    listed = ResidentSplit(dataset, 'meta')  # sizes differ: one tensor per image
+    assert stacked.stacked.shape == (16, 3, 256, 256) and listed.stacked is None and len(listed.images) == 16
+    for split in (stacked, listed):
+        held = [split.stacked] if split.stacked is not None else split.images
+        assert all(t.device.type == 'meta' for t in [*held, split.targets]) and split.targets.dtype == torch.long
+
+
+def test_a_resident_normalizer_takes_a_list_of_images_as_their_stack():
+    """An evaluation batch of one image size comes as a tensor; of several sizes cropped alike, as a list."""
+    normalize = ResidentSplit.normalizer(create_transform(8, is_training=False))
+    images = [torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+              for i in range(3)]
+    assert torch.equal(normalize(images), normalize(torch.stack(images)))
 
 def test_a_jpeg_padded_with_zero_bytes_after_its_end_marker_goes_to_the_batch_decoder():
     buf = io.BytesIO()

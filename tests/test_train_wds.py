@@ -435,6 +435,13 @@ def test_a_webdataset_split_that_cannot_be_found_or_read_is_refused_word_for_wor
     broken = {'splits': {'train': {'name': 'train', 'num_samples': 4, 'filenames': ['train-0000.tar']}}}
     assert refusal('train', broken) == (f"cannot read split 'train' of wds/{root} (KeyError: 'shard_lengths'): check "
                                         'its _info.json or the split pattern NAME-{0000..0099}.tar|N')
+    empty = {'splits': {'train': {'name': 'train', 'num_samples': 0, 'filenames': [], 'shard_lengths': []}}}
+    assert refusal('train', empty) == f"split 'train' of wds/{root} has no shard files"
+    # missing shards of a local folder: the first named, the count of the others (none, one, two)
+    for last, more in ((0, ''), (1, ' (and 1 more)'), (2, ' (and 2 more)')):
+        assert refusal(f'a-{{0000..000{last}}}.tar|9', {}) == (
+            f"shard not found: {os.path.join(root, 'a-0000.tar')}{more}, split 'a-{{0000..000{last}}}.tar|9' of "
+            f"wds/{root}: check --data and the split's shard names")
     for name in ('part-0000', 'part-0001'):
         (tmp_path / name).touch()
     assert _wds_split(root, 'part-{0000..0001}|8', {}) == ('part-{0000..0001}|8', [os.path.join(root, 'part-0000'),
