@@ -166,6 +166,16 @@ def test_a_folders_refusals_word_for_word_and_what_it_opens(tmp_path):
     draw_shape('square', 32, np.random.default_rng(0)).save(one / 'b' / 'y.png')
     mapped = open_dataset(str(tmp_path / 'one'), 'train', class_map={'a': 1, 'b': 0})
     assert mapped.class_to_idx == {'a': 1, 'b': 0} and [mapped[i][1] for i in range(2)] == [1, 0]
+    many = tmp_path / 'many' / 'train'
+    for c in range(7):
+        (many / f'c{c}').mkdir(parents=True)
+        draw_shape('circle', 8, np.random.default_rng(c)).save(many / f'c{c}' / 'x.png')
+    with pytest.raises(TcnnError) as error:  # the first five classes the training set lacks, in order
+        open_dataset(str(tmp_path / 'many'), 'train', class_map={'c0': 0})
+    assert str(error.value) == f'{many} has classes that the training set lacks: c1, c2, c3, c4, c5'
+    assert open_dataset(str(tmp_path / 'one'), 'train', class_map={'a': 1, 'b': 0},
+                        skip_bad_images=True).skip_bad_images  # the policy survives the class map
+    assert not ImageFolderDataset(str(one)).skip_bad_images  # unreadable files are an error unless asked
     mapped = ImageFolderDataset(str(one), class_map={'a': 1, 'b': 0}, transform=np.asarray)
     assert [label for _, label in (mapped[0], mapped[1])] == [1, 0] and isinstance(mapped[0][0], np.ndarray)
 

@@ -76,6 +76,13 @@ CUDA_MUTANTS = (
           ('xǁFinishedAheadǁ__next__', 14, 'current.wait_event(event)', 'current.wait_event(None)'),
           ('xǁFinishedAheadǁ__next__', 15, 'images.record_stream(current)', 'images.record_stream(None)'),
           ('xǁFinishedAheadǁ__next__', 16, 'targets.record_stream(current)', 'targets.record_stream(None)'))),
+    # a resident split's batch index left on the CPU (tcnn.data.resident.ResidentSplit.gather): the GPU's images and
+    # labels refuse it (the meta device accepts a CPU index in index_select)
+    *(Mutant(f'tcnn.data.resident.xǁResidentSplitǁgather__mutmut_{n}', 'tcnn/data/resident.py', old,
+             old.replace('index.to(self.device)', 'index.to(None)'),
+             'tests/test_cuda.py::test_train_on_cuda_with_the_batched_pipelines[resident]')
+      for n, old in ((14, 'images = self.stacked.index_select(0, index.to(self.device))'),
+                     (21, 'return images, self.targets.index_select(0, index.to(self.device))'))),
     # hue's table of which of v, p, q, t each channel takes (tcnn.data.batch_colour._hsv_to_rgb) made on the CPU:
     # indexed by the images' sectors on the GPU (the CPU and the meta device accept a CPU tensor there)
     *(Mutant(f'tcnn.data.batch_colour.x__hsv_to_rgb__mutmut_{n}', 'tcnn/data/batch_colour.py',
