@@ -42,8 +42,9 @@ def test_a_local_hugging_face_dataset_opens_map_style_with_its_class_names_and_s
     assert name == f'{spec}[train]#7' and size == (32, 32) and label == 1
     assert payload.dtype == torch.uint8 and payload.shape == (3, 32, 32)  # PNG: decoded by Pillow in the worker
     assert (train.skip_bad_images, train.augment_seed, train.epoch, train.transform) == (False, None, 0, None)
-    assert open_reader_datasets(spec, 'train', 'val', num_classes=None, batch_size=4, seed=0,
-                                skip_bad_images=True)[0].skip_bad_images
+    assert val.filename(1) == f'{spec}[validation]#1' and not val.skip_bad_images  # named as --data gives it
+    skipping = open_reader_datasets(spec, 'train', 'val', num_classes=None, batch_size=4, seed=0, skip_bad_images=True)
+    assert skipping[0].skip_bad_images and skipping[1].skip_bad_images
 
 
 def test_a_split_the_hugging_face_dataset_lacks_is_one_line_naming_it(hf_folder):

@@ -167,6 +167,30 @@ def test_wds_user_mistakes_are_one_line(shards, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_stream_readers_refusals_are_word_for_word_and_a_one_sample_split_opens(shards, tmp_path, monkeypatch):
+    """What ``open_reader_datasets`` refuses before a run starts, in full: a missing shard folder, a training split of
+    unknown size (the epoch length), a reader whose package is missing; a training split of one sample is a split."""
+    import importlib.util
+    from tcnn.data.readers import open_reader_datasets
+
+    def refusal(data, train_split='train'):
+        with pytest.raises(TcnnError) as error:
+            open_reader_datasets(data, train_split, 'validation', num_classes=CLASSES, batch_size=4, seed=0)
+        return str(error.value)
+
+    missing = tmp_path / 'nope'
+    assert refusal(f'wds/{missing}') == (f'webdataset folder not found: {missing} (--data wds/FOLDER: the folder of '
+                                         'the .tar shards and their _info.json)')
+    split = 'train-{0000..0001}.tar'
+    assert refusal(f'wds/{shards}', split) == (
+        f"the size of split {split!r} of wds/{shards} is unknown, so the epoch length is too: give it in the "
+        '_info.json ("num_samples") or the split, e.g. --set train_split="train-{0000..0099}.tar|N"')
+    train, _, _ = open_reader_datasets(f'wds/{shards}', 'train-{0000..0000}.tar|1', 'validation',
+                                       num_classes=CLASSES, batch_size=4, seed=0)
+    assert train.num_samples == 1
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None)
+    assert refusal(f'wds/{shards}') == f"--data wds/{shards} needs the webdataset package: pip install 'tcnn[wds]'"
+
 def test_wds_class_count_of_its_info_is_checked(shards, tmp_path, capsys):
     """A webdataset whose _info.json states its class count: a run that leaves num_classes out takes it, and another
     count is refused in one line before training."""
