@@ -25,11 +25,18 @@ def _images(seed: int = 0):
 
 
 def _assert_same_outputs(a, b) -> None:
-    """Equal detections (boxes, scores, labels) or masks, leaf by leaf: a reloaded model is the saved one."""
+    """The same detections (boxes, scores, labels) or masks, leaf by leaf: labels equal, floats to float32 rounding.
+
+    Why not bit-equal floats: the weights are checked bit-equal (the promise of a reload), but two forwards of
+    bit-equal models are not promised bit-equal by torch: DeepLabV3's masks differed in their last bits twice, each
+    time in the whole suite's process (2026-12-03, after the tests of other files), never alone (5 runs)."""
     if isinstance(a, dict):
         assert sorted(a) == sorted(b)
         for k in a:
-            assert torch.equal(a[k], b[k]), k
+            if a[k].is_floating_point():
+                torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m: f'{k}: {m}')
+            else:
+                assert torch.equal(a[k], b[k]), k
     else:
         assert len(a) == len(b)
         for x, y in zip(a, b):
@@ -65,6 +72,8 @@ def test_a_detector_round_trips_with_its_builder_and_the_same_outputs(name, kwar
     assert d['source']['kwargs'] == {**kwargs, **({'aux_loss': False} if name == 'deeplabv3_resnet50' else {})}
     loaded = tcnn.load(path)
     assert type(loaded) is type(t_model)
+    saved, reloaded = t_model.state_dict(), loaded.state_dict()
+    assert list(saved) == list(reloaded) and all(torch.equal(saved[k], reloaded[k]) for k in saved)
     assert [n for n, _ in tcnn.gpsa_layers(loaded)] == [n for n, _ in tcnn.gpsa_layers(t_model)]
     images = _images()
     with torch.no_grad():
