@@ -260,6 +260,16 @@ def test_a_seeded_samples_draws_depend_on_seed_epoch_and_index_alone_and_leave_t
     assert all(a != b for a, b in zip(dataset[3][0][1:], first[3][1:]))
 
 
+def test_a_samples_seed_is_the_same_in_every_release():
+    """A run resumed by a later release draws each sample's augmentation as the release that began it did, so the
+    seed function is pinned: (seed * 1000003 + epoch) * 10000019 + index, kept below 2 ** 63 (a non-negative int64
+    for any generator)."""
+    from tcnn.data.folders import sample_seed
+    assert [sample_seed(0, 0, 0), sample_seed(0, 1, 0), sample_seed(1, 0, 0), sample_seed(5, 2, 7)] == [
+        0, 10_000_019, 10_000_049_000_057, 50_000_265_000_330]
+    assert sample_seed(2 ** 62, 1, 3) == 4_611_686_018_437_387_926  # wrapped: the product is far past 2 ** 63
+
+
 def test_a_transform_that_fails_on_a_folders_image_names_the_file_and_the_error(tmp_path):
     from tcnn.data.folders import SampleError
     dataset = open_dataset(make_image_folder(str(tmp_path / 'd'), num_classes=2, train_per_class=2, size=8), 'train')
@@ -294,3 +304,27 @@ def test_a_bad_image_error_raised_in_a_loader_worker_comes_back_as_its_own_line(
     for message in ('Caught a cold, no traceback', 'Original Traceback first\nthen Caught ', ''):
         assert str(BadImageError(message)) == message
     assert str(BadImageError()) == ''
+
+
+def test_an_unreadable_image_and_a_run_of_them_are_refused_word_for_word(tmp_path):
+    """Without the skip policy the first unreadable file stops the run, naming it and Pillow's reason; with it, a
+    split whose every image is unreadable (a damaged folder, not a few bad files) stops after MAX_CONSECUTIVE_BAD
+    tries from the sample asked for."""
+    from tcnn.data.folders import MAX_CONSECUTIVE_BAD, SKIP_HINT, error_text
+    root = make_image_folder(str(tmp_path / 'd'), num_classes=2, train_per_class=2, val_per_class=1, size=8)
+    for folder, _, files in os.walk(os.path.join(root, 'train')):
+        for name in files:
+            with open(os.path.join(folder, name), 'wb') as f:
+                f.write(b'not an image')
+    strict = open_dataset(root, 'train')
+    with pytest.raises(Exception) as pillow, open(strict.filename(1), 'rb') as f:
+        Image.open(f)  # as the folder reads it: from the open file
+    with pytest.raises(BadImageError) as info:
+        strict[1]
+    assert str(info.value) == f'cannot read image {strict.filename(1)} ({error_text(pillow.value)}): {SKIP_HINT}'
+    skipping = open_dataset(root, 'train', skip_bad_images=True)
+    with pytest.raises(BadImageError) as info:
+        skipping[2]
+    assert str(info.value) == (f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {skipping.filename(2)} on: '
+                               'is the data folder intact?')
+    assert sorted(skipping.bad_images()) == sorted(skipping.filename(i) for i in range(4))  # each once

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torchvision
 
 from tcnn.data.config import DATA_CONFIG_KEYS, _torchvision_data_config, data_config, dense_data_config
+from tcnn.errors import TcnnError
 
 IMAGENET = {'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225)}
 
@@ -51,3 +52,24 @@ def test_data_config_of_a_torchvision_model_follows_its_weights_and_of_a_timm_mo
     plain = nn.Linear(2, 2)  # no pretrained_cfg, no recorded source: timm's ImageNet defaults, centre crop
     assert data_config(plain) == {'input_size': (3, 224, 224), 'interpolation': 'bicubic', **IMAGENET,
                                   'crop_pct': 0.875, 'crop_mode': 'center'}
+
+
+def test_a_bad_input_size_or_crop_is_refused_under_the_name_the_caller_gives_it():
+    from tcnn.data.config import check_image_options
+
+    def refusal(img_size, crop_pct, **kwargs):
+        with pytest.raises(TcnnError) as info:
+            check_image_options(img_size, crop_pct, **kwargs)
+        return str(info.value)
+    flags = dict(names=('--img-size', '--crop-pct'))
+    assert refusal((1, 2, 3), None, **flags) == '--img-size must be 2 positive integers (H, W), got (1, 2, 3)'
+    assert refusal((0, 5), None, **flags) == '--img-size must be >= 1, got 0'
+    assert refusal(0, None, **flags) == '--img-size must be >= 1, got 0'
+    assert refusal((4, 4), 0, **flags) == '--crop-pct must be > 0, got 0'
+    assert refusal([4, 4, 4], None) == 'img_size must be 2 positive integers (H, W), got [4, 4, 4]'
+    assert refusal(9.0, None) == 'img_size must be an integer, got 9.0 (float)'
+    assert check_image_options(1, 1.0) is None and check_image_options((1, 1), 1e-3) is None  # the bounds themselves
+    with pytest.raises(TcnnError, match=r'^img_size must be 2 positive integers \(H, W\), got \(1, 2, 3\)$'):
+        data_config(nn.Conv2d(3, 3, 1), img_size=(1, 2, 3))
+    with pytest.raises(TcnnError, match=r'^crop_pct must be <= 1, got 1.5$'):
+        data_config(nn.Conv2d(3, 3, 1), crop_pct=1.5)

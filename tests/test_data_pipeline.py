@@ -317,10 +317,31 @@ def test_a_finishing_thread_stopped_while_it_finishes_takes_no_further_batch_fro
     assert int(next(ahead)[1]) == 0
     assert inside.wait(10)
     thread = ahead._thread
+    started = time.monotonic()
     ahead.close()  # the thread is in finish(1): close waits a second for it, then leaves it to end
+    assert time.monotonic() - started < 1.8  # not until the batch is done
     release.set()
     thread.join(10)
     assert not thread.is_alive() and taken == [0, 1]
+
+
+def test_closing_the_finishing_thread_ends_it_and_releases_the_batches_it_finished_ahead():
+    """``close`` waits for a thread inside ``finish`` (up to a second) and empties the queue once it has ended: no
+    batch finished ahead keeps its memory (on a GPU, device memory) while the closed iterator lives on."""
+    from tcnn.data.prefetch import FinishedAhead
+    inside = threading.Event()
+
+    def finish(i):
+        if i == 3:  # 0 taken, 1 and 2 queued (depth 2): the thread is in the fourth batch when close comes
+            inside.set()
+            time.sleep(0.5)
+        return torch.zeros(1), torch.tensor(i)
+    ahead = FinishedAhead(iter(range(100)), finish, torch.device('cpu'), depth=2)
+    assert int(next(ahead)[1]) == 0
+    assert inside.wait(10)
+    assert ahead._queue.full()
+    ahead.close()
+    assert not ahead._thread.is_alive() and ahead._queue.empty()
 
 
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnhandledThreadExceptionWarning')  # the thread's death, on purpose

@@ -1,8 +1,11 @@
 """``--data hfds/NAME``: a Hugging Face dataset (here a local image folder that the ``datasets`` library reads with its
 own ``imagefolder`` builder, offline), map-style like an ImageFolder: its splits, class names, samples named in
-messages, and a training run through the CLI with the exact mid-epoch resume map-style data gets."""
+messages, and a training run through the CLI with the exact mid-epoch resume map-style data gets. The same folder
+streams as ``hfids/NAME`` with the split sizes its builder recorded or ``SPLIT|N`` gives; a parquet dataset with bare integer labels
+needs ``num_classes``."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,3 +100,84 @@ def test_hfds_trains_through_the_cli_and_resumes_exactly_in_the_middle_of_an_epo
     assert same_numbers(metrics(run), metrics(straight), keys=('train_loss', 'val_loss', 'lr'))
     assert_same_weights(load(run / 'last.pt'), load(straight / 'last.pt'))
     assert os.path.isfile(run / 'best.pt')
+
+
+def test_a_hugging_face_dataset_streams_as_hfids_with_the_split_sizes_its_builder_recorded_or_the_split_gives(
+        hf_folder, tmp_path):
+    fresh = make_image_folder(str(tmp_path / 'fresh'), num_classes=2, train_per_class=2, val_per_class=1, size=16)
+    fresh_spec = f'hfids/{fresh}'
+
+    def refusal(train_split, val_split='validation', num_classes=None):
+        with pytest.raises(TcnnError) as info:
+            open_reader_datasets(fresh_spec, train_split, val_split, num_classes=num_classes, batch_size=4, seed=0)
+        return str(info.value)
+    # a stream's epoch length must be known before it starts: a builder that never prepared the data has no sizes
+    assert refusal('train') == (f"the size of split 'train' of {fresh_spec} is unknown, so the epoch length is too: "
+                                'give it in the split, e.g. --set train_split="train|N"')
+    assert refusal('train|4') == (f"the size of split 'validation' of {fresh_spec} is unknown, so the epoch length is "
+                                  'too: give it in the split, e.g. --set val_split="validation|N"')
+    for bad in ('train|0', 'train|x', 'train|'):
+        assert refusal(bad) == f'the size in split {bad!r} of {fresh_spec} must be a positive whole number: NAME|N'
+    assert refusal('train|1', 'validation|-2') == (f"the size in split 'validation|-2' of {fresh_spec} must be a "
+                                                   'positive whole number: NAME|N')  # a split of one sample is one
+    assert refusal('train|4', 'validation|2') == f'the classes of {fresh_spec} are unknown: set --set num_classes=N'
+    train, val, known = open_reader_datasets(fresh_spec, 'train|4', 'validation|2', num_classes=2, batch_size=4,
+                                             seed=0)
+    assert known is None and [(s.split, s.num_samples, s.num_classes) for s in (train, val)] == [
+        ('train', 4, 2), ('validation', 2, 2)]
+    assert sorted(int(label) for _, label in val) == [0, 1]
+
+    open_reader_datasets(f'hfds/{hf_folder}', 'train', 'val', num_classes=None, batch_size=4, seed=0)  # prepares it
+    spec = f'hfids/{hf_folder}'
+    train, val, known = open_reader_datasets(spec, 'train', 'val', num_classes=None, batch_size=4, seed=0)
+    classes = {'circle': 0, 'square': 1, 'triangle': 2}
+    assert known == 3 and [(s.spec, s.split, s.num_samples, s.num_classes, s.shards, s.class_to_idx)
+                           for s in (train, val)] == [(spec, 'train', 18, 3, 1, classes),
+                                                      (spec, 'validation', 6, 3, 1, classes)]
+    labels = sorted(int(label) for _, label in val)
+    assert labels == [0, 0, 1, 1, 2, 2]  # the whole validation split, once
+    _, _, known = open_reader_datasets(spec, 'train', 'validation', num_classes=5, batch_size=4, seed=0)
+    assert known == 3  # what the data states, beside what --set num_classes says
+
+
+def test_a_stream_whose_reader_opens_without_a_size_is_refused_naming_the_fix(hf_folder, monkeypatch):
+    """A reader that opens a training split of no stated size (a TFDS builder, another timm's hfids) is refused as
+    one that cannot open it; a validation split may have none."""
+    from tcnn.data import readers
+    open_reader_datasets(f'hfds/{hf_folder}', 'train', 'val', num_classes=None, batch_size=4, seed=0)  # prepares it
+    real = readers.create_dataset
+
+    def sizeless(*args, **kwargs):
+        dataset = real(*args, **kwargs)
+        dataset.reader.num_samples = 0
+        return dataset
+    monkeypatch.setattr(readers, 'create_dataset', sizeless)
+    spec = f'hfids/{hf_folder}'
+    with pytest.raises(TcnnError) as info:
+        open_reader_datasets(spec, 'train', 'validation', num_classes=None, batch_size=4, seed=0)
+    assert str(info.value) == (f"the size of split 'train' of {spec} is unknown, so the epoch length is too: give it "
+                               'in the split, e.g. --set train_split="train|N"')
+    train, val, _ = open_reader_datasets(spec, 'train|18', 'validation', num_classes=None, batch_size=4, seed=0)
+    assert (train.num_samples, val.num_samples) == (18, 0)
+
+
+def _parquet_split(path: str, labels) -> None:
+    import datasets
+    from imagegen import SHAPES, draw_shape
+    rng = np.random.default_rng(0)
+    images = [draw_shape(SHAPES[label], 16, rng) for label in labels]
+    features = datasets.Features({'image': datasets.Image(), 'label': datasets.Value('int64')})
+    datasets.Dataset.from_dict({'image': images, 'label': list(labels)}, features=features).to_parquet(path)
+
+
+def test_a_hugging_face_dataset_with_bare_integer_labels_needs_num_classes(tmp_path):
+    os.makedirs(tmp_path / 'data')
+    _parquet_split(str(tmp_path / 'data' / 'train-00000-of-00001.parquet'), [0, 1, 2, 0, 1, 2])
+    _parquet_split(str(tmp_path / 'data' / 'validation-00000-of-00001.parquet'), [2, 1, 0])
+    spec = f'hfds/{tmp_path}'
+    with pytest.raises(TcnnError) as info:
+        open_reader_datasets(spec, 'train', 'validation', num_classes=None, batch_size=4, seed=0)
+    assert str(info.value) == f'{spec} does not name its classes: set --set num_classes=N'
+    train, val, known = open_reader_datasets(spec, 'train', 'validation', num_classes=3, batch_size=4, seed=0)
+    assert known is None and train.class_to_idx == val.class_to_idx == {}
+    assert (len(train), len(val)) == (6, 3) and [val.read_encoded(i)[3] for i in range(3)] == [2, 1, 0]

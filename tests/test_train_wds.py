@@ -412,6 +412,19 @@ def test_a_streams_class_names_are_those_its_reader_gives():
     named = StreamDataset(None, 'hfids/x', 'train', 8, 2, 1, class_to_idx={'cat': 0, 'dog': 1})
     assert class_names(named, 2) == ['cat', 'dog'] and named.class_to_idx == {'cat': 0, 'dog': 1}
     assert class_names(StreamDataset(None, 'wds/x', 'train', 8, 2, 1), 2) is None
+    assert class_names(list(range(4)), 2) is None  # any dataset: one without class_to_idx names none
+
+
+def test_a_folder_named_like_a_misspelt_reader_is_read_as_a_folder(tmp_path, monkeypatch):
+    """Only a path with a slash, neither it nor its first folder existing, is taken for a misspelt reader."""
+    from tcnn.data.readers import split_data_spec
+    monkeypatch.chdir(tmp_path)
+    assert split_data_spec('wsd') == (None, 'wsd')  # no slash: a folder, even a missing one
+    os.makedirs(os.path.join('wsd', 'train'))
+    assert split_data_spec('wsd/train') == (None, 'wsd/train')
+    assert split_data_spec('wsd/other') == (None, 'wsd/other')  # its first folder exists
+    with pytest.raises(TcnnError, match="^unknown dataset reader 'hdfs' in --data hdfs/x: did you mean hfds/x"):
+        split_data_spec('hdfs/x')
 
 
 def test_a_shard_folders_info_file_that_does_not_read_as_a_json_object_is_refused_word_for_word(tmp_path):

@@ -111,13 +111,19 @@ class FinishedAhead:
                     raise RuntimeError('the thread that finishes batches ended without a batch or an error') from None
 
     def close(self) -> None:
-        """Stop the thread (a consumer that leaves early: the end of an epoch's updates, a stop request)."""
+        """Stop the thread (a consumer that leaves early: the end of an epoch's updates, a stop request) and release
+        the batches it finished ahead.
+
+        The queue is emptied after the join: a put the thread had begun may still land after ``stop`` is set (it
+        waits up to 0.1 s for room), and a batch left in the queue would hold its memory until this object goes. A
+        thread still inside ``finish`` after the second's wait puts nothing more (``put`` looks at ``stop`` first).
+        """
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
 
     def __del__(self) -> None:
         self.close()

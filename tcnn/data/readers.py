@@ -120,6 +120,25 @@ def _wds_split(root: str, split: str, info: Dict[str, Any]) -> Tuple[str, List[s
     return split, files, int(split_info.num_samples or 0)
 
 
+def _recorded_splits(name: str) -> List[str]:
+    """The splits a Hugging Face dataset builder has recorded (none before the data was prepared, or when the builder
+    cannot be loaded: the reader then says why)."""
+    import datasets
+    try:
+        return list(datasets.load_dataset_builder(name).info.splits or [])
+    except Exception:  # noqa: BLE001 - the reader opens it next and its error names the problem
+        return []
+
+
+def _stream_split(split: str, data: str, available: List[str]) -> Tuple[str, int, int]:
+    """A Hugging Face or TFDS stream's split ``NAME`` or ``NAME|N`` as (name, or its synonym among the ``available``
+    splits; shards: 0; size: N, else 0 for what its builder recorded)."""
+    name, sep, size = split.partition('|')
+    if sep and not (size.isdigit() and int(size) > 0):
+        raise TcnnError(f'the size in split {split!r} of {data} must be a positive whole number: NAME|N')
+    return _resolve_split(name, available), 0, int(size) if sep else 0
+
+
 class StreamDataset(torch.utils.data.IterableDataset):
     """A timm ``IterableImageDataset`` (webdataset shards, streamed HF/TFDS datasets) as ``tcnn train`` uses it.
 
@@ -187,7 +206,8 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
     gives it). The datasets check labels against ``num_classes``, else the data's own count.
 
     ``hfds`` is map-style (an ``ImageFolderDataset``-like ``ReaderDataset``: sampler, exact mid-epoch resume);
-    ``wds``, ``hfids`` and ``tfds`` are streams (``StreamDataset``), whose training split must state its size.
+    ``wds``, ``hfids`` and ``tfds`` are streams (``StreamDataset``), whose training split must state its size: a
+    webdataset's ``_info.json`` or a dataset builder's split info does, else the split as ``NAME|N``.
 
     Raises:
         TcnnError: A missing package, split or shard, an unknown training-set size, or an unknown class count.
@@ -203,7 +223,6 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
             raise TcnnError(f'{data} does not name its classes: set --set num_classes=N')
         return train, val, known
     name, root = (reader + '/' + os.path.basename(rest.rstrip('/')), rest) if reader == 'wds' else (data, None)
-    kwargs: Dict[str, Any] = {}
     splits = []
     info: Dict[str, Any] = {}
     if reader == 'wds':
@@ -220,21 +239,29 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
             raise TcnnError(f'the classes of {data} are unknown (webdataset .cls labels are bare indices): set '
                             '--set num_classes=N (or "num_classes" in its _info.json)')
     else:
-        splits = [(train_split, 0, 0), (val_split, 0, 0)]
+        available = _recorded_splits(rest) if reader == 'hfids' else []
+        splits = [_stream_split(train_split, data, available), _stream_split(val_split, data, available)]
         known = None
     sets = []
-    size_hint = ('give it in the _info.json ("num_samples") or the split, e.g. --set '
-                 'train_split="train-{0000..0099}.tar|N"')
     for (split, shards, count), training in zip(splits, (True, False)):
+        key = 'train_split' if training else 'val_split'
+        size_hint = ('give it in the _info.json ("num_samples") or the split, e.g. --set '
+                     f'{key}="train-{{0000..0099}}.tar|N"' if reader == 'wds' else
+                     f'give it in the split, e.g. --set {key}="{split}|N"')
         if training and reader == 'wds' and count <= 0:
             raise TcnnError(f'the size of split {split!r} of {data} is unknown, so the epoch length is too: '
                             f'{size_hint}')
+        # a webdataset's split carries its size to timm itself; the other streams' readers take it as num_samples
+        kwargs: Dict[str, Any] = {'num_samples': count} if reader != 'wds' and count else {}
         try:
             ds = create_dataset(name, root=root, split=split, is_training=training, batch_size=batch_size, seed=seed,
                                 **kwargs)
         except TcnnError:
             raise
         except Exception as e:  # noqa: BLE001 - readers raise RuntimeError, AssertionError, their libraries' errors
+            if 'length is unknown' in str(e):  # timm's hfids reader, for a dataset whose builder has no split sizes
+                raise TcnnError(f'the size of split {split!r} of {data} is unknown, so the epoch length is too: '
+                                f'{size_hint}') from None
             raise TcnnError(f'cannot open split {split!r} of {data} ({error_text(e)})') from None
         count = count or int(getattr(ds.reader, 'num_samples', 0) or 0)
         if training and count <= 0:
