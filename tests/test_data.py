@@ -268,6 +268,7 @@ def test_a_samples_seed_is_the_same_in_every_release():
     assert [sample_seed(0, 0, 0), sample_seed(0, 1, 0), sample_seed(1, 0, 0), sample_seed(5, 2, 7)] == [
         0, 10_000_019, 10_000_049_000_057, 50_000_265_000_330]
     assert sample_seed(2 ** 62, 1, 3) == 4_611_686_018_437_387_926  # wrapped: the product is far past 2 ** 63
+    assert sample_seed(10 ** 12, 1, 3) == 4_474_094_794_095_535_766  # 2 ** 64 would leave it above 2 ** 63
 
 
 def test_a_transform_that_fails_on_a_folders_image_names_the_file_and_the_error(tmp_path):
@@ -322,9 +323,24 @@ def test_an_unreadable_image_and_a_run_of_them_are_refused_word_for_word(tmp_pat
     with pytest.raises(BadImageError) as info:
         strict[1]
     assert str(info.value) == f'cannot read image {strict.filename(1)} ({error_text(pillow.value)}): {SKIP_HINT}'
+    assert strict.bad_images() == []  # a dataset without the policy has no queue to read
     skipping = open_dataset(root, 'train', skip_bad_images=True)
     with pytest.raises(BadImageError) as info:
         skipping[2]
     assert str(info.value) == (f'{MAX_CONSECUTIVE_BAD} consecutive unreadable images from {skipping.filename(2)} on: '
                                'is the data folder intact?')
     assert sorted(skipping.bad_images()) == sorted(skipping.filename(i) for i in range(4))  # each once
+
+
+def test_a_skipped_image_is_replaced_by_the_next_one_and_reported_once(tmp_path):
+    """The skip policy reads the next sample in order (wrapping at the end), not an earlier one: the replacement is
+    the same in every worker and every run."""
+    root = make_image_folder(str(tmp_path / 'd'), num_classes=2, train_per_class=3, val_per_class=1, size=8)
+    skipping = open_dataset(root, 'train', skip_bad_images=True)
+    for index in (2, 5):  # the middle and the last sample
+        with open(skipping.filename(index), 'wb') as f:
+            f.write(b'not an image')
+    assert skipping._read(2)[0] == skipping.filename(3)
+    assert skipping._read(5)[0] == skipping.filename(0)
+    assert skipping.bad_images() == [skipping.filename(2), skipping.filename(5)]
+    assert skipping._read(2)[0] == skipping.filename(3) and skipping.bad_images() == []

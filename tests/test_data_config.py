@@ -45,6 +45,14 @@ def test_data_config_of_a_torchvision_model_follows_its_weights_and_of_a_timm_mo
                                   'crop_pct': 224 / 256, 'crop_mode': 'center'}
     assert data_config(model, img_size=(160, 192), crop_pct=0.5) == {
         'input_size': (3, 160, 192), 'interpolation': 'bilinear', **IMAGENET, 'crop_pct': 0.5, 'crop_mode': 'center'}
+    # the whole name after the prefix, or timm's defaults (no torchvision model is named 'x')
+    model.tcnn_source = {'model': 'torchvision:x:resnet18'}
+    assert data_config(model) == data_config(nn.Linear(2, 2))  # bicubic, not torchvision's bilinear
+    # a stored config (what tcnn.load puts in pretrained_cfg) comes before the weights' transform
+    model.tcnn_source = {'model': 'torchvision:resnet18'}
+    model.pretrained_cfg = {'input_size': (3, 160, 160), 'crop_pct': 0.95, 'interpolation': 'bicubic',
+                            'mean': (0.5, 0.5, 0.5), 'std': (0.25, 0.25, 0.25), 'crop_mode': 'squash'}
+    assert data_config(model) == model.pretrained_cfg
     timm_model = timm.create_model('resnet18d', pretrained=False)
     cfg = data_config(timm_model, img_size=96)
     assert tuple(cfg) == DATA_CONFIG_KEYS and cfg['input_size'] == (3, 96, 96) and cfg['crop_pct'] == 0.875

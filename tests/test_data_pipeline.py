@@ -3,6 +3,7 @@ bytes decoded in batches give Pillow's pixels, other formats and bad files go th
 the resident pipelines give the same batches whatever the worker count, ``auto`` chooses as documented, and training
 runs resume exactly on each pipeline."""
 import dataclasses
+import gc
 import io
 import math
 import os
@@ -313,13 +314,22 @@ def test_a_finishing_thread_stopped_while_it_finishes_takes_no_further_batch_fro
             inside.set()
             release.wait(10)
         return torch.zeros(1), torch.tensor(i)
-    ahead = FinishedAhead(loader(), finish, torch.device('cpu'), depth=2)
-    assert int(next(ahead)[1]) == 0
-    assert inside.wait(10)
-    thread = ahead._thread
-    started = time.monotonic()
-    ahead.close()  # the thread is in finish(1): close waits a second for it, then leaves it to end
-    assert time.monotonic() - started < 1.8  # not until the batch is done
+    # no garbage collection while the thread waits in finish(1): a collection may finalise an earlier test's
+    # DataLoader iterator, whose finaliser joins each worker for up to 5 s (the mutation campaign's clean runs twice
+    # saw 11 s here: close's wait timed, or release.wait running out before close came)
+    gc.collect()
+    gc.disable()
+    try:
+        ahead = FinishedAhead(loader(), finish, torch.device('cpu'), depth=2)
+        assert int(next(ahead)[1]) == 0
+        assert inside.wait(10)
+        thread = ahead._thread
+        started = time.monotonic()
+        ahead.close()  # the thread is in finish(1): close waits a second for it, then leaves it to end
+        waited = time.monotonic() - started
+    finally:
+        gc.enable()
+    assert waited < 1.8  # not until the batch is done
     release.set()
     thread.join(10)
     assert not thread.is_alive() and taken == [0, 1]

@@ -940,3 +940,20 @@ def test_a_worker_error_becomes_the_one_line_that_tcnn_raised_in_the_worker():
 def test_an_imagenet_c_group_is_named_corruption_slash_severity():
     assert suites._group_name(('fog', '3')) == 'fog/3'
     assert suites._group_name(('imagenet', '')) == 'imagenet'
+
+
+def test_a_models_output_count_is_read_from_num_classes_then_fc_then_a_dry_run():
+    """timm's ``num_classes`` is read without running the model (a full-size forward costs seconds); a torchvision
+    classifier, which has no ``num_classes``, by its ``fc``; anything else by one small forward."""
+    import torchvision
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError('the model ran')
+    model = timm.create_model('resnet10t', num_classes=7)
+    model.forward = no_forward
+    model.fc = nn.Linear(4, 3)  # num_classes comes first
+    assert suites.num_outputs(model) == 7
+    classifier = torchvision.models.resnet18(num_classes=5)
+    classifier.forward = no_forward
+    assert suites.num_outputs(classifier) == 5
+    assert suites.num_outputs(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4)), input_size=(3, 8, 8)) == 4

@@ -161,6 +161,68 @@ def test_a_stream_whose_reader_opens_without_a_size_is_refused_naming_the_fix(hf
     assert (train.num_samples, val.num_samples) == (18, 0)
 
 
+def _readers_lacking(hf_folder: str, monkeypatch):
+    """``hfids/`` of the prepared folder, whose readers lack the attributes named in the returned dict (is_training ->
+    attribute names)."""
+    from tcnn.data import readers
+    open_reader_datasets(f'hfds/{hf_folder}', 'train', 'val', num_classes=None, batch_size=4, seed=0)  # prepares it
+    real = readers.create_dataset
+    dropped = {}
+
+    def lacking(*args, **kwargs):
+        dataset = real(*args, **kwargs)
+        for name in dropped.get(kwargs['is_training'], ()):
+            delattr(dataset.reader, name)
+        return dataset
+    monkeypatch.setattr(readers, 'create_dataset', lacking)
+    return f'hfids/{hf_folder}', dropped
+
+
+def test_a_stream_reader_lacking_a_size_or_class_names_is_refused_or_takes_num_classes_for_both_splits(
+        hf_folder, monkeypatch):
+    """timm's stream readers differ in what they state of a split: one with no ``num_samples`` at all is a training
+    split of unknown size; one with no ``class_to_idx`` needs ``num_classes``."""
+    spec, dropped = _readers_lacking(hf_folder, monkeypatch)
+
+    def refusal(num_classes=None):
+        with pytest.raises(TcnnError) as info:
+            open_reader_datasets(spec, 'train', 'validation', num_classes=num_classes, batch_size=4, seed=0)
+        return str(info.value)
+    dropped[True] = ['num_samples']
+    assert refusal() == (f"the size of split 'train' of {spec} is unknown, so the epoch length is too: give it in the "
+                         'split, e.g. --set train_split="train|N"')
+    dropped[True] = ['class_to_idx']
+    assert refusal() == f'the classes of {spec} are unknown: set --set num_classes=N'
+    train, val, known = open_reader_datasets(spec, 'train', 'validation', num_classes=3, batch_size=4, seed=0)
+    assert known is None and (train.num_classes, val.num_classes) == (3, 3) and train.class_to_idx == {}
+
+
+def test_a_streams_validation_labels_are_checked_against_the_training_splits_class_count(hf_folder, monkeypatch):
+    """The training split's class count checks the validation split's labels, whatever the validation reader states
+    (the model has that many outputs)."""
+    spec, dropped = _readers_lacking(hf_folder, monkeypatch)
+    dropped[False] = ['class_to_idx']
+    train, val, known = open_reader_datasets(spec, 'train', 'validation', num_classes=None, batch_size=4, seed=0)
+    assert known == 3 and (train.num_classes, val.num_classes) == (3, 3) and val.class_to_idx == {}
+
+
+def test_a_stream_that_its_reader_cannot_open_is_one_line_and_tfds_never_asks_the_hugging_face_hub(monkeypatch):
+    """A reader's failure to open a split becomes one line naming the split and the reader's error; a TFDS dataset's
+    splits are TFDS's own (a user of tfds/ may not have the datasets package at all: it is never imported)."""
+    import sys
+    from tcnn.data import readers
+
+    def unopenable(name, **kwargs):
+        raise RuntimeError(f'no builder for {name} here')
+    monkeypatch.setattr(readers, '_check_reader_package', lambda reader, data: None)
+    monkeypatch.setattr(readers, 'create_dataset', unopenable)
+    monkeypatch.setitem(sys.modules, 'datasets', None)  # import datasets fails
+    with pytest.raises(TcnnError) as info:
+        open_reader_datasets('tfds/imagenet2012', 'train|10', 'validation', num_classes=None, batch_size=4, seed=0)
+    assert str(info.value) == ("cannot open split 'train' of tfds/imagenet2012 (RuntimeError: no builder for "
+                               'tfds/imagenet2012 here)')
+
+
 def _parquet_split(path: str, labels) -> None:
     import datasets
     from imagegen import SHAPES, draw_shape

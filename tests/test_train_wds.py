@@ -425,6 +425,13 @@ def test_a_folder_named_like_a_misspelt_reader_is_read_as_a_folder(tmp_path, mon
     assert split_data_spec('wsd/other') == (None, 'wsd/other')  # its first folder exists
     with pytest.raises(TcnnError, match="^unknown dataset reader 'hdfs' in --data hdfs/x: did you mean hfds/x"):
         split_data_spec('hdfs/x')
+    readers = "tcnn train reads a folder (ImageFolder layout) or timm's readers wds/, hfds/, hfids/, tfds/"
+    for data in ('torch/cifar10', 'webdataset/x'):  # timm's other readers, no close spelling: no guess
+        with pytest.raises(TcnnError) as info:
+            split_data_spec(data)
+        assert str(info.value) == f"unknown dataset reader {data.split('/')[0]!r} in --data {data}: {readers}"
+    with pytest.raises(TcnnError, match="^unknown dataset reader 'HF' in --data HF/x: did you mean hfds/x"):
+        split_data_spec('HF/x')
 
 
 def test_a_shard_folders_info_file_that_does_not_read_as_a_json_object_is_refused_word_for_word(tmp_path):

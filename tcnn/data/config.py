@@ -40,9 +40,8 @@ def data_config(model: nn.Module, img_size: Optional[Union[int, Tuple[int, int]]
     if not getattr(model, 'pretrained_cfg', None) and source.startswith('torchvision:'):
         config = _torchvision_data_config(source.split(':', 1)[1])
     if config is None:
-        config = resolve_data_config({}, model=model, use_test_size=use_test_size)
+        config = resolve_data_config(model=model, use_test_size=use_test_size)  # it sets every key, crop_mode too
     config = {k: config[k] for k in DATA_CONFIG_KEYS if k in config}
-    config.setdefault('crop_mode', 'center')
     if img_size is not None:
         height, width = img_size if isinstance(img_size, (tuple, list)) else (img_size, img_size)
         config['input_size'] = (3, int(height), int(width))

@@ -48,7 +48,7 @@ def split_data_spec(data: str) -> Tuple[Optional[str], str]:
         return prefix.lower(), rest
     if sep and prefix and not os.path.exists(data) and not os.path.exists(prefix):
         close = difflib.get_close_matches(prefix.lower(), list(READERS), n=1, cutoff=0.6)
-        if close or prefix.lower() in ('torch', 'hf', 'webdataset'):
+        if close or prefix.lower() in ('torch', 'webdataset'):  # timm's names far from ours ('hf' is close to hfds)
             known = ', '.join(f'{r}/' for r in READERS)
             hint = f'did you mean {close[0]}/{rest}? ' if close else ''
             raise TcnnError(f'unknown dataset reader {prefix!r} in --data {data}: {hint}tcnn train reads a folder '
@@ -252,7 +252,8 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
             raise TcnnError(f'the size of split {split!r} of {data} is unknown, so the epoch length is too: '
                             f'{size_hint}')
         # a webdataset's split carries its size to timm itself; the other streams' readers take it as num_samples
-        kwargs: Dict[str, Any] = {'num_samples': count} if reader != 'wds' and count else {}
+        # (None: what the builder recorded)
+        kwargs: Dict[str, Any] = {} if reader == 'wds' else {'num_samples': count or None}
         try:
             ds = create_dataset(name, root=root, split=split, is_training=training, batch_size=batch_size, seed=seed,
                                 **kwargs)
@@ -267,13 +268,12 @@ def open_reader_datasets(data: str, train_split: str, val_split: str, *, num_cla
         if training and count <= 0:
             raise TcnnError(f'the size of split {split!r} of {data} is unknown, so the epoch length is too: '
                             f'{size_hint}')
-        own = len(getattr(ds.reader, 'class_to_idx', None) or {}) or None
+        class_to_idx = getattr(ds.reader, 'class_to_idx', None)
         if training:
-            known = known or own
-        classes = num_classes or own
-        sets.append(StreamDataset(ds, data, split, count, classes, shards or 1,
-                                  getattr(ds.reader, 'class_to_idx', None)))
-    if sets[0].num_classes is None:
+            known = known or len(class_to_idx or {}) or None
+        # labels are checked against the training split's class count in both splits: the model's output size
+        sets.append(StreamDataset(ds, data, split, count, num_classes or known, shards or 1, class_to_idx))
+    if not (num_classes or known):
         raise TcnnError(f'the classes of {data} are unknown: set --set num_classes=N')
     return sets[0], sets[1], known
 
