@@ -289,7 +289,15 @@ def test_a_model_that_cannot_take_the_random_input_is_one_line():
     x, mask = torch.randn(2, 64, 16, 16), torch.rand(2, 1, 16, 16)
     t_model = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask))
     assert t_model.tcnn_report.max_rel_err < 1e-5 and t_model.tcnn_report.output == ''
-    # a float32 miss is measured again in float64 on the same example inputs (random images would not run)
+    # a float32 miss is measured again in float64 on the same example inputs (random images would not run); whether
+    # the conv and the layer round alike depends on the CPU's kernels and the draw (an AMD EPYC matched exactly on the
+    # first draw here), so the first of a few seeded draws where their float32 outputs differ
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        x, mask = torch.randn(2, 64, 16, 16, generator=generator), torch.rand(2, 1, 16, 16, generator=generator)
+        with torch.no_grad():
+            if not torch.equal(model(x, mask), t_model(x, mask)):
+                break
     with pytest.warns(UserWarning, match='amplifies float32 rounding'):
         strict = tcnn.reparameterize(model, stages='conv', example_inputs=(x, mask), tol=1e-12).tcnn_report
     assert strict.max_rel_err > 1e-12 > strict.float64_max_rel_err and strict.verdict == 'rounding'
