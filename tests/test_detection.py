@@ -197,9 +197,14 @@ def test_a_detectors_miss_is_told_rounding_or_wrong_conversion(retinanet):
     """check_equivalence on a detector: float32 boxes differ by ~0.5 of their scale (rounding swaps picks) while float64
     copies agree to ~1e-15: 'rounding'; one GPSA filter scaled by 1.05 misses in float64 too: 'wrong conversion'."""
     cnn, t_model = retinanet
-    images = _images(4)  # images 0, 1, 3, 5 happen to keep the same picks (1.6e-6)
-    report = tcnn.check_equivalence(cnn, t_model, example_inputs=(images,))
-    # measured 2026-11-26: max_rel_err 0.37 at [0]['boxes'] in float32, ~3e-15 in float64
+    # whether rounding swaps picks depends on the draw, the CPU's kernels and the process's state (on 2026-11-26 draws
+    # 0, 1, 3 and 5 kept the same picks, 1.6e-6, and draw 4 swapped them, 0.37; in a whole-suite run on an AMD EPYC,
+    # 2026-12-04, draw 4 failed here): the first of a few draws that swaps them
+    for seed in (4, 2, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15):
+        images = _images(seed)
+        report = tcnn.check_equivalence(cnn, t_model, example_inputs=(images,))
+        if report.max_rel_err > 0.1:
+            break
     assert report.max_rel_err > 0.1 and report.float64_max_rel_err < 1e-12, report
     assert report.verdict == 'rounding' and 'verdict: rounding' in str(report)
     assert next(cnn.parameters()).dtype == next(t_model.parameters()).dtype == torch.float32  # put back
